@@ -1,0 +1,22 @@
+import { describe, expect, it } from "vitest";
+import { hashListFromBigInts, hashListToBigInts, toU64, u64ToI64 } from "../../src/hash64.js";
+
+describe("hash64", () => {
+  it("round-trips 64-bit values exactly, above 2^53 too", () => {
+    const values = [0n, 1n, (1n << 53n) + 1n, (1n << 64n) - 1n, 0x8000000000000000n, 0x123456789abcdef0n];
+    expect(hashListToBigInts(hashListFromBigInts(values))).toEqual(values);
+  });
+
+  it("reinterprets signed 64-bit values as unsigned and back", () => {
+    expect(toU64(-1n)).toBe((1n << 64n) - 1n);
+    expect(toU64(-(1n << 63n))).toBe(1n << 63n);
+    expect(u64ToI64((1n << 64n) - 1n)).toBe(-1n);
+    expect(u64ToI64(5n)).toBe(5n);
+  });
+
+  it("rejects values outside the 64-bit range", () => {
+    expect(() => toU64(1n << 64n)).toThrow(/outside the 64-bit range/);
+    expect(() => toU64(-(1n << 63n) - 1n)).toThrow(/outside the 64-bit range/);
+    expect(() => hashListFromBigInts([1n, 1n << 70n])).toThrow(RangeError);
+  });
+});
