@@ -1,0 +1,896 @@
+/**
+ * Prefix index (radix tree over per-block local hashes) for ONE partition (reference section 4.3).
+ *
+ * Answers: for a request's local block hashes, how many leading blocks does every worker rank hold
+ * in its device tier, and how far do its host and disk tiers extend that prefix.
+ *
+ * Layout (sized for the core benchmark: 1,024 ranks x 4,096 blocks = 4.2 M (rank, block) pairs):
+ * - Nodes are int ids over growable typed arrays (parent, key, sibling links, holder count) with ids
+ *   recycled on prune; the root is node 0. No object per node.
+ * - Children: ONE partition-wide U64Table (parentId, localHi, localLo) -> childId, plus an intrusive
+ *   sibling list per node (needed only to walk a subtree when a rank's chain is cut or restored).
+ * - Per-rank lookup: one U64Table per rank keyed (tierIndex, seqHi, seqLo) -> nodeId. Per rank rather
+ *   than one global table so that Cleared / removeRank / dumpRank touch only that rank's entries
+ *   and growth never rehashes millions of other ranks' entries at once.
+ * - Device-tier holders per node are kept PREFIX-CLOSED: the set holds the ranks that hold the node
+ *   AND every ancestor in the device tier. Sets are therefore nested along any path, so the match
+ *   walk never intersects sets: the survivors at depth d ARE node_d's set, and work is only done
+ *   where the set shrinks. Sets are sorted Int32Arrays; a single holder is stored inline (most
+ *   nodes past a shared prefix have one holder, and a typed array costs ~100 bytes of overhead).
+ * - A rank holding a device node whose device ancestor chain is broken (a middle block was evicted)
+ *   is "detached" there and re-attached when the gap is stored again. Detached ranks and host/disk
+ *   holders live in rarely allocated per-node side sets (NodeAux); lower tiers need no closure.
+ *
+ * Not thread-safe; the daemon is single-threaded.
+ */
+import { U64Table } from "./u64-table.js";
+import { bigIntHi, bigIntLo, hashCount, pairToBigInt, toU64, type HashList } from "./hash64.js";
+
+export type StorageTier = "device" | "host" | "disk";
+export const STORAGE_TIERS: readonly StorageTier[] = ["device", "host", "disk"];
+
+/** Rank keys are interned by the caller into [0, MAX_RANK_KEYS). */
+export const MAX_RANK_KEYS = 1 << 20;
+
+const DEVICE = 0;
+const HOST = 1;
+const DISK = 2;
+const TIER_COUNT = 3;
+const ROOT = 0;
+const NONE = -1;
+const INITIAL_NODE_CAPACITY = 1024;
+const INITIAL_RANK_CAPACITY = 64;
+const INITIAL_SET_CAPACITY = 4;
+/** Below this dropout share, locating dropouts by binary search beats a linear merge (log2(1024) ~ 10). */
+const DROPOUT_SEARCH_RATIO = 12;
+/** Rough bytes of one NodeAux with small sets (object headers + typed arrays), for approxBytes only. */
+const APPROX_AUX_BYTES = 256;
+/** Bytes per node slot held in plain JS arrays (#devArr, #aux): one tagged pointer each. */
+const JS_SLOT_BYTES = 8;
+
+function tierIndex(tier: StorageTier): number {
+  switch (tier) {
+    case "device":
+      return DEVICE;
+    case "host":
+      return HOST;
+    case "disk":
+      return DISK;
+  }
+}
+
+const TIER_BY_INDEX: readonly StorageTier[] = STORAGE_TIERS;
+
+/**
+ * Per-rank overlap, as parallel arrays of length >= count. The object and its arrays are an
+ * internal buffer REUSED by the next findMatches call: copy what you keep before calling again.
+ */
+export interface MatchResult {
+  readonly count: number;
+  readonly ranks: Int32Array;
+  /** Consecutive leading request blocks held in the device tier. */
+  readonly device: Int32Array;
+  /** Consecutive blocks after the device prefix held in host or device (extension). */
+  readonly host: Int32Array;
+  /** Consecutive blocks after device+host held in disk, host or device (extension). */
+  readonly disk: Int32Array;
+}
+
+/** One stored event of a dump: replaying a rank's list through applyStored rebuilds its state. */
+export interface StoredBlocksRecord {
+  tier: StorageTier;
+  parentHash: bigint | null;
+  blockHashes: bigint[];
+  localHashes: bigint[];
+}
+
+interface MutableMatchResult {
+  count: number;
+  ranks: Int32Array;
+  device: Int32Array;
+  host: Int32Array;
+  disk: Int32Array;
+}
+
+/** Small sorted set of rank keys. */
+class RankSet {
+  items = new Int32Array(INITIAL_SET_CAPACITY);
+  size = 0;
+
+  #find(r: number): number {
+    let lo = 0;
+    let hi = this.size;
+    const a = this.items;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if ((a[mid] as number) < r) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+
+  has(r: number): boolean {
+    const i = this.#find(r);
+    return i < this.size && this.items[i] === r;
+  }
+
+  add(r: number): boolean {
+    const i = this.#find(r);
+    if (i < this.size && this.items[i] === r) return false;
+    if (this.size === this.items.length) {
+      const grown = new Int32Array(this.items.length * 2);
+      grown.set(this.items);
+      this.items = grown;
+    }
+    this.items.copyWithin(i + 1, i, this.size);
+    this.items[i] = r;
+    this.size++;
+    return true;
+  }
+
+  delete(r: number): boolean {
+    const i = this.#find(r);
+    if (i >= this.size || this.items[i] !== r) return false;
+    this.items.copyWithin(i, i + 1, this.size);
+    this.size--;
+    return true;
+  }
+}
+
+/** Rare per-node state: device-detached ranks and lower-tier holders. */
+class NodeAux {
+  detached: RankSet | null = null;
+  host: RankSet | null = null;
+  disk: RankSet | null = null;
+
+  get empty(): boolean {
+    return (
+      (this.detached === null || this.detached.size === 0) &&
+      (this.host === null || this.host.size === 0) &&
+      (this.disk === null || this.disk.size === 0)
+    );
+  }
+}
+
+function binarySearch(a: Int32Array, size: number, r: number): number {
+  let lo = 0;
+  let hi = size;
+  while (lo < hi) {
+    const mid = (lo + hi) >>> 1;
+    if ((a[mid] as number) < r) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+function checkRank(rank: number): void {
+  if (!Number.isInteger(rank) || rank < 0 || rank >= MAX_RANK_KEYS) {
+    throw new RangeError(`rank key must be an integer in [0, ${MAX_RANK_KEYS}), got ${rank}`);
+  }
+}
+
+export class PrefixIndex {
+  // ---- nodes ----
+  #nodeCap = 0;
+  #nextNode = 1;
+  #liveNodes = 0;
+  #free: number[] = [];
+  #parent = new Int32Array(0);
+  #keyHi = new Uint32Array(0);
+  #keyLo = new Uint32Array(0);
+  #firstChild = new Int32Array(0);
+  #nextSib = new Int32Array(0);
+  #prevSib = new Int32Array(0);
+  /** Lookup entries (any rank, any tier) pointing at the node; 0 with no children => pruned. */
+  #holders = new Int32Array(0);
+  /** Device set: size; the member itself when size is 1; a sorted array when size >= 2. */
+  #devSize = new Int32Array(0);
+  #devInline = new Int32Array(0);
+  #devArr: (Int32Array | undefined)[] = [];
+  #aux: (NodeAux | undefined)[] = [];
+  readonly #children = new U64Table(INITIAL_NODE_CAPACITY * 2);
+
+  // ---- ranks ----
+  #rankCap = 0;
+  #lookups: (U64Table | undefined)[] = [];
+  #detachedCount = new Int32Array(0);
+  /** rank -> slot in the current match result, -1 otherwise (reset after each findMatches). */
+  #slotOf = new Int32Array(0);
+
+  // ---- counters ----
+  #pairs = 0;
+  #lowerPairs = 0;
+  #devArrBytes = 0;
+  #auxCount = 0;
+
+  // ---- findMatches scratch ----
+  #path = new Int32Array(256);
+  readonly #scratchA = new Int32Array(1);
+  readonly #scratchB = new Int32Array(1);
+  readonly #result: MutableMatchResult = {
+    count: 0,
+    ranks: new Int32Array(16),
+    device: new Int32Array(16),
+    host: new Int32Array(16),
+    disk: new Int32Array(16),
+  };
+
+  constructor() {
+    this.#growNodes(INITIAL_NODE_CAPACITY);
+    this.#parent[ROOT] = NONE;
+    this.#firstChild[ROOT] = NONE;
+    this.#growRanks(INITIAL_RANK_CAPACITY);
+  }
+
+  /** Indexed (rank, tier, block) pairs. */
+  get size(): number {
+    return this.#pairs;
+  }
+
+  /** Live tree nodes, root excluded. */
+  get nodeCount(): number {
+    return this.#liveNodes;
+  }
+
+  /** Pairs held by one rank (all tiers). */
+  rankSize(rank: number): number {
+    checkRank(rank);
+    return rank < this.#rankCap ? (this.#lookups[rank]?.size ?? 0) : 0;
+  }
+
+  /** Approximate heap bytes (typed arrays exactly, JS-side objects estimated). */
+  get approxBytes(): number {
+    let lookupBytes = 0;
+    for (const t of this.#lookups) if (t !== undefined) lookupBytes += t.byteSize;
+    const nodeBytes =
+      this.#parent.byteLength +
+      this.#keyHi.byteLength +
+      this.#keyLo.byteLength +
+      this.#firstChild.byteLength +
+      this.#nextSib.byteLength +
+      this.#prevSib.byteLength +
+      this.#holders.byteLength +
+      this.#devSize.byteLength +
+      this.#devInline.byteLength +
+      2 * JS_SLOT_BYTES * this.#nodeCap;
+    const rankBytes = this.#detachedCount.byteLength + this.#slotOf.byteLength + JS_SLOT_BYTES * this.#rankCap;
+    return (
+      nodeBytes +
+      this.#children.byteSize +
+      lookupBytes +
+      this.#devArrBytes +
+      this.#auxCount * APPROX_AUX_BYTES +
+      rankBytes +
+      this.#path.byteLength
+    );
+  }
+
+  // =============================================================== events
+
+  /**
+   * A rank stored `blockHashes` (engine sequence hashes) whose content hashes are `localHashes`,
+   * chained below the block `parentHash` (null: from the root). Returns false, changing nothing,
+   * when this rank does not hold `parentHash` in any tier (out of order / gap: the caller counts
+   * a dropped event).
+   */
+  applyStored(
+    rank: number,
+    tier: StorageTier,
+    parentHash: bigint | null,
+    blockHashes: HashList,
+    localHashes: HashList,
+  ): boolean {
+    checkRank(rank);
+    const t = tierIndex(tier);
+    if (blockHashes.length !== localHashes.length || (blockHashes.length & 1) !== 0) {
+      throw new RangeError(
+        `blockHashes and localHashes must be hash lists of equal length (got ${blockHashes.length} and ${localHashes.length} words)`,
+      );
+    }
+    let cur = ROOT;
+    if (parentHash !== null) {
+      const p = toU64(parentHash);
+      cur = this.#findHeld(rank, t, bigIntHi(p), bigIntLo(p));
+      if (cur < 0) return false;
+    }
+    const n = hashCount(blockHashes);
+    if (n === 0) return true;
+    if (rank >= this.#rankCap) this.#growRanks(rank + 1);
+    let table = this.#lookups[rank];
+    if (table === undefined) {
+      table = new U64Table();
+      this.#lookups[rank] = table;
+    }
+    for (let i = 0; i < n; i++) {
+      const lh = localHashes[2 * i] as number;
+      const ll = localHashes[2 * i + 1] as number;
+      const bh = blockHashes[2 * i] as number;
+      const bl = blockHashes[2 * i + 1] as number;
+      let child = this.#childOf(cur, lh, ll);
+      if (child < 0) child = this.#newNode(cur, lh, ll);
+      const old = table.get(t, bh, bl);
+      if (old !== child) {
+        this.#holders[child] = (this.#holders[child] as number) + 1;
+        table.set(t, bh, bl, child);
+        if (old >= 0) {
+          // The same sequence hash now names different content: drop the old claim first. `old`
+          // cannot be `cur` or an ancestor of it being pruned: those have children.
+          this.#removeMembership(rank, t, old);
+          this.#holders[old] = (this.#holders[old] as number) - 1;
+          this.#maybePrune(old);
+        } else {
+          this.#pairs++;
+          if (t !== DEVICE) this.#lowerPairs++;
+        }
+      }
+      this.#addMembership(rank, t, cur, child);
+      cur = child;
+    }
+    return true;
+  }
+
+  /** A rank evicted blocks from one tier. Unknown hashes are ignored. Returns blocks removed. */
+  applyRemoved(rank: number, tier: StorageTier, blockHashes: HashList): number {
+    checkRank(rank);
+    const t = tierIndex(tier);
+    const table = rank < this.#rankCap ? this.#lookups[rank] : undefined;
+    if (table === undefined) return 0;
+    const n = hashCount(blockHashes);
+    let removed = 0;
+    for (let i = 0; i < n; i++) {
+      const bh = blockHashes[2 * i] as number;
+      const bl = blockHashes[2 * i + 1] as number;
+      const node = table.get(t, bh, bl);
+      if (node < 0) continue;
+      table.delete(t, bh, bl);
+      this.#pairs--;
+      if (t !== DEVICE) this.#lowerPairs--;
+      this.#removeMembership(rank, t, node);
+      this.#holders[node] = (this.#holders[node] as number) - 1;
+      this.#maybePrune(node);
+      removed++;
+    }
+    return removed;
+  }
+
+  /** The rank dropped everything (all tiers). */
+  applyCleared(rank: number): void {
+    checkRank(rank);
+    const table = rank < this.#rankCap ? this.#lookups[rank] : undefined;
+    if (table === undefined) return;
+    // Every membership of this rank goes, so no detach/re-attach walks are needed. Pruning inside
+    // the loop is safe: it touches only the tree, and a node still named by a later entry of this
+    // table has holders > 0.
+    table.forEach((t, _hi, _lo, node) => {
+      if (t === DEVICE) {
+        if (!this.#devDelete(node, rank)) this.#auxDelete(node, DEVICE, rank);
+      } else {
+        this.#auxDelete(node, t, rank);
+        this.#lowerPairs--;
+      }
+      this.#holders[node] = (this.#holders[node] as number) - 1;
+      this.#pairs--;
+      this.#maybePrune(node);
+    });
+    this.#lookups[rank] = undefined;
+    this.#detachedCount[rank] = 0;
+  }
+
+  /** Same as applyCleared; used when a worker (rank) is deleted. */
+  removeRank(rank: number): void {
+    this.applyCleared(rank);
+  }
+
+  // =============================================================== matching
+
+  /**
+   * Overlap of every rank with the request's local block hashes; only ranks with some overlap are
+   * listed. The result is an internal buffer reused by the next call: copy before calling again.
+   */
+  findMatches(localHashes: HashList): MatchResult {
+    const res = this.#result;
+    res.count = 0;
+    const n = hashCount(localHashes);
+    if (n === 0) return res;
+    if (this.#path.length < n) this.#path = new Int32Array(Math.max(n, this.#path.length * 2));
+    const path = this.#path;
+    const lower = this.#lowerPairs > 0;
+    const devSize = this.#devSize;
+
+    let k = 0;
+    let cur = ROOT;
+    for (let d = 0; d < n; d++) {
+      const c = this.#childOf(cur, localHashes[2 * d] as number, localHashes[2 * d + 1] as number);
+      if (c < 0 || (!lower && devSize[c] === 0)) break;
+      path[k++] = c;
+      cur = c;
+    }
+    if (k === 0) return res;
+
+    const first = path[0] as number;
+    const s0 = devSize[first] as number;
+    if (s0 > 0) {
+      this.#ensureResultCapacity(s0);
+      const members = this.#devMembers(first, this.#scratchA);
+      for (let j = 0; j < s0; j++) this.#pushResult(members[j] as number);
+      let prevSize = s0;
+      let last = 0;
+      let emptied = false;
+      for (let d = 1; d < k; d++) {
+        const node = path[d] as number;
+        const s = devSize[node] as number;
+        if (s < prevSize) this.#markDropouts(path[d - 1] as number, prevSize, node, s, d);
+        prevSize = s;
+        if (s === 0) {
+          emptied = true;
+          break;
+        }
+        last = d;
+      }
+      if (!emptied) {
+        const deepest = path[last] as number;
+        const m = this.#devMembers(deepest, this.#scratchA);
+        const sz = devSize[deepest] as number;
+        for (let j = 0; j < sz; j++) res.device[this.#slotOf[m[j] as number] as number] = last + 1;
+      }
+    }
+
+    if (lower) this.#extendLowerTiers(path, k);
+
+    const slotOf = this.#slotOf;
+    for (let j = 0; j < res.count; j++) slotOf[res.ranks[j] as number] = NONE;
+    return res;
+  }
+
+  #pushResult(rank: number): void {
+    const res = this.#result;
+    const j = res.count++;
+    res.ranks[j] = rank;
+    res.device[j] = 0;
+    res.host[j] = 0;
+    res.disk[j] = 0;
+    this.#slotOf[rank] = j;
+  }
+
+  /**
+   * Ranks in parent's set but not in child's (child's set is a subset, both sorted) dropped out at
+   * depth d. Few dropouts out of many members are found by binary search for the first position
+   * where the arrays disagree, instead of a merge over the whole parent set.
+   */
+  #markDropouts(parent: number, sp: number, child: number, sc: number, d: number): void {
+    const P = this.#devMembers(parent, this.#scratchA);
+    const C = this.#devMembers(child, this.#scratchB);
+    const device = this.#result.device;
+    const slotOf = this.#slotOf;
+    let dropouts = sp - sc;
+    if (dropouts * DROPOUT_SEARCH_RATIO < sp) {
+      let a = 0;
+      let c = 0;
+      while (dropouts > 0) {
+        // First t with P[a+t] !== C[c+t]; positions before it match one-to-one.
+        let lo = 0;
+        let hi = sc - c;
+        while (lo < hi) {
+          const mid = (lo + hi) >>> 1;
+          if (P[a + mid] === C[c + mid]) lo = mid + 1;
+          else hi = mid;
+        }
+        device[slotOf[P[a + lo] as number] as number] = d;
+        a += lo + 1;
+        c += lo;
+        dropouts--;
+      }
+      return;
+    }
+    let j = 0;
+    for (let i = 0; i < sp; i++) {
+      const r = P[i] as number;
+      if (j < sc && C[j] === r) j++;
+      else device[slotOf[r] as number] = d;
+    }
+  }
+
+  /** Host/disk extension past each rank's device prefix; only runs when lower-tier pairs exist. */
+  #extendLowerTiers(path: Int32Array, k: number): void {
+    const res = this.#result;
+    const firstAux = this.#aux[path[0] as number];
+    if (firstAux !== undefined) {
+      for (const set of [firstAux.host, firstAux.disk]) {
+        if (set === null) continue;
+        for (let j = 0; j < set.size; j++) {
+          const r = set.items[j] as number;
+          if (this.#slotOf[r] === NONE) {
+            this.#ensureResultCapacity(res.count + 1);
+            this.#pushResult(r);
+          }
+        }
+      }
+    }
+    const aux = this.#aux;
+    for (let j = 0; j < res.count; j++) {
+      const r = res.ranks[j] as number;
+      const dev = res.device[j] as number;
+      // Past its device prefix a rank holds a node in "device" only as detached.
+      let x = dev;
+      for (; x < k; x++) {
+        const a = aux[path[x] as number];
+        if (a === undefined || !((a.detached?.has(r) ?? false) || (a.host?.has(r) ?? false))) break;
+      }
+      let y = x;
+      for (; y < k; y++) {
+        const a = aux[path[y] as number];
+        if (
+          a === undefined ||
+          !((a.detached?.has(r) ?? false) || (a.host?.has(r) ?? false) || (a.disk?.has(r) ?? false))
+        ) {
+          break;
+        }
+      }
+      res.host[j] = x - dev;
+      res.disk[j] = y - x;
+    }
+  }
+
+  #ensureResultCapacity(n: number): void {
+    const res = this.#result;
+    if (res.ranks.length >= n) return;
+    const cap = Math.max(n, res.ranks.length * 2);
+    for (const key of ["ranks", "device", "host", "disk"] as const) {
+      const grown = new Int32Array(cap);
+      grown.set(res[key].subarray(0, res.count));
+      res[key] = grown;
+    }
+  }
+
+  // =============================================================== dump
+
+  /**
+   * Stored-events that rebuild this rank's state when replayed in order through applyStored into an
+   * empty index. Blocks cut off from the root by a gap this rank holds in NO tier are left out: they
+   * cannot be chained to a parent this rank knows, and they contribute nothing to matching until
+   * the gap is stored again.
+   */
+  dumpRank(rank: number): StoredBlocksRecord[] {
+    checkRank(rank);
+    const table = rank < this.#rankCap ? this.#lookups[rank] : undefined;
+    if (table === undefined) return [];
+    const entriesByNode = new Map<number, number[]>(); // node -> [tier, hi, lo, tier, hi, lo, ...]
+    table.forEach((t, hi, lo, node) => {
+      const list = entriesByNode.get(node);
+      if (list === undefined) entriesByNode.set(node, [t, hi, lo]);
+      else list.push(t, hi, lo);
+    });
+    const heldChildren = new Map<number, number[]>();
+    for (const node of entriesByNode.keys()) {
+      const p = this.#parent[node] as number;
+      if (p !== ROOT && !entriesByNode.has(p)) continue;
+      const list = heldChildren.get(p);
+      if (list === undefined) heldChildren.set(p, [node]);
+      else list.push(node);
+    }
+
+    const events: StoredBlocksRecord[] = [];
+    const open: ({ event: StoredBlocksRecord; last: number } | undefined)[] = new Array<undefined>(TIER_COUNT);
+    const stack = [...(heldChildren.get(ROOT) ?? [])];
+    while (stack.length > 0) {
+      const node = stack.pop() as number;
+      const p = this.#parent[node] as number;
+      const local = pairToBigInt(this.#keyHi[node] as number, this.#keyLo[node] as number);
+      const entries = entriesByNode.get(node) ?? [];
+      for (let e = 0; e < entries.length; e += 3) {
+        const t = entries[e] as number;
+        let chain = open[t];
+        if (chain === undefined || chain.last !== p) {
+          const event: StoredBlocksRecord = {
+            tier: TIER_BY_INDEX[t] as StorageTier,
+            parentHash: p === ROOT ? null : PrefixIndex.#parentEntryHash(entriesByNode.get(p) ?? [], t),
+            blockHashes: [],
+            localHashes: [],
+          };
+          events.push(event);
+          chain = { event, last: p };
+          open[t] = chain;
+        }
+        chain.event.blockHashes.push(pairToBigInt(entries[e + 1] as number, entries[e + 2] as number));
+        chain.event.localHashes.push(local);
+        chain.last = node;
+      }
+      const kids = heldChildren.get(node);
+      if (kids !== undefined) for (let i = kids.length - 1; i >= 0; i--) stack.push(kids[i] as number);
+    }
+    return events;
+  }
+
+  /** The parent's sequence hash to chain from: the same tier's when held there, else any tier's. */
+  static #parentEntryHash(entries: number[], tier: number): bigint {
+    let pick = 0;
+    for (let e = 0; e < entries.length; e += 3) {
+      if (entries[e] === tier) {
+        pick = e;
+        break;
+      }
+    }
+    return pairToBigInt(entries[pick + 1] as number, entries[pick + 2] as number);
+  }
+
+  // =============================================================== membership
+
+  /** Node this rank holds under sequence hash (hi, lo): the event's own tier first, then any. */
+  #findHeld(rank: number, preferredTier: number, hi: number, lo: number): number {
+    const table = rank < this.#rankCap ? this.#lookups[rank] : undefined;
+    if (table === undefined) return NONE;
+    const node = table.get(preferredTier, hi, lo);
+    if (node >= 0) return node;
+    for (let t = 0; t < TIER_COUNT; t++) {
+      if (t === preferredTier) continue;
+      const other = table.get(t, hi, lo);
+      if (other >= 0) return other;
+    }
+    return NONE;
+  }
+
+  #addMembership(rank: number, t: number, parent: number, node: number): void {
+    if (t !== DEVICE) {
+      this.#auxAdd(node, t, rank);
+      return;
+    }
+    if (this.#devHas(node, rank)) return;
+    if (parent === ROOT || this.#devHas(parent, rank)) this.#attach(rank, node);
+    else if (this.#auxAdd(node, DEVICE, rank)) this.#detachedCount[rank] = (this.#detachedCount[rank] as number) + 1;
+  }
+
+  /**
+   * Drops this rank's claim on the node in one tier. Like the reference, one removed sequence hash
+   * drops the claim even if another hash of the same rank and tier still names the node.
+   */
+  #removeMembership(rank: number, t: number, node: number): void {
+    if (t !== DEVICE) {
+      this.#auxDelete(node, t, rank);
+      return;
+    }
+    if (this.#devDelete(node, rank)) this.#detachBelow(rank, node);
+    else if (this.#auxDelete(node, DEVICE, rank)) this.#detachedCount[rank] = (this.#detachedCount[rank] as number) - 1;
+  }
+
+  /** Attaches the rank at node (its parent chain is complete) and re-attaches detached descendants. */
+  #attach(rank: number, node: number): void {
+    if (this.#auxDelete(node, DEVICE, rank)) this.#detachedCount[rank] = (this.#detachedCount[rank] as number) - 1;
+    this.#devAdd(node, rank);
+    if (this.#detachedCount[rank] === 0) return;
+    const stack = [node];
+    while (stack.length > 0) {
+      const x = stack.pop() as number;
+      for (let c = this.#firstChild[x] as number; c !== NONE; c = this.#nextSib[c] as number) {
+        if (this.#aux[c] === undefined || !this.#auxDelete(c, DEVICE, rank)) continue;
+        this.#devAdd(c, rank);
+        stack.push(c);
+        const left = (this.#detachedCount[rank] as number) - 1;
+        this.#detachedCount[rank] = left;
+        if (left === 0) return;
+      }
+    }
+  }
+
+  /** The rank lost its device chain at node: its attached descendants become detached. */
+  #detachBelow(rank: number, node: number): void {
+    const stack = [node];
+    while (stack.length > 0) {
+      const x = stack.pop() as number;
+      for (let c = this.#firstChild[x] as number; c !== NONE; c = this.#nextSib[c] as number) {
+        if (!this.#devDelete(c, rank)) continue;
+        this.#auxAdd(c, DEVICE, rank);
+        this.#detachedCount[rank] = (this.#detachedCount[rank] as number) + 1;
+        stack.push(c);
+      }
+    }
+  }
+
+  /** kind: DEVICE means the detached set here. */
+  #auxAdd(node: number, kind: number, rank: number): boolean {
+    let a = this.#aux[node];
+    if (a === undefined) {
+      a = new NodeAux();
+      this.#aux[node] = a;
+      this.#auxCount++;
+    }
+    let set = kind === DEVICE ? a.detached : kind === HOST ? a.host : a.disk;
+    if (set === null) {
+      set = new RankSet();
+      if (kind === DEVICE) a.detached = set;
+      else if (kind === HOST) a.host = set;
+      else a.disk = set;
+    }
+    return set.add(rank);
+  }
+
+  #auxDelete(node: number, kind: number, rank: number): boolean {
+    const a = this.#aux[node];
+    if (a === undefined) return false;
+    const set = kind === DEVICE ? a.detached : kind === HOST ? a.host : a.disk;
+    if (set === null || !set.delete(rank)) return false;
+    if (a.empty) {
+      this.#aux[node] = undefined;
+      this.#auxCount--;
+    }
+    return true;
+  }
+
+  // ---- device set (sorted; inline when size 1) ----
+
+  #devMembers(node: number, scratch: Int32Array): Int32Array {
+    if (this.#devSize[node] === 1) {
+      scratch[0] = this.#devInline[node] as number;
+      return scratch;
+    }
+    return this.#devArr[node] ?? scratch;
+  }
+
+  #devHas(node: number, rank: number): boolean {
+    const s = this.#devSize[node] as number;
+    if (s === 0) return false;
+    if (s === 1) return this.#devInline[node] === rank;
+    const a = this.#devArr[node] as Int32Array;
+    const i = binarySearch(a, s, rank);
+    return i < s && a[i] === rank;
+  }
+
+  #devAdd(node: number, rank: number): void {
+    const s = this.#devSize[node] as number;
+    if (s === 0) {
+      this.#devInline[node] = rank;
+      this.#devSize[node] = 1;
+      return;
+    }
+    if (s === 1) {
+      const other = this.#devInline[node] as number;
+      if (other === rank) return;
+      const a = new Int32Array(INITIAL_SET_CAPACITY);
+      this.#devArrBytes += a.byteLength;
+      a[0] = Math.min(other, rank);
+      a[1] = Math.max(other, rank);
+      this.#devArr[node] = a;
+      this.#devSize[node] = 2;
+      return;
+    }
+    let a = this.#devArr[node] as Int32Array;
+    const i = binarySearch(a, s, rank);
+    if (i < s && a[i] === rank) return;
+    if (s === a.length) {
+      const grown = new Int32Array(a.length * 2);
+      grown.set(a);
+      this.#devArrBytes += grown.byteLength - a.byteLength;
+      a = grown;
+      this.#devArr[node] = a;
+    }
+    a.copyWithin(i + 1, i, s);
+    a[i] = rank;
+    this.#devSize[node] = s + 1;
+  }
+
+  #devDelete(node: number, rank: number): boolean {
+    const s = this.#devSize[node] as number;
+    if (s === 0) return false;
+    if (s === 1) {
+      if (this.#devInline[node] !== rank) return false;
+      this.#devSize[node] = 0;
+      return true;
+    }
+    const a = this.#devArr[node] as Int32Array;
+    const i = binarySearch(a, s, rank);
+    if (i >= s || a[i] !== rank) return false;
+    a.copyWithin(i, i + 1, s);
+    if (s === 2) {
+      this.#devInline[node] = a[0] as number;
+      this.#devArr[node] = undefined;
+      this.#devArrBytes -= a.byteLength;
+    }
+    this.#devSize[node] = s - 1;
+    return true;
+  }
+
+  // =============================================================== nodes
+
+  /**
+   * Child of `parent` keyed by local hash (hi, lo), or -1. Most nodes along a cached chain have a
+   * single child, created right after its parent (adjacent ids, same cache lines), so checking the
+   * head of the sibling list first skips the partition-wide table, whose random probes cost a cache
+   * miss each (~150 ns with millions of nodes) — that miss dominated the match walk.
+   */
+  #childOf(parent: number, hi: number, lo: number): number {
+    const c = this.#firstChild[parent] as number;
+    if (c === NONE) return NONE;
+    if (this.#keyLo[c] === lo && this.#keyHi[c] === hi) return c;
+    if (this.#nextSib[c] === NONE) return NONE;
+    return this.#children.get(parent, hi, lo);
+  }
+
+  #newNode(parent: number, hi: number, lo: number): number {
+    let id = this.#free.pop();
+    if (id === undefined) {
+      if (this.#nextNode === this.#nodeCap) this.#growNodes(this.#nodeCap * 2);
+      id = this.#nextNode++;
+    }
+    this.#parent[id] = parent;
+    this.#keyHi[id] = hi;
+    this.#keyLo[id] = lo;
+    this.#firstChild[id] = NONE;
+    this.#holders[id] = 0;
+    this.#devSize[id] = 0;
+    const head = this.#firstChild[parent] as number;
+    this.#nextSib[id] = head;
+    this.#prevSib[id] = NONE;
+    if (head !== NONE) this.#prevSib[head] = id;
+    this.#firstChild[parent] = id;
+    this.#children.set(parent, hi, lo, id);
+    this.#liveNodes++;
+    return id;
+  }
+
+  /** Frees the node and then each ancestor left with no holders and no children. */
+  #maybePrune(node: number): void {
+    let x = node;
+    while (x !== ROOT && this.#holders[x] === 0 && this.#firstChild[x] === NONE) {
+      const p = this.#parent[x] as number;
+      this.#children.delete(p, this.#keyHi[x] as number, this.#keyLo[x] as number);
+      const prev = this.#prevSib[x] as number;
+      const next = this.#nextSib[x] as number;
+      if (prev !== NONE) this.#nextSib[prev] = next;
+      else this.#firstChild[p] = next;
+      if (next !== NONE) this.#prevSib[next] = prev;
+      const arr = this.#devArr[x];
+      if (arr !== undefined) {
+        this.#devArrBytes -= arr.byteLength;
+        this.#devArr[x] = undefined;
+      }
+      if (this.#aux[x] !== undefined) {
+        this.#aux[x] = undefined;
+        this.#auxCount--;
+      }
+      this.#devSize[x] = 0;
+      this.#parent[x] = NONE;
+      this.#free.push(x);
+      this.#liveNodes--;
+      x = p;
+    }
+  }
+
+  #growNodes(cap: number): void {
+    const grow32 = (a: Int32Array): Int32Array<ArrayBuffer> => {
+      const g = new Int32Array(cap);
+      g.set(a);
+      return g;
+    };
+    const growU32 = (a: Uint32Array): Uint32Array<ArrayBuffer> => {
+      const g = new Uint32Array(cap);
+      g.set(a);
+      return g;
+    };
+    this.#parent = grow32(this.#parent);
+    this.#keyHi = growU32(this.#keyHi);
+    this.#keyLo = growU32(this.#keyLo);
+    this.#firstChild = grow32(this.#firstChild);
+    this.#nextSib = grow32(this.#nextSib);
+    this.#prevSib = grow32(this.#prevSib);
+    this.#holders = grow32(this.#holders);
+    this.#devSize = grow32(this.#devSize);
+    this.#devInline = grow32(this.#devInline);
+    for (let i = this.#nodeCap; i < cap; i++) {
+      this.#devArr.push(undefined);
+      this.#aux.push(undefined);
+    }
+    this.#nodeCap = cap;
+  }
+
+  #growRanks(minCap: number): void {
+    let cap = Math.max(this.#rankCap, INITIAL_RANK_CAPACITY);
+    while (cap < minCap) cap *= 2;
+    const detached = new Int32Array(cap);
+    detached.set(this.#detachedCount);
+    this.#detachedCount = detached;
+    const slotOf = new Int32Array(cap).fill(NONE);
+    slotOf.set(this.#slotOf);
+    this.#slotOf = slotOf;
+    for (let i = this.#rankCap; i < cap; i++) this.#lookups.push(undefined);
+    this.#rankCap = cap;
+  }
+}
