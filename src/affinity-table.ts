@@ -1,0 +1,467 @@
+/**
+ * Session affinity, one table per partition (reference sections 3.8 and 4.9).
+ *
+ * kvmesh runs select -> book -> commit synchronously on one event loop, so the reference's
+ * `Initializing` state, wait handles and join logic have no job here: a session is either vacant
+ * or bound, and `commit()` decides the binding in one step once the booking has landed.
+ *
+ * Replication: every local bind / rebind / refresh is emitted synchronously to `onBinding`
+ * listeners (the mesh publishes them); peers' bindings arrive through `applyReplica()` and merge
+ * last-writer-wins on `(sequence, writerId)` with a Lamport clock. Applied bindings are never
+ * re-emitted, so two replicas cannot echo a binding back and forth.
+ *
+ * Beyond the reference (DESIGN "Beyond" 4): `sweep()` re-publishes every binding that still
+ * holds local leases once half a TTL has passed since it was last published, so peers keep it
+ * alive while a request that outlives the idle TTL is still running here.
+ */
+
+import { KvmeshError, badRequest } from "./errors.js";
+import type { Clock } from "./clock.js";
+
+export type AffinityMode = "hard" | "soft";
+
+/** `dpRank === null` is a worker-only binding: any rank of the worker satisfies it. */
+export interface AffinityTarget {
+  readonly workerId: bigint;
+  readonly dpRank: number | null;
+}
+
+/** Compared lexicographically: sequence first, writerId breaks ties. Both are u64. */
+export interface BindingVersion {
+  readonly sequence: bigint;
+  readonly writerId: bigint;
+}
+
+export interface SessionBinding {
+  readonly sessionId: string;
+  readonly target: AffinityTarget;
+  readonly version: BindingVersion;
+}
+
+export type BindingReason = "bind" | "rebind" | "refresh";
+
+export type BindingListener = (binding: SessionBinding, reason: BindingReason) => void;
+
+/** Opaque token for one request's hold on a binding; give it back to `release()` exactly once. */
+export interface Lease {
+  readonly sessionId: string;
+  /** The binding version the lease was taken under. */
+  readonly version: BindingVersion;
+}
+
+export type CommitOutcome =
+  | { readonly kind: "bound" | "rebound" | "refreshed"; readonly lease: Lease }
+  | { readonly kind: "unpinned" };
+
+export type ApplyOutcome =
+  | "inserted"
+  | "refreshed"
+  | "replaced-newer"
+  | "replaced-expired"
+  | "ignored-conflict"
+  | "ignored-own"
+  | "rejected-invalid"
+  | "rejected-capacity";
+
+export interface AffinityEntryView {
+  readonly target: AffinityTarget;
+  readonly version: BindingVersion;
+  readonly leases: number;
+  readonly idleDeadlineMs: number;
+}
+
+export interface AffinityTableOptions {
+  readonly ttlMs: number;
+  readonly mode: AffinityMode;
+  readonly maxEntries?: number;
+  /** Limit on the UTF-8 encoded length of a session id. */
+  readonly maxSessionIdBytes?: number;
+  readonly writerId: bigint;
+  readonly clock: Clock;
+  /** First Lamport sequence this table stamps; the core passes wall-clock ns so a restarted
+   * writer does not reuse sequences its peers still hold. */
+  readonly initialSequence?: bigint;
+}
+
+export const DEFAULT_AFFINITY_MAX_ENTRIES = 65_536;
+export const DEFAULT_MAX_SESSION_ID_BYTES = 256;
+export const DEFAULT_INITIAL_SEQUENCE = 1n;
+export const MIN_AFFINITY_TTL_MS = 1_000;
+/** One year, the reference's upper bound (31 536 000 s). */
+export const MAX_AFFINITY_TTL_MS = 31_536_000_000;
+/** The reaper period the reference uses is min(TTL, 30 s); the keepalive needs a quarter TTL
+ * (see `affinitySweepIntervalMs`). */
+export const MAX_AFFINITY_SWEEP_INTERVAL_MS = 30_000;
+/** A full table sweeps before refusing a new session, but at most this often: a table full of
+ * live bindings would otherwise scan 65 536 entries on every new session. */
+export const FULL_TABLE_SWEEP_MIN_INTERVAL_MS = 1_000;
+
+const U64_MAX = (1n << 64n) - 1n;
+
+/**
+ * How often the owner should call `sweep()`. A leased binding is re-published once half a TTL
+ * has passed since its last publish; sweeping every quarter TTL means peers hear it at most
+ * 0.75 TTL after the previous publish, before their copy idles out.
+ */
+export function affinitySweepIntervalMs(ttlMs: number): number {
+  return Math.max(1, Math.min(Math.floor(ttlMs / 4), MAX_AFFINITY_SWEEP_INTERVAL_MS));
+}
+
+export function compareVersions(a: BindingVersion, b: BindingVersion): number {
+  if (a.sequence !== b.sequence) return a.sequence < b.sequence ? -1 : 1;
+  if (a.writerId !== b.writerId) return a.writerId < b.writerId ? -1 : 1;
+  return 0;
+}
+
+const sameTarget = (a: AffinityTarget, b: AffinityTarget): boolean =>
+  a.workerId === b.workerId && a.dpRank === b.dpRank;
+
+const isU64 = (v: unknown): v is bigint => typeof v === "bigint" && v >= 0n && v <= U64_MAX;
+const isRank = (v: unknown): v is number => typeof v === "number" && Number.isSafeInteger(v) && v >= 0;
+
+/** Mutable per-session state. Leases hold a reference to the entry object so a release after the
+ * binding was dropped (and maybe re-created) cannot decrement the wrong incarnation. */
+interface Entry {
+  target: AffinityTarget;
+  version: BindingVersion;
+  leases: number;
+  idleDeadlineMs: number;
+  lastPublishedMs: number;
+}
+
+class LeaseToken implements Lease {
+  released = false;
+  constructor(
+    readonly sessionId: string,
+    readonly version: BindingVersion,
+    readonly entry: Entry,
+  ) {}
+}
+
+export class AffinityTable {
+  readonly ttlMs: number;
+  readonly mode: AffinityMode;
+  readonly maxEntries: number;
+  readonly maxSessionIdBytes: number;
+  readonly writerId: bigint;
+  readonly #clock: Clock;
+  readonly #entries = new Map<string, Entry>();
+  readonly #listeners: BindingListener[] = [];
+  #nextSequence: bigint;
+  #fallbacks = 0;
+  #lastFullSweepMs = Number.NEGATIVE_INFINITY;
+
+  constructor(options: AffinityTableOptions) {
+    const { ttlMs } = options;
+    if (!Number.isFinite(ttlMs) || ttlMs < MIN_AFFINITY_TTL_MS || ttlMs > MAX_AFFINITY_TTL_MS) {
+      throw badRequest(
+        `session_affinity_ttl_secs must be between ${MIN_AFFINITY_TTL_MS / 1000} and ${MAX_AFFINITY_TTL_MS / 1000} (got ${ttlMs / 1000})`,
+        "session_affinity_ttl_secs",
+      );
+    }
+    if (options.mode !== "hard" && options.mode !== "soft") {
+      throw badRequest(`session_affinity_mode must be "hard" or "soft"`, "session_affinity_mode");
+    }
+    const maxEntries = options.maxEntries ?? DEFAULT_AFFINITY_MAX_ENTRIES;
+    if (!Number.isSafeInteger(maxEntries) || maxEntries < 1) {
+      throw badRequest(`affinity max entries must be a positive integer (got ${maxEntries})`, "max_entries");
+    }
+    const maxSessionIdBytes = options.maxSessionIdBytes ?? DEFAULT_MAX_SESSION_ID_BYTES;
+    if (!Number.isSafeInteger(maxSessionIdBytes) || maxSessionIdBytes < 1) {
+      throw badRequest(`max session id bytes must be a positive integer (got ${maxSessionIdBytes})`, "max_session_id_bytes");
+    }
+    if (!isU64(options.writerId)) throw badRequest("writer id must be a u64", "writer_id");
+    const initialSequence = options.initialSequence ?? DEFAULT_INITIAL_SEQUENCE;
+    if (!isU64(initialSequence)) throw badRequest("initial sequence must be a u64", "initial_sequence");
+    this.ttlMs = ttlMs;
+    this.mode = options.mode;
+    this.maxEntries = maxEntries;
+    this.maxSessionIdBytes = maxSessionIdBytes;
+    this.writerId = options.writerId;
+    this.#clock = options.clock;
+    this.#nextSequence = initialSequence;
+  }
+
+  /** Entries stored, including idle-expired ones the next sweep will remove. */
+  get size(): number {
+    return this.#entries.size;
+  }
+
+  /** New sessions routed unpinned because the table was full. */
+  get fallbacks(): number {
+    return this.#fallbacks;
+  }
+
+  /** The sequence the next local bind or rebind will carry. */
+  get nextSequence(): bigint {
+    return this.#nextSequence;
+  }
+
+  onBinding(listener: BindingListener): () => void {
+    this.#listeners.push(listener);
+    return () => {
+      const i = this.#listeners.indexOf(listener);
+      if (i >= 0) this.#listeners.splice(i, 1);
+    };
+  }
+
+  /** The live binding of a session, if any. Throws 400 for an empty or over-long id. */
+  resolve(sessionId: string): AffinityTarget | undefined {
+    this.#checkSessionId(sessionId);
+    return this.#live(sessionId, this.#clock.now())?.target;
+  }
+
+  /**
+   * Records that a booking for `sessionId` landed on `dispatched` and takes a lease for it.
+   * Hard mode: dispatching away from a live binding drops the binding and throws
+   * KVMESH_SESSION_CONFLICT (the caller frees the booking it just made).
+   */
+  commit(sessionId: string, dispatched: { readonly workerId: bigint; readonly dpRank: number }): CommitOutcome {
+    this.#checkSessionId(sessionId);
+    if (!isU64(dispatched.workerId) || !isRank(dispatched.dpRank)) {
+      throw badRequest(`dispatched target for session ${JSON.stringify(sessionId)} is not a valid (worker_id, dp_rank)`, "worker_id");
+    }
+    const now = this.#clock.now();
+    const entry = this.#live(sessionId, now);
+
+    if (entry === undefined) {
+      if (!this.#hasRoom(now)) {
+        this.#fallbacks++;
+        return { kind: "unpinned" };
+      }
+      const created: Entry = {
+        target: { workerId: dispatched.workerId, dpRank: dispatched.dpRank },
+        version: this.#stamp(),
+        leases: 1,
+        idleDeadlineMs: now + this.ttlMs,
+        lastPublishedMs: now,
+      };
+      this.#entries.set(sessionId, created);
+      this.#emit(sessionId, created, "bind");
+      return { kind: "bound", lease: new LeaseToken(sessionId, created.version, created) };
+    }
+
+    const bound = entry.target;
+    const matches =
+      bound.workerId === dispatched.workerId && (bound.dpRank === null || bound.dpRank === dispatched.dpRank);
+    if (matches) {
+      entry.leases++;
+      entry.idleDeadlineMs = now + this.ttlMs;
+      entry.lastPublishedMs = now;
+      this.#emit(sessionId, entry, "refresh");
+      return { kind: "refreshed", lease: new LeaseToken(sessionId, entry.version, entry) };
+    }
+
+    if (this.mode === "hard") {
+      // Reference 4.9 (selection core): a mismatch invalidates the binding, so the next request
+      // of the session binds afresh instead of being refused for as long as leases keep it alive.
+      this.#entries.delete(sessionId);
+      throw new KvmeshError(
+        "KVMESH_SESSION_CONFLICT",
+        `session ${JSON.stringify(sessionId)} is bound to worker ${describeTarget(bound)} but was dispatched to worker ${describeTarget(dispatched)}`,
+        { details: { field: "session_id" } },
+      );
+    }
+
+    // Soft: follow the dispatch. A worker-only binding keeps its granularity on the new worker.
+    entry.target = { workerId: dispatched.workerId, dpRank: bound.dpRank === null ? null : dispatched.dpRank };
+    entry.version = this.#stamp();
+    entry.leases++;
+    entry.idleDeadlineMs = now + this.ttlMs;
+    entry.lastPublishedMs = now;
+    this.#emit(sessionId, entry, "rebind");
+    return { kind: "rebound", lease: new LeaseToken(sessionId, entry.version, entry) };
+  }
+
+  /** Gives a lease back. A release is a use: it refreshes the idle deadline and is published,
+   * unless the binding changed version since the lease was taken. Releasing twice is a no-op. */
+  release(lease: Lease): void {
+    if (!(lease instanceof LeaseToken) || lease.released) return;
+    lease.released = true;
+    const entry = lease.entry;
+    if (this.#entries.get(lease.sessionId) !== entry) return; // dropped since; nothing to count
+    if (entry.leases > 0) entry.leases--;
+    if (compareVersions(entry.version, lease.version) !== 0) return;
+    const now = this.#clock.now();
+    entry.idleDeadlineMs = now + this.ttlMs;
+    entry.lastPublishedMs = now;
+    this.#emit(lease.sessionId, entry, "refresh");
+  }
+
+  /** Removes every binding to a departed worker. */
+  dropWorker(workerId: bigint): number {
+    let dropped = 0;
+    for (const [sessionId, entry] of this.#entries) {
+      if (entry.target.workerId === workerId) {
+        this.#entries.delete(sessionId);
+        dropped++;
+      }
+    }
+    return dropped;
+  }
+
+  /** Removes ranked bindings to a removed rank; worker-only bindings survive while the worker does. */
+  dropTarget(workerId: bigint, dpRank: number): number {
+    let dropped = 0;
+    for (const [sessionId, entry] of this.#entries) {
+      if (entry.target.workerId === workerId && entry.target.dpRank === dpRank) {
+        this.#entries.delete(sessionId);
+        dropped++;
+      }
+    }
+    return dropped;
+  }
+
+  /** Merges a peer's binding (reference 4.9 "Version merge on replica apply"). Never emits. */
+  applyReplica(binding: SessionBinding): ApplyOutcome {
+    const { sessionId, target, version } = binding;
+    if (!isU64(version.sequence) || !isU64(version.writerId)) return "rejected-invalid";
+    // Observe the sequence before anything can reject the event, so our next local version
+    // orders after everything we have seen, applied or not.
+    if (version.sequence >= this.#nextSequence) {
+      this.#nextSequence = version.sequence < U64_MAX ? version.sequence + 1n : U64_MAX;
+    }
+    if (version.writerId === this.writerId) return "ignored-own";
+    if (!this.#validSessionId(sessionId) || !isU64(target.workerId) || (target.dpRank !== null && !isRank(target.dpRank))) {
+      return "rejected-invalid";
+    }
+    const now = this.#clock.now();
+    const incoming: AffinityTarget = { workerId: target.workerId, dpRank: target.dpRank };
+    const adopted: BindingVersion = { sequence: version.sequence, writerId: version.writerId };
+    const entry = this.#entries.get(sessionId);
+
+    if (entry === undefined) {
+      if (!this.#hasRoom(now)) return "rejected-capacity";
+      this.#entries.set(sessionId, {
+        target: incoming,
+        version: adopted,
+        leases: 0,
+        idleDeadlineMs: now + this.ttlMs,
+        lastPublishedMs: now,
+      });
+      return "inserted";
+    }
+    if (this.#idleExpired(entry, now)) {
+      // A fresh entry object: no lease can refer to an idle-expired incarnation anyway.
+      this.#entries.set(sessionId, {
+        target: incoming,
+        version: adopted,
+        leases: 0,
+        idleDeadlineMs: now + this.ttlMs,
+        lastPublishedMs: now,
+      });
+      return "replaced-expired";
+    }
+    const order = compareVersions(adopted, entry.version);
+    if (sameTarget(entry.target, incoming) && order >= 0) {
+      entry.version = adopted;
+      entry.idleDeadlineMs = now + this.ttlMs;
+      entry.lastPublishedMs = now;
+      return "refreshed";
+    }
+    if (order > 0) {
+      // Local leases stay on the entry: those requests still run and keep the session alive.
+      entry.target = incoming;
+      entry.version = adopted;
+      entry.idleDeadlineMs = now + this.ttlMs;
+      entry.lastPublishedMs = now;
+      return "replaced-newer";
+    }
+    return "ignored-conflict";
+  }
+
+  /**
+   * Removes idle-expired entries (no leases, deadline passed) and re-publishes leased bindings
+   * last published half a TTL ago or more. Returns the number removed.
+   */
+  sweep(): number {
+    const now = this.#clock.now();
+    const keepaliveAfterMs = this.ttlMs / 2;
+    let removed = 0;
+    for (const [sessionId, entry] of this.#entries) {
+      if (this.#idleExpired(entry, now)) {
+        this.#entries.delete(sessionId);
+        removed++;
+      } else if (entry.leases > 0 && now - entry.lastPublishedMs >= keepaliveAfterMs) {
+        entry.lastPublishedMs = now;
+        this.#emit(sessionId, entry, "refresh");
+      }
+    }
+    return removed;
+  }
+
+  /** Live bindings, for mesh snapshots. */
+  snapshot(): SessionBinding[] {
+    const now = this.#clock.now();
+    const out: SessionBinding[] = [];
+    for (const [sessionId, entry] of this.#entries) {
+      if (!this.#idleExpired(entry, now)) out.push({ sessionId, target: entry.target, version: entry.version });
+    }
+    return out;
+  }
+
+  /** Raw stored state (idle-expired entries included until swept), for tests and inspection. */
+  get(sessionId: string): AffinityEntryView | undefined {
+    const entry = this.#entries.get(sessionId);
+    if (entry === undefined) return undefined;
+    return { target: entry.target, version: entry.version, leases: entry.leases, idleDeadlineMs: entry.idleDeadlineMs };
+  }
+
+  #idleExpired(entry: Entry, now: number): boolean {
+    return entry.leases === 0 && now >= entry.idleDeadlineMs;
+  }
+
+  /** The live entry, removing an idle-expired one on the way. */
+  #live(sessionId: string, now: number): Entry | undefined {
+    const entry = this.#entries.get(sessionId);
+    if (entry === undefined) return undefined;
+    if (this.#idleExpired(entry, now)) {
+      this.#entries.delete(sessionId);
+      return undefined;
+    }
+    return entry;
+  }
+
+  #hasRoom(now: number): boolean {
+    if (this.#entries.size < this.maxEntries) return true;
+    if (now - this.#lastFullSweepMs < FULL_TABLE_SWEEP_MIN_INTERVAL_MS) return false;
+    this.#lastFullSweepMs = now;
+    this.sweep();
+    return this.#entries.size < this.maxEntries;
+  }
+
+  #stamp(): BindingVersion {
+    const version = { sequence: this.#nextSequence, writerId: this.writerId };
+    if (this.#nextSequence < U64_MAX) this.#nextSequence++;
+    return version;
+  }
+
+  #emit(sessionId: string, entry: Entry, reason: BindingReason): void {
+    if (this.#listeners.length === 0) return;
+    const binding: SessionBinding = { sessionId, target: entry.target, version: entry.version };
+    // A copy, so a listener that unsubscribes during the call does not skip its neighbour.
+    for (const listener of [...this.#listeners]) listener(binding, reason);
+  }
+
+  #validSessionId(sessionId: unknown): boolean {
+    if (typeof sessionId !== "string" || sessionId.length === 0) return false;
+    // A UTF-16 code unit encodes to at most 3 UTF-8 bytes, so short ids skip the byte count.
+    if (sessionId.length * 3 <= this.maxSessionIdBytes) return true;
+    return Buffer.byteLength(sessionId, "utf8") <= this.maxSessionIdBytes;
+  }
+
+  #checkSessionId(sessionId: string): void {
+    if (this.#validSessionId(sessionId)) return;
+    if ((sessionId as unknown) === "" || typeof (sessionId as unknown) !== "string") {
+      throw badRequest("session_id must be a non-empty string", "session_id");
+    }
+    throw badRequest(
+      `session_id is ${Buffer.byteLength(sessionId, "utf8")} bytes long; the limit is ${this.maxSessionIdBytes} bytes (UTF-8)`,
+      "session_id",
+    );
+  }
+}
+
+function describeTarget(target: { readonly workerId: bigint; readonly dpRank: number | null }): string {
+  return target.dpRank === null ? target.workerId.toString() : `${target.workerId.toString()} (dp rank ${target.dpRank})`;
+}
