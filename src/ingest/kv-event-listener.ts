@@ -1,0 +1,268 @@
+/**
+ * One ZeroMQ SUB per worker rank, reading an engine's KV-event stream (vLLM wire format):
+ *   live:   [topic, seq (u64 BE, 8 bytes), msgpack KvEventBatch]
+ *   replay: DEALER -> engine ROUTER `["", start_seq u64 BE]`, replies `["", seq, payload]` (or
+ *           `["", topic, seq, payload]`) until seq = 2^64-1 or an empty payload.
+ * Batches reach `onBatch` in sequence order: a gap is repaired through replay before the live
+ * message that revealed it is applied. Nothing a publisher sends can crash the loop: bad frames
+ * and payloads are counted, logged and skipped.
+ */
+import { pino, type Logger } from "pino";
+import { Dealer, Subscriber } from "zeromq";
+
+import { decodeKvEventBatch, type KvEventBatch } from "./kv-event-decoder.js";
+
+export const DEFAULT_REPLAY_TIMEOUT_MS = 2_000;
+/**
+ * While a replay runs the receive loop is parked, so the SUB's own queue is the live buffer.
+ * 10 000 messages covers a full 2 s replay timeout at 5 000 batches/s, well above the few hundred
+ * batches/s an engine emits; anything beyond is dropped by libzmq and shows up as a later gap.
+ */
+export const DEFAULT_RECEIVE_HWM_MESSAGES = 10_000;
+/** Exponential reconnect backoff cap for a worker that went away (libzmq default 0 = fixed 100 ms). */
+export const DEFAULT_RECONNECT_MAX_INTERVAL_MS = 5_000;
+
+/** seq = -1 (all 0xff) terminates a replay stream. */
+const REPLAY_END_SEQ = 0xffff_ffff_ffff_ffffn;
+const SEQ_BYTES = 8;
+
+export interface KvEventListenerOptions {
+  readonly endpoint: string;
+  readonly replayEndpoint?: string | null;
+  readonly onBatch: (batch: KvEventBatch, seq: bigint, replayed: boolean) => void;
+  /** The publisher restarted (seq went back to 0): the caller drops this rank's blocks. */
+  readonly onReset?: () => void;
+  readonly logger?: Logger;
+  /** Idle limit for each replay reply; on expiry the rest of the gap is counted as lost. */
+  readonly replayTimeoutMs?: number;
+}
+
+export interface KvEventListenerStats {
+  /** Live messages read from the SUB socket, well-formed or not. */
+  received: number;
+  /** Batches handed to onBatch (live and replayed). */
+  applied: number;
+  /** Of `applied`, how many came through replay. */
+  replayed: number;
+  /** Bad frames or undecodable payloads (live or replayed). */
+  malformed: number;
+  /** Live messages with seq below the cursor, dropped. */
+  stale: number;
+  /** Sequence numbers never received (no replay endpoint, replay timeout, or evicted from the engine's replay buffer). */
+  lost: number;
+  resets: number;
+  lastSeq: bigint | null;
+}
+
+export function encodeSeq(seq: bigint): Buffer {
+  const buf = Buffer.alloc(SEQ_BYTES);
+  buf.writeBigUInt64BE(seq);
+  return buf;
+}
+
+export class KvEventListener {
+  readonly #endpoint: string;
+  readonly #replayEndpoint: string | null;
+  readonly #onBatch: KvEventListenerOptions["onBatch"];
+  readonly #onReset: (() => void) | undefined;
+  readonly #log: Logger;
+  readonly #replayTimeoutMs: number;
+
+  #sub: Subscriber | null = null;
+  #replaySock: Dealer | null = null;
+  #loop: Promise<void> = Promise.resolve();
+  #closed = false;
+  /** Last applied (or skipped-as-malformed) seq; null until the first message. */
+  #lastSeq: bigint | null = null;
+  readonly #stats = { received: 0, applied: 0, replayed: 0, malformed: 0, stale: 0, lost: 0, resets: 0 };
+
+  constructor(options: KvEventListenerOptions) {
+    this.#endpoint = options.endpoint;
+    this.#replayEndpoint = options.replayEndpoint ?? null;
+    this.#onBatch = options.onBatch;
+    this.#onReset = options.onReset;
+    this.#log = (options.logger ?? pino({ enabled: false })).child({ kvEndpoint: options.endpoint });
+    this.#replayTimeoutMs = options.replayTimeoutMs ?? DEFAULT_REPLAY_TIMEOUT_MS;
+    if (!Number.isInteger(this.#replayTimeoutMs) || this.#replayTimeoutMs <= 0) {
+      throw new RangeError(`replayTimeoutMs must be a positive integer, got ${this.#replayTimeoutMs}`);
+    }
+  }
+
+  get endpoint(): string {
+    return this.#endpoint;
+  }
+
+  get replayEndpoint(): string | null {
+    return this.#replayEndpoint;
+  }
+
+  get stats(): KvEventListenerStats {
+    return { ...this.#stats, lastSeq: this.#lastSeq };
+  }
+
+  /** Connects and starts the receive loop; the publisher need not be up yet (libzmq reconnects). */
+  start(): Promise<void> {
+    if (this.#closed) return Promise.reject(new Error("KvEventListener is closed"));
+    if (this.#sub !== null) return Promise.reject(new Error("KvEventListener already started"));
+    const sub = new Subscriber({
+      linger: 0,
+      receiveHighWaterMark: DEFAULT_RECEIVE_HWM_MESSAGES,
+      reconnectMaxInterval: DEFAULT_RECONNECT_MAX_INTERVAL_MS,
+    });
+    try {
+      sub.subscribe();
+      sub.connect(this.#endpoint);
+    } catch (err) {
+      sub.close();
+      return Promise.reject(err instanceof Error ? err : new Error(String(err)));
+    }
+    this.#sub = sub;
+    this.#loop = this.#run(sub);
+    return Promise.resolve();
+  }
+
+  /** Closes both sockets (linger 0) and waits for the receive loop to finish; idempotent. */
+  async close(): Promise<void> {
+    if (!this.#closed) {
+      this.#closed = true;
+      this.#replaySock?.close();
+      this.#sub?.close();
+    }
+    await this.#loop;
+  }
+
+  async #run(sub: Subscriber): Promise<void> {
+    try {
+      for await (const frames of sub) {
+        try {
+          await this.#onLive(frames);
+        } catch (err) {
+          this.#log.error({ err }, "kv event handling failed");
+        }
+        if (this.#closed) break;
+      }
+    } catch (err) {
+      if (!this.#closed) this.#log.error({ err }, "kv event receive loop stopped");
+    }
+  }
+
+  async #onLive(frames: Buffer[]): Promise<void> {
+    this.#stats.received++;
+    const [, seqFrame, payload] = frames;
+    if (frames.length !== 3 || seqFrame === undefined || payload === undefined) {
+      this.#malformed(`expected 3 frames [topic, seq, payload], got ${frames.length}`);
+      return;
+    }
+    if (seqFrame.length !== SEQ_BYTES) {
+      this.#malformed(`seq frame is ${seqFrame.length} bytes, expected ${SEQ_BYTES}`);
+      return;
+    }
+    const seq = seqFrame.readBigUInt64BE(0);
+    const last = this.#lastSeq;
+    if (seq === 0n && last !== null && last > 0n) {
+      this.#stats.resets++;
+      this.#log.warn({ lastSeq: last }, "kv event publisher restarted (seq back to 0): resetting rank state");
+      this.#lastSeq = null;
+      try {
+        this.#onReset?.();
+      } catch (err) {
+        this.#log.error({ err }, "onReset handler threw");
+      }
+    } else if (last !== null && seq <= last) {
+      this.#stats.stale++;
+      this.#log.debug({ seq, lastSeq: last }, "stale kv event batch dropped");
+      return;
+    }
+    const expected = this.#lastSeq === null ? 0n : this.#lastSeq + 1n;
+    if (seq > expected) await this.#repair(expected, seq);
+    if (this.#closed) return;
+    this.#apply(seq, payload, false);
+  }
+
+  /** Fills [from, to) before the live message `to` is applied. */
+  async #repair(from: bigint, to: bigint): Promise<void> {
+    if (this.#replayEndpoint === null) {
+      this.#stats.lost += Number(to - from);
+      this.#log.warn({ from, to, missing: to - from }, "kv event gap and no replay endpoint: batches lost");
+      return;
+    }
+    const next = await this.#replay(this.#replayEndpoint, from, to);
+    if (next < to && !this.#closed) {
+      this.#stats.lost += Number(to - next);
+      this.#log.warn({ from: next, to, missing: to - next }, "kv event replay incomplete: batches lost");
+    }
+  }
+
+  /** Applies replayed batches in [from, to); returns the first seq not recovered. */
+  async #replay(endpoint: string, from: bigint, to: bigint): Promise<bigint> {
+    // A short-lived DEALER per replay: a timed-out replay's late replies die with its socket
+    // instead of being mistaken for the next replay's.
+    const dealer = new Dealer({ linger: 0, receiveTimeout: this.#replayTimeoutMs, sendTimeout: this.#replayTimeoutMs });
+    this.#replaySock = dealer;
+    let next = from;
+    try {
+      dealer.connect(endpoint);
+      await dealer.send(["", encodeSeq(from)]);
+      while (next < to && !this.#closed) {
+        const frames = await dealer.receive();
+        const parsed = parseReplayReply(frames);
+        if (typeof parsed === "string") {
+          this.#malformed(`replay reply: ${parsed}`);
+          continue;
+        }
+        const { seq, payload } = parsed;
+        if (seq === REPLAY_END_SEQ || payload.length === 0) break;
+        if (seq < next) continue;
+        if (seq >= to) break;
+        if (seq > next) {
+          this.#stats.lost += Number(seq - next);
+          this.#log.warn({ from: next, to: seq }, "kv event replay skipped batches (engine buffer no longer holds them)");
+        }
+        this.#apply(seq, payload, true);
+        next = seq + 1n;
+      }
+    } catch (err) {
+      if (!this.#closed) this.#log.warn({ err, endpoint, from: next, to }, "kv event replay failed or timed out");
+    } finally {
+      this.#replaySock = null;
+      dealer.close();
+    }
+    return next;
+  }
+
+  #apply(seq: bigint, payload: Buffer, replayed: boolean): void {
+    // The seq is consumed even when the payload is bad: replaying it would return the same bytes.
+    this.#lastSeq = seq;
+    let batch: KvEventBatch;
+    try {
+      batch = decodeKvEventBatch(payload);
+    } catch (err) {
+      this.#malformed(err instanceof Error ? err.message : String(err), seq);
+      return;
+    }
+    this.#stats.applied++;
+    if (replayed) this.#stats.replayed++;
+    try {
+      this.#onBatch(batch, seq, replayed);
+    } catch (err) {
+      this.#log.error({ err, seq }, "onBatch handler threw");
+    }
+  }
+
+  #malformed(reason: string, seq?: bigint): void {
+    this.#stats.malformed++;
+    this.#log.warn({ reason, seq }, "malformed kv event message skipped");
+  }
+}
+
+function parseReplayReply(frames: Buffer[]): { seq: bigint; payload: Buffer } | string {
+  let seqFrame: Buffer | undefined;
+  let payload: Buffer | undefined;
+  if (frames.length === 3) [, seqFrame, payload] = frames;
+  else if (frames.length === 4) [, , seqFrame, payload] = frames;
+  else return `expected 3 or 4 frames, got ${frames.length}`;
+  if (seqFrame === undefined || payload === undefined) return "missing frames";
+  if (payload.length === 0) return { seq: REPLAY_END_SEQ, payload };
+  if (seqFrame.length !== SEQ_BYTES) return `seq frame is ${seqFrame.length} bytes, expected ${SEQ_BYTES}`;
+  return { seq: seqFrame.readBigUInt64BE(0), payload };
+}

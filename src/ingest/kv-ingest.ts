@@ -1,0 +1,137 @@
+/**
+ * Owns one KvEventListener per (worker, rank) and keeps them in step with worker registration.
+ * Re-registering a worker with unchanged endpoints keeps its listeners (and so their seq cursors);
+ * a rank whose endpoint changed gets a fresh listener and an onReset, because a new address means
+ * a new engine instance whose blocks we have never seen.
+ */
+import type { Logger } from "pino";
+
+import type { KvEventBatch } from "./kv-event-decoder.js";
+import { KvEventListener, type KvEventListenerStats } from "./kv-event-listener.js";
+
+export interface KvRankRef {
+  readonly workerId: string;
+  readonly rank: number;
+}
+
+export interface KvRankEndpoints {
+  readonly rank: number;
+  readonly endpoint: string;
+  readonly replayEndpoint?: string | null;
+}
+
+export interface KvIngestOptions {
+  /** `batch.dpRank`, when not null, is the engine's own rank and overrides `ref.rank`. */
+  readonly onBatch: (ref: KvRankRef, batch: KvEventBatch, seq: bigint, replayed: boolean) => void;
+  /** Drop every block of this rank: its publisher restarted or was replaced. */
+  readonly onReset: (ref: KvRankRef) => void;
+  readonly logger?: Logger;
+  readonly replayTimeoutMs?: number;
+}
+
+export interface KvRankStats extends KvRankRef {
+  readonly endpoint: string;
+  readonly stats: KvEventListenerStats;
+}
+
+export class KvIngest {
+  readonly #options: KvIngestOptions;
+  /** workerId -> rank -> listener */
+  readonly #workers = new Map<string, Map<number, KvEventListener>>();
+  /** Registration changes run one at a time so two upserts of one worker cannot interleave. */
+  #tail: Promise<void> = Promise.resolve();
+  #closed = false;
+
+  constructor(options: KvIngestOptions) {
+    this.#options = options;
+  }
+
+  /** Starts, keeps or replaces listeners so that `workerId` has exactly `ranks`. */
+  upsert(workerId: string, ranks: readonly KvRankEndpoints[]): Promise<void> {
+    const seen = new Set<number>();
+    for (const r of ranks) {
+      if (!Number.isInteger(r.rank) || r.rank < 0) return Promise.reject(new RangeError(`ranks: invalid rank ${r.rank}`));
+      if (seen.has(r.rank)) return Promise.reject(new RangeError(`ranks: duplicate rank ${r.rank}`));
+      seen.add(r.rank);
+    }
+    return this.#serial(async () => {
+      const current = this.#workers.get(workerId) ?? new Map<number, KvEventListener>();
+      this.#workers.set(workerId, current);
+      const wanted = new Map(ranks.map((r) => [r.rank, r]));
+      for (const [rank, listener] of [...current]) {
+        const want = wanted.get(rank);
+        if (want !== undefined && want.endpoint === listener.endpoint && (want.replayEndpoint ?? null) === listener.replayEndpoint) continue;
+        current.delete(rank);
+        await listener.close();
+        this.#reset({ workerId, rank });
+      }
+      for (const r of ranks) {
+        if (current.has(r.rank)) continue;
+        const listener = this.#create({ workerId, rank: r.rank }, r);
+        await listener.start();
+        current.set(r.rank, listener);
+      }
+    });
+  }
+
+  /** Stops every listener of `workerId`; the caller removes the worker's blocks itself. Returns false if unknown. */
+  remove(workerId: string): Promise<boolean> {
+    return this.#serial(async () => {
+      const current = this.#workers.get(workerId);
+      if (current === undefined) return false;
+      this.#workers.delete(workerId);
+      await Promise.all([...current.values()].map((l) => l.close()));
+      return true;
+    });
+  }
+
+  stats(): KvRankStats[] {
+    const out: KvRankStats[] = [];
+    for (const [workerId, ranks] of this.#workers) {
+      for (const [rank, listener] of ranks) out.push({ workerId, rank, endpoint: listener.endpoint, stats: listener.stats });
+    }
+    return out;
+  }
+
+  async close(): Promise<void> {
+    this.#closed = true;
+    await this.#tail;
+    const all = [...this.#workers.values()].flatMap((ranks) => [...ranks.values()]);
+    this.#workers.clear();
+    await Promise.all(all.map((l) => l.close()));
+  }
+
+  #create(ref: KvRankRef, r: KvRankEndpoints): KvEventListener {
+    const { onBatch, logger, replayTimeoutMs } = this.#options;
+    return new KvEventListener({
+      endpoint: r.endpoint,
+      replayEndpoint: r.replayEndpoint ?? null,
+      onBatch: (batch, seq, replayed) => {
+        onBatch(ref, batch, seq, replayed);
+      },
+      onReset: () => {
+        this.#reset(ref);
+      },
+      ...(logger === undefined ? {} : { logger: logger.child({ workerId: ref.workerId, rank: ref.rank }) }),
+      ...(replayTimeoutMs === undefined ? {} : { replayTimeoutMs }),
+    });
+  }
+
+  #reset(ref: KvRankRef): void {
+    try {
+      this.#options.onReset(ref);
+    } catch (err) {
+      this.#options.logger?.error({ err, ...ref }, "onReset handler threw");
+    }
+  }
+
+  #serial<T>(task: () => Promise<T>): Promise<T> {
+    if (this.#closed) return Promise.reject(new Error("KvIngest is closed"));
+    const p = this.#tail.then(task);
+    this.#tail = p.then(
+      () => undefined,
+      () => undefined,
+    );
+    return p;
+  }
+}
