@@ -1,0 +1,163 @@
+/**
+ * npm run bench:core — the selection core in process, no sockets.
+ *
+ * 1,024 worker ranks, block size 64, 14,000-token prompts drawn from a few hundred shared
+ * prefixes; the index is warmed through KV events until every rank holds 4,096 blocks
+ * (4.2 M indexed pairs). Prints select and select-and-reserve latency (p50/p99), selections per
+ * second on one core, heap bytes per indexed (rank, block) pair, and the cost of hashing a
+ * 14,000-token prompt on its own. Flags: --workers N --blocks-per-worker N --groups N --iters N.
+ */
+import { parseArgs } from "node:util";
+import { seededRandom } from "../src/clock.js";
+import { hashListToBigInts } from "../src/hash64.js";
+import { computeBlockHashes, computeSequenceHashes } from "../src/hashing.js";
+import type { KvEventBatch } from "../src/ingest/kv-event-decoder.js";
+import { SelectionService } from "../src/selection-service.js";
+import { fmtMs, progress, summarize } from "./bench-stats.js";
+
+const { values: args } = parseArgs({
+  options: {
+    workers: { type: "string", default: "1024" },
+    "blocks-per-worker": { type: "string", default: "4096" },
+    groups: { type: "string", default: "300" },
+    variants: { type: "string", default: "8" },
+    iters: { type: "string", default: "20000" },
+  },
+});
+const WORKERS = Number(args.workers);
+const BLOCKS_PER_WORKER = Number(args["blocks-per-worker"]);
+const GROUPS = Number(args.groups);
+const VARIANTS = Number(args.variants);
+const ITERS = Number(args.iters);
+const BLOCK_SIZE = 64;
+const PROMPT_TOKENS = 14_000;
+const PREFIX_TOKENS = 10_048; // 157 shared blocks per group, the rest unique per variant
+
+const rnd = seededRandom(42);
+/** JS heap plus typed-array backing stores (the index keeps most of its state in the latter). */
+const usedBytes = (): number => {
+  const m = process.memoryUsage();
+  return m.heapUsed + m.arrayBuffers;
+};
+const gc = (globalThis as { gc?: () => void }).gc;
+
+interface Prompt {
+  tokens: Uint32Array;
+  block: bigint[];
+  seq: bigint[];
+}
+
+function makePrompts(): Prompt[] {
+  const out: Prompt[] = [];
+  for (let g = 0; g < GROUPS; g++) {
+    for (let v = 0; v < VARIANTS; v++) {
+      const t = new Uint32Array(PROMPT_TOKENS);
+      for (let i = 0; i < PROMPT_TOKENS; i++) t[i] = i < PREFIX_TOKENS ? (g * 7_919 + i * 31) % 150_000 : (g * 104_729 + v * 7_727 + i * 13) % 150_000;
+      const local = computeBlockHashes(t, BLOCK_SIZE);
+      out.push({ tokens: t, block: hashListToBigInts(local), seq: hashListToBigInts(computeSequenceHashes(local)) });
+    }
+    progress("prompts", (g + 1) * VARIANTS, GROUPS * VARIANTS);
+  }
+  return out;
+}
+
+function main(): void {
+  const prompts = makePrompts();
+  gc?.();
+  const heapBefore = usedBytes();
+  const svc = new SelectionService({ random: seededRandom(1), replicaId: 1n });
+  for (let w = 0; w < WORKERS; w++) svc.upsertWorker({ worker_id: BigInt(w + 1), endpoint: `http://w${w}`, block_size: BLOCK_SIZE });
+
+  // Warm: each rank stores whole prompts (as an engine would, one BlockStored per prompt) until it
+  // holds BLOCKS_PER_WORKER blocks; a prompt sharing its group's prefix with one already stored
+  // adds only its new blocks (parent = the last shared block).
+  let pairs = 0;
+  for (let w = 0; w < WORKERS; w++) {
+    const held = new Set<bigint>();
+    while (held.size < BLOCKS_PER_WORKER) {
+      const p = prompts[Math.floor(rnd.next() * prompts.length)] as Prompt;
+      let start = 0;
+      while (start < p.seq.length && held.has(p.seq[start] as bigint)) start++;
+      const end = Math.min(p.seq.length, start + (BLOCKS_PER_WORKER - held.size));
+      if (start >= end) continue;
+      const batch: KvEventBatch = {
+        ts: 0,
+        dpRank: null,
+        events: [
+          {
+            type: "stored",
+            blockHashes: p.seq.slice(start, end),
+            parentHash: start === 0 ? null : (p.seq[start - 1] as bigint),
+            tokenIds: Array.from(p.tokens.subarray(start * BLOCK_SIZE, end * BLOCK_SIZE)),
+            blockSize: BLOCK_SIZE,
+            loraName: null,
+            tier: "device",
+            eagle: false,
+          },
+        ],
+      };
+      const r = svc.applyKvEvents(BigInt(w + 1), 0, batch);
+      if (r.dropped > 0) throw new Error("warm-up event dropped");
+      for (let i = start; i < end; i++) held.add(p.seq[i] as bigint);
+      pairs += end - start;
+    }
+    progress("warm index", w + 1, WORKERS);
+  }
+  gc?.();
+  const heapAfter = usedBytes();
+  const sizes = svc.sizes();
+
+  const reqs = prompts.map((p) => ({ block_hashes: p.block, sequence_hashes: p.seq, isl_tokens: PROMPT_TOKENS }));
+  const pick = () => reqs[Math.floor(rnd.next() * reqs.length)] as (typeof reqs)[number];
+
+  // Hashing on its own (the HTTP path with token_ids pays this on top of select).
+  const hashSamples: number[] = [];
+  for (let i = 0; i < 2_000; i++) {
+    const p = prompts[i % prompts.length] as Prompt;
+    const t0 = performance.now();
+    computeSequenceHashes(computeBlockHashes(p.tokens, BLOCK_SIZE));
+    hashSamples.push(performance.now() - t0);
+  }
+
+  for (let i = 0; i < 2_000; i++) svc.select(pick()); // JIT warm-up
+  const selSamples: number[] = [];
+  const t0 = performance.now();
+  for (let i = 0; i < ITERS; i++) {
+    const q = pick();
+    const s = performance.now();
+    svc.select(q);
+    selSamples.push(performance.now() - s);
+  }
+  const selWall = performance.now() - t0;
+
+  // Select-and-reserve with a steady 2,048 bookings in flight (each freed 2,048 requests later).
+  const LIVE = 2_048;
+  const live: string[] = [];
+  const resSamples: number[] = [];
+  for (let i = 0; i < ITERS; i++) {
+    const q = pick();
+    const id = `r${i}`;
+    const s = performance.now();
+    svc.selectAndReserve({ ...q, selection_id: id });
+    resSamples.push(performance.now() - s);
+    live.push(id);
+    if (live.length > LIVE) svc.freeReservation(live.shift() as string);
+  }
+
+  const sel = summarize(selSamples);
+  const res = summarize(resSamples);
+  const hash = summarize(hashSamples);
+  const bytesPerPair = (heapAfter - heapBefore) / pairs;
+  const rows = [
+    ["ranks", String(WORKERS)],
+    ["indexed (rank, block) pairs", `${pairs} (index reports ${sizes.indexedBlocks}, ${sizes.indexNodes} nodes)`],
+    ["memory per indexed pair", `${bytesPerPair.toFixed(1)} bytes (heap + array buffers)${gc === undefined ? " (run with --expose-gc for a clean figure)" : ""}`],
+    ["select p50 / p99 / max", `${fmtMs(sel.p50)} / ${fmtMs(sel.p99)} / ${fmtMs(sel.max)}`],
+    ["selections per second (one core)", `${Math.round((ITERS / selWall) * 1000)}`],
+    ["select_and_reserve p50 / p99", `${fmtMs(res.p50)} / ${fmtMs(res.p99)}`],
+    ["hash 14,000 tokens p50 / p99", `${fmtMs(hash.p50)} / ${fmtMs(hash.p99)}`],
+  ];
+  for (const [k, v] of rows) console.log(`${(k as string).padEnd(34)} ${v}`);
+}
+
+main();

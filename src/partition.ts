@@ -1,0 +1,119 @@
+/**
+ * One routing partition `(model_name, routing_group)`: its prefix index, load ledger, optional
+ * session-affinity table, the interned ranks of its workers and the reusable buffers a
+ * selection scores candidates in. Created with the first schedulable worker; never deleted.
+ */
+import type { AffinityTable } from "./affinity-table.js";
+import type { Clock, Random } from "./clock.js";
+import { LoadLedger } from "./load-ledger.js";
+import { PrefixIndex } from "./prefix-index.js";
+import { RankRegistry } from "./rank-registry.js";
+import { createCandidateTable, type CandidateTable } from "./selector.js";
+import type { WorkerCatalogRecord, WorkerId } from "./types.js";
+import { ranksOf } from "./worker-catalog.js";
+
+export interface PartitionMember {
+  record: WorkerCatalogRecord;
+  /** Rank keys of this worker's dp ranks, in dp-rank order. */
+  ranks: number[];
+}
+
+export class Partition {
+  readonly key: string;
+  readonly modelName: string;
+  readonly routingGroup: string;
+  readonly blockSize: number;
+  readonly isEagle: boolean;
+  readonly index = new PrefixIndex();
+  readonly ledger: LoadLedger;
+  readonly ranks = new RankRegistry();
+  readonly members = new Map<WorkerId, PartitionMember>();
+  affinity: AffinityTable | undefined;
+  /** When the affinity reaper runs next (a quarter of the TTL apart, at most 30 s), clock ms. */
+  nextAffinitySweepMs = 0;
+  /** Rank keys of schedulable workers, ascending by (worker id, dp rank) at each rebuild. */
+  schedulable: number[] = [];
+  readonly #schedulableSet = new Set<number>();
+  /** Reusable buffers for one selection (single-threaded: no selection overlaps another). */
+  readonly scratch = new SelectionScratch();
+
+  constructor(model: string, group: string, blockSize: number, isEagle: boolean, clock: Clock, random: Random, expiryMs: number) {
+    this.key = `${model}:${group}`;
+    this.modelName = model;
+    this.routingGroup = group;
+    this.blockSize = blockSize;
+    this.isEagle = isEagle;
+    this.ledger = new LoadLedger({ clock, random, expiryMs });
+  }
+
+  isSchedulable(rank: number): boolean {
+    return this.#schedulableSet.has(rank);
+  }
+
+  /** Adds or updates a member; returns rank keys that the update removed (their state must go). */
+  upsertMember(record: WorkerCatalogRecord): number[] {
+    const wanted = ranksOf(record);
+    const prev = this.members.get(record.worker_id);
+    const removed: number[] = [];
+    if (prev !== undefined) {
+      for (const rank of prev.ranks) {
+        if (!wanted.includes(this.ranks.dpRankOf(rank))) removed.push(rank);
+      }
+    }
+    const ranks = wanted.map((dp) => this.ranks.intern(record.worker_id, dp));
+    this.members.set(record.worker_id, { record, ranks });
+    this.#rebuildSchedulable();
+    return removed;
+  }
+
+  /** Removes a member; returns its rank keys (callers clear index/ledger state, then release). */
+  removeMember(workerId: WorkerId): number[] {
+    const m = this.members.get(workerId);
+    if (m === undefined) return [];
+    this.members.delete(workerId);
+    this.#rebuildSchedulable();
+    return m.ranks;
+  }
+
+  #rebuildSchedulable(): void {
+    const out: number[] = [];
+    const ids = [...this.members.keys()].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+    for (const id of ids) {
+      const m = this.members.get(id);
+      if (m !== undefined && m.record.lifecycle === "schedulable") out.push(...m.ranks);
+    }
+    this.schedulable = out;
+    this.#schedulableSet.clear();
+    for (const r of out) this.#schedulableSet.add(r);
+    this.scratch.ensure(this.ranks.capacity, out.length);
+  }
+}
+
+/** Typed buffers reused across selections; grown when the partition grows. */
+export class SelectionScratch {
+  candidates: Int32Array = new Int32Array(0);
+  table: CandidateTable = createCandidateTable(0);
+  costs = new Float64Array(0);
+  /** Indexed by rank key: overlap and ledger scratch, reset after each use via `touched`. */
+  heldBlocks = new Int32Array(0);
+  touched: number[] = [];
+  device = new Int32Array(0);
+  host = new Int32Array(0);
+  disk = new Int32Array(0);
+
+  ensure(rankCapacity: number, candidateCount: number): void {
+    if (this.heldBlocks.length < rankCapacity) {
+      const n = Math.max(rankCapacity, this.heldBlocks.length * 2, 16);
+      this.heldBlocks = new Int32Array(n);
+      this.device = new Int32Array(n);
+      this.host = new Int32Array(n);
+      this.disk = new Int32Array(n);
+    }
+    if (this.candidates.length < candidateCount) {
+      const n = Math.max(candidateCount, this.candidates.length * 2, 16);
+      this.candidates = new Int32Array(n);
+      this.table = createCandidateTable(n);
+      this.costs = new Float64Array(n);
+    }
+  }
+}

@@ -1,0 +1,128 @@
+/**
+ * The seam between the selection core and whatever replicates it (the ZeroMQ mesh, or an
+ * embedding host). The core emits a load event for every local booking change and a binding
+ * event for every committed or refreshed session binding; peers' events come back through
+ * `SelectionService.applyLoadEvent` / `applyBindingEvent`.
+ *
+ * Load events are keyed by `(owner, request_id)`: `owner` is the replica that booked the
+ * request, whichever replica later reports its prefill completion or free.
+ */
+import type { HashList } from "./hash64.js";
+
+export interface PartitionRef {
+  readonly model_name: string;
+  readonly routing_group: string;
+}
+
+export interface LoadAddEvent {
+  readonly type: "add";
+  /** The replica that emitted this event (echo suppression). */
+  readonly origin: bigint;
+  /** The replica that booked the request (the idempotency key with request_id). */
+  readonly owner: bigint;
+  readonly request_id: string;
+  readonly partition: PartitionRef;
+  readonly block_size: number;
+  readonly worker_id: bigint;
+  readonly dp_rank: number;
+  readonly sequence_hashes: HashList;
+  /** Prefill tokens this booking adds while in prefill (the prefill load hint). */
+  readonly prefill_tokens: number;
+  readonly track_prefill: boolean;
+  readonly expected_output_tokens: number | null;
+  readonly prefill_duration_ms: number | null;
+}
+
+export interface LoadMarkEvent {
+  readonly type: "prefill_complete" | "free";
+  readonly origin: bigint;
+  readonly owner: bigint;
+  readonly request_id: string;
+  readonly partition: PartitionRef;
+}
+
+export type LoadEvent = LoadAddEvent | LoadMarkEvent;
+
+export interface BindingEvent {
+  readonly model_name: string;
+  readonly routing_group: string;
+  readonly session_id: string;
+  readonly worker_id: bigint;
+  readonly dp_rank: number | null;
+  readonly sequence: bigint;
+  readonly writer_id: bigint;
+  /** Why it was emitted: a new binding, a move, or a refresh (a use that extends the idle TTL). */
+  readonly reason: "bind" | "rebind" | "refresh";
+}
+
+/** How long a Free is remembered so an Add it overtook is not applied, ms (reference: 300 s). */
+export const DEFAULT_REORDER_STATE_TTL_MS = 300_000;
+/** Bound on remembered tombstones and early prefill marks; past it the oldest are shed (counted). */
+export const DEFAULT_REORDER_STATE_MAX_ENTRIES = 200_000;
+
+/**
+ * Tombstones (a Free seen before or instead of its Add) and early prefill-complete marks,
+ * expiring after a TTL, oldest first. Map insertion order is age order since the TTL is fixed.
+ */
+export class ReorderState {
+  readonly #ttlMs: number;
+  readonly #max: number;
+  readonly #tombstones = new Map<string, number>();
+  readonly #earlyMarks = new Map<string, number>();
+  shed = 0;
+
+  constructor(ttlMs = DEFAULT_REORDER_STATE_TTL_MS, maxEntries = DEFAULT_REORDER_STATE_MAX_ENTRIES) {
+    this.#ttlMs = ttlMs;
+    this.#max = maxEntries;
+  }
+
+  static key(owner: bigint, requestId: string): string {
+    return `${owner}:${requestId}`;
+  }
+
+  addTombstone(key: string, nowMs: number): void {
+    this.#put(this.#tombstones, key, nowMs);
+    this.#earlyMarks.delete(key);
+  }
+
+  hasTombstone(key: string, nowMs: number): boolean {
+    const exp = this.#tombstones.get(key);
+    return exp !== undefined && exp > nowMs;
+  }
+
+  addEarlyMark(key: string, nowMs: number): void {
+    this.#put(this.#earlyMarks, key, nowMs);
+  }
+
+  takeEarlyMark(key: string, nowMs: number): boolean {
+    const exp = this.#earlyMarks.get(key);
+    if (exp === undefined) return false;
+    this.#earlyMarks.delete(key);
+    return exp > nowMs;
+  }
+
+  get size(): number {
+    return this.#tombstones.size + this.#earlyMarks.size;
+  }
+
+  sweep(nowMs: number): void {
+    for (const m of [this.#tombstones, this.#earlyMarks]) {
+      for (const [k, exp] of m) {
+        if (exp > nowMs) break;
+        m.delete(k);
+      }
+    }
+  }
+
+  #put(m: Map<string, number>, key: string, nowMs: number): void {
+    m.delete(key);
+    m.set(key, nowMs + this.#ttlMs);
+    if (m.size > this.#max) {
+      const oldest = m.keys().next();
+      if (oldest.done !== true) {
+        m.delete(oldest.value);
+        this.shed++;
+      }
+    }
+  }
+}

@@ -1,0 +1,191 @@
+/**
+ * Wire shapes of the selection API (the reference's JSON, snake_case), shared by the library
+ * facade and the HTTP layer. 64-bit values (worker ids, hashes) are `bigint`; the HTTP layer
+ * parses and prints them as exact JSON integers.
+ */
+
+export type WorkerId = bigint;
+
+export type Lifecycle = "incomplete" | "schedulable" | "draining" | "unschedulable";
+
+export interface WorkerRequest {
+  worker_id: WorkerId;
+  model_name?: string | undefined;
+  routing_group?: string | undefined;
+  endpoint?: string | undefined;
+  kv_events_endpoint?: string | undefined;
+  kv_events_endpoints?: Readonly<Record<string, string>> | undefined;
+  replay_endpoint?: string | undefined;
+  block_size?: number | undefined;
+  data_parallel_start_rank?: number | undefined;
+  data_parallel_size?: number | undefined;
+  max_num_batched_tokens?: number | undefined;
+  total_kv_blocks?: number | undefined;
+  is_eagle?: boolean | undefined;
+  taints?: readonly string[] | undefined;
+}
+
+/** PATCH replaces only the supplied fields (maps and sets wholesale); `lifecycle` may drain a worker. */
+export type WorkerPatchRequest = Partial<Omit<WorkerRequest, "worker_id">> & {
+  lifecycle?: "schedulable" | "draining" | undefined;
+};
+
+export interface WorkerCatalogRecord {
+  worker_id: WorkerId;
+  model_name: string;
+  routing_group: string;
+  endpoint: string | null;
+  kv_events_endpoint: string | null;
+  kv_events_endpoints: Record<string, string>;
+  replay_endpoint: string | null;
+  block_size: number | null;
+  data_parallel_start_rank: number;
+  data_parallel_size: number;
+  max_num_batched_tokens: number | null;
+  total_kv_blocks: number | null;
+  is_eagle: boolean;
+  taints: string[];
+  lifecycle: Lifecycle;
+  not_schedulable_reasons: string[];
+}
+
+export interface WorkerRankRef {
+  worker_id: WorkerId;
+  dp_rank?: number | null | undefined;
+}
+
+export interface RouterConfigOverrideWire {
+  overlap_score_credit?: number | undefined;
+  overlap_score_weight?: number | undefined;
+  prefill_load_scale?: number | undefined;
+  router_temperature?: number | undefined;
+  assume_kv_reuse?: boolean | undefined;
+  track_prefill_tokens?: boolean | undefined;
+  shared_cache_multiplier?: number | undefined;
+}
+
+/** The flattened prompt fields every selection request accepts. */
+export interface PromptFields {
+  token_ids?: readonly number[] | undefined;
+  block_hashes?: readonly bigint[] | undefined;
+  sequence_hashes?: readonly bigint[] | undefined;
+  isl_tokens?: number | undefined;
+  lora_name?: string | null | undefined;
+  cache_salt?: string | null | undefined;
+  is_eagle?: boolean | undefined;
+}
+
+export interface SessionContext {
+  session_id: string;
+  parent_session_id?: string | undefined;
+  session_final?: boolean | undefined;
+  input_trigger?: "user_message" | "tool_result" | "other" | undefined;
+}
+
+export interface SelectRequest extends PromptFields {
+  model_name?: string | undefined;
+  routing_group?: string | undefined;
+  selection_id?: string | undefined;
+  router_config_override?: RouterConfigOverrideWire | undefined;
+  expected_output_tokens?: number | undefined;
+  session_id?: string | undefined;
+  session_context?: SessionContext | undefined;
+  affinity_target?: WorkerRankRef | undefined;
+  pinned_worker?: { worker_id: WorkerId; dp_rank: number } | undefined;
+  allowed_worker_ids?: readonly WorkerId[] | undefined;
+  routing_constraints?: { required_taints?: readonly string[]; preferred_taints?: Readonly<Record<string, number>> } | undefined;
+  advisory?: boolean | undefined;
+  /** Expected prefill duration hint, ms: lets peers decay this booking's prefill load. */
+  expected_prefill_duration_ms?: number | undefined;
+}
+
+export type SelectAndReserveRequest = Omit<SelectRequest, "advisory">;
+
+export interface ReservationRequest extends PromptFields {
+  model_name?: string | undefined;
+  routing_group?: string | undefined;
+  selection_id: string;
+  worker_id?: WorkerId | undefined;
+  dp_rank?: number | undefined;
+  router_config_override?: RouterConfigOverrideWire | undefined;
+  expected_output_tokens?: number | undefined;
+  effective_prefill_tokens?: number | undefined;
+  track_prefill_tokens?: boolean | undefined;
+  session_id?: string | undefined;
+  session_context?: SessionContext | undefined;
+}
+
+export interface OverlapReport {
+  longest_matched: number;
+  gpu: number;
+  dp: Record<string, number>;
+  cpu: number;
+  disk: number;
+}
+
+export interface SelectResponse {
+  selection_id?: string;
+  sequence_hashes?: bigint[];
+  isl_tokens?: number;
+  track_prefill_tokens?: boolean;
+  model_name: string;
+  routing_group: string;
+  worker_id: WorkerId;
+  dp_rank: number;
+  endpoint: string | null;
+  block_size: number;
+  overlap: OverlapReport;
+  effective_prefill_tokens: number;
+  potential_decode_blocks: number;
+  decode_busy?: boolean;
+  worker_load?: { active_prefill_tokens: number; prefill_token_capacity: number | null; total_kv_blocks: number | null };
+}
+
+export interface ReservationResponse {
+  selection_id: string;
+  model_name: string;
+  routing_group: string;
+  worker_id: WorkerId;
+  dp_rank: number;
+  endpoint: string | null;
+}
+
+export interface RankLoad {
+  worker_id: WorkerId;
+  dp_rank: number;
+  potential_prefill_tokens: number;
+  potential_decode_blocks: number;
+  active_requests: number;
+}
+
+export interface ModelLoadResponse {
+  model_name: string;
+  routing_group: string;
+  loads: RankLoad[];
+  pending_count: number;
+  pending_isl_tokens: number;
+}
+
+export interface PotentialLoad extends RankLoad {
+  cost: number;
+  overlap_blocks: number;
+}
+
+export interface OverlapScoreRow {
+  worker_id: WorkerId;
+  dp_rank: number;
+  device_blocks: number;
+  host_pinned_blocks: number;
+  disk_blocks: number;
+  host_pinned_extension_blocks: number;
+  router_credit_blocks: number;
+}
+
+export interface OverlapScoresResponse {
+  num_blocks: number;
+  workers: OverlapScoreRow[];
+  shared_cache: { enabled: boolean };
+}
+
+export const DEFAULT_MODEL_NAME = "default";
+export const DEFAULT_ROUTING_GROUP = "default";

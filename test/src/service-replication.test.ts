@@ -1,0 +1,125 @@
+import { describe, expect, it } from "vitest";
+import { ManualClock, seededRandom } from "../../src/clock.js";
+import type { BindingEvent, LoadEvent } from "../../src/replica-events.js";
+import { SelectionService } from "../../src/selection-service.js";
+import { tokens, worker } from "../helpers/core-fixtures.js";
+
+/** N services sharing a clock whose emitted events are queued, to be delivered in any order. */
+function mesh(n: number, affinity?: { ttlSecs: number; mode?: "hard" | "soft" }) {
+  const clock = new ManualClock(1_000);
+  const services = Array.from(
+    { length: n },
+    (_, i) =>
+      new SelectionService({
+        clock,
+        random: seededRandom(100 + i),
+        replicaId: BigInt(i + 1),
+        wallClockNs: () => 5_000n,
+        ...(affinity === undefined ? {} : { sessionAffinity: affinity }),
+      }),
+  );
+  const loadQ: { from: number; e: LoadEvent }[] = [];
+  const bindQ: { from: number; e: BindingEvent }[] = [];
+  services.forEach((s, i) => {
+    s.onLoadEvent((e) => loadQ.push({ from: i, e }));
+    s.onBindingEvent((e) => bindQ.push({ from: i, e }));
+    for (const id of [1, 2, 3]) s.upsertWorker(worker(id));
+  });
+  const deliver = (order: (q: number) => number = (q) => q): void => {
+    while (loadQ.length > 0 || bindQ.length > 0) {
+      const lq = loadQ.splice(0);
+      const bq = bindQ.splice(0);
+      const idx = lq.map((_, k) => order(k));
+      for (const k of idx.sort((a, b) => a - b)) {
+        const item = lq[k];
+        if (item !== undefined) services.forEach((s, j) => j !== item.from && s.applyLoadEvent(item.e));
+      }
+      for (const item of bq) services.forEach((s, j) => j !== item.from && s.applyBindingEvent(item.e));
+    }
+  };
+  return { services, clock, loadQ, bindQ, deliver };
+}
+
+const loadsOf = (s: SelectionService) =>
+  s.loads()[0]?.loads.map((l) => [l.worker_id, l.potential_prefill_tokens, l.potential_decode_blocks, l.active_requests]);
+
+describe("two cores exchanging events in memory", () => {
+  it("converge on load through add, prefill complete and free", () => {
+    const { services, deliver } = mesh(2);
+    const [a, b] = services as [SelectionService, SelectionService];
+    a.selectAndReserve({ token_ids: tokens(4, 1), selection_id: "r1" });
+    b.selectAndReserve({ token_ids: tokens(3, 2), selection_id: "r2" });
+    deliver();
+    expect(loadsOf(a)).toEqual(loadsOf(b));
+    expect(a.loads()[0]?.loads.reduce((n, l) => n + l.active_requests, 0)).toBe(2);
+    a.prefillComplete("r1");
+    deliver();
+    expect(loadsOf(a)).toEqual(loadsOf(b));
+    // A lifecycle call for a mirrored booking resolves on the other replica.
+    b.freeReservation("r1");
+    deliver();
+    expect(a.hasReservation("r1")).toBe(false);
+    expect(loadsOf(a)).toEqual(loadsOf(b));
+    a.freeReservation("r2");
+    deliver();
+    expect(loadsOf(a)).toEqual(loadsOf(b));
+    expect(b.loads()[0]?.loads.every((l) => l.active_requests === 0 && l.potential_decode_blocks === 0)).toBe(true);
+  });
+
+  it("a free that overtakes its add is not lost, and an early prefill mark applies with the add", () => {
+    const { services, loadQ } = mesh(2);
+    const [a, b] = services as [SelectionService, SelectionService];
+    a.selectAndReserve({ token_ids: tokens(4, 1), selection_id: "x" });
+    a.freeReservation("x");
+    a.selectAndReserve({ token_ids: tokens(4, 2), selection_id: "y" });
+    a.prefillComplete("y");
+    const events = loadQ.splice(0).map((q) => q.e);
+    // Deliver in reverse: free(x) before add(x), prefill(y) before add(y).
+    for (const e of events.reverse()) b.applyLoadEvent(e);
+    expect(b.hasReservation("x")).toBe(false);
+    expect(b.hasReservation("y")).toBe(true);
+    expect(loadsOf(b)).toEqual(loadsOf(a));
+    // Duplicates are no-ops.
+    for (const e of events) b.applyLoadEvent(e);
+    expect(loadsOf(b)).toEqual(loadsOf(a));
+  });
+
+  it("ignores its own echo and events for unknown partitions or workers", () => {
+    const { services, loadQ } = mesh(2);
+    const [a, b] = services as [SelectionService, SelectionService];
+    a.selectAndReserve({ token_ids: tokens(2), selection_id: "z" });
+    const add = loadQ.splice(0)[0]?.e;
+    if (add?.type !== "add") throw new Error("expected an add");
+    expect(a.applyLoadEvent(add)).toBe(false);
+    expect(b.applyLoadEvent({ ...add, partition: { model_name: "other", routing_group: "default" } })).toBe(false);
+    expect(b.applyLoadEvent({ ...add, worker_id: 99n })).toBe(false);
+    expect(b.applyLoadEvent(add)).toBe(true);
+  });
+});
+
+describe("replicated session bindings", () => {
+  it("a session bound on one replica is steered on the other", () => {
+    const { services, deliver } = mesh(2, { ttlSecs: 60 });
+    const [a, b] = services as [SelectionService, SelectionService];
+    const first = a.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "1" });
+    deliver();
+    for (let i = 0; i < 5; i++) expect(b.selectAndReserve({ token_ids: tokens(2, i), session_id: "s", selection_id: `b${i}` }).worker_id).toBe(first.worker_id);
+  });
+
+  it("conflicting bindings converge to the same winner whatever the arrival order", () => {
+    for (let trial = 0; trial < 20; trial++) {
+      const { services, bindQ } = mesh(3, { ttlSecs: 60, mode: "soft" });
+      // Each replica binds the same session to a different worker before hearing of the others.
+      services.forEach((s, i) => s.selectAndReserve({ token_ids: tokens(1), session_id: "s", selection_id: `r${i}`, allowed_worker_ids: [BigInt(i + 1)] }));
+      const events = bindQ.splice(0);
+      const rnd = seededRandom(trial);
+      for (let k = events.length - 1; k > 0; k--) {
+        const j = Math.floor(rnd.next() * (k + 1));
+        [events[k], events[j]] = [events[j] as (typeof events)[number], events[k] as (typeof events)[number]];
+      }
+      for (const item of events) services.forEach((s, j) => j !== item.from && s.applyBindingEvent(item.e));
+      const winners = services.map((s) => s.select({ token_ids: tokens(1, 50), session_id: "s" }).worker_id);
+      expect(new Set(winners).size).toBe(1);
+    }
+  });
+});
