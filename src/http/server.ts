@@ -1,0 +1,484 @@
+/**
+ * The daemon's HTTP API (reference 6.1) on bare node:http.
+ *
+ * Why not fastify (the ecosystem guide's default): (1) its body parser is JSON.parse, which on
+ * Node 20 silently rounds 64-bit worker ids and hashes (2^64-1 -> 18446744073709552000), and
+ * swapping it for our lossless parser leaves ajv validating a shape (bigint) it cannot describe;
+ * (2) its default ajv is lenient (strips unknown fields, coerces "7" to 7), the opposite of the
+ * strict API we want; (3) it measured 5-15% below node:http on the same host. What fastify would
+ * buy (routing, 503 on close, graceful close) is ~150 lines here, and handlers stay thin:
+ * parse -> validate -> call the service -> stringify.
+ */
+import { createServer, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import type { Logger } from "pino";
+
+import { KvmeshError } from "../errors.js";
+import type { SelectionService } from "../selection-service.js";
+import { JsonDepthError, parseJsonBytes, stringifyJson } from "./json.js";
+import type { Metrics } from "./metrics.js";
+import {
+  parseEmptyRequest,
+  parseOutputBlockRequest,
+  parsePeerRequest,
+  parseReservationRequest,
+  parseScoreRequest,
+  parseSelectAndReserveRequest,
+  parseSelectionIdParam,
+  parseSelectRequest,
+  parseWorkerIdParam,
+  parseWorkerPatch,
+  parseWorkerRequest,
+} from "./schemas.js";
+
+/** The reference's body limit. A 2M-token prompt (the service's cap) is ~16 MB of JSON, but real prompts are < 1 MB. */
+export const DEFAULT_BODY_LIMIT_BYTES = 8 * 1024 * 1024;
+/** Above common client/LB idle timeouts (60 s), so the server is never the side that races a reused socket closed. */
+export const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 65_000;
+/** Must exceed keepAliveTimeout, or node may time out a reused socket's next request headers first. */
+export const DEFAULT_HEADERS_TIMEOUT_MS = 66_000;
+/** Whole-request deadline: an 8 MiB body at 1 Mbit/s takes ~67 s. */
+export const DEFAULT_REQUEST_TIMEOUT_MS = 120_000;
+/** After close(), in-flight requests get this long before their sockets are cut. */
+export const DEFAULT_CLOSE_GRACE_MS = 2_000;
+
+export interface MeshControl {
+  registerPeer(endpoint: string): Promise<boolean>;
+  deregisterPeer(endpoint: string): Promise<boolean>;
+  listPeers(): unknown[];
+}
+
+export interface HttpServerOptions {
+  service: SelectionService;
+  host: string;
+  port: number;
+  logger: Logger;
+  metrics: Metrics;
+  bodyLimitBytes?: number;
+  mesh?: MeshControl | undefined;
+}
+
+export interface RunningHttpServer {
+  readonly host: string;
+  readonly port: number;
+  close(): Promise<void>;
+}
+
+type BodyMode = "none" | "required" | "optional";
+
+interface Reply {
+  readonly status: number;
+  readonly body: unknown;
+  /** Pre-rendered non-JSON body (GET /metrics). */
+  readonly text?: { readonly body: string; readonly contentType: string };
+}
+
+interface RequestContext {
+  readonly params: readonly string[];
+  readonly query: URLSearchParams | undefined;
+  readonly body: unknown;
+}
+
+interface Route {
+  readonly method: "GET" | "POST" | "PATCH" | "DELETE";
+  /** Metric label and matcher: ":id" matches one URL-decoded path segment. */
+  readonly pattern: string;
+  readonly body: BodyMode;
+  readonly handle: (ctx: RequestContext) => Reply | Promise<Reply>;
+}
+
+interface RouteGroup {
+  readonly pattern: string;
+  readonly parts: readonly string[];
+  readonly routes: Route[];
+  readonly allow: string;
+}
+
+const OK = { status: "ok" } as const;
+const JSON_CONTENT_TYPE = "application/json";
+/** nginx's "client closed request": the client left before we could answer. */
+const STATUS_CLIENT_GONE = 499;
+const UNMATCHED_ROUTE = "unmatched";
+
+const reply = (status: number, body: unknown): Reply => ({ status, body });
+const queryParam = (q: URLSearchParams | undefined, name: string): string | undefined => {
+  const v = q?.get(name);
+  return v === null || v === undefined || v === "" ? undefined : v;
+};
+const param = (ctx: RequestContext, i: number): string => ctx.params[i] ?? "";
+
+function buildRoutes(o: HttpServerOptions): Route[] {
+  const svc = o.service;
+  const mesh = (): MeshControl => {
+    if (o.mesh === undefined) throw new KvmeshError("KVMESH_REPLICA_SYNC_DISABLED", "replica sync is disabled");
+    return o.mesh;
+  };
+  // Counted here because the service does not count its refusals itself.
+  const selecting = <T>(call: () => T): T => {
+    try {
+      return call();
+    } catch (err) {
+      o.metrics.observeSelectionError();
+      throw err;
+    }
+  };
+  return [
+    { method: "POST", pattern: "/workers", body: "required", handle: (c) => reply(201, svc.upsertWorker(parseWorkerRequest(c.body, ""))) },
+    { method: "GET", pattern: "/workers", body: "none", handle: (c) => reply(200, svc.listWorkers(queryParam(c.query, "model_name"), queryParam(c.query, "routing_group"))) },
+    {
+      method: "PATCH",
+      pattern: "/workers/:id",
+      body: "required",
+      handle: (c) => reply(200, svc.patchWorker(parseWorkerIdParam(param(c, 0)), parseWorkerPatch(c.body, ""))),
+    },
+    { method: "DELETE", pattern: "/workers/:id", body: "none", handle: (c) => reply(200, svc.deleteWorker(parseWorkerIdParam(param(c, 0)))) },
+    { method: "GET", pattern: "/health", body: "none", handle: () => reply(200, OK) },
+    {
+      method: "GET",
+      pattern: "/ready",
+      body: "none",
+      handle: () => {
+        const r = svc.ready();
+        return reply(r.ready ? 200 : 503, r);
+      },
+    },
+    {
+      method: "POST",
+      pattern: "/select",
+      body: "required",
+      handle: (c) => {
+        const r = parseSelectRequest(c.body, "");
+        return reply(200, selecting(() => svc.select(r)));
+      },
+    },
+    {
+      method: "POST",
+      pattern: "/select_and_reserve",
+      body: "required",
+      handle: (c) => {
+        const r = parseSelectAndReserveRequest(c.body, "");
+        return reply(200, selecting(() => svc.selectAndReserve(r)));
+      },
+    },
+    {
+      method: "POST",
+      pattern: "/reservations",
+      body: "required",
+      handle: (c) => {
+        const r = parseReservationRequest(c.body, "");
+        return reply(201, selecting(() => svc.createReservation(r)));
+      },
+    },
+    {
+      method: "POST",
+      pattern: "/reservations/:id/prefill_complete",
+      body: "optional",
+      handle: (c) => {
+        const id = parseSelectionIdParam(param(c, 0));
+        parseEmptyRequest(c.body ?? {}, "");
+        svc.prefillComplete(id);
+        return reply(200, OK);
+      },
+    },
+    {
+      method: "POST",
+      pattern: "/reservations/:id/output_block",
+      body: "optional",
+      handle: (c) => {
+        const id = parseSelectionIdParam(param(c, 0));
+        const b = parseOutputBlockRequest(c.body ?? {}, "");
+        svc.addOutputBlock(id, b.decay_fraction);
+        return reply(200, OK);
+      },
+    },
+    {
+      method: "DELETE",
+      pattern: "/reservations/:id",
+      body: "none",
+      handle: (c) => {
+        svc.freeReservation(parseSelectionIdParam(param(c, 0)));
+        return reply(200, OK);
+      },
+    },
+    { method: "GET", pattern: "/loads", body: "none", handle: (c) => reply(200, svc.loads(queryParam(c.query, "model_name"), queryParam(c.query, "routing_group"))) },
+    { method: "POST", pattern: "/potential_loads", body: "required", handle: (c) => reply(200, svc.potentialLoads(parseScoreRequest(c.body, ""))) },
+    { method: "POST", pattern: "/overlap_scores", body: "required", handle: (c) => reply(200, svc.overlapScores(parseScoreRequest(c.body, ""))) },
+    { method: "GET", pattern: "/dump", body: "none", handle: () => reply(200, svc.dump()) },
+    { method: "GET", pattern: "/replica_sync/peers", body: "none", handle: () => reply(200, o.mesh?.listPeers() ?? []) },
+    {
+      method: "POST",
+      pattern: "/replica_sync/register_peer",
+      body: "required",
+      handle: async (c) => {
+        const { endpoint } = parsePeerRequest(c.body, "");
+        const added = await mesh().registerPeer(endpoint);
+        return reply(added ? 201 : 200, { status: "ok", endpoint, added });
+      },
+    },
+    {
+      method: "POST",
+      pattern: "/replica_sync/deregister_peer",
+      body: "required",
+      handle: async (c) => {
+        const { endpoint } = parsePeerRequest(c.body, "");
+        if (!(await mesh().deregisterPeer(endpoint))) throw new KvmeshError("KVMESH_PEER_NOT_FOUND", "peer not found");
+        return reply(200, { status: "ok", endpoint, removed: true });
+      },
+    },
+    {
+      method: "GET",
+      pattern: "/metrics",
+      body: "none",
+      handle: () => ({ status: 200, body: undefined, text: { body: o.metrics.render(), contentType: o.metrics.contentType } }),
+    },
+  ];
+}
+
+/** Static paths resolve with one Map lookup; the four ":id" patterns are tried by segment. */
+class Router {
+  readonly #static = new Map<string, RouteGroup>();
+  readonly #dynamic: RouteGroup[] = [];
+
+  constructor(routes: readonly Route[]) {
+    const groups = new Map<string, RouteGroup>();
+    for (const r of routes) {
+      let g = groups.get(r.pattern);
+      if (g === undefined) {
+        g = { pattern: r.pattern, parts: r.pattern.split("/").slice(1), routes: [], allow: "" };
+        groups.set(r.pattern, g);
+      }
+      g.routes.push(r);
+    }
+    for (const g of groups.values()) {
+      const methods: string[] = g.routes.map((r) => r.method);
+      if (methods.includes("GET")) methods.push("HEAD");
+      const full: RouteGroup = { ...g, allow: methods.join(", ") };
+      if (g.parts.some((p) => p.startsWith(":"))) this.#dynamic.push(full);
+      else this.#static.set(g.pattern, full);
+    }
+  }
+
+  /** The route group for a path and its raw (still encoded) parameters, or undefined. */
+  match(path: string): { group: RouteGroup; params: string[] } | undefined {
+    const s = this.#static.get(path);
+    if (s !== undefined) return { group: s, params: [] };
+    const segs = path.split("/").slice(1);
+    for (const g of this.#dynamic) {
+      if (g.parts.length !== segs.length) continue;
+      const params: string[] = [];
+      let ok = true;
+      for (let i = 0; i < segs.length && ok; i++) {
+        const p = g.parts[i] as string;
+        const seg = segs[i] as string;
+        if (p.startsWith(":")) {
+          if (seg.length === 0) ok = false;
+          else params.push(seg);
+        } else if (p !== seg) ok = false;
+      }
+      if (ok) return { group: g, params };
+    }
+    return undefined;
+  }
+}
+
+class HttpApi {
+  readonly #o: HttpServerOptions;
+  readonly #log: Logger;
+  readonly #router: Router;
+  readonly #limit: number;
+  readonly #server: Server;
+  #closing = false;
+  #closed: Promise<void> | undefined;
+
+  constructor(o: HttpServerOptions) {
+    this.#o = o;
+    this.#log = o.logger.child({ component: "http" });
+    this.#router = new Router(buildRoutes(o));
+    this.#limit = o.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES;
+    if (!(Number.isInteger(this.#limit) && this.#limit > 0)) throw new RangeError(`bodyLimitBytes must be a positive integer, got ${this.#limit}`);
+    this.#server = createServer({ noDelay: true, keepAlive: true, requestTimeout: DEFAULT_REQUEST_TIMEOUT_MS, headersTimeout: DEFAULT_HEADERS_TIMEOUT_MS });
+    this.#server.keepAliveTimeout = DEFAULT_KEEP_ALIVE_TIMEOUT_MS;
+    this.#server.on("request", (req: IncomingMessage, res: ServerResponse) => {
+      void this.#handle(req, res);
+    });
+  }
+
+  async listen(): Promise<RunningHttpServer> {
+    const server = this.#server;
+    await new Promise<void>((resolve, reject) => {
+      server.once("error", reject);
+      server.listen(this.#o.port, this.#o.host, () => {
+        server.off("error", reject);
+        resolve();
+      });
+    });
+    server.on("error", (err) => {
+      this.#log.error({ err }, "http server error");
+    });
+    const addr = server.address() as AddressInfo;
+    this.#log.info({ host: addr.address, port: addr.port }, "http api listening");
+    return { host: addr.address, port: addr.port, close: () => this.close() };
+  }
+
+  close(): Promise<void> {
+    this.#closed ??= new Promise<void>((resolve) => {
+      this.#closing = true;
+      const timer = setTimeout(() => {
+        this.#server.closeAllConnections();
+      }, DEFAULT_CLOSE_GRACE_MS);
+      timer.unref();
+      this.#server.close(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+      // Idle keep-alive sockets would otherwise hold the port for keepAliveTimeout (65 s).
+      this.#server.closeIdleConnections();
+    });
+    return this.#closed;
+  }
+
+  async #handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const started = performance.now();
+    let label = UNMATCHED_ROUTE;
+    try {
+      if (this.#closing) throw new KvmeshError("KVMESH_SHUTTING_DOWN", "server is shutting down");
+      const url = req.url ?? "/";
+      const q = url.indexOf("?");
+      const path = q < 0 ? url : url.slice(0, q);
+      const m = this.#router.match(path);
+      if (m === undefined) throw new KvmeshError("KVMESH_ROUTE_NOT_FOUND", "route not found");
+      label = m.group.pattern;
+      const method = req.method === "HEAD" ? "GET" : req.method;
+      const route = m.group.routes.find((r) => r.method === method);
+      if (route === undefined) {
+        this.#send(req, res, 405, stringifyJson({ error: "method not allowed", code: "KVMESH_METHOD_NOT_ALLOWED" }), JSON_CONTENT_TYPE, { allow: m.group.allow });
+        return;
+      }
+      const params = m.params.map(decodeSegment);
+      const body = route.body === "none" ? undefined : await this.#readBody(req, route.body);
+      const r = await route.handle({ params, query: q < 0 ? undefined : new URLSearchParams(url.slice(q + 1)), body });
+      if (r.text !== undefined) this.#send(req, res, r.status, r.text.body, r.text.contentType);
+      else this.#send(req, res, r.status, stringifyJson(r.body), JSON_CONTENT_TYPE);
+    } catch (err) {
+      this.#sendError(req, res, err, label);
+    } finally {
+      const status = res.headersSent ? res.statusCode : STATUS_CLIENT_GONE;
+      this.#o.metrics.observeRequest(label, status, performance.now() - started);
+    }
+  }
+
+  /** Reads and parses a JSON body; undefined when an optional body is absent. */
+  async #readBody(req: IncomingMessage, mode: BodyMode): Promise<unknown> {
+    const h = req.headers;
+    const declared = h["content-length"] === undefined ? undefined : Number(h["content-length"]);
+    const present = h["transfer-encoding"] !== undefined || (declared !== undefined && declared > 0);
+    if (!present && mode === "optional") return undefined;
+    if (!isJsonContentType(h)) {
+      throw new KvmeshError("KVMESH_UNSUPPORTED_MEDIA_TYPE", `expected Content-Type: ${JSON_CONTENT_TYPE}, got ${h["content-type"] ?? "none"}`);
+    }
+    if (declared !== undefined && declared > this.#limit) throw tooLarge(this.#limit);
+    const bytes = await readBytes(req, this.#limit);
+    if (bytes.length === 0) {
+      if (mode === "optional") return undefined;
+      throw new KvmeshError("KVMESH_MALFORMED_JSON", "malformed JSON: request body is empty");
+    }
+    try {
+      return parseJsonBytes(bytes);
+    } catch (err) {
+      if (err instanceof JsonDepthError) throw new KvmeshError("KVMESH_INVALID_FIELD", err.message, { details: { field: "body" } });
+      if (err instanceof SyntaxError) throw new KvmeshError("KVMESH_MALFORMED_JSON", `malformed JSON: ${err.message}`);
+      throw err;
+    }
+  }
+
+  #send(req: IncomingMessage, res: ServerResponse, status: number, body: string, contentType: string, extra?: Record<string, string>): void {
+    if (res.headersSent || res.destroyed) return;
+    const headers: Record<string, string | number> = { "content-type": contentType, "content-length": Buffer.byteLength(body), ...extra };
+    // While closing, and after a refused body we stopped reading, the socket cannot be reused.
+    if (this.#closing || (status === 413 && !req.complete)) headers.connection = "close";
+    res.writeHead(status, headers);
+    res.end(body);
+  }
+
+  #sendError(req: IncomingMessage, res: ServerResponse, err: unknown, route: string): void {
+    if (err instanceof KvmeshError) {
+      if (err.status >= 500 && err.status !== 503) this.#log.error({ err, route }, "request failed");
+      const body: Record<string, unknown> = { error: err.message, code: err.code };
+      if (err.details !== undefined) body.details = err.details;
+      this.#send(req, res, err.status, stringifyJson(body), JSON_CONTENT_TYPE);
+      return;
+    }
+    if (err instanceof ClientGoneError) {
+      this.#log.debug({ route }, "client closed the connection before the body was read");
+      return;
+    }
+    // Anything else is a bug: log it with its stack, tell the client nothing about internals.
+    this.#log.error({ err, route, method: req.method }, "unhandled error in HTTP handler");
+    this.#send(req, res, 500, stringifyJson({ error: "internal error", code: "KVMESH_INTERNAL" }), JSON_CONTENT_TYPE);
+  }
+}
+
+class ClientGoneError extends Error {}
+
+const tooLarge = (limit: number): KvmeshError => new KvmeshError("KVMESH_BODY_TOO_LARGE", `request body exceeds the limit of ${limit} bytes`);
+
+function isJsonContentType(h: IncomingHttpHeaders): boolean {
+  const ct = h["content-type"];
+  if (ct === undefined) return false;
+  const semi = ct.indexOf(";");
+  const mime = (semi < 0 ? ct : ct.slice(0, semi)).trim().toLowerCase();
+  return mime === JSON_CONTENT_TYPE || (mime.startsWith("application/") && mime.endsWith("+json"));
+}
+
+function decodeSegment(seg: string): string {
+  try {
+    return decodeURIComponent(seg);
+  } catch {
+    throw new KvmeshError("KVMESH_BAD_REQUEST", "path: invalid percent-encoding");
+  }
+}
+
+/** Collects the body up to `limit` bytes; past it, stops reading (nothing more is buffered) and rejects with 413. */
+function readBytes(req: IncomingMessage, limit: number): Promise<Buffer> {
+  return new Promise<Buffer>((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const cleanup = (): void => {
+      req.off("data", onData);
+      req.off("end", onEnd);
+      req.off("error", onError);
+      req.off("close", onClose);
+    };
+    const onData = (chunk: Buffer): void => {
+      size += chunk.length;
+      if (size > limit) {
+        cleanup();
+        req.pause();
+        chunks.length = 0;
+        reject(tooLarge(limit));
+        return;
+      }
+      chunks.push(chunk);
+    };
+    const onEnd = (): void => {
+      cleanup();
+      resolve(chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, size));
+    };
+    const onError = (): void => {
+      cleanup();
+      reject(new ClientGoneError("request aborted"));
+    };
+    const onClose = (): void => {
+      if (!req.complete) onError();
+    };
+    req.on("data", onData);
+    req.on("end", onEnd);
+    req.on("error", onError);
+    req.on("close", onClose);
+  });
+}
+
+/** Starts the HTTP API on host:port (port 0 picks a free port; the bound one is returned). */
+export function startHttpServer(o: HttpServerOptions): Promise<RunningHttpServer> {
+  return new HttpApi(o).listen();
+}

@@ -1,0 +1,468 @@
+import { request } from "node:http";
+
+import { pino } from "pino";
+import { afterEach, describe, expect, it } from "vitest";
+
+import { KvmeshError } from "../../src/errors.js";
+import { hashListToBigInts } from "../../src/hash64.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../src/hashing.js";
+import { Metrics } from "../../src/http/metrics.js";
+import { DEFAULT_BODY_LIMIT_BYTES, startHttpServer, type MeshControl } from "../../src/http/server.js";
+import { BLOCK, makeService, storedBatch, tokens, worker } from "../helpers/core-fixtures.js";
+import { startTestServer, type TestServer, type TestServerOptions } from "../helpers/http-client.js";
+
+const cleanups: (() => Promise<void>)[] = [];
+afterEach(async () => {
+  while (cleanups.length > 0) await cleanups.pop()?.();
+});
+
+async function serve(o: TestServerOptions = {}): Promise<TestServer> {
+  const t = await startTestServer(o);
+  cleanups.push(() => t.close());
+  return t;
+}
+
+/** A server with schedulable workers 1 and 2 registered over HTTP. */
+async function serveWithWorkers(o: TestServerOptions = {}): Promise<TestServer> {
+  const t = await serve(o);
+  for (const id of [1, 2]) expect((await t.call("POST", "/workers", worker(id))).status).toBe(201);
+  return t;
+}
+
+const obj = (v: unknown): Record<string, unknown> => v as Record<string, unknown>;
+const loadsOf = async (t: TestServer): Promise<{ worker_id: bigint | number; potential_decode_blocks: number; active_requests: number }[]> =>
+  ((await t.call("GET", "/loads")).json as { loads: [] }[])[0]?.loads ?? [];
+const totalBlocks = async (t: TestServer): Promise<number> => (await loadsOf(t)).reduce((s, l) => s + l.potential_decode_blocks, 0);
+
+describe("HTTP API: readiness and workers", () => {
+  it("reports not ready and refuses selections without schedulable workers", async () => {
+    const t = await serve();
+    const ready = await t.call("GET", "/ready");
+    expect(ready.status).toBe(503);
+    expect(ready.json).toEqual({ ready: false, schedulable_workers: 0, workers: 0 });
+    const sel = await t.call("POST", "/select", { token_ids: tokens(2) });
+    expect(sel.status).toBe(503);
+    expect(obj(sel.json).code).toBe("KVMESH_NOT_READY");
+    expect((await t.call("GET", "/health")).json).toEqual({ status: "ok" });
+  });
+
+  it("accepts an incomplete worker (201 with reasons) that cannot be selected", async () => {
+    const t = await serve();
+    const r = await t.call("POST", "/workers", { worker_id: 1, endpoint: "http://w1" });
+    expect(r.status).toBe(201);
+    expect(obj(r.json).lifecycle).toBe("incomplete");
+    expect(obj(r.json).not_schedulable_reasons).toEqual(["missing block_size"]);
+    expect((await t.call("POST", "/select", { token_ids: tokens(2) })).status).toBe(503);
+    expect((await t.call("GET", "/ready")).json).toEqual({ ready: false, schedulable_workers: 0, workers: 1 });
+    // PATCH completes it.
+    const p = await t.call("PATCH", "/workers/1", { block_size: BLOCK });
+    expect(p.status).toBe(200);
+    expect(obj(p.json).lifecycle).toBe("schedulable");
+    expect((await t.call("GET", "/ready")).status).toBe(200);
+  });
+
+  it("lists, filters, drains and deletes workers, with 64-bit ids exact", async () => {
+    const t = await serve();
+    const big = 18446744073709551615n;
+    const r = await t.call("POST", "/workers", worker(big, { model_name: "m" }));
+    expect(r.status).toBe(201);
+    expect(r.text).toContain(`"worker_id":18446744073709551615`);
+    await t.call("POST", "/workers", worker(1));
+    expect(((await t.call("GET", "/workers")).json as unknown[]).length).toBe(2);
+    const filtered = (await t.call("GET", "/workers?model_name=m&routing_group=")).json as Record<string, unknown>[];
+    expect(filtered.map((w) => w.worker_id)).toEqual([big]);
+    const drained = await t.call("PATCH", `/workers/${big}`, { lifecycle: "draining" });
+    expect(obj(drained.json).lifecycle).toBe("draining");
+    const del = await t.call("DELETE", `/workers/${big}`);
+    expect(del.status).toBe(200);
+    expect(obj(del.json).lifecycle).toBe("unschedulable");
+    expect(((await t.call("GET", "/workers?model_name=m")).json as unknown[]).length).toBe(0);
+    expect((await t.call("DELETE", `/workers/${big}`)).status).toBe(404);
+    expect(obj((await t.call("PATCH", "/workers/99", { block_size: 4 })).json).code).toBe("KVMESH_WORKER_NOT_FOUND");
+  });
+
+  it("answers 400 for a path worker id that is not a u64 decimal", async () => {
+    const t = await serve();
+    for (const bad of ["abc", "-1", "18446744073709551616", "1.5"]) {
+      const r = await t.call("DELETE", `/workers/${bad}`);
+      expect(r.status).toBe(400);
+      expect(obj(r.json).error).toContain("worker_id");
+    }
+  });
+
+  it("gives 503 for mutations once the service is shutting down", async () => {
+    const t = await serveWithWorkers();
+    t.svc.shutdown();
+    const r = await t.call("POST", "/workers", worker(3));
+    expect(r.status).toBe(503);
+    expect(obj(r.json).code).toBe("KVMESH_SHUTTING_DOWN");
+    expect((await t.call("POST", "/select", { token_ids: tokens(1) })).status).toBe(503);
+    expect((await t.call("GET", "/ready")).status).toBe(503);
+    expect((await t.call("GET", "/health")).status).toBe(200);
+  });
+});
+
+describe("HTTP API: selection and reservations", () => {
+  it("select echoes selection_id and books nothing", async () => {
+    const t = await serveWithWorkers();
+    const r = await t.call("POST", "/select", { token_ids: tokens(3), selection_id: "s1" });
+    expect(r.status).toBe(200);
+    const body = obj(r.json);
+    expect(body.selection_id).toBe("s1");
+    expect(body).not.toHaveProperty("sequence_hashes");
+    expect(body).not.toHaveProperty("isl_tokens");
+    expect(body.block_size).toBe(BLOCK);
+    expect(await totalBlocks(t)).toBe(0);
+  });
+
+  it("select_and_reserve books, returns exact sequence hashes, rejects a duplicate, frees once", async () => {
+    const t = await serveWithWorkers();
+    const toks = tokens(4);
+    const expected = hashListToBigInts(computeSequenceHashes(computeBlockHashes(toks, BLOCK)));
+    const r = await t.call("POST", "/select_and_reserve", { token_ids: toks, selection_id: "r1" });
+    expect(r.status).toBe(200);
+    expect(obj(r.json).sequence_hashes).toEqual(expected);
+    expect(obj(r.json).isl_tokens).toBe(16);
+    // At least one hash is above 2^53 and appears digit for digit in the raw body.
+    const unsafe = expected.filter((h) => h > BigInt(Number.MAX_SAFE_INTEGER));
+    expect(unsafe.length).toBeGreaterThan(0);
+    expect(r.text).toContain(`"sequence_hashes":[${expected.join(",")}]`);
+    expect(await totalBlocks(t)).toBe(4);
+
+    const dup = await t.call("POST", "/select_and_reserve", { token_ids: toks, selection_id: "r1" });
+    expect(dup.status).toBe(409);
+    expect(obj(dup.json).code).toBe("KVMESH_DUPLICATE_ID");
+
+    expect((await t.call("DELETE", "/reservations/r1")).json).toEqual({ status: "ok" });
+    expect(await totalBlocks(t)).toBe(0);
+    const again = await t.call("DELETE", "/reservations/r1");
+    expect(again.status).toBe(404);
+    expect(obj(again.json).code).toBe("KVMESH_RESERVATION_NOT_FOUND");
+  });
+
+  it("output_block adds one block; decay_fraction outside [0, 1] is 400; prefill_complete is ok", async () => {
+    const t = await serveWithWorkers();
+    await t.call("POST", "/select_and_reserve", { token_ids: tokens(4), selection_id: "o1" });
+    // Empty body, no content type: accepted.
+    expect((await t.call("POST", "/reservations/o1/output_block")).status).toBe(200);
+    expect(await totalBlocks(t)).toBe(5);
+    const bad = await t.call("POST", "/reservations/o1/output_block", { decay_fraction: 1.5 });
+    expect(bad.status).toBe(400);
+    expect(obj(bad.json).error).toContain("decay_fraction");
+    expect(await totalBlocks(t)).toBe(5);
+    expect((await t.call("POST", "/reservations/o1/output_block", { decay_fraction: 0.5 })).status).toBe(200);
+    expect((await t.call("POST", "/reservations/o1/prefill_complete")).json).toEqual({ status: "ok" });
+    expect((await t.call("POST", "/reservations/o1/prefill_complete", {})).status).toBe(200);
+    expect((await t.call("POST", "/reservations/o1/prefill_complete", { force: true })).status).toBe(422);
+    expect((await t.call("POST", "/reservations/nope/output_block")).status).toBe(404);
+    expect((await t.call("POST", "/reservations/nope/prefill_complete")).status).toBe(404);
+  });
+
+  it("explicit reservation: 201, effective prefill above isl 400, unschedulable worker 404", async () => {
+    const t = await serveWithWorkers();
+    const ok = await t.call("POST", "/reservations", { selection_id: "e1", worker_id: 2, token_ids: tokens(2) });
+    expect(ok.status).toBe(201);
+    expect(ok.json).toEqual({ selection_id: "e1", model_name: "default", routing_group: "default", worker_id: 2, dp_rank: 0, endpoint: "http://w2" });
+    const over = await t.call("POST", "/reservations", { selection_id: "e2", worker_id: 2, token_ids: tokens(2), effective_prefill_tokens: 9 });
+    expect(over.status).toBe(400);
+    expect(obj(over.json).error).toContain("effective_prefill_tokens");
+    const missing = await t.call("POST", "/reservations", { selection_id: "e3", worker_id: 99, token_ids: tokens(2) });
+    expect(missing.status).toBe(404);
+    expect(obj(missing.json).code).toBe("KVMESH_WORKER_NOT_SCHEDULABLE");
+  });
+
+  it("cached reservation books what select chose, once", async () => {
+    const t = await serveWithWorkers();
+    const sel = obj((await t.call("POST", "/select", { token_ids: tokens(3), selection_id: "c1" })).json);
+    const res = await t.call("POST", "/reservations", { selection_id: "c1" });
+    expect(res.status).toBe(201);
+    expect(obj(res.json).worker_id).toBe(sel.worker_id);
+    expect(await totalBlocks(t)).toBe(3);
+    expect((await t.call("POST", "/reservations", { selection_id: "c1" })).status).toBe(409);
+    expect((await t.call("DELETE", "/reservations/c1")).status).toBe(200);
+    const reused = await t.call("POST", "/reservations", { selection_id: "c1" });
+    expect(reused.status).toBe(404);
+    expect(obj(reused.json).code).toBe("KVMESH_PENDING_SELECTION_NOT_FOUND");
+  });
+
+  it("requires selection_id on POST /reservations (422)", async () => {
+    const t = await serveWithWorkers();
+    const r = await t.call("POST", "/reservations", { worker_id: 1, token_ids: tokens(1) });
+    expect(r.status).toBe(422);
+    expect(r.json).toEqual({ error: "selection_id: required string", code: "KVMESH_INVALID_FIELD", details: { field: "selection_id" } });
+  });
+
+  it("rejects precomputed hashes of mismatched lengths (400) and out of range (422)", async () => {
+    const t = await serveWithWorkers();
+    const mismatch = await t.call("POST", "/select", { block_hashes: [1, 2], sequence_hashes: [1], isl_tokens: 8 });
+    expect(mismatch.status).toBe(400);
+    expect(obj(mismatch.json).error).toContain("same length");
+    const range = await t.call("POST", "/select", `{"block_hashes":[18446744073709551616],"sequence_hashes":[1],"isl_tokens":4}`);
+    expect(range.status).toBe(422);
+    expect(obj(range.json).error).toContain("block_hashes[0]");
+    const ok = await t.call("POST", "/select_and_reserve", `{"block_hashes":[-1],"sequence_hashes":[-1],"isl_tokens":4}`);
+    expect(ok.status).toBe(200);
+    // -1 is u64::MAX after the service's reinterpretation.
+    expect(ok.text).toContain(`"sequence_hashes":[18446744073709551615]`);
+  });
+
+  it("potential_loads and overlap_scores list every schedulable rank", async () => {
+    const t = await serveWithWorkers();
+    t.svc.applyKvEvents(1n, 0, storedBatch(tokens(2)));
+    const pl = (await t.call("POST", "/potential_loads", { token_ids: tokens(2) })).json as Record<string, unknown>[];
+    expect(pl.map((r) => [r.worker_id, r.overlap_blocks])).toEqual([
+      [1, 2],
+      [2, 0],
+    ]);
+    const os = obj((await t.call("POST", "/overlap_scores", { token_ids: tokens(2) })).json);
+    expect(os.num_blocks).toBe(2);
+    expect((os.workers as Record<string, unknown>[]).map((r) => r.device_blocks)).toEqual([2, 0]);
+    expect((await t.call("POST", "/overlap_scores", { token_ids: tokens(2), advisory: true })).status).toBe(422);
+  });
+
+  it("GET /dump exposes the index per partition with exact hashes", async () => {
+    const t = await serveWithWorkers();
+    const toks = tokens(2);
+    t.svc.applyKvEvents(1n, 0, storedBatch(toks));
+    const d = await t.call("GET", "/dump");
+    expect(d.status).toBe(200);
+    const part = obj(obj(d.json)["default:default"]);
+    expect(part.block_size).toBe(BLOCK);
+    const events = part.events as Record<string, unknown>[];
+    expect(events.length).toBeGreaterThan(0);
+    const seq = hashListToBigInts(computeSequenceHashes(computeBlockHashes(toks, BLOCK)));
+    const dumped = events.flatMap((e) => e.block_hashes as (bigint | number)[]).map((h) => BigInt(h));
+    expect(dumped).toEqual(seq);
+  });
+});
+
+describe("HTTP API: replica sync routes", () => {
+  it("are mounted and report disabled without a mesh", async () => {
+    const t = await serve();
+    expect((await t.call("GET", "/replica_sync/peers")).json).toEqual([]);
+    for (const path of ["/replica_sync/register_peer", "/replica_sync/deregister_peer"]) {
+      const r = await t.call("POST", path, { endpoint: "tcp://10.0.0.2:5600" });
+      expect(r.status).toBe(409);
+      expect(obj(r.json).error).toBe("replica sync is disabled");
+    }
+  });
+
+  it("drive a MeshControl: 201 added, 200 present, 404 unknown, errors pass through", async () => {
+    const peers = new Set<string>();
+    const mesh: MeshControl = {
+      registerPeer: (e) => {
+        if (!e.startsWith("tcp://")) return Promise.reject(new KvmeshError("KVMESH_BAD_REQUEST", `invalid endpoint ${e}`));
+        if (e === "tcp://boom:1") return Promise.reject(new Error("socket exploded at 0xdeadbeef"));
+        const added = !peers.has(e);
+        peers.add(e);
+        return Promise.resolve(added);
+      },
+      deregisterPeer: (e) => Promise.resolve(peers.delete(e)),
+      listPeers: () => [...peers].sort(),
+    };
+    const t = await serve({ mesh });
+    const a = await t.call("POST", "/replica_sync/register_peer", { endpoint: "tcp://b:2" });
+    expect(a.status).toBe(201);
+    expect(a.json).toEqual({ status: "ok", endpoint: "tcp://b:2", added: true });
+    expect((await t.call("POST", "/replica_sync/register_peer", { endpoint: "tcp://b:2" })).status).toBe(200);
+    await t.call("POST", "/replica_sync/register_peer", { endpoint: "tcp://a:1" });
+    expect((await t.call("GET", "/replica_sync/peers")).json).toEqual(["tcp://a:1", "tcp://b:2"]);
+    const bad = await t.call("POST", "/replica_sync/register_peer", { endpoint: "udp://x" });
+    expect(bad.status).toBe(400);
+    expect(obj(bad.json).error).toBe("invalid endpoint udp://x");
+    const boom = await t.call("POST", "/replica_sync/register_peer", { endpoint: "tcp://boom:1" });
+    expect(boom.status).toBe(500);
+    expect(boom.text).not.toContain("deadbeef");
+    expect((await t.call("POST", "/replica_sync/deregister_peer", { endpoint: "tcp://b:2" })).status).toBe(200);
+    const gone = await t.call("POST", "/replica_sync/deregister_peer", { endpoint: "tcp://b:2" });
+    expect(gone.status).toBe(404);
+    expect(obj(gone.json).error).toBe("peer not found");
+    expect((await t.call("POST", "/replica_sync/register_peer", {})).status).toBe(422);
+  });
+});
+
+describe("HTTP API: bad input", () => {
+  it("malformed JSON is 400, wrong shapes and unknown fields 422 naming the field", async () => {
+    const t = await serveWithWorkers();
+    const m = await t.call("POST", "/select", `{"token_ids": [1, 2,`);
+    expect(m.status).toBe(400);
+    expect(obj(m.json).code).toBe("KVMESH_MALFORMED_JSON");
+    const m2 = await t.call("POST", "/select", `{"token_ids": [1, 18446744073709551615,}`);
+    expect(m2.status).toBe(400);
+    const empty = await t.call("POST", "/select", "");
+    expect(empty.status).toBe(400);
+    const wrong = await t.call("POST", "/select", { token_ids: [1, 2, 3, "4"] });
+    expect(wrong.status).toBe(422);
+    expect(obj(wrong.json).error).toBe("token_ids[3]: must be an integer in [0, 4294967295]");
+    const unknown = await t.call("POST", "/select", { token_ids: [1], modle_name: "m" });
+    expect(unknown.status).toBe(422);
+    expect(obj(unknown.json).error).toBe("modle_name: unknown field");
+    expect((await t.call("POST", "/select", [1, 2])).status).toBe(422);
+    expect((await t.call("POST", "/workers", { worker_id: "1" })).status).toBe(422);
+    // Deep nesting: 422 on both parser paths.
+    const deep = (inner: string): string => `{"token_ids":${"[".repeat(5000)}${inner}${"]".repeat(5000)}}`;
+    expect((await t.call("POST", "/select", deep("1"))).status).toBe(422);
+    expect((await t.call("POST", "/select", deep("18446744073709551615"))).status).toBe(422);
+  });
+
+  it("ids longer than 256 bytes are 400", async () => {
+    const t = await serveWithWorkers();
+    const long = "x".repeat(300);
+    expect((await t.call("POST", "/select_and_reserve", { token_ids: tokens(1), selection_id: long })).status).toBe(400);
+    expect((await t.call("POST", "/select", { token_ids: tokens(1), selection_id: long })).status).toBe(400);
+    const path = await t.call("DELETE", `/reservations/${long}`);
+    expect(path.status).toBe(400);
+    expect(obj(path.json).error).toContain("256 bytes");
+    expect((await t.call("DELETE", "/reservations/%E0%A4%A")).status).toBe(400);
+    // URL-decoded ids: a booking made with "a/b" is freed through a%2Fb.
+    await t.call("POST", "/select_and_reserve", { token_ids: tokens(1), selection_id: "a/b" });
+    expect((await t.call("DELETE", "/reservations/a%2Fb")).status).toBe(200);
+  });
+
+  it("unknown route 404, wrong method 405 with Allow, HEAD served like GET", async () => {
+    const t = await serve();
+    const nf = await t.call("GET", "/nope");
+    expect(nf.status).toBe(404);
+    expect(nf.json).toEqual({ error: "route not found", code: "KVMESH_ROUTE_NOT_FOUND" });
+    expect((await t.call("GET", "/workers/1/extra")).status).toBe(404);
+    const m = await t.call("GET", "/select");
+    expect(m.status).toBe(405);
+    expect(obj(m.json).error).toBe("method not allowed");
+    expect(m.headers.get("allow")).toBe("POST");
+    const w = await t.call("PUT", "/workers/1", {});
+    expect(w.status).toBe(405);
+    expect(w.headers.get("allow")).toBe("PATCH, DELETE");
+    expect((await t.call("DELETE", "/health")).headers.get("allow")).toBe("GET, HEAD");
+    const head = await t.call("HEAD", "/health");
+    expect(head.status).toBe(200);
+    expect(head.text).toBe("");
+  });
+
+  it("non-JSON content types are 415", async () => {
+    const t = await serveWithWorkers();
+    const r = await t.call("POST", "/select", JSON.stringify({ token_ids: [1] }), { "content-type": "text/plain" });
+    expect(r.status).toBe(415);
+    expect(obj(r.json).code).toBe("KVMESH_UNSUPPORTED_MEDIA_TYPE");
+    const none = await fetch(`${t.base}/select`, { method: "POST", body: new Uint8Array(Buffer.from(`{"token_ids":[1]}`)) });
+    expect(none.status).toBe(415);
+    const charset = await t.call("POST", "/select", JSON.stringify({ token_ids: tokens(1) }), { "content-type": "Application/JSON; charset=utf-8" });
+    expect(charset.status).toBe(200);
+    // A body on an optional-body route still has to be JSON.
+    const ob = await t.call("POST", "/reservations/x/output_block", "decay=1", { "content-type": "application/x-www-form-urlencoded" });
+    expect(ob.status).toBe(415);
+  });
+
+  it("bodies over the limit are 413, by Content-Length or while streaming", async () => {
+    expect(DEFAULT_BODY_LIMIT_BYTES).toBe(8 * 1024 * 1024);
+    const t = await serveWithWorkers({ bodyLimitBytes: 1024 });
+    const big = await t.call("POST", "/select", { token_ids: Array.from({ length: 1000 }, (_, i) => i) });
+    expect(big.status).toBe(413);
+    expect(obj(big.json).code).toBe("KVMESH_BODY_TOO_LARGE");
+    expect((await t.call("POST", "/select", { token_ids: tokens(1) })).status).toBe(200);
+
+    // Chunked upload with no Content-Length: refused once 1 KiB has arrived, while the client keeps sending.
+    const status = await new Promise<number>((resolve, reject) => {
+      const req = request({ host: "127.0.0.1", port: t.server.port, method: "POST", path: "/select", headers: { "content-type": "application/json" } });
+      let answered = false;
+      req.on("response", (res) => {
+        answered = true;
+        res.resume();
+        resolve(res.statusCode ?? 0);
+      });
+      req.on("error", (err) => {
+        if (!answered) reject(err);
+      });
+      req.write(`{"token_ids":[`);
+      const pump = (): void => {
+        if (answered || req.destroyed) return;
+        req.write("1,".repeat(256));
+        setTimeout(pump, 2);
+      };
+      pump();
+    });
+    expect(status).toBe(413);
+  });
+
+  it("unexpected exceptions are 500 without internals, logged with the stack", async () => {
+    const lines: string[] = [];
+    const logger = pino({ level: "error" }, { write: (s: string) => lines.push(s) });
+    const t = await serveWithWorkers({ logger });
+    t.svc.dump = () => {
+      throw new TypeError("secret internal state 42");
+    };
+    const r = await t.call("GET", "/dump");
+    expect(r.status).toBe(500);
+    expect(r.json).toEqual({ error: "internal error", code: "KVMESH_INTERNAL" });
+    expect(lines.join("")).toContain("secret internal state 42");
+    expect(lines.join("")).toContain("stack");
+  });
+});
+
+describe("HTTP API: metrics and lifecycle", () => {
+  it("exposes request, selection and ingest counters in Prometheus text", async () => {
+    const ingestStats = () => [
+      { workerId: "1", rank: 0, endpoint: "tcp://w1", stats: { received: 5, applied: 4, replayed: 1, malformed: 1, stale: 0, lost: 2, resets: 1, lastSeq: 9n } },
+    ];
+    const t = await serveWithWorkers({ ingestStats });
+    await t.call("POST", "/select", { token_ids: tokens(2) });
+    await t.call("POST", "/select_and_reserve", { token_ids: tokens(2), selection_id: "secret-session-9" });
+    await t.call("DELETE", "/reservations/secret-session-9");
+    await t.call("DELETE", "/reservations/secret-session-9");
+    await t.call("POST", "/select", { token_ids: tokens(2), pinned_worker: { worker_id: 77, dp_rank: 0 } });
+    await t.call("GET", "/no/such/route");
+    const m = await t.call("GET", "/metrics");
+    expect(m.status).toBe(200);
+    expect(m.headers.get("content-type")).toBe("text/plain; version=0.0.4; charset=utf-8");
+    const text = m.text;
+    expect(text).toContain(`kvmesh_http_requests_total{route="/select",status="200"} 1`);
+    expect(text).toContain(`kvmesh_http_requests_total{route="/select",status="404"} 1`);
+    expect(text).toContain(`kvmesh_http_requests_total{route="/reservations/:id",status="200"} 1`);
+    expect(text).toContain(`kvmesh_http_requests_total{route="/reservations/:id",status="404"} 1`);
+    expect(text).toContain(`kvmesh_http_requests_total{route="unmatched",status="404"} 1`);
+    expect(text).toContain(`kvmesh_http_requests_total{route="/workers",status="201"} 2`);
+    expect(text).toMatch(/kvmesh_http_request_duration_seconds_bucket\{route="\/select",le="\+Inf"\} 2\n/);
+    expect(text).toMatch(/kvmesh_http_request_duration_seconds_count\{route="\/select"\} 2\n/);
+    expect(text).toContain("# TYPE kvmesh_http_request_duration_seconds histogram");
+    expect(text).toContain("kvmesh_selections_total 2\n");
+    expect(text).toContain("kvmesh_reservations_total 1\n");
+    expect(text).toContain("kvmesh_selection_errors_total 1\n");
+    expect(text).toContain("kvmesh_reservations_active 0\n");
+    expect(text).toContain(`kvmesh_kv_batches_received_total{worker_id="1",dp_rank="0"} 5`);
+    expect(text).toContain(`kvmesh_kv_batches_lost_total{worker_id="1",dp_rank="0"} 2`);
+    expect(text).toContain(`kvmesh_kv_publisher_resets_total{worker_id="1",dp_rank="0"} 1`);
+    expect(text).toMatch(/process_resident_memory_bytes \d+/);
+    expect(text).not.toContain("secret-session");
+    expect(text).not.toContain("no/such");
+  });
+
+  it("renders bucket counts cumulatively and appends extra text", () => {
+    const m = new Metrics({ service: makeService().svc, extra: () => "mesh_peers 3" });
+    m.observeRequest("/x", 200, 0.03);
+    m.observeRequest("/x", 200, 2);
+    m.observeRequest("/x", 500, 5000);
+    const text = m.render();
+    expect(text).toContain(`kvmesh_http_request_duration_seconds_bucket{route="/x",le="0.00005"} 1\n`);
+    expect(text).toContain(`kvmesh_http_request_duration_seconds_bucket{route="/x",le="0.0025"} 2\n`);
+    expect(text).toContain(`kvmesh_http_request_duration_seconds_bucket{route="/x",le="1"} 2\n`);
+    expect(text).toContain(`kvmesh_http_request_duration_seconds_bucket{route="/x",le="+Inf"} 3\n`);
+    expect(text).toContain(`kvmesh_http_requests_total{route="/x",status="500"} 1\n`);
+    expect(text.endsWith("mesh_peers 3\n")).toBe(true);
+    m.observeRequest('a"b\\c\nd', 200, 1);
+    expect(m.render()).toContain(`route="a\\"b\\\\c\\nd"`);
+  });
+
+  it("close() drops idle keep-alive sockets at once so the port is reusable", async () => {
+    const t = await startTestServer();
+    await t.call("GET", "/health");
+    await t.call("GET", "/health");
+    const port = t.server.port;
+    const started = performance.now();
+    await t.close();
+    expect(performance.now() - started).toBeLessThan(1000);
+    await t.close();
+    await expect(fetch(`${t.base}/health`)).rejects.toThrow();
+    const again = await startHttpServer({ service: t.svc, host: "127.0.0.1", port, logger: pino({ level: "silent" }), metrics: t.metrics });
+    expect(again.port).toBe(port);
+    await again.close();
+  });
+});
