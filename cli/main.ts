@@ -1,0 +1,4 @@
+#!/usr/bin/env node
+import { buildCli } from "./program.js";
+
+await buildCli().parseAsync();

@@ -1,0 +1,209 @@
+/**
+ * `kvmesh serve`: flags (each also from a KVMESH_* environment variable) -> DaemonConfig ->
+ * startDaemon, with JSON logs on stdout and a clean shutdown on SIGINT/SIGTERM.
+ */
+import { Command, Option } from "commander";
+import { pino, type DestinationStream, type Logger } from "pino";
+import { DEFAULT_DAEMON_CONFIG, type Daemon, type DaemonConfig, type LogLevel } from "../src/daemon.js";
+import { MAX_AFFINITY_TTL_SECS, MIN_AFFINITY_TTL_SECS } from "../src/selection-service.js";
+import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/selector-config.js";
+import { envNameFor, integerInRange, parseBoolean, parseNonEmpty, parseNonNegativeNumber, parsePort } from "./parsers.js";
+
+export const LOG_LEVELS: readonly LogLevel[] = ["trace", "debug", "info", "warn", "error", "fatal", "silent"];
+export const SHUTDOWN_SIGNALS = ["SIGINT", "SIGTERM"] as const;
+export type ShutdownSignal = (typeof SHUTDOWN_SIGNALS)[number];
+/** Shell convention for "terminated by SIGINT" (128 + 2): the operator insisted on stopping now. */
+export const FORCED_EXIT_CODE = 130;
+
+const SECS_PER_YEAR = 31_536_000;
+/** Beyond these the value is a typo, not a setting: replay that slow means the worker is gone. */
+const MAX_REPLAY_TIMEOUT_MS = 600_000;
+/** Each cached selection holds a prompt's hashes (KBs); 10 M of them would not fit in memory anyway. */
+const MAX_SELECTION_CACHE_ENTRIES = 10_000_000;
+/** Node cannot hold a string much larger than 512 MiB. */
+const MAX_BODY_LIMIT_BYTES = 512 * 1024 * 1024;
+
+/** The part of a running daemon the CLI uses (a test double needs nothing more). */
+export type RunningDaemon = Pick<Daemon, "host" | "port" | "close">;
+export type StartDaemonFn = (config: DaemonConfig, logger: Logger) => Promise<RunningDaemon>;
+
+/** process.on/off, narrowed to the signals serve handles (injectable for tests). */
+export interface SignalSource {
+  on(signal: ShutdownSignal, handler: (signal: ShutdownSignal) => void): void;
+  off(signal: ShutdownSignal, handler: (signal: ShutdownSignal) => void): void;
+}
+
+export interface ServeDeps {
+  readonly startDaemon: StartDaemonFn;
+  readonly signals: SignalSource;
+  readonly logDestination: DestinationStream;
+  readonly exit: (code: number) => void;
+}
+
+/** Selector flags -> SelectorConfig fields. Only flags actually given go into the partial config. */
+const SELECTOR_NUMBER_FLAGS = [
+  ["--overlap-score-credit", "overlapScoreCredit", "weight of device-cached blocks as prefill credit"],
+  ["--overlap-score-credit-decay", "overlapScoreCreditDecay", "shrinks the credit on ranks with more queued prefill than the least-loaded one"],
+  ["--prefill-load-scale", "prefillLoadScale", "weight of the prefill term"],
+  ["--router-temperature", "temperature", "0 = argmin (random tie-break); > 0 = softmax sampling over normalized costs"],
+  ["--decode-active-request-weight", "decodeActiveRequestWeight", "cost per in-flight request"],
+  ["--host-cache-hit-weight", "hostCacheHitWeight", "credit per host-memory cached block"],
+  ["--disk-cache-hit-weight", "diskCacheHitWeight", "credit per disk cached block"],
+] as const satisfies readonly (readonly [string, keyof SelectorConfig, string])[];
+
+/** Negatable pairs: `--x [bool]` (env KVMESH_X=true|false) and `--no-x`. */
+const SELECTOR_BOOLEAN_FLAGS = [
+  ["--router-track-prefill-tokens", "trackPrefillTokens", "count queued prefill tokens in the cost"],
+  ["--router-assume-kv-reuse", "assumeKvReuse", "deduplicate a prompt's blocks against blocks already active on the rank"],
+] as const satisfies readonly (readonly [string, keyof SelectorConfig, string])[];
+
+/** Env names a user might guess from the `--no-x` spelling; the positive `KVMESH_X=false` is the one read. */
+const NEGATED_ENV_HINTS = ["--kv-events", ...SELECTOR_BOOLEAN_FLAGS.map(([flag]) => flag)];
+
+function attributeOf(flag: string): string {
+  return flag.replace(/^--/, "").replace(/-([a-z])/g, (_, c: string) => c.toUpperCase());
+}
+
+function withEnv(option: Option): Option {
+  return option.env(envNameFor(option.long ?? ""));
+}
+
+function valueOption(flags: string, description: string, parse: (v: string) => unknown, defaultValue?: unknown): Option {
+  const o = new Option(flags, description).argParser(parse);
+  if (defaultValue !== undefined) o.default(defaultValue);
+  return withEnv(o);
+}
+
+/** Adds the `--x [bool]` / `--no-x` pair; the positive one carries the env variable. */
+function addBooleanPair(cmd: Command, flag: string, description: string, defaultValue: boolean | undefined): void {
+  const positive = new Option(`${flag} [bool]`, `${description} (true|false)`).argParser(parseBoolean);
+  if (defaultValue !== undefined) positive.default(defaultValue);
+  cmd.addOption(withEnv(positive));
+  cmd.addOption(new Option(`--no-${flag.slice(2)}`, `same as ${flag} false`));
+}
+
+export function addServeCommand(program: Command, deps: ServeDeps): Command {
+  const d = DEFAULT_DAEMON_CONFIG;
+  const cmd = program.command("serve").description("run the kvmesh selection daemon");
+  cmd
+    .addOption(valueOption("--host <host>", "address to listen on", parseNonEmpty, d.host))
+    .addOption(valueOption("--port <port>", "HTTP port (0 = ephemeral)", parsePort, d.port))
+    .addOption(withEnv(new Option("--log-level <level>", "log level").choices(LOG_LEVELS).default(d.logLevel)))
+    .addOption(
+      valueOption(
+        "--session-affinity-ttl-secs <secs>",
+        "keep a session on its worker for this long after its last request (unset = affinity off)",
+        integerInRange(MIN_AFFINITY_TTL_SECS, MAX_AFFINITY_TTL_SECS),
+      ),
+    )
+    .addOption(
+      withEnv(new Option("--session-affinity-mode <mode>", "hard: reject a session's request to another worker; soft: prefer its worker").choices(["hard", "soft"]).default(d.sessionAffinityMode)),
+    );
+  // No commander defaults for the selector: the partial config holds only what the operator set
+  // and the daemon fills in the rest; the help text still shows the effective default.
+  const selectorDefaults: SelectorConfig = { ...DEFAULT_SELECTOR_CONFIG, ...d.selector };
+  for (const [flag, key, description] of SELECTOR_NUMBER_FLAGS) {
+    cmd.addOption(valueOption(`${flag} <n>`, `${description} [default: ${selectorDefaults[key]}]`, parseNonNegativeNumber));
+  }
+  for (const [flag, key, description] of SELECTOR_BOOLEAN_FLAGS) {
+    addBooleanPair(cmd, flag, `${description} [default: ${String(selectorDefaults[key])}]`, undefined);
+  }
+  cmd
+    .addOption(valueOption("--active-request-expiry-secs <secs>", "force-free a booking older than this", integerInRange(1, SECS_PER_YEAR), d.activeRequestExpirySecs))
+    .addOption(valueOption("--replay-timeout-ms <ms>", "how long to wait for a worker's KV-event replay", integerInRange(1, MAX_REPLAY_TIMEOUT_MS), d.replayTimeoutMs))
+    .addOption(valueOption("--selection-cache-ttl-secs <secs>", "how long a /select answer can be reserved", integerInRange(1, SECS_PER_YEAR), d.selectionCacheTtlSecs))
+    .addOption(valueOption("--selection-cache-max-entries <n>", "most cached selections", integerInRange(1, MAX_SELECTION_CACHE_ENTRIES), d.selectionCacheMaxEntries))
+    .addOption(valueOption("--body-limit-bytes <bytes>", "largest HTTP request body", integerInRange(1, MAX_BODY_LIMIT_BYTES), d.bodyLimitBytes));
+  addBooleanPair(cmd, "--kv-events", "subscribe to workers' KV events (off: workers need no kv_events_endpoint)", d.kvEvents);
+
+  cmd.hook("preAction", (thisCommand) => {
+    for (const flag of NEGATED_ENV_HINTS) {
+      const wrong = envNameFor(`--no-${flag.slice(2)}`);
+      if (wrong in process.env) thisCommand.error(`error: ${wrong} is not read; set ${envNameFor(flag)}=false instead`);
+    }
+  });
+  cmd.action(async function (this: Command) {
+    await runServe(serveConfigFromOptions(this.opts()), deps);
+  });
+  return cmd;
+}
+
+/** commander's parsed options for `serve` -> DaemonConfig (pure; exported for tests). */
+export function serveConfigFromOptions(opts: Readonly<Record<string, unknown>>, defaults: DaemonConfig = DEFAULT_DAEMON_CONFIG): DaemonConfig {
+  const selector: Partial<Record<keyof SelectorConfig, number | boolean>> = {};
+  for (const [flag, key] of [...SELECTOR_NUMBER_FLAGS, ...SELECTOR_BOOLEAN_FLAGS]) {
+    const v = opts[attributeOf(flag)];
+    if (typeof v === "number" || typeof v === "boolean") selector[key] = v;
+  }
+  const pick = <K extends keyof DaemonConfig>(key: K): DaemonConfig[K] => (opts[key] as DaemonConfig[K] | undefined) ?? defaults[key];
+  return {
+    host: pick("host"),
+    port: pick("port"),
+    logLevel: pick("logLevel"),
+    sessionAffinityTtlSecs: pick("sessionAffinityTtlSecs"),
+    sessionAffinityMode: pick("sessionAffinityMode"),
+    selector: { ...defaults.selector, ...(selector as Partial<SelectorConfig>) },
+    activeRequestExpirySecs: pick("activeRequestExpirySecs"),
+    kvEvents: pick("kvEvents"),
+    replayTimeoutMs: pick("replayTimeoutMs"),
+    selectionCacheTtlSecs: pick("selectionCacheTtlSecs"),
+    selectionCacheMaxEntries: pick("selectionCacheMaxEntries"),
+    bodyLimitBytes: pick("bodyLimitBytes"),
+  };
+}
+
+export function createLogger(level: LogLevel, destination: DestinationStream): Logger {
+  return pino({ level, base: { svc: "kvmesh", pid: process.pid }, timestamp: pino.stdTimeFunctions.isoTime }, destination);
+}
+
+/**
+ * Starts the daemon and resolves once it has shut down. First SIGINT/SIGTERM: close, exit 0
+ * (1 if close failed). A second signal while closing: exit 130 at once, because a close stuck
+ * on a wedged socket must not leave the operator without a way out.
+ */
+export async function runServe(config: DaemonConfig, deps: ServeDeps): Promise<void> {
+  const logger = createLogger(config.logLevel, deps.logDestination);
+  let daemon: RunningDaemon;
+  try {
+    daemon = await deps.startDaemon(config, logger);
+  } catch (err) {
+    logger.fatal({ err }, "failed to start");
+    deps.exit(1);
+    return;
+  }
+  logger.info({ host: daemon.host, port: daemon.port }, "listening");
+
+  await new Promise<void>((resolve) => {
+    let state: "running" | "closing" | "done" = "running";
+    const finish = (code: number): void => {
+      if (state === "done") return;
+      state = "done";
+      for (const s of SHUTDOWN_SIGNALS) deps.signals.off(s, onSignal);
+      deps.exit(code);
+      resolve();
+    };
+    function onSignal(signal: ShutdownSignal): void {
+      if (state === "closing") {
+        logger.warn({ signal }, "second signal during shutdown: exiting now");
+        finish(FORCED_EXIT_CODE);
+        return;
+      }
+      if (state === "done") return;
+      state = "closing";
+      logger.info({ signal }, "shutting down");
+      daemon.close().then(
+        () => {
+          if (state === "done") return;
+          logger.info("stopped");
+          finish(0);
+        },
+        (err: unknown) => {
+          if (state === "done") return;
+          logger.error({ err }, "shutdown failed");
+          finish(1);
+        },
+      );
+    }
+    for (const s of SHUTDOWN_SIGNALS) deps.signals.on(s, onSignal);
+  });
+}

@@ -1,0 +1,305 @@
+import { EventEmitter } from "node:events";
+import { CommanderError, type Command } from "commander";
+import type { Logger } from "pino";
+import { afterEach, describe, expect, it, vi } from "vitest";
+import { buildCli, type CliDeps } from "../../cli/program.js";
+import { FORCED_EXIT_CODE, type RunningDaemon, type ShutdownSignal, type SignalSource } from "../../cli/serve.js";
+import { envNameFor } from "../../cli/parsers.js";
+import { DEFAULT_DAEMON_CONFIG, type DaemonConfig } from "../../src/daemon.js";
+import { waitFor } from "../helpers/wait.js";
+
+class FakeSignals implements SignalSource {
+  readonly #emitter = new EventEmitter();
+  on(signal: ShutdownSignal, handler: (s: ShutdownSignal) => void): void {
+    this.#emitter.on(signal, handler);
+  }
+  off(signal: ShutdownSignal, handler: (s: ShutdownSignal) => void): void {
+    this.#emitter.off(signal, handler);
+  }
+  send(signal: ShutdownSignal): void {
+    this.#emitter.emit(signal, signal);
+  }
+  listeners(): number {
+    return this.#emitter.listenerCount("SIGINT") + this.#emitter.listenerCount("SIGTERM");
+  }
+}
+
+interface FakeDaemon extends RunningDaemon {
+  closeCalls: number;
+}
+
+/** A daemon double whose close() settles when the test says so (or at once). */
+function fakeDaemon(closeImpl: () => Promise<void> = () => Promise.resolve()): FakeDaemon {
+  const d: FakeDaemon = {
+    host: "127.0.0.1",
+    port: 43_210,
+    closeCalls: 0,
+    close: () => {
+      d.closeCalls++;
+      return closeImpl();
+    },
+  };
+  return d;
+}
+
+interface Harness {
+  readonly configs: DaemonConfig[];
+  readonly loggers: Logger[];
+  readonly logs: Record<string, unknown>[];
+  readonly exits: number[];
+  readonly signals: FakeSignals;
+  readonly err: () => string;
+  /** Resolves with commander's exit code for usage errors, or undefined once the action returned. */
+  readonly run: (...args: string[]) => Promise<number | undefined>;
+}
+
+function harness(daemon: FakeDaemon | Error = fakeDaemon(), overrides: Partial<CliDeps> = {}): Harness {
+  const h = {
+    configs: [] as DaemonConfig[],
+    loggers: [] as Logger[],
+    logs: [] as Record<string, unknown>[],
+    exits: [] as number[],
+    signals: new FakeSignals(),
+    errText: [] as string[],
+  };
+  const program = buildCli({
+    startDaemon: (config, logger) => {
+      h.configs.push(config);
+      h.loggers.push(logger);
+      return daemon instanceof Error ? Promise.reject(daemon) : Promise.resolve(daemon);
+    },
+    signals: h.signals,
+    logDestination: { write: (line: string) => h.logs.push(JSON.parse(line) as Record<string, unknown>) },
+    exit: (code) => h.exits.push(code),
+    writeOut: () => undefined,
+    writeErr: (s) => h.errText.push(s),
+    fetch: () => Promise.reject(new Error("no network in serve tests")),
+    ...overrides,
+  });
+  const all = (c: Command): Command[] => [c, ...c.commands.flatMap(all)];
+  for (const c of all(program)) c.exitOverride();
+  return {
+    ...h,
+    err: () => h.errText.join(""),
+    run: async (...args) => {
+      try {
+        await program.parseAsync(args, { from: "user" });
+        return undefined;
+      } catch (e) {
+        if (e instanceof CommanderError) return e.exitCode;
+        throw e;
+      }
+    },
+  };
+}
+
+/** Runs `serve args`, waits for the daemon to start, stops it with SIGTERM and returns its config. */
+async function serveConfig(...args: string[]): Promise<DaemonConfig> {
+  const h = harness();
+  const done = h.run("serve", ...args);
+  await waitFor(() => h.signals.listeners() === 2 || h.exits.length > 0 || h.err() !== "", 5_000, "serve to start");
+  expect(h.err()).toBe("");
+  h.signals.send("SIGTERM");
+  await done;
+  expect(h.exits).toEqual([0]);
+  expect(h.configs).toHaveLength(1);
+  return h.configs[0] as DaemonConfig;
+}
+
+const ALL_FLAGS: readonly [string, string][] = [
+  ["--host", "0.0.0.0"],
+  ["--port", "0"],
+  ["--log-level", "debug"],
+  ["--session-affinity-ttl-secs", "600"],
+  ["--session-affinity-mode", "soft"],
+  ["--overlap-score-credit", "0.5"],
+  ["--overlap-score-credit-decay", "0.1"],
+  ["--prefill-load-scale", "2"],
+  ["--router-temperature", "0.25"],
+  ["--decode-active-request-weight", "3"],
+  ["--host-cache-hit-weight", "0.6"],
+  ["--disk-cache-hit-weight", "0.2"],
+  ["--router-track-prefill-tokens", "false"],
+  ["--router-assume-kv-reuse", "false"],
+  ["--active-request-expiry-secs", "60"],
+  ["--kv-events", "false"],
+  ["--replay-timeout-ms", "500"],
+  ["--selection-cache-ttl-secs", "30"],
+  ["--selection-cache-max-entries", "100"],
+  ["--body-limit-bytes", "1048576"],
+];
+
+const ALL_FLAGS_CONFIG: DaemonConfig = {
+  host: "0.0.0.0",
+  port: 0,
+  logLevel: "debug",
+  sessionAffinityTtlSecs: 600,
+  sessionAffinityMode: "soft",
+  selector: {
+    overlapScoreCredit: 0.5,
+    overlapScoreCreditDecay: 0.1,
+    prefillLoadScale: 2,
+    temperature: 0.25,
+    decodeActiveRequestWeight: 3,
+    hostCacheHitWeight: 0.6,
+    diskCacheHitWeight: 0.2,
+    trackPrefillTokens: false,
+    assumeKvReuse: false,
+  },
+  activeRequestExpirySecs: 60,
+  kvEvents: false,
+  replayTimeoutMs: 500,
+  selectionCacheTtlSecs: 30,
+  selectionCacheMaxEntries: 100,
+  bodyLimitBytes: 1_048_576,
+};
+
+afterEach(() => {
+  vi.unstubAllEnvs();
+});
+
+describe("kvmesh serve: flags -> DaemonConfig", () => {
+  it("uses the daemon defaults when nothing is given", async () => {
+    expect(await serveConfig()).toEqual(DEFAULT_DAEMON_CONFIG);
+  });
+
+  it("maps every flag", async () => {
+    expect(await serveConfig(...ALL_FLAGS.flat())).toEqual(ALL_FLAGS_CONFIG);
+  });
+
+  it("reads every flag from KVMESH_* when the flag is absent", async () => {
+    for (const [flag, value] of ALL_FLAGS) vi.stubEnv(envNameFor(flag), value);
+    expect(envNameFor("--session-affinity-ttl-secs")).toBe("KVMESH_SESSION_AFFINITY_TTL_SECS");
+    expect(await serveConfig()).toEqual(ALL_FLAGS_CONFIG);
+  });
+
+  it("lets a flag beat its environment variable", async () => {
+    vi.stubEnv("KVMESH_PORT", "9000");
+    vi.stubEnv("KVMESH_ROUTER_ASSUME_KV_REUSE", "true");
+    vi.stubEnv("KVMESH_KV_EVENTS", "false");
+    vi.stubEnv("KVMESH_ROUTER_TEMPERATURE", "1");
+    const c = await serveConfig("--port", "9001", "--no-router-assume-kv-reuse", "--kv-events", "--router-temperature", "0.5");
+    expect(c.port).toBe(9001);
+    expect(c.selector.assumeKvReuse).toBe(false);
+    expect(c.kvEvents).toBe(true);
+    expect(c.selector.temperature).toBe(0.5);
+  });
+
+  it("handles the negatable switches in both spellings", async () => {
+    const c = await serveConfig("--no-kv-events", "--router-track-prefill-tokens", "--no-router-assume-kv-reuse");
+    expect(c.kvEvents).toBe(false);
+    expect(c.selector).toEqual({ trackPrefillTokens: true, assumeKvReuse: false });
+    expect((await serveConfig()).selector).toEqual({});
+  });
+
+  it("gives every serve flag an environment variable named after it", () => {
+    const program = buildCli();
+    const serve = program.commands.find((c) => c.name() === "serve");
+    const options = serve?.options ?? [];
+    expect(options.length).toBeGreaterThanOrEqual(20);
+    for (const o of options) {
+      if (o.negate) continue;
+      expect(o.envVar, o.flags).toBe(envNameFor(o.long ?? ""));
+    }
+  });
+});
+
+describe("kvmesh serve: usage errors", () => {
+  const cases: readonly [string[], string][] = [
+    [["--port", "70000"], "error: option '--port <port>' argument '70000' is invalid. must be an integer in [0, 65535]"],
+    [["--port", "80.5"], "error: option '--port <port>' argument '80.5' is invalid."],
+    [["--port", ""], "error: option '--port <port>' argument '' is invalid."],
+    [["--session-affinity-mode", "medium"], "error: option '--session-affinity-mode <mode>' argument 'medium' is invalid. Allowed choices are hard, soft."],
+    [["--session-affinity-ttl-secs", "0"], "error: option '--session-affinity-ttl-secs <secs>' argument '0' is invalid. must be an integer in [1, 31536000]"],
+    [["--router-temperature", "-1"], "error: option '--router-temperature <n>' argument '-1' is invalid. must be a finite number >= 0"],
+    [["--overlap-score-credit", "Infinity"], "error: option '--overlap-score-credit <n>' argument 'Infinity' is invalid."],
+    [["--log-level", "verbose"], "error: option '--log-level <level>' argument 'verbose' is invalid."],
+    [["--kv-events", "maybe"], "error: option '--kv-events [bool]' argument 'maybe' is invalid. must be true or false"],
+    [["--bogus"], "error: unknown option '--bogus'"],
+  ];
+  for (const [args, message] of cases) {
+    it(`rejects ${args.join(" ")}`, async () => {
+      const h = harness();
+      expect(await h.run("serve", ...args)).toBe(1);
+      expect(h.err()).toContain(message);
+      expect(h.configs).toEqual([]);
+    });
+  }
+
+  it("names the environment variable when the bad value came from it", async () => {
+    vi.stubEnv("KVMESH_PORT", "http");
+    const h = harness();
+    expect(await h.run("serve")).toBe(1);
+    expect(h.err()).toContain("error: option '--port <port>' value 'http' from env 'KVMESH_PORT' is invalid. must be an integer in [0, 65535]");
+    expect(h.configs).toEqual([]);
+  });
+
+  it("refuses the --no-* spelling as an env name instead of guessing what it means", async () => {
+    vi.stubEnv("KVMESH_NO_KV_EVENTS", "false");
+    const h = harness();
+    expect(await h.run("serve")).toBe(1);
+    expect(h.err()).toContain("KVMESH_NO_KV_EVENTS is not read; set KVMESH_KV_EVENTS=false instead");
+    expect(h.configs).toEqual([]);
+  });
+});
+
+describe("kvmesh serve: lifecycle", () => {
+  it("logs the listening address as JSON and passes the log level to the logger", async () => {
+    const h = harness();
+    const done = h.run("serve", "--log-level", "debug");
+    await waitFor(() => h.signals.listeners() === 2);
+    expect(h.loggers[0]?.level).toBe("debug");
+    const listening = h.logs.find((l) => l["msg"] === "listening");
+    expect(listening).toMatchObject({ msg: "listening", host: "127.0.0.1", port: 43_210, level: 30 });
+    h.signals.send("SIGINT");
+    await done;
+  });
+
+  it("closes the daemon once on SIGTERM, exits 0 and detaches its handlers", async () => {
+    const d = fakeDaemon();
+    const h = harness(d);
+    const done = h.run("serve");
+    await waitFor(() => h.signals.listeners() === 2);
+    h.signals.send("SIGTERM");
+    expect(await done).toBeUndefined();
+    expect(d.closeCalls).toBe(1);
+    expect(h.exits).toEqual([0]);
+    expect(h.signals.listeners()).toBe(0);
+    expect(h.logs.map((l) => l["msg"])).toEqual(["listening", "shutting down", "stopped"]);
+  });
+
+  it("exits 130 at once on a second signal while closing, without closing twice", async () => {
+    let release = (): void => undefined;
+    const d = fakeDaemon(() => new Promise<void>((resolve) => (release = resolve)));
+    const h = harness(d);
+    const done = h.run("serve");
+    await waitFor(() => h.signals.listeners() === 2);
+    h.signals.send("SIGINT");
+    expect(h.exits).toEqual([]);
+    h.signals.send("SIGTERM");
+    expect(h.exits).toEqual([FORCED_EXIT_CODE]);
+    await done;
+    release();
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    expect(d.closeCalls).toBe(1);
+    expect(h.exits).toEqual([130]);
+  });
+
+  it("exits 1 when close fails", async () => {
+    const h = harness(fakeDaemon(() => Promise.reject(new Error("socket wedged"))));
+    const done = h.run("serve");
+    await waitFor(() => h.signals.listeners() === 2);
+    h.signals.send("SIGTERM");
+    await done;
+    expect(h.exits).toEqual([1]);
+    expect(h.logs.find((l) => l["msg"] === "shutdown failed")).toMatchObject({ err: { message: "socket wedged" } });
+  });
+
+  it("exits 1 with a fatal log when the daemon cannot start", async () => {
+    const h = harness(new Error("listen EADDRINUSE: address already in use 127.0.0.1:8092"));
+    expect(await h.run("serve")).toBeUndefined();
+    expect(h.exits).toEqual([1]);
+    expect(h.signals.listeners()).toBe(0);
+    expect(h.logs[0]).toMatchObject({ level: 60, msg: "failed to start", err: { message: expect.stringContaining("EADDRINUSE") as unknown } });
+  });
+});
