@@ -1,0 +1,76 @@
+/**
+ * The replica mesh's vocabulary (protocol v1, ours; not byte-compatible with Dynamo's).
+ *
+ * Each replica binds one XPUB (`--replica-sync-port`) and one ROUTER for control (the port
+ * after it) and connects one SUB to every peer's XPUB. Publishers number their batches per
+ * `(origin, epoch)`; a receiver that sees a gap, a new epoch or a peer it just connected to asks
+ * that peer's ROUTER for a snapshot and replaces what it mirrors of that origin (the ZeroMQ
+ * Guide's Clone pattern).
+ */
+import type { BindingEvent, LoadAddEvent, LoadEvent } from "../src/replica-events.js";
+
+export const TOPIC_BATCH = "kvmesh.batch.v1";
+export const TOPIC_HEARTBEAT = "kvmesh.hb.v1";
+export const PROTOCOL_VERSION = 1;
+
+/** One replicated change: a load event or a session binding. */
+export type MeshEvent = { readonly kind: "load"; readonly event: LoadEvent } | { readonly kind: "binding"; readonly event: BindingEvent };
+
+export interface MeshBatch {
+  readonly v: typeof PROTOCOL_VERSION;
+  /** Publisher's replica id (non-zero u64). */
+  readonly origin: bigint;
+  /** Random per process start: a new epoch means the origin restarted and its old state is gone. */
+  readonly epoch: bigint;
+  /** 1, 2, 3, ... per (origin, epoch). */
+  readonly seq: number;
+  /** Publisher's wall clock when the batch was sent, ms since the Unix epoch (lag measurement). */
+  readonly sentAtMs: number;
+  readonly events: readonly MeshEvent[];
+}
+
+export interface Heartbeat {
+  readonly v: typeof PROTOCOL_VERSION;
+  readonly origin: bigint;
+  readonly epoch: bigint;
+  /** The last batch seq published (0 = none yet): an idle receiver still sees gaps. */
+  readonly seq: number;
+  readonly sentAtMs: number;
+  /** Where to ask this replica for snapshots and peering (its ROUTER), e.g. tcp://10.0.0.5:7101. */
+  readonly controlEndpoint: string;
+  /** The XPUB endpoint peers connect their SUB to. */
+  readonly publishEndpoint: string;
+  /** Bookings this origin owns and bindings it wrote, as counted and digested at `seq`. */
+  readonly bookings: number;
+  readonly bindings: number;
+  readonly digest: string;
+}
+
+/** A booking as carried in a snapshot: the add, and whether its prefill already completed. */
+export interface SnapshotBooking {
+  readonly add: LoadAddEvent;
+  readonly prefillDone: boolean;
+}
+
+export interface Snapshot {
+  readonly v: typeof PROTOCOL_VERSION;
+  readonly origin: bigint;
+  readonly epoch: bigint;
+  /** The snapshot reflects every batch up to and including this seq. */
+  readonly seq: number;
+  readonly bookings: readonly SnapshotBooking[];
+  readonly bindings: readonly BindingEvent[];
+}
+
+/** Requests on the control channel (DEALER -> ROUTER), and their replies. */
+export type ControlRequest =
+  | { readonly type: "snapshot"; readonly from: bigint }
+  /** "Connect your SUB to my XPUB at `publishEndpoint`" (symmetric peering). */
+  | { readonly type: "peer"; readonly from: bigint; readonly publishEndpoint: string }
+  /** "Stop receiving from me" (deregistration both ways). */
+  | { readonly type: "unpeer"; readonly from: bigint; readonly publishEndpoint: string };
+
+export type ControlReply =
+  | { readonly type: "snapshot"; readonly snapshot: Snapshot }
+  | { readonly type: "ok" }
+  | { readonly type: "error"; readonly message: string };

@@ -1,0 +1,523 @@
+/**
+ * The mesh's wire codec (protocol v1): msgpack maps with short keys, written by msgpackr with
+ * records off so any msgpack implementation can read a frame (ecosystem.md §4.3, §4.4).
+ *
+ * 64-bit ids, epochs, worker ids, binding sequences and writer ids are written as BigInt, so
+ * they go out as int64/uint64 (never float64) and come back exact; decoding also accepts a
+ * small non-negative integer in any msgpack int form, as another implementation may write one.
+ *
+ * A HashList goes as one `bin`: its interleaved (hi, lo) uint32 pairs, each u32 little-endian,
+ * 8 bytes per hash (219 hashes = 1 752 bytes, against ~1 971 as an array of uint64 and an
+ * array of BigInts to build on both sides).
+ *
+ * Decoding is the trust boundary: every field is checked (type, range, string byte length,
+ * array bounds, known tags, v === 1) and the first violation throws a MeshWireError naming the
+ * field path in the TS shape (e.g. `events[3].event.sequence_hashes`). Nothing half-built is
+ * returned. Unknown keys are ignored, so v1 can grow by optional keys (ecosystem.md §4.5).
+ * Encoding trusts the TS types; a sender bug surfaces as a decode error on every peer.
+ *
+ * Wire keys (value types in parentheses; u64 = uint64/int64/non-negative int):
+ *   batch      v, o origin(u64), e epoch(u64), s seq, t sentAtMs, ev events[]
+ *   event      k "a" add | "p" prefill_complete | "f" free | "b" binding
+ *   load       o origin, w owner, r request_id, m model_name, g routing_group
+ *   add        + bs block_size, wk worker_id(u64), dp dp_rank, h sequence_hashes(bin),
+ *              pt prefill_tokens, tp track_prefill, eo expected_output_tokens|nil,
+ *              pd prefill_duration_ms|nil
+ *   binding    m, g, sid session_id, wk worker_id(u64), dp dp_rank|nil, sq sequence(u64),
+ *              wr writer_id(u64), rs reason
+ *   heartbeat  v, o, e, s, t, ce controlEndpoint, pe publishEndpoint, nb bookings,
+ *              nn bindings, d digest
+ *   snapshot   v, o, e, s, bk [{a: add event map, c: prefillDone}], bn [binding map]
+ *   control    v, ty "snapshot"|"peer"|"unpeer", f from(u64), pe publishEndpoint
+ *   reply      v, ty "snapshot"|"ok"|"error", sn snapshot map, msg message
+ */
+import { Packr, Unpackr } from "msgpackr";
+
+import type { HashList } from "../src/hash64.js";
+import type { BindingEvent, LoadAddEvent, LoadMarkEvent, PartitionRef } from "../src/replica-events.js";
+import { PROTOCOL_VERSION } from "./types.js";
+import type { ControlReply, ControlRequest, Heartbeat, MeshBatch, MeshEvent, Snapshot, SnapshotBooking } from "./types.js";
+
+/** Events in one batch frame; the publisher's default is 256 (outbound-queue.ts). */
+export const MAX_EVENTS_PER_BATCH = 16_384;
+/** Hashes in one add event: a 2M-token prompt at block size 16. */
+export const MAX_HASHES_PER_EVENT = 131_072;
+export const MAX_SNAPSHOT_BOOKINGS = 1_000_000;
+export const MAX_SNAPSHOT_BINDINGS = 1_000_000;
+/** request_id, session_id, model_name, routing_group, UTF-8 bytes. */
+export const MAX_ID_BYTES = 256;
+export const MAX_ENDPOINT_BYTES = 1_024;
+export const MAX_DIGEST_BYTES = 64;
+export const MAX_ERROR_MESSAGE_BYTES = 4_096;
+/** A full batch of 256 add events of 219 hashes is ~470 KiB; 64 MiB leaves room for big prompts. */
+export const MAX_BATCH_FRAME_BYTES = 64 * 1024 * 1024;
+export const MAX_HEARTBEAT_FRAME_BYTES = 64 * 1024;
+export const MAX_CONTROL_REQUEST_FRAME_BYTES = 64 * 1024;
+/** 100k bookings of 219 hashes measured 189 MB; 1 GiB stays under Node 20's 4 GiB Buffer limit. */
+export const MAX_SNAPSHOT_FRAME_BYTES = 1024 * 1024 * 1024;
+
+const U32_MAX = 0xffff_ffff;
+const U64_MAX = (1n << 64n) - 1n;
+const MAX_SAFE_BIG = BigInt(Number.MAX_SAFE_INTEGER);
+const BYTES_PER_HASH = 8;
+
+export class MeshWireError extends Error {
+  /** Path of the offending field in the TS shape, e.g. `events[3].event.sequence_hashes`. */
+  readonly field: string;
+  constructor(field: string, problem: string, options?: { cause?: unknown }) {
+    super(`${field}: ${problem}`, options?.cause === undefined ? undefined : { cause: options.cause });
+    this.name = "MeshWireError";
+    this.field = field;
+  }
+}
+
+// Explicit options everywhere: `new Packr()` defaults to records ON (ecosystem.md §4.1).
+const packr = new Packr({ useRecords: false, encodeUndefinedAsNil: true });
+// int64AsType "bigint": u64 fields above 2^53 stay exact (the other modes round or stringify).
+const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: "bigint" });
+
+const LITTLE_ENDIAN = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+
+type WireMap = Record<string, unknown>;
+
+function hashBytes(list: HashList): Buffer {
+  if (LITTLE_ENDIAN) return Buffer.from(list.buffer, list.byteOffset, list.byteLength);
+  const out = Buffer.allocUnsafe(list.byteLength);
+  for (let i = 0; i < list.length; i++) out.writeUInt32LE(list[i] as number, i * 4);
+  return out;
+}
+
+function addToWire(e: LoadAddEvent): WireMap {
+  return {
+    k: "a",
+    o: e.origin,
+    w: e.owner,
+    r: e.request_id,
+    m: e.partition.model_name,
+    g: e.partition.routing_group,
+    bs: e.block_size,
+    wk: e.worker_id,
+    dp: e.dp_rank,
+    h: hashBytes(e.sequence_hashes),
+    pt: e.prefill_tokens,
+    tp: e.track_prefill,
+    eo: e.expected_output_tokens,
+    pd: e.prefill_duration_ms,
+  };
+}
+
+function markToWire(e: LoadMarkEvent): WireMap {
+  return {
+    k: e.type === "free" ? "f" : "p",
+    o: e.origin,
+    w: e.owner,
+    r: e.request_id,
+    m: e.partition.model_name,
+    g: e.partition.routing_group,
+  };
+}
+
+function bindingToWire(e: BindingEvent): WireMap {
+  return {
+    k: "b",
+    m: e.model_name,
+    g: e.routing_group,
+    sid: e.session_id,
+    wk: e.worker_id,
+    dp: e.dp_rank,
+    sq: e.sequence,
+    wr: e.writer_id,
+    rs: e.reason,
+  };
+}
+
+function eventToWire(me: MeshEvent): WireMap {
+  if (me.kind === "binding") return bindingToWire(me.event);
+  return me.event.type === "add" ? addToWire(me.event) : markToWire(me.event);
+}
+
+function snapshotToWire(s: Snapshot): WireMap {
+  const bk = new Array<WireMap>(s.bookings.length);
+  for (let i = 0; i < s.bookings.length; i++) {
+    const b = s.bookings[i] as SnapshotBooking;
+    bk[i] = { a: addToWire(b.add), c: b.prefillDone };
+  }
+  return { v: s.v, o: s.origin, e: s.epoch, s: s.seq, bk, bn: s.bindings.map(bindingToWire) };
+}
+
+function estimateSnapshotBytes(s: Snapshot): number {
+  let n = 64;
+  for (const b of s.bookings) n += 8 + estimateEventBytes({ kind: "load", event: b.add });
+  for (const b of s.bindings) n += estimateEventBytes({ kind: "binding", event: b });
+  return n;
+}
+
+/** Frames above this are packed into a buffer of their own (see packLarge). */
+const LARGE_FRAME_BYTES = 4 * 1024 * 1024;
+const SMALL_PACK_BUFFER_BYTES = 64 * 1024;
+
+/**
+ * msgpackr packs into one buffer shared by every Packr in the process and returns views of it.
+ * Packing a 189 MB snapshot there grew it by 1.25x steps (copying ~600 MB: 2.1-3.2 s here),
+ * then kept it, so every later small frame pinned it and each refill allocated another of the
+ * same size. A large frame gets a buffer sized from the estimate instead, and the shared
+ * buffer is reset to a small one afterwards.
+ */
+function packLarge(value: unknown, estimatedBytes: number): Buffer {
+  if (estimatedBytes < LARGE_FRAME_BYTES) return packr.pack(value);
+  packr.useBuffer(Buffer.allocUnsafeSlow(Math.ceil(estimatedBytes * 1.05) + 4096));
+  try {
+    return packr.pack(value);
+  } finally {
+    packr.useBuffer(Buffer.allocUnsafeSlow(SMALL_PACK_BUFFER_BYTES));
+  }
+}
+
+export function encodeBatch(b: MeshBatch): Buffer {
+  const ev = new Array<WireMap>(b.events.length);
+  for (let i = 0; i < b.events.length; i++) ev[i] = eventToWire(b.events[i] as MeshEvent);
+  return packr.pack({ v: b.v, o: b.origin, e: b.epoch, s: b.seq, t: b.sentAtMs, ev });
+}
+
+export function encodeHeartbeat(hb: Heartbeat): Buffer {
+  return packr.pack({
+    v: hb.v,
+    o: hb.origin,
+    e: hb.epoch,
+    s: hb.seq,
+    t: hb.sentAtMs,
+    ce: hb.controlEndpoint,
+    pe: hb.publishEndpoint,
+    nb: hb.bookings,
+    nn: hb.bindings,
+    d: hb.digest,
+  });
+}
+
+/** One buffer for the whole snapshot (100k bookings of 219 hashes: 189 MB). */
+export function encodeSnapshot(s: Snapshot): Buffer {
+  return packLarge(snapshotToWire(s), estimateSnapshotBytes(s));
+}
+
+export function encodeControlRequest(r: ControlRequest): Buffer {
+  if (r.type === "snapshot") return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, f: r.from });
+  return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, f: r.from, pe: r.publishEndpoint });
+}
+
+export function encodeControlReply(r: ControlReply): Buffer {
+  switch (r.type) {
+    case "snapshot":
+      return packLarge({ v: PROTOCOL_VERSION, ty: r.type, sn: snapshotToWire(r.snapshot) }, estimateSnapshotBytes(r.snapshot));
+    case "ok":
+      return packr.pack({ v: PROTOCOL_VERSION, ty: r.type });
+    case "error":
+      return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, msg: r.message });
+  }
+}
+
+/**
+ * Encoded size of one event: the fixed part counted from the key table above with 64-bit ints at
+ * their widest, plus string and hash lengths (within ~10 bytes for ASCII ids under 32 bytes).
+ * What the outbound queue counts against its byte bounds, and what sizes a snapshot's buffer.
+ */
+export function estimateEventBytes(me: MeshEvent): number {
+  if (me.kind === "binding") {
+    const e = me.event;
+    return 72 + e.model_name.length + e.routing_group.length + e.session_id.length;
+  }
+  const e = me.event;
+  const base = 40 + e.request_id.length + e.partition.model_name.length + e.partition.routing_group.length;
+  return e.type === "add" ? base + 72 + e.sequence_hashes.byteLength : base;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding
+
+type Fields = Readonly<Record<string, unknown>>;
+
+function describe(value: unknown): string {
+  if (value === null) return "nil";
+  if (Array.isArray(value)) return "array";
+  if (value instanceof Uint8Array) return "binary";
+  return typeof value;
+}
+
+const isMap = (value: unknown): value is Fields =>
+  typeof value === "object" && value !== null && Object.getPrototypeOf(value) === Object.prototype;
+
+function map(raw: unknown, field: string): Fields {
+  if (!isMap(raw)) throw new MeshWireError(field, `expected a map, got ${describe(raw)}`);
+  return raw;
+}
+
+function array(raw: unknown, field: string, max: number): readonly unknown[] {
+  if (!Array.isArray(raw)) throw new MeshWireError(field, `expected an array, got ${describe(raw)}`);
+  if (raw.length > max) throw new MeshWireError(field, `${raw.length} items exceeds the maximum of ${max}`);
+  return raw as unknown[];
+}
+
+function u64(raw: unknown, field: string): bigint {
+  if (typeof raw === "bigint") {
+    if (raw < 0n || raw > U64_MAX) throw new MeshWireError(field, `${raw} is outside the u64 range`);
+    return raw;
+  }
+  if (typeof raw === "number" && Number.isSafeInteger(raw) && raw >= 0) return BigInt(raw);
+  throw new MeshWireError(field, `expected a u64 integer, got ${describe(raw)} ${typeof raw === "number" ? raw : ""}`.trimEnd());
+}
+
+function nonZeroU64(raw: unknown, field: string): bigint {
+  const v = u64(raw, field);
+  if (v === 0n) throw new MeshWireError(field, "must be non-zero");
+  return v;
+}
+
+/** A non-negative integer up to `max` (<= 2^53 - 1); a bigint in range is accepted too. */
+function uint(raw: unknown, field: string, max: number): number {
+  let v = raw;
+  if (typeof v === "bigint" && v >= 0n && v <= MAX_SAFE_BIG) v = Number(v);
+  if (typeof v !== "number" || !Number.isInteger(v)) throw new MeshWireError(field, `expected a non-negative integer, got ${describe(raw)}`);
+  if (v < 0 || v > max) throw new MeshWireError(field, `${v} is outside [0, ${max}]`);
+  return v;
+}
+
+function nonNegative(raw: unknown, field: string): number {
+  let v = raw;
+  if (typeof v === "bigint" && v >= 0n && v <= MAX_SAFE_BIG) v = Number(v);
+  if (typeof v !== "number" || !Number.isFinite(v) || v < 0) throw new MeshWireError(field, `expected a finite non-negative number, got ${describe(raw)}`);
+  return v;
+}
+
+function bool(raw: unknown, field: string): boolean {
+  if (typeof raw !== "boolean") throw new MeshWireError(field, `expected a boolean, got ${describe(raw)}`);
+  return raw;
+}
+
+function str(raw: unknown, field: string, maxBytes: number, allowEmpty: boolean): string {
+  if (typeof raw !== "string") throw new MeshWireError(field, `expected a string, got ${describe(raw)}`);
+  if (!allowEmpty && raw.length === 0) throw new MeshWireError(field, "must not be empty");
+  // UTF-8 takes at least one byte per UTF-16 unit and at most three, so most strings skip the count.
+  if (raw.length > maxBytes || (raw.length * 3 > maxBytes && Buffer.byteLength(raw, "utf8") > maxBytes)) {
+    throw new MeshWireError(field, `longer than ${maxBytes} bytes`);
+  }
+  return raw;
+}
+
+function version(m: Fields): void {
+  if (m.v !== PROTOCOL_VERSION) throw new MeshWireError("v", `unsupported protocol version ${String(m.v)} (expected ${PROTOCOL_VERSION})`);
+}
+
+/**
+ * Decoded hash lists are carved out of shared 64 KiB chunks: one typed-array allocation per
+ * list cost ~1.3 us (40% of decoding a 100-add batch). A live list keeps at most its chunk
+ * alive, and the load ledger copies what it keeps anyway.
+ */
+const HASH_ARENA_CHUNK_WORDS = 16 * 1024;
+const hashArena = {
+  chunk: new Uint32Array(0),
+  used: 0,
+  take(words: number): Uint32Array {
+    if (words * 4 > HASH_ARENA_CHUNK_WORDS) return new Uint32Array(words);
+    if (this.used + words > this.chunk.length) {
+      this.chunk = new Uint32Array(HASH_ARENA_CHUNK_WORDS);
+      this.used = 0;
+    }
+    const out = this.chunk.subarray(this.used, this.used + words);
+    this.used += words;
+    return out;
+  },
+};
+
+function hashList(raw: unknown, field: string): HashList {
+  if (!(raw instanceof Uint8Array)) throw new MeshWireError(field, `expected binary, got ${describe(raw)}`);
+  if (raw.byteLength % BYTES_PER_HASH !== 0) throw new MeshWireError(field, `byte length ${raw.byteLength} is not a multiple of ${BYTES_PER_HASH}`);
+  if (raw.byteLength > MAX_HASHES_PER_EVENT * BYTES_PER_HASH) {
+    throw new MeshWireError(field, `${raw.byteLength / BYTES_PER_HASH} hashes exceeds the maximum of ${MAX_HASHES_PER_EVENT}`);
+  }
+  // Always a copy: the bytes are a view into the frame, which must not stay alive (a snapshot
+  // frame is 189 MB) for as long as one booking does.
+  const out = hashArena.take(raw.byteLength / 4);
+  if (LITTLE_ENDIAN) {
+    new Uint8Array(out.buffer, out.byteOffset, out.byteLength).set(raw);
+  } else {
+    const dv = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
+    for (let i = 0; i < out.length; i++) out[i] = dv.getUint32(i * 4, true);
+  }
+  return out;
+}
+
+function partition(m: Fields, at: string): PartitionRef {
+  return {
+    model_name: str(m.m, `${at}.partition.model_name`, MAX_ID_BYTES, true),
+    routing_group: str(m.g, `${at}.partition.routing_group`, MAX_ID_BYTES, true),
+  };
+}
+
+function nullable<T>(raw: unknown, read: (raw: unknown) => T): T | null {
+  return raw === null || raw === undefined ? null : read(raw);
+}
+
+function decodeAdd(m: Fields, at: string): LoadAddEvent {
+  return {
+    type: "add",
+    origin: nonZeroU64(m.o, `${at}.origin`),
+    owner: nonZeroU64(m.w, `${at}.owner`),
+    request_id: str(m.r, `${at}.request_id`, MAX_ID_BYTES, false),
+    partition: partition(m, at),
+    block_size: uint(m.bs, `${at}.block_size`, U32_MAX),
+    worker_id: u64(m.wk, `${at}.worker_id`),
+    dp_rank: uint(m.dp, `${at}.dp_rank`, U32_MAX),
+    sequence_hashes: hashList(m.h, `${at}.sequence_hashes`),
+    prefill_tokens: uint(m.pt, `${at}.prefill_tokens`, Number.MAX_SAFE_INTEGER),
+    track_prefill: bool(m.tp, `${at}.track_prefill`),
+    expected_output_tokens: nullable(m.eo, (v) => uint(v, `${at}.expected_output_tokens`, Number.MAX_SAFE_INTEGER)),
+    prefill_duration_ms: nullable(m.pd, (v) => nonNegative(v, `${at}.prefill_duration_ms`)),
+  };
+}
+
+function decodeMark(m: Fields, at: string, type: LoadMarkEvent["type"]): LoadMarkEvent {
+  return {
+    type,
+    origin: nonZeroU64(m.o, `${at}.origin`),
+    owner: nonZeroU64(m.w, `${at}.owner`),
+    request_id: str(m.r, `${at}.request_id`, MAX_ID_BYTES, false),
+    partition: partition(m, at),
+  };
+}
+
+const BINDING_REASONS: ReadonlySet<unknown> = new Set<BindingEvent["reason"]>(["bind", "rebind", "refresh"]);
+
+function decodeBinding(m: Fields, at: string): BindingEvent {
+  const model_name = str(m.m, `${at}.model_name`, MAX_ID_BYTES, true);
+  const routing_group = str(m.g, `${at}.routing_group`, MAX_ID_BYTES, true);
+  const session_id = str(m.sid, `${at}.session_id`, MAX_ID_BYTES, false);
+  const worker_id = u64(m.wk, `${at}.worker_id`);
+  const dp_rank = nullable(m.dp, (v) => uint(v, `${at}.dp_rank`, U32_MAX));
+  const sequence = u64(m.sq, `${at}.sequence`);
+  const writer_id = nonZeroU64(m.wr, `${at}.writer_id`);
+  if (!BINDING_REASONS.has(m.rs)) throw new MeshWireError(`${at}.reason`, `unknown reason ${JSON.stringify(describeScalar(m.rs))}`);
+  const reason = m.rs as BindingEvent["reason"];
+  return { model_name, routing_group, session_id, worker_id, dp_rank, sequence, writer_id, reason };
+}
+
+function describeScalar(v: unknown): unknown {
+  return typeof v === "string" ? v.slice(0, 32) : describe(v);
+}
+
+function decodeEvent(raw: unknown, at: string): MeshEvent {
+  const m = map(raw, at);
+  switch (m.k) {
+    case "a":
+      return { kind: "load", event: decodeAdd(m, `${at}.event`) };
+    case "p":
+      return { kind: "load", event: decodeMark(m, `${at}.event`, "prefill_complete") };
+    case "f":
+      return { kind: "load", event: decodeMark(m, `${at}.event`, "free") };
+    case "b":
+      return { kind: "binding", event: decodeBinding(m, `${at}.event`) };
+    default:
+      throw new MeshWireError(`${at}.kind`, `unknown event kind ${JSON.stringify(describeScalar(m.k))}`);
+  }
+}
+
+function unpackFrame(buf: Uint8Array, maxBytes: number): Fields {
+  if (!(buf instanceof Uint8Array)) throw new MeshWireError("payload", `expected binary, got ${describe(buf)}`);
+  if (buf.byteLength === 0) throw new MeshWireError("payload", "empty");
+  if (buf.byteLength > maxBytes) throw new MeshWireError("payload", `${buf.byteLength} bytes exceeds the maximum of ${maxBytes}`);
+  let raw: unknown;
+  try {
+    raw = unpackr.unpack(buf);
+  } catch (err) {
+    const reason = err instanceof Error ? err.message : String(err);
+    throw new MeshWireError("payload", `invalid msgpack (${reason})`, { cause: err });
+  }
+  const m = map(raw, "payload");
+  version(m);
+  return m;
+}
+
+function decodeSnapshotFields(m: Fields, at: string): Snapshot {
+  const p = at === "" ? "" : `${at}.`;
+  if (at !== "" && m.v !== PROTOCOL_VERSION) throw new MeshWireError(`${p}v`, `unsupported protocol version ${String(m.v)}`);
+  const origin = nonZeroU64(m.o, `${p}origin`);
+  const epoch = u64(m.e, `${p}epoch`);
+  const seq = uint(m.s, `${p}seq`, Number.MAX_SAFE_INTEGER);
+  const rawBookings = array(m.bk, `${p}bookings`, MAX_SNAPSHOT_BOOKINGS);
+  const bookings = new Array<SnapshotBooking>(rawBookings.length);
+  for (let i = 0; i < rawBookings.length; i++) {
+    const bat = `${p}bookings[${i}]`;
+    const b = map(rawBookings[i], bat);
+    bookings[i] = { add: decodeAdd(map(b.a, `${bat}.add`), `${bat}.add`), prefillDone: bool(b.c, `${bat}.prefillDone`) };
+  }
+  const rawBindings = array(m.bn, `${p}bindings`, MAX_SNAPSHOT_BINDINGS);
+  const bindings = new Array<BindingEvent>(rawBindings.length);
+  for (let i = 0; i < rawBindings.length; i++) {
+    const bat = `${p}bindings[${i}]`;
+    bindings[i] = decodeBinding(map(rawBindings[i], bat), bat);
+  }
+  return { v: PROTOCOL_VERSION, origin, epoch, seq, bookings, bindings };
+}
+
+export function decodeBatch(buf: Uint8Array): MeshBatch {
+  const m = unpackFrame(buf, MAX_BATCH_FRAME_BYTES);
+  const origin = nonZeroU64(m.o, "origin");
+  const epoch = u64(m.e, "epoch");
+  const seq = uint(m.s, "seq", Number.MAX_SAFE_INTEGER);
+  if (seq === 0) throw new MeshWireError("seq", "batches are numbered from 1");
+  const sentAtMs = nonNegative(m.t, "sentAtMs");
+  const raw = array(m.ev, "events", MAX_EVENTS_PER_BATCH);
+  const events = new Array<MeshEvent>(raw.length);
+  for (let i = 0; i < raw.length; i++) events[i] = decodeEvent(raw[i], `events[${i}]`);
+  return { v: PROTOCOL_VERSION, origin, epoch, seq, sentAtMs, events };
+}
+
+export function decodeHeartbeat(buf: Uint8Array): Heartbeat {
+  const m = unpackFrame(buf, MAX_HEARTBEAT_FRAME_BYTES);
+  return {
+    v: PROTOCOL_VERSION,
+    origin: nonZeroU64(m.o, "origin"),
+    epoch: u64(m.e, "epoch"),
+    seq: uint(m.s, "seq", Number.MAX_SAFE_INTEGER),
+    sentAtMs: nonNegative(m.t, "sentAtMs"),
+    controlEndpoint: str(m.ce, "controlEndpoint", MAX_ENDPOINT_BYTES, false),
+    publishEndpoint: str(m.pe, "publishEndpoint", MAX_ENDPOINT_BYTES, false),
+    bookings: uint(m.nb, "bookings", Number.MAX_SAFE_INTEGER),
+    bindings: uint(m.nn, "bindings", Number.MAX_SAFE_INTEGER),
+    digest: str(m.d, "digest", MAX_DIGEST_BYTES, true),
+  };
+}
+
+export function decodeSnapshot(buf: Uint8Array): Snapshot {
+  return decodeSnapshotFields(unpackFrame(buf, MAX_SNAPSHOT_FRAME_BYTES), "");
+}
+
+export function decodeControlRequest(buf: Uint8Array): ControlRequest {
+  const m = unpackFrame(buf, MAX_CONTROL_REQUEST_FRAME_BYTES);
+  const type = m.ty;
+  switch (type) {
+    case "snapshot":
+      return { type, from: nonZeroU64(m.f, "from") };
+    case "peer":
+    case "unpeer":
+      return { type, from: nonZeroU64(m.f, "from"), publishEndpoint: str(m.pe, "publishEndpoint", MAX_ENDPOINT_BYTES, false) };
+    default:
+      throw new MeshWireError("type", `unknown control request type ${JSON.stringify(describeScalar(type))}`);
+  }
+}
+
+export function decodeControlReply(buf: Uint8Array): ControlReply {
+  const m = unpackFrame(buf, MAX_SNAPSHOT_FRAME_BYTES);
+  const type = m.ty;
+  switch (type) {
+    case "snapshot":
+      return { type, snapshot: decodeSnapshotFields(map(m.sn, "snapshot"), "snapshot") };
+    case "ok":
+      return { type };
+    case "error":
+      return { type, message: str(m.msg, "message", MAX_ERROR_MESSAGE_BYTES, true) };
+    default:
+      throw new MeshWireError("type", `unknown control reply type ${JSON.stringify(describeScalar(type))}`);
+  }
+}

@@ -1,0 +1,321 @@
+import { Packr, Unpackr } from "msgpackr";
+import { describe, expect, it } from "vitest";
+
+import { hashListFromBigInts, hashListToBigInts } from "../../src/hash64.js";
+import type { BindingEvent, LoadAddEvent } from "../../src/replica-events.js";
+import type { ControlReply, ControlRequest, Heartbeat, MeshBatch, MeshEvent, Snapshot } from "../../mesh/types.js";
+import {
+  decodeBatch,
+  decodeControlReply,
+  decodeControlRequest,
+  decodeHeartbeat,
+  decodeSnapshot,
+  encodeBatch,
+  encodeControlReply,
+  encodeControlRequest,
+  encodeHeartbeat,
+  encodeSnapshot,
+  estimateEventBytes,
+  MAX_EVENTS_PER_BATCH,
+  MAX_ID_BYTES,
+  MAX_SNAPSHOT_BOOKINGS,
+  MeshWireError,
+} from "../../mesh/wire.js";
+
+const U64_MAX = (1n << 64n) - 1n;
+const ABOVE_2_53 = (1n << 53n) + 1n;
+
+function add(i: number, hashes = 4): LoadAddEvent {
+  const hs: bigint[] = [];
+  for (let k = 0; k < hashes; k++) hs.push((BigInt(i * 1_000 + k) * 0x9e3779b97f4a7c15n) & U64_MAX);
+  if (hashes > 0) hs[0] = U64_MAX;
+  return {
+    type: "add",
+    origin: U64_MAX,
+    owner: ABOVE_2_53,
+    request_id: `req-${i}`,
+    partition: { model_name: "llama-3-8b", routing_group: "" },
+    block_size: 16,
+    worker_id: U64_MAX - 1n,
+    dp_rank: 3,
+    sequence_hashes: hashListFromBigInts(hs),
+    prefill_tokens: 3_500,
+    track_prefill: true,
+    expected_output_tokens: i % 2 === 0 ? null : 256,
+    prefill_duration_ms: i % 2 === 0 ? null : 12.5,
+  };
+}
+
+const binding: BindingEvent = {
+  model_name: "llama-3-8b",
+  routing_group: "g1",
+  session_id: "sess-ü-1",
+  worker_id: 7n,
+  dp_rank: null,
+  sequence: U64_MAX,
+  writer_id: ABOVE_2_53,
+  reason: "rebind",
+};
+
+const events: MeshEvent[] = [
+  { kind: "load", event: add(1) },
+  { kind: "load", event: { type: "prefill_complete", origin: 5n, owner: 6n, request_id: "r-1", partition: { model_name: "m", routing_group: "g" } } },
+  { kind: "load", event: { type: "free", origin: 5n, owner: U64_MAX, request_id: "r-2", partition: { model_name: "m", routing_group: "g" } } },
+  { kind: "binding", event: binding },
+  { kind: "binding", event: { ...binding, dp_rank: 0, reason: "refresh", sequence: 0n } },
+];
+
+const batch: MeshBatch = { v: 1, origin: U64_MAX, epoch: ABOVE_2_53, seq: 2 ** 40 + 3, sentAtMs: 1_764_000_000_123, events };
+
+const heartbeat: Heartbeat = {
+  v: 1,
+  origin: ABOVE_2_53,
+  epoch: U64_MAX,
+  seq: 0,
+  sentAtMs: 1_764_000_000_000.5,
+  controlEndpoint: "tcp://10.0.0.5:7101",
+  publishEndpoint: "tcp://[::1]:7100",
+  bookings: 12,
+  bindings: 3,
+  digest: "00ff00ff00ff00ff",
+};
+
+const snapshot: Snapshot = {
+  v: 1,
+  origin: 9n,
+  epoch: U64_MAX,
+  seq: 77,
+  bookings: [
+    { add: add(2), prefillDone: false },
+    { add: add(3, 0), prefillDone: true },
+  ],
+  bindings: [binding],
+};
+
+// Raw access to a frame, to build malformed ones from valid ones.
+const rawUnpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: "bigint" });
+const rawPackr = new Packr({ useRecords: false, encodeUndefinedAsNil: true });
+type Raw = Record<string, unknown> & { ev: Record<string, unknown>[]; bk: Record<string, unknown>[] };
+function mutate(frame: Buffer, edit: (m: Raw) => void): Buffer {
+  const m = rawUnpackr.unpack(frame) as Raw;
+  edit(m);
+  return rawPackr.pack(m);
+}
+
+function wireError(fn: () => unknown): MeshWireError {
+  try {
+    fn();
+  } catch (err) {
+    expect(err).toBeInstanceOf(MeshWireError);
+    return err as MeshWireError;
+  }
+  throw new Error("expected a MeshWireError, nothing was thrown");
+}
+
+describe("wire round trips", () => {
+  it("round-trips a batch with every event kind, u64 values above 2^53 and the u64 maximum", () => {
+    const frame = encodeBatch(batch);
+    const back = decodeBatch(frame);
+    expect(back).toEqual(batch);
+    const first = back.events[0];
+    if (first?.kind !== "load" || first.event.type !== "add") throw new Error("first event should be an add");
+    expect(first.event.origin).toBe(U64_MAX);
+    expect(hashListToBigInts(first.event.sequence_hashes)[0]).toBe(U64_MAX);
+    expect(first.event.sequence_hashes).toBeInstanceOf(Uint32Array);
+    // The decoded hashes are a copy: they must not keep the frame's memory alive.
+    expect(first.event.sequence_hashes.buffer).not.toBe(frame.buffer);
+  });
+
+  it("sends hashes as one bin of little-endian u32 (hi, lo) pairs", () => {
+    const one: MeshBatch = { ...batch, events: [{ kind: "load", event: { ...add(1), sequence_hashes: hashListFromBigInts([0x0102030405060708n]) } }] };
+    const raw = rawUnpackr.unpack(encodeBatch(one)) as Raw;
+    expect(Buffer.from(raw.ev[0]?.h as Uint8Array).toString("hex")).toBe("0403020108070605");
+  });
+
+  it("round-trips an empty batch, a heartbeat and a snapshot", () => {
+    const empty: MeshBatch = { ...batch, events: [] };
+    expect(decodeBatch(encodeBatch(empty))).toEqual(empty);
+    expect(decodeHeartbeat(encodeHeartbeat(heartbeat))).toEqual(heartbeat);
+    expect(decodeSnapshot(encodeSnapshot(snapshot))).toEqual(snapshot);
+  });
+
+  it("round-trips every control request and reply", () => {
+    const requests: ControlRequest[] = [
+      { type: "snapshot", from: U64_MAX },
+      { type: "peer", from: 1n, publishEndpoint: "tcp://a:1" },
+      { type: "unpeer", from: ABOVE_2_53, publishEndpoint: "ipc:///tmp/x" },
+    ];
+    for (const r of requests) expect(decodeControlRequest(encodeControlRequest(r))).toEqual(r);
+    const replies: ControlReply[] = [{ type: "snapshot", snapshot }, { type: "ok" }, { type: "error", message: "no such thing" }];
+    for (const r of replies) expect(decodeControlReply(encodeControlReply(r))).toEqual(r);
+  });
+
+  it("accepts u64 fields written as small plain integers by another encoder", () => {
+    const frame = mutate(encodeBatch({ ...batch, events: [] }), (m) => {
+      m.o = 42;
+      m.e = 0;
+    });
+    const back = decodeBatch(frame);
+    expect(back.origin).toBe(42n);
+    expect(back.epoch).toBe(0n);
+  });
+
+  it("ignores unknown keys (additive changes within v1)", () => {
+    const frame = mutate(encodeHeartbeat(heartbeat), (m) => {
+      m.future = { x: [1, 2] };
+    });
+    expect(decodeHeartbeat(frame)).toEqual(heartbeat);
+  });
+
+  it("round-trips a 10k-booking snapshot in one buffer", () => {
+    const bookings = Array.from({ length: 10_000 }, (_, i) => ({ add: add(i, 219), prefillDone: i % 3 === 0 }));
+    const big: Snapshot = { ...snapshot, bookings };
+    const frame = encodeSnapshot(big);
+    expect(frame.length).toBeGreaterThan(10_000 * 219 * 8);
+    // Packed into a buffer sized from the estimate: no growth copies, little slack pinned...
+    expect(frame.buffer.byteLength).toBeLessThan(frame.length * 1.2);
+    // ...and the small frames packed after it do not share (and pin) that buffer.
+    expect(encodeBatch(batch).buffer).not.toBe(frame.buffer);
+    const back = decodeSnapshot(frame);
+    expect(back.bookings.length).toBe(10_000);
+    expect(back.bookings[9_999]).toEqual(bookings[9_999]);
+  });
+
+  it("estimates event sizes close to their encoded size", () => {
+    for (const e of [...events, { kind: "load", event: add(5, 219) } as MeshEvent]) {
+      const envelope = encodeBatch({ ...batch, events: [] }).length;
+      const actual = encodeBatch({ ...batch, events: [e] }).length - envelope;
+      const est = estimateEventBytes(e);
+      expect(est).toBeGreaterThanOrEqual(actual * 0.9);
+      expect(est).toBeLessThanOrEqual(actual * 1.25);
+    }
+  });
+
+  it("measures encode/decode of 100 add events with 219 hashes each", () => {
+    const b: MeshBatch = { ...batch, events: Array.from({ length: 100 }, (_, i): MeshEvent => ({ kind: "load", event: add(i, 219) })) };
+    const frame = encodeBatch(b);
+    expect(decodeBatch(frame)).toEqual(b);
+    const n = 300;
+    let t0 = performance.now();
+    for (let i = 0; i < n; i++) encodeBatch(b);
+    const encMs = (performance.now() - t0) / n;
+    t0 = performance.now();
+    for (let i = 0; i < n; i++) decodeBatch(frame);
+    const decMs = (performance.now() - t0) / n;
+    console.log(
+      `[wire] batch of 100 adds x 219 hashes: ${frame.length} bytes; encode ${(encMs * 1000).toFixed(0)} us (${(1000 / encMs).toFixed(0)}/s, ` +
+        `${((frame.length / encMs) * 1e-3).toFixed(0)} MB/s); decode+validate ${(decMs * 1000).toFixed(0)} us (${(1000 / decMs).toFixed(0)}/s)`,
+    );
+  });
+});
+
+describe("wire rejects malformed frames, naming the field", () => {
+  const good = encodeBatch(batch);
+
+  it("rejects empty, truncated, trailing-garbage and non-msgpack payloads", () => {
+    expect(wireError(() => decodeBatch(Buffer.alloc(0))).field).toBe("payload");
+    expect(wireError(() => decodeBatch(good.subarray(0, good.length - 10))).message).toMatch(/payload: invalid msgpack/);
+    expect(wireError(() => decodeBatch(Buffer.concat([good, Buffer.from([0x01])]))).field).toBe("payload");
+    expect(wireError(() => decodeBatch(Buffer.from([0xc1]))).field).toBe("payload");
+    expect(wireError(() => decodeBatch(rawPackr.pack([1, 2, 3]))).field).toBe("payload");
+    expect(wireError(() => decodeBatch(rawPackr.pack("hello"))).field).toBe("payload");
+  });
+
+  it("rejects every truncation of a valid frame without crashing", () => {
+    for (let len = 1; len < good.length; len += 7) {
+      expect(() => decodeBatch(good.subarray(0, len))).toThrow(MeshWireError);
+    }
+  });
+
+  it("rejects a wrong or missing version", () => {
+    expect(wireError(() => decodeBatch(mutate(good, (m) => (m.v = 2)))).field).toBe("v");
+    expect(wireError(() => decodeHeartbeat(mutate(encodeHeartbeat(heartbeat), (m) => delete m.v))).field).toBe("v");
+    const reply = encodeControlReply({ type: "snapshot", snapshot });
+    expect(wireError(() => decodeControlReply(mutate(reply, (m) => ((m.sn as Raw).v = 9)))).field).toBe("snapshot.v");
+  });
+
+  it("rejects wrong types and out-of-range envelope fields", () => {
+    const cases: [(m: Raw) => void, string][] = [
+      [(m) => (m.o = "1"), "origin"],
+      [(m) => (m.o = 0), "origin"],
+      [(m) => (m.o = -1n), "origin"],
+      [(m) => (m.o = 1.5), "origin"],
+      [(m) => (m.o = 2 ** 60), "origin"],
+      [(m) => (m.e = null), "epoch"],
+      [(m) => (m.s = -1), "seq"],
+      [(m) => (m.s = 0), "seq"],
+      [(m) => (m.s = 1.5), "seq"],
+      [(m) => (m.t = "now"), "sentAtMs"],
+      [(m) => (m.ev = { a: 1 } as unknown as Raw["ev"]), "events"],
+    ];
+    for (const [edit, field] of cases) expect(wireError(() => decodeBatch(mutate(good, edit))).field).toBe(field);
+  });
+
+  it("rejects bad event fields with their path", () => {
+    const cases: [(m: Raw) => void, string][] = [
+      [(m) => ((m.ev[0] as Raw).k = "x"), "events[0].kind"],
+      [(m) => delete (m.ev[1] as Raw).k, "events[1].kind"],
+      [(m) => (m.ev[2] = [1] as unknown as Raw), "events[2]"],
+      [(m) => ((m.ev[0] as Raw).h = Buffer.alloc(7)), "events[0].event.sequence_hashes"],
+      [(m) => ((m.ev[0] as Raw).h = [1, 2]), "events[0].event.sequence_hashes"],
+      [(m) => ((m.ev[0] as Raw).r = ""), "events[0].event.request_id"],
+      [(m) => ((m.ev[0] as Raw).r = "x".repeat(MAX_ID_BYTES + 1)), "events[0].event.request_id"],
+      // 129 two-byte characters: 129 UTF-16 units but 258 bytes.
+      [(m) => ((m.ev[1] as Raw).r = "é".repeat(129)), "events[1].event.request_id"],
+      [(m) => ((m.ev[0] as Raw).m = 5), "events[0].event.partition.model_name"],
+      [(m) => ((m.ev[0] as Raw).dp = -1), "events[0].event.dp_rank"],
+      [(m) => ((m.ev[0] as Raw).dp = 2 ** 32), "events[0].event.dp_rank"],
+      [(m) => ((m.ev[0] as Raw).tp = 1), "events[0].event.track_prefill"],
+      [(m) => ((m.ev[0] as Raw).eo = -5), "events[0].event.expected_output_tokens"],
+      [(m) => ((m.ev[0] as Raw).pd = Number.NaN), "events[0].event.prefill_duration_ms"],
+      [(m) => ((m.ev[0] as Raw).wk = "7"), "events[0].event.worker_id"],
+      [(m) => ((m.ev[2] as Raw).w = 0), "events[2].event.owner"],
+      [(m) => ((m.ev[3] as Raw).rs = "steal"), "events[3].event.reason"],
+      [(m) => ((m.ev[3] as Raw).sq = 1.25), "events[3].event.sequence"],
+      [(m) => ((m.ev[4] as Raw).wr = 0), "events[4].event.writer_id"],
+      [(m) => ((m.ev[4] as Raw).sid = null), "events[4].event.session_id"],
+    ];
+    for (const [edit, field] of cases) {
+      const err = wireError(() => decodeBatch(mutate(good, edit)));
+      expect(err.field).toBe(field);
+      expect(err.message.startsWith(`${field}: `)).toBe(true);
+    }
+  });
+
+  it("rejects arrays over their bound before reading their items", () => {
+    const huge = mutate(good, (m) => (m.ev = new Array<null>(MAX_EVENTS_PER_BATCH + 1).fill(null) as unknown as Raw["ev"]));
+    expect(wireError(() => decodeBatch(huge)).message).toMatch(/^events: 16385 items exceeds the maximum of 16384/);
+    const snap = mutate(encodeSnapshot(snapshot), (m) => (m.bk = new Array<number>(MAX_SNAPSHOT_BOOKINGS + 1).fill(0) as unknown as Raw["bk"]));
+    expect(wireError(() => decodeSnapshot(snap)).field).toBe("bookings");
+  });
+
+  it("rejects bad heartbeat, snapshot and control fields", () => {
+    const hb = encodeHeartbeat(heartbeat);
+    expect(wireError(() => decodeHeartbeat(mutate(hb, (m) => (m.ce = "")))).field).toBe("controlEndpoint");
+    expect(wireError(() => decodeHeartbeat(mutate(hb, (m) => (m.nb = -1)))).field).toBe("bookings");
+    expect(wireError(() => decodeHeartbeat(mutate(hb, (m) => (m.d = "f".repeat(65))))).field).toBe("digest");
+
+    const sn = encodeSnapshot(snapshot);
+    expect(wireError(() => decodeSnapshot(mutate(sn, (m) => ((m.bk[1] as Raw).c = "yes")))).field).toBe("bookings[1].prefillDone");
+    expect(wireError(() => decodeSnapshot(mutate(sn, (m) => (((m.bk[0] as Raw).a as Raw).bs = -16)))).field).toBe("bookings[0].add.block_size");
+    expect(wireError(() => decodeSnapshot(mutate(sn, (m) => (m.bn = [{}])))).field).toBe("bindings[0].model_name");
+
+    const req = encodeControlRequest({ type: "peer", from: 1n, publishEndpoint: "tcp://a:1" });
+    expect(wireError(() => decodeControlRequest(mutate(req, (m) => (m.ty = "reboot")))).field).toBe("type");
+    expect(wireError(() => decodeControlRequest(mutate(req, (m) => delete m.pe))).field).toBe("publishEndpoint");
+    expect(wireError(() => decodeControlRequest(mutate(req, (m) => (m.f = 0n)))).field).toBe("from");
+    const rep = encodeControlReply({ type: "error", message: "x" });
+    expect(wireError(() => decodeControlReply(mutate(rep, (m) => (m.ty = 3)))).field).toBe("type");
+    expect(wireError(() => decodeControlReply(mutate(rep, (m) => (m.msg = 3)))).field).toBe("message");
+    expect(wireError(() => decodeControlReply(mutate(rep, (m) => ((m.ty = "snapshot"), (m.sn = null))))).field).toBe("snapshot");
+  });
+
+  it("does not let a __proto__ key through", () => {
+    const frame = Buffer.from(
+      rawPackr.pack(JSON.parse('{"v":1,"o":1,"e":1,"s":1,"t":1,"ev":[{"k":"f","o":1,"w":1,"r":"x","m":"m","g":"g","__proto__":{"polluted":true}}]}')),
+    );
+    const back = decodeBatch(frame);
+    expect(({} as Record<string, unknown>).polluted).toBeUndefined();
+    expect(back.events[0]).toEqual({ kind: "load", event: { type: "free", origin: 1n, owner: 1n, request_id: "x", partition: { model_name: "m", routing_group: "g" } } });
+  });
+});
