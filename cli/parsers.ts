@@ -5,6 +5,8 @@
  * parsers, so a bad KVMESH_* value is an error too, never a silent default.
  */
 import { InvalidArgumentError } from "commander";
+import { parseEndpoint, parsePeerEndpoint } from "../mesh/endpoints.js";
+import { KvmeshError } from "../src/errors.js";
 
 export const U32_MAX = 0xffff_ffff;
 export const U64_MAX = (1n << 64n) - 1n;
@@ -33,6 +35,9 @@ export function integerInRange(min: number, max: number): (value: string) => num
 
 /** 0 asks the OS for an ephemeral port (the daemon logs the one it got). */
 export const parsePort = integerInRange(0, 65_535);
+
+/** A port something must bind for real: 0 (ephemeral) would leave peers nothing to connect to. */
+export const parseNonZeroPort = integerInRange(1, 65_535);
 
 /** Selector weights: the reference accepts any finite number >= 0. */
 export function parseNonNegativeNumber(value: string): number {
@@ -124,4 +129,58 @@ export function parseHttpUrl(value: string): URL {
   if (url.protocol !== "http:" && url.protocol !== "https:") throw new InvalidArgumentError(`"${value}" is not an http(s) URL`);
   if (url.search !== "" || url.hash !== "") throw new InvalidArgumentError(`"${value}" must not have a query or fragment`);
   return url;
+}
+
+/** mesh/endpoints.ts reports bad input as KvmeshError; commander wants InvalidArgumentError. */
+function asInvalidArgument(err: unknown): unknown {
+  return err instanceof KvmeshError ? new InvalidArgumentError(err.message) : err;
+}
+
+/**
+ * A replica-sync peer endpoint in canonical form (`tcp://Host:07100` -> `tcp://host:7100`).
+ * mesh/endpoints.ts is the single validator, so the CLI accepts exactly what the daemon does.
+ */
+export function parsePeerEndpointArg(value: string): string {
+  try {
+    return parsePeerEndpoint(value);
+  } catch (err) {
+    throw asInvalidArgument(err);
+  }
+}
+
+/**
+ * `tcp://a:7100,tcp://b:7100` -> canonical, de-duplicated, in first-seen order. A blank value is
+ * the empty list, so a templated `KVMESH_PEERS=` with nothing in it means "no peers", not an error.
+ */
+export function parsePeerList(value: string): string[] {
+  if (value.trim() === "") return [];
+  const peers = new Set<string>();
+  for (const [i, item] of value.split(",").entries()) {
+    if (item.trim() === "") throw new InvalidArgumentError(`peer #${i + 1} is empty (stray comma?)`);
+    peers.add(parsePeerEndpointArg(item));
+  }
+  return [...peers];
+}
+
+/** Binding to these means "every interface"; a peer cannot connect to them. */
+const WILDCARD_HOSTS: ReadonlySet<string> = new Set(["0.0.0.0", "[::]"]);
+
+/**
+ * The host peers dial to reach this replica: a hostname, IPv4 or IPv6 address (bare or
+ * bracketed), canonical like a peer endpoint's host (IPv6 comes back bracketed, ready for
+ * `tcp://${host}:${port}`).
+ */
+export function parseAdvertiseHost(value: string): string {
+  const v = value.trim();
+  const bracketed = v.includes(":") && !v.startsWith("[") ? `[${v}]` : v;
+  let host: string | undefined;
+  try {
+    const e = parseEndpoint(`tcp://${bracketed}:1`);
+    if (e.scheme === "tcp") host = e.host;
+  } catch (err) {
+    if (!(err instanceof KvmeshError)) throw err;
+  }
+  if (host === undefined) throw new InvalidArgumentError("must be a hostname or an IP address (no scheme, no port)");
+  if (WILDCARD_HOSTS.has(host)) throw new InvalidArgumentError("must be an address peers can connect to, not a wildcard");
+  return host;
 }

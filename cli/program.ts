@@ -9,6 +9,7 @@ import { fileURLToPath } from "node:url";
 import { Command } from "commander";
 import { startDaemon } from "../src/daemon.js";
 import type { ClientDeps } from "./http-client.js";
+import { addPeersCommand } from "./peers.js";
 import { addSelectCommand } from "./select.js";
 import { addServeCommand, type ServeDeps, type ShutdownSignal } from "./serve.js";
 import { addWorkersCommand } from "./workers.js";
@@ -65,5 +66,6 @@ export function buildCli(overrides: Partial<CliDeps> = {}): Command {
   addServeCommand(program, deps);
   addWorkersCommand(program, deps);
   addSelectCommand(program, deps);
+  addPeersCommand(program, deps);
   return program;
 }

@@ -7,7 +7,18 @@ import { pino, type DestinationStream, type Logger } from "pino";
 import { DEFAULT_DAEMON_CONFIG, type Daemon, type DaemonConfig, type LogLevel } from "../src/daemon.js";
 import { MAX_AFFINITY_TTL_SECS, MIN_AFFINITY_TTL_SECS } from "../src/selection-service.js";
 import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/selector-config.js";
-import { envNameFor, integerInRange, parseBoolean, parseNonEmpty, parseNonNegativeNumber, parsePort } from "./parsers.js";
+import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
+import {
+  envNameFor,
+  integerInRange,
+  parseAdvertiseHost,
+  parseBoolean,
+  parseNonEmpty,
+  parseNonNegativeNumber,
+  parseNonZeroPort,
+  parsePeerList,
+  parsePort,
+} from "./parsers.js";
 
 export const LOG_LEVELS: readonly LogLevel[] = ["trace", "debug", "info", "warn", "error", "fatal", "silent"];
 export const SHUTDOWN_SIGNALS = ["SIGINT", "SIGTERM"] as const;
@@ -74,6 +85,12 @@ function valueOption(flags: string, description: string, parse: (v: string) => u
   return withEnv(o);
 }
 
+/** Repeated `--peers` flags add up (commander passes the value so far as `previous`). */
+function accumulatePeers(value: string, previous: unknown): string[] {
+  const before = Array.isArray(previous) ? (previous as string[]) : [];
+  return [...new Set([...before, ...parsePeerList(value)])];
+}
+
 /** Adds the `--x [bool]` / `--no-x` pair; the positive one carries the env variable. */
 function addBooleanPair(cmd: Command, flag: string, description: string, defaultValue: boolean | undefined): void {
   const positive = new Option(`${flag} [bool]`, `${description} (true|false)`).argParser(parseBoolean);
@@ -115,6 +132,18 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     .addOption(valueOption("--selection-cache-max-entries <n>", "most cached selections", integerInRange(1, MAX_SELECTION_CACHE_ENTRIES), d.selectionCacheMaxEntries))
     .addOption(valueOption("--body-limit-bytes <bytes>", "largest HTTP request body", integerInRange(1, MAX_BODY_LIMIT_BYTES), d.bodyLimitBytes));
   addBooleanPair(cmd, "--kv-events", "subscribe to workers' KV events (off: workers need no kv_events_endpoint)", d.kvEvents);
+  cmd
+    .addOption(
+      valueOption(
+        "--replica-sync-port <port>",
+        `enable the replica mesh: publish on this port of --host, snapshots/control on the next one (1-${MAX_TCP_PORT - CONTROL_PORT_OFFSET}) [default: mesh off]`,
+        parseNonZeroPort,
+      ),
+    )
+    .addOption(withEnv(new Option("--peers <list>", "peers' replica-sync endpoints, comma-separated tcp://host:port (needs --replica-sync-port; more via `kvmesh peers add`)").argParser(accumulatePeers)))
+    .addOption(
+      valueOption("--replica-sync-advertise-host <host>", "host peers use to reach this replica when --host is a wildcard [default: --host, or 127.0.0.1]", parseAdvertiseHost),
+    );
 
   cmd.hook("preAction", (thisCommand) => {
     for (const flag of NEGATED_ENV_HINTS) {
@@ -123,7 +152,10 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     }
   });
   cmd.action(async function (this: Command) {
-    await runServe(serveConfigFromOptions(this.opts()), deps);
+    const config = serveConfigFromOptions(this.opts());
+    const problem = replicaSyncUsageProblem(config, (flag) => (this.getOptionValueSource(attributeOf(flag)) === "env" ? `${flag} (from ${envNameFor(flag)})` : flag));
+    if (problem !== undefined) this.error(`error: ${problem}`);
+    await runServe(config, deps);
   });
   return cmd;
 }
@@ -149,7 +181,32 @@ export function serveConfigFromOptions(opts: Readonly<Record<string, unknown>>, 
     selectionCacheTtlSecs: pick("selectionCacheTtlSecs"),
     selectionCacheMaxEntries: pick("selectionCacheMaxEntries"),
     bodyLimitBytes: pick("bodyLimitBytes"),
+    replicaSyncPort: pick("replicaSyncPort"),
+    peers: pick("peers"),
+    replicaSyncAdvertiseHost: pick("replicaSyncAdvertiseHost"),
   };
+}
+
+/**
+ * Cross-flag checks of the replica-sync settings (each flag alone was checked by its parser);
+ * undefined when fine. `label` names a flag, e.g. with the env variable it came from. The
+ * mesh binds the publish port and the next one (control) on --host, so either colliding with
+ * the HTTP port would fail at startup with a bare EADDRINUSE; here the message names the flag.
+ */
+export function replicaSyncUsageProblem(config: DaemonConfig, label: (flag: string) => string = (flag) => flag): string | undefined {
+  const port = config.replicaSyncPort;
+  if (port === undefined) {
+    // The reference refuses initial peers without a port too (replica_sync_requires_port_for_initial_peers).
+    if (config.peers.length > 0) return `${label("--peers")} requires ${label("--replica-sync-port")}`;
+    if (config.replicaSyncAdvertiseHost !== undefined) return `${label("--replica-sync-advertise-host")} requires ${label("--replica-sync-port")}`;
+    return undefined;
+  }
+  const controlPort = port + CONTROL_PORT_OFFSET;
+  const flag = label("--replica-sync-port");
+  if (controlPort > MAX_TCP_PORT) return `${flag} ${port} leaves no room for the control port (${port} + ${CONTROL_PORT_OFFSET} > ${MAX_TCP_PORT})`;
+  if (port === config.port) return `${flag} ${port} is the same as ${label("--port")} ${config.port} (the HTTP port)`;
+  if (controlPort === config.port) return `${flag} ${port} puts its control port (${controlPort}) on ${label("--port")} ${config.port} (the HTTP port)`;
+  return undefined;
 }
 
 export function createLogger(level: LogLevel, destination: DestinationStream): Logger {

@@ -4,9 +4,11 @@
  * builds a DaemonConfig from flags and calls startDaemon; tests start it in process.
  */
 import type { Logger } from "pino";
+import { KvmeshError } from "./errors.js";
 import { KvIngest } from "./ingest/kv-ingest.js";
 import { Metrics } from "./http/metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "./http/server.js";
+import { ReplicaMesh } from "../mesh/replica-mesh.js";
 import { SelectionService } from "./selection-service.js";
 import type { SelectorConfig } from "./selector-config.js";
 
@@ -29,6 +31,12 @@ export interface DaemonConfig {
   readonly selectionCacheTtlSecs: number;
   readonly selectionCacheMaxEntries: number;
   readonly bodyLimitBytes: number;
+  /** Enables the replica mesh: the XPUB binds here on `host` (the control ROUTER on the next port). */
+  readonly replicaSyncPort?: number | undefined;
+  /** Peers' replica-sync endpoints (`tcp://host:port`); needs replicaSyncPort. */
+  readonly peers: readonly string[];
+  /** Host peers use to reach this replica, when `host` is a wildcard (default: `host`, or 127.0.0.1). */
+  readonly replicaSyncAdvertiseHost?: string | undefined;
 }
 
 export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
@@ -44,18 +52,34 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   selectionCacheTtlSecs: 120,
   selectionCacheMaxEntries: 4_096,
   bodyLimitBytes: 8 * 1024 * 1024,
+  replicaSyncPort: undefined,
+  peers: [],
+  replicaSyncAdvertiseHost: undefined,
 });
 
 export interface Daemon {
   readonly host: string;
   readonly port: number;
   readonly service: SelectionService;
+  readonly mesh: ReplicaMesh | undefined;
   close(): Promise<void>;
 }
 
 export interface DaemonHooks {
-  /** The replica mesh, when enabled (wired by the mesh issue). */
+  /** A host-provided mesh control instead of the built-in ZeroMQ mesh. */
   readonly mesh?: MeshControl;
+}
+
+const WILDCARD_HOSTS = new Set(["0.0.0.0", "::", "*"]);
+
+/** The replica-sync endpoints: where the XPUB binds, and how peers reach it. */
+export function replicaSyncEndpoints(config: DaemonConfig): { bind: string; advertise: string } | undefined {
+  if (config.replicaSyncPort === undefined) return undefined;
+  const wild = WILDCARD_HOSTS.has(config.host);
+  const bracket = (h: string): string => (h.includes(":") ? `[${h}]` : h);
+  const bindHost = wild ? "*" : bracket(config.host);
+  const adv = config.replicaSyncAdvertiseHost ?? (wild ? "127.0.0.1" : config.host);
+  return { bind: `tcp://${bindHost}:${config.replicaSyncPort}`, advertise: `tcp://${bracket(adv)}:${config.replicaSyncPort}` };
 }
 
 export async function startDaemon(config: DaemonConfig, logger: Logger, hooks: DaemonHooks = {}): Promise<Daemon> {
@@ -83,6 +107,9 @@ export async function startDaemon(config: DaemonConfig, logger: Logger, hooks: D
       service.clearWorkerKv(BigInt(ref.workerId), ref.rank);
     },
   });
+  if (config.peers.length > 0 && config.replicaSyncPort === undefined) {
+    throw new KvmeshError("KVMESH_BAD_REQUEST", "peers require replicaSyncPort (--peers needs --replica-sync-port)", { details: { field: "peers" } });
+  }
   if (config.kvEvents) {
     // Listeners follow the catalog. KvIngest serialises its own changes, so a burst of
     // upserts applies in order; failures are logged, never unhandled.
@@ -104,7 +131,28 @@ export async function startDaemon(config: DaemonConfig, logger: Logger, hooks: D
       });
     });
   }
-  const metrics = new Metrics({ service, ingestStats: () => ingest.stats() });
+  let mesh: ReplicaMesh | undefined;
+  const sync = replicaSyncEndpoints(config);
+  if (sync !== undefined) {
+    try {
+      mesh = await ReplicaMesh.start({
+        service,
+        publishBind: sync.bind,
+        advertiseEndpoint: sync.advertise,
+        peers: config.peers,
+        logger: logger.child({ subsystem: "mesh" }),
+      });
+      logger.info({ publish: sync.advertise, peers: config.peers, origin: service.replicaId.toString() }, "replica mesh up");
+    } catch (err) {
+      await ingest.close();
+      throw err;
+    }
+  }
+  const metrics = new Metrics({
+    service,
+    ingestStats: () => ingest.stats(),
+    ...(mesh === undefined ? {} : { extra: () => mesh.metricsText() }),
+  });
   let http: RunningHttpServer;
   try {
     http = await startHttpServer({
@@ -114,9 +162,10 @@ export async function startDaemon(config: DaemonConfig, logger: Logger, hooks: D
       logger: logger.child({ subsystem: "http" }),
       metrics,
       bodyLimitBytes: config.bodyLimitBytes,
-      mesh: hooks.mesh,
+      mesh: hooks.mesh ?? mesh,
     });
   } catch (err) {
+    await mesh?.close();
     await ingest.close();
     throw err;
   }
@@ -130,11 +179,13 @@ export async function startDaemon(config: DaemonConfig, logger: Logger, hooks: D
     host: http.host,
     port: http.port,
     service,
+    mesh,
     close(): Promise<void> {
       closing ??= (async () => {
         service.shutdown();
         clearInterval(timer);
         await http.close();
+        await mesh?.close();
         await ingest.close();
       })();
       return closing;

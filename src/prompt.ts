@@ -5,6 +5,7 @@
 import { badRequest } from "./errors.js";
 import { hashListFromBigInts, type HashList } from "./hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "./hashing.js";
+import type { PromptHashCache } from "./prompt-hash-cache.js";
 import type { Random } from "./clock.js";
 import type { PromptFields } from "./types.js";
 
@@ -17,7 +18,18 @@ export interface NormalizedPrompt {
 /** Longest prompt accepted, tokens: bounds hashing work and memory per request. */
 export const MAX_PROMPT_TOKENS = 2_000_000;
 
-export function normalizePrompt(p: PromptFields, blockSize: number, isEagle: boolean, assumeKvReuse: boolean, random: Random): NormalizedPrompt {
+/**
+ * `cache`, when given, memoises token hashing (bit-identical results); it is used only when its
+ * block size and Eagle mode match this prompt's, otherwise the prompt is hashed directly.
+ */
+export function normalizePrompt(
+  p: PromptFields,
+  blockSize: number,
+  isEagle: boolean,
+  assumeKvReuse: boolean,
+  random: Random,
+  cache?: PromptHashCache,
+): NormalizedPrompt {
   let localHashes: HashList;
   let seqHashes: HashList;
   let islTokens: number;
@@ -25,12 +37,14 @@ export function normalizePrompt(p: PromptFields, blockSize: number, isEagle: boo
     if (!Array.isArray(p.token_ids)) throw badRequest("token_ids must be an array of integers", "token_ids");
     if (p.token_ids.length === 0) throw badRequest("token_ids must not be empty", "token_ids");
     if (p.token_ids.length > MAX_PROMPT_TOKENS) throw badRequest(`token_ids is longer than ${MAX_PROMPT_TOKENS} tokens`, "token_ids");
-    localHashes = computeBlockHashes(p.token_ids, blockSize, {
-      loraName: p.lora_name ?? null,
-      cacheSalt: p.cache_salt ?? null,
-      isEagle: p.is_eagle ?? isEagle,
-    });
-    seqHashes = computeSequenceHashes(localHashes);
+    const eagle = p.is_eagle ?? isEagle;
+    const salts = { loraName: p.lora_name ?? null, cacheSalt: p.cache_salt ?? null };
+    if (cache?.accepts(blockSize, eagle) === true) {
+      ({ localHashes, seqHashes } = cache.hash(p.token_ids, salts));
+    } else {
+      localHashes = computeBlockHashes(p.token_ids, blockSize, { ...salts, isEagle: eagle });
+      seqHashes = computeSequenceHashes(localHashes);
+    }
     islTokens = p.token_ids.length;
   } else if (p.block_hashes !== undefined || p.sequence_hashes !== undefined || p.isl_tokens !== undefined) {
     if (p.block_hashes === undefined || p.sequence_hashes === undefined || p.isl_tokens === undefined) {

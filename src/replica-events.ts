@@ -43,6 +43,12 @@ export interface LoadMarkEvent {
 
 export type LoadEvent = LoadAddEvent | LoadMarkEvent;
 
+/** A booking as a snapshot carries it: its add event, and whether its prefill completed. */
+export interface BookingSnapshot {
+  readonly add: LoadAddEvent;
+  readonly prefillDone: boolean;
+}
+
 export interface BindingEvent {
   readonly model_name: string;
   readonly routing_group: string;

@@ -16,7 +16,8 @@ import type { KvEventBatch } from "./ingest/kv-event-decoder.js";
 import { Partition } from "./partition.js";
 import { PendingSelections } from "./pending-selections.js";
 import { normalizePrompt, type NormalizedPrompt } from "./prompt.js";
-import { ReorderState, type BindingEvent, type LoadEvent, type PartitionRef } from "./replica-events.js";
+import { PromptHashCache } from "./prompt-hash-cache.js";
+import { ReorderState, type BindingEvent, type BookingSnapshot, type LoadAddEvent, type LoadEvent, type PartitionRef } from "./replica-events.js";
 import { applyOverride, DEFAULT_SELECTOR_CONFIG, validateSelectorConfig, type SelectorConfig } from "./selector-config.js";
 import { computeCost, selectCandidate } from "./selector.js";
 import {
@@ -73,8 +74,15 @@ interface ReservationRow {
   readonly workerId: WorkerId;
   readonly dpRank: number;
   readonly owner: bigint;
+  /** The add event that booked it: what a snapshot of the owner carries. */
+  readonly add: LoadAddEvent;
   lease: Lease | undefined;
 }
+
+/** How long a peer's binding for a worker or partition not known here yet is kept, ms. */
+export const DEFAULT_PARKED_BINDING_TTL_MS = 60_000;
+/** Bound on parked bindings; past it the oldest is shed (counted). */
+export const DEFAULT_PARKED_BINDINGS_MAX = 65_536;
 
 interface PendingEntry {
   readonly workerId: WorkerId;
@@ -98,6 +106,10 @@ export interface ServiceStats {
   bindingsApplied: number;
   bindingsIgnored: number;
   expiredRequests: number;
+  bindingsParked: number;
+  bindingsUnparked: number;
+  parkedBindingsExpired: number;
+  parkedBindingsShed: number;
 }
 
 export interface WorkerChange {
@@ -129,6 +141,8 @@ export class SelectionService {
   readonly #wallClockNs: () => bigint;
   readonly #catalog: WorkerCatalog;
   readonly #partitions = new Map<string, Partition>();
+  /** One prompt-hash memo per partition (its block size and Eagle mode fix the memo's layout). */
+  readonly #promptHashCaches = new Map<Partition, PromptHashCache>();
   readonly #reservations = new Map<string, ReservationRow>();
   readonly #pending: PendingSelections<PendingEntry>;
   readonly #reorder = new ReorderState();
@@ -147,7 +161,14 @@ export class SelectionService {
     bindingsApplied: 0,
     bindingsIgnored: 0,
     expiredRequests: 0,
+    bindingsParked: 0,
+    bindingsUnparked: 0,
+    parkedBindingsExpired: 0,
+    parkedBindingsShed: 0,
   };
+  /** Peer bindings waiting for their worker or partition: key partition/session, insertion = age order. */
+  readonly #parked = new Map<string, { event: BindingEvent; expiresAtMs: number }>();
+  readonly #ownedCounts = new Map<bigint, number>();
 
   constructor(options: SelectionServiceOptions = {}) {
     this.#clock = options.clock ?? systemClock;
@@ -244,6 +265,7 @@ export class SelectionService {
     if (partition !== undefined && record.block_size === partition.blockSize) {
       for (const rank of partition.upsertMember(record)) this.#clearRank(partition, rank, true);
       if (record.lifecycle !== "schedulable") partition.affinity?.dropWorker(record.worker_id);
+      else this.#unpark(partition, record.worker_id);
     }
     this.#catalog.store(record);
     this.#notifyWorker({ workerId: record.worker_id, record });
@@ -278,6 +300,7 @@ export class SelectionService {
       p.affinity = table;
     }
     this.#partitions.set(p.key, p);
+    this.#promptHashCaches.set(p, new PromptHashCache({ blockSize, isEagle }));
     return p;
   }
 
@@ -424,7 +447,7 @@ export class SelectionService {
         throw new KvmeshError("KVMESH_WORKER_NOT_SCHEDULABLE", `worker ${req.worker_id} dp_rank ${dpRank} is not schedulable in ${p.key}`);
       }
       const config = req.router_config_override === undefined ? this.#selector : applyOverride(this.#selector, req.router_config_override);
-      const prompt = normalizePrompt(req, p.blockSize, p.isEagle, config.assumeKvReuse, this.#random);
+      const prompt = normalizePrompt(req, p.blockSize, p.isEagle, config.assumeKvReuse, this.#random, this.#promptHashCaches.get(p));
       let effective = req.effective_prefill_tokens;
       if (effective !== undefined) {
         if (!Number.isInteger(effective) || effective < 0) throw badRequest("effective_prefill_tokens must be a non-negative integer", "effective_prefill_tokens");
@@ -510,7 +533,7 @@ export class SelectionService {
     const p = this.#requirePartition(req.model_name, req.routing_group);
     const config = req.router_config_override === undefined ? this.#selector : applyOverride(this.#selector, req.router_config_override);
     const sessionId = this.#sessionIdOf(req);
-    const prompt = normalizePrompt(req, p.blockSize, p.isEagle, config.assumeKvReuse, this.#random);
+    const prompt = normalizePrompt(req, p.blockSize, p.isEagle, config.assumeKvReuse, this.#random, this.#promptHashCaches.get(p));
     const s = p.scratch;
     let n = this.#eligible(p, req);
     if (n === 0) throw new KvmeshError("KVMESH_NOT_READY", `all schedulable workers of ${p.key} were filtered out by the request's constraints`);
@@ -662,9 +685,7 @@ export class SelectionService {
         throw err;
       }
     }
-    this.#reservations.set(selectionId, { selectionId, partition: p, workerId, dpRank, owner: this.replicaId, lease });
-    this.stats.reservations++;
-    this.#emitLoad({
+    const add: LoadAddEvent = {
       type: "add",
       origin: this.replicaId,
       owner: this.replicaId,
@@ -678,7 +699,10 @@ export class SelectionService {
       track_prefill: o.trackPrefill,
       expected_output_tokens: o.expectedOutputTokens,
       prefill_duration_ms: o.prefillDurationMs,
-    });
+    };
+    this.#installRow({ selectionId, partition: p, workerId, dpRank, owner: this.replicaId, add, lease });
+    this.stats.reservations++;
+    this.#emitLoad(add);
   }
 
   #response(sel: Selection, selectionId: string | undefined, booked: boolean): SelectResponse {
@@ -777,7 +801,7 @@ export class SelectionService {
   } {
     const p = this.#requirePartition(req.model_name, req.routing_group);
     const config = req.router_config_override === undefined ? this.#selector : applyOverride(this.#selector, req.router_config_override);
-    const prompt = normalizePrompt(req, p.blockSize, p.isEagle, config.assumeKvReuse, this.#random);
+    const prompt = normalizePrompt(req, p.blockSize, p.isEagle, config.assumeKvReuse, this.#random, this.#promptHashCaches.get(p));
     const match = p.index.findMatches(prompt.localHashes);
     const byRank = new Map<number, [number, number, number]>();
     for (let i = 0; i < match.count; i++) byRank.set(match.ranks[i] as number, [match.device[i] as number, match.host[i] as number, match.disk[i] as number]);
@@ -824,7 +848,17 @@ export class SelectionService {
   }
 
   /** Index and table sizes, for metrics. */
-  sizes(): { partitions: number; indexedBlocks: number; indexNodes: number; affinityEntries: number; affinityFallbacks: number; pendingSelections: number; reorderEntries: number } {
+  sizes(): {
+    partitions: number;
+    indexedBlocks: number;
+    indexNodes: number;
+    affinityEntries: number;
+    affinityFallbacks: number;
+    pendingSelections: number;
+    pendingEvictions: number;
+    reorderEntries: number;
+    reorderShed: number;
+  } {
     let indexedBlocks = 0;
     let indexNodes = 0;
     let affinityEntries = 0;
@@ -835,7 +869,17 @@ export class SelectionService {
       affinityEntries += p.affinity?.size ?? 0;
       affinityFallbacks += p.affinity?.fallbacks ?? 0;
     }
-    return { partitions: this.#partitions.size, indexedBlocks, indexNodes, affinityEntries, affinityFallbacks, pendingSelections: this.#pending.size, reorderEntries: this.#reorder.size };
+    return {
+      partitions: this.#partitions.size,
+      indexedBlocks,
+      indexNodes,
+      affinityEntries,
+      affinityFallbacks,
+      pendingSelections: this.#pending.size,
+      pendingEvictions: this.#pending.evictions,
+      reorderEntries: this.#reorder.size,
+      reorderShed: this.#reorder.shed,
+    };
   }
 
   kvEventsEndpointsOf(workerId: WorkerId): { dpRank: number; endpoint: string }[] {
@@ -876,7 +920,7 @@ export class SelectionService {
           expectedOutputTokens: e.expected_output_tokens,
         });
         if (this.#reorder.takeEarlyMark(key, now)) p.ledger.markPrefillComplete(e.request_id);
-        this.#reservations.set(e.request_id, { selectionId: e.request_id, partition: p, workerId: e.worker_id, dpRank: e.dp_rank, owner: e.owner, lease: undefined });
+        this.#installRow({ selectionId: e.request_id, partition: p, workerId: e.worker_id, dpRank: e.dp_rank, owner: e.owner, add: e, lease: undefined });
         break;
       }
       case "prefill_complete": {
@@ -903,10 +947,20 @@ export class SelectionService {
 
   /** Merges a peer's session binding by `(sequence, writer_id)`. */
   applyBindingEvent(e: BindingEvent): string {
+    if (this.#affinity === undefined) {
+      this.stats.bindingsIgnored++;
+      return "ignored-affinity-disabled";
+    }
+    if (e.writer_id === this.replicaId) {
+      this.stats.bindingsIgnored++;
+      return "ignored-own";
+    }
     const p = this.#partitions.get(partitionKey(e.model_name, e.routing_group));
     if (p?.affinity === undefined || !p.members.has(e.worker_id)) {
-      this.stats.bindingsIgnored++;
-      return "ignored-unknown";
+      // The binding is real; this replica just has not learned the worker (or partition) yet.
+      // Park it and apply it when the worker registers, instead of dropping it.
+      this.#park(e);
+      return "parked-unknown-worker";
     }
     const outcome = p.affinity.applyReplica({
       sessionId: e.session_id,
@@ -916,6 +970,112 @@ export class SelectionService {
     if (outcome.startsWith("ignored") || outcome.startsWith("rejected")) this.stats.bindingsIgnored++;
     else this.stats.bindingsApplied++;
     return outcome;
+  }
+
+  #park(e: BindingEvent): void {
+    const key = `${e.model_name}:${e.routing_group}/${e.session_id}`;
+    const prev = this.#parked.get(key)?.event;
+    if (prev !== undefined && (prev.sequence > e.sequence || (prev.sequence === e.sequence && prev.writer_id >= e.writer_id))) return;
+    this.#parked.delete(key);
+    this.#parked.set(key, { event: e, expiresAtMs: this.#clock.now() + DEFAULT_PARKED_BINDING_TTL_MS });
+    this.stats.bindingsParked++;
+    if (this.#parked.size > DEFAULT_PARKED_BINDINGS_MAX) {
+      const oldest = this.#parked.keys().next();
+      if (oldest.done !== true) {
+        this.#parked.delete(oldest.value);
+        this.stats.parkedBindingsShed++;
+      }
+    }
+  }
+
+  /** Applies parked bindings whose worker just became a member of its partition. */
+  #unpark(p: Partition, workerId: WorkerId): void {
+    if (this.#parked.size === 0) return;
+    for (const [k, v] of this.#parked) {
+      const e = v.event;
+      if (e.worker_id !== workerId || e.model_name !== p.modelName || e.routing_group !== p.routingGroup) continue;
+      this.#parked.delete(k);
+      this.stats.bindingsUnparked++;
+      this.applyBindingEvent(e);
+    }
+  }
+
+  get parkedBindings(): number {
+    return this.#parked.size;
+  }
+
+  // ---------------------------------------------------------------- replica snapshots
+
+  /**
+   * Every live booking held here, own and mirrored, each with its owner: what a snapshot of this
+   * replica carries. A receiver replaces what it mirrors of this replica's own bookings and adds
+   * the others it lacks (a restarted replica thereby learns the bookings of a peer that died).
+   */
+  bookingsSnapshot(): BookingSnapshot[] {
+    const out: BookingSnapshot[] = [];
+    for (const row of this.#reservations.values()) {
+      out.push({ add: row.add, prefillDone: row.partition.ledger.get(row.selectionId)?.prefillDone ?? false });
+    }
+    return out;
+  }
+
+  /** Every live session binding held here (LWW merge makes re-applying them harmless). */
+  bindingsSnapshot(): BindingEvent[] {
+    const out: BindingEvent[] = [];
+    for (const p of this.#partitions.values()) {
+      for (const b of p.affinity?.snapshot() ?? []) {
+        out.push({
+          model_name: p.modelName,
+          routing_group: p.routingGroup,
+          session_id: b.sessionId,
+          worker_id: b.target.workerId,
+          dp_rank: b.target.dpRank,
+          sequence: b.version.sequence,
+          writer_id: b.version.writerId,
+          reason: "refresh",
+        });
+      }
+    }
+    return out;
+  }
+
+  /** Live bookings this replica holds that `owner` made (own or mirrored). */
+  countOwnedBy(owner: bigint): number {
+    return this.#ownedCounts.get(owner) ?? 0;
+  }
+
+  /**
+   * Installs a snapshot from `owner`: rows `owner` booked that the snapshot lacks are freed;
+   * bookings missing here (its own, or others' it mirrors) are added; prefill completion is
+   * brought up to date. Tombstones keep a freed booking from coming back.
+   */
+  replaceOrigin(owner: bigint, bookings: readonly BookingSnapshot[]): { added: number; removed: number } {
+    if (owner === this.replicaId) return { added: 0, removed: 0 };
+    const live = new Map(bookings.map((b) => [b.add.request_id, b]));
+    let removed = 0;
+    for (const row of [...this.#reservations.values()]) {
+      if (row.owner !== owner || live.has(row.selectionId)) continue;
+      row.partition.ledger.free(row.selectionId);
+      this.#dropRow(row.selectionId);
+      removed++;
+    }
+    let added = 0;
+    for (const b of bookings) {
+      if (b.add.owner === this.replicaId) continue;
+      const row = this.#reservations.get(b.add.request_id);
+      if (row === undefined) {
+        if (this.applyLoadEvent({ ...b.add, origin: owner })) added++;
+      }
+      // Prefill completion only moves forward, whoever reports it.
+      if (b.prefillDone) this.#reservations.get(b.add.request_id)?.partition.ledger.markPrefillComplete(b.add.request_id);
+    }
+    return { added, removed };
+  }
+
+  /** Frees every booking mirrored from `owner` (a deregistered peer). Returns how many. */
+  dropOrigin(owner: bigint): number {
+    if (owner === this.replicaId) return 0;
+    return this.replaceOrigin(owner, []).removed;
   }
 
   #ignored(): false {
@@ -935,7 +1095,12 @@ export class SelectionService {
     for (const p of this.#partitions.values()) {
       const expired = p.ledger.expire();
       this.stats.expiredRequests += expired.length;
-      for (const id of expired) this.#dropRow(id);
+      for (const id of expired) {
+        const row = this.#reservations.get(id);
+        this.#dropRow(id);
+        // Peers free their mirror of our expired booking now rather than at their own expiry.
+        if (row?.owner === this.replicaId) this.#emitLoad({ type: "free", origin: this.replicaId, owner: row.owner, request_id: id, partition: ref(p) });
+      }
       if (p.affinity !== undefined && now >= p.nextAffinitySweepMs) {
         p.affinity.sweep();
         p.nextAffinitySweepMs = now + affinitySweepIntervalMs(p.affinity.ttlMs);
@@ -946,6 +1111,11 @@ export class SelectionService {
     }
     this.#pending.sweep();
     this.#reorder.sweep(now);
+    for (const [k, v] of this.#parked) {
+      if (v.expiresAtMs > now) break;
+      this.#parked.delete(k);
+      this.stats.parkedBindingsExpired++;
+    }
   }
 
   shutdown(): void {
@@ -987,10 +1157,18 @@ export class SelectionService {
     return row;
   }
 
+  #installRow(row: ReservationRow): void {
+    this.#reservations.set(row.selectionId, row);
+    this.#ownedCounts.set(row.owner, (this.#ownedCounts.get(row.owner) ?? 0) + 1);
+  }
+
   #dropRow(selectionId: string): void {
     const row = this.#reservations.get(selectionId);
     if (row === undefined) return;
     this.#reservations.delete(selectionId);
+    const n = (this.#ownedCounts.get(row.owner) ?? 1) - 1;
+    if (n === 0) this.#ownedCounts.delete(row.owner);
+    else this.#ownedCounts.set(row.owner, n);
     if (row.lease !== undefined) row.partition.affinity?.release(row.lease);
   }
 

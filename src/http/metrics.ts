@@ -103,14 +103,21 @@ export class Metrics {
     one("kvmesh_bindings_applied_total", "counter", "Peer session bindings applied.", st.bindingsApplied);
     one("kvmesh_bindings_ignored_total", "counter", "Peer session bindings ignored or rejected.", st.bindingsIgnored);
     one("kvmesh_expired_requests_total", "counter", "Bookings force-freed after the active-request expiry.", st.expiredRequests);
+    one("kvmesh_bindings_parked_total", "counter", "Peer bindings parked because their worker or partition was not known yet.", st.bindingsParked);
+    one("kvmesh_bindings_unparked_total", "counter", "Parked bindings applied once their worker registered.", st.bindingsUnparked);
+    one("kvmesh_parked_bindings_expired_total", "counter", "Parked bindings dropped after their TTL without the worker appearing.", st.parkedBindingsExpired);
+    one("kvmesh_parked_bindings_shed_total", "counter", "Parked bindings shed because the parking table was full.", st.parkedBindingsShed);
+    one("kvmesh_parked_bindings", "gauge", "Peer bindings parked now.", svc.parkedBindings);
 
     const z = svc.sizes();
     one("kvmesh_partitions", "gauge", "Partitions (model_name, routing_group).", z.partitions);
     one("kvmesh_index_blocks", "gauge", "(rank, block) entries in the prefix indexes.", z.indexedBlocks);
     one("kvmesh_index_nodes", "gauge", "Nodes in the prefix indexes.", z.indexNodes);
     one("kvmesh_affinity_entries", "gauge", "Session bindings held.", z.affinityEntries);
-    one("kvmesh_affinity_fallbacks_total", "counter", "Sessions routed away from their bound worker.", z.affinityFallbacks);
+    one("kvmesh_affinity_fallbacks_total", "counter", "Sessions routed unpinned because the affinity table was full.", z.affinityFallbacks);
     one("kvmesh_pending_selections", "gauge", "Cached selections awaiting POST /reservations.", z.pendingSelections);
+    one("kvmesh_pending_selection_evictions_total", "counter", "Cached selections evicted (entry or byte bound) before use.", z.pendingEvictions);
+    one("kvmesh_reorder_state_shed_total", "counter", "Tombstones or early prefill marks shed at their bound.", z.reorderShed);
     one("kvmesh_reservations_active", "gauge", "Live bookings (local and mirrored from peers).", svc.reservationCount);
 
     const ranks = this.#o.ingestStats?.() ?? [];

@@ -7,7 +7,11 @@ import {
   parseBoolean,
   parseEndpointMap,
   parseHttpUrl,
+  parseAdvertiseHost,
   parseNonNegativeNumber,
+  parseNonZeroPort,
+  parsePeerEndpointArg,
+  parsePeerList,
   parseTokenIds,
   parseU64,
 } from "../../cli/parsers.js";
@@ -73,6 +77,42 @@ describe("cli parsers", () => {
     rejects(() => parseHttpUrl("127.0.0.1:8092"), "is not a URL");
     rejects(() => parseHttpUrl("tcp://h:1"), "is not an http(s) URL");
     rejects(() => parseHttpUrl("http://h/?x=1"), "must not have a query");
+  });
+});
+
+describe("cli replica mesh parsers", () => {
+  it("accepts only non-zero ports for the replica mesh (reference: parses_only_nonzero_ports)", () => {
+    expect(parseNonZeroPort("1")).toBe(1);
+    expect(parseNonZeroPort("65535")).toBe(65_535);
+    for (const bad of ["0", "00", "65536", "-1", "", "7100.0"]) rejects(() => parseNonZeroPort(bad), "must be an integer in [1, 65535]");
+  });
+
+  it("canonicalises a peer endpoint and turns the mesh's error into a usage error", () => {
+    expect(parsePeerEndpointArg(" tcp://Node-1.Example.:07100 ")).toBe("tcp://node-1.example:7100");
+    expect(parsePeerEndpointArg("tcp://[0:0:0:0:0:0:0:1]:7100")).toBe("tcp://[::1]:7100");
+    expect(parsePeerEndpointArg("ipc:///tmp/kvmesh.sock")).toBe("ipc:///tmp/kvmesh.sock");
+    rejects(() => parsePeerEndpointArg("tcp://h"), 'endpoint "tcp://h": missing port');
+    rejects(() => parsePeerEndpointArg("tcp://::1:7100"), "IPv6 addresses must be bracketed");
+    rejects(() => parsePeerEndpointArg("h:7100"), "expected tcp://host:port");
+    rejects(() => parsePeerEndpointArg("tcp://h:*"), "wildcard port is only valid for a bind");
+  });
+
+  it("parses a peer list into canonical, de-duplicated endpoints in first-seen order", () => {
+    expect(parsePeerList("tcp://b:2, tcp://A:1,tcp://B:02,tcp://a:1")).toEqual(["tcp://b:2", "tcp://a:1"]);
+    expect(parsePeerList("")).toEqual([]);
+    expect(parsePeerList("  ")).toEqual([]);
+    rejects(() => parsePeerList(","), "peer #1 is empty");
+    rejects(() => parsePeerList("tcp://a:1,,tcp://b:2"), "peer #2 is empty (stray comma?)");
+    rejects(() => parsePeerList("tcp://a:1,tcp://b:99999"), 'endpoint "tcp://b:99999": port must be in 1-65535');
+  });
+
+  it("accepts advertise hosts peers can dial, IPv6 bracketed", () => {
+    expect(parseAdvertiseHost("10.0.0.5")).toBe("10.0.0.5");
+    expect(parseAdvertiseHost("Node-1.example")).toBe("node-1.example");
+    expect(parseAdvertiseHost("fe80:0::1")).toBe("[fe80::1]");
+    expect(parseAdvertiseHost("[::1]")).toBe("[::1]");
+    for (const bad of ["", "*", "node:1", "tcp://node", "300.1.1.1", "bad_name"]) rejects(() => parseAdvertiseHost(bad), "must be a hostname or an IP address");
+    for (const wild of ["0.0.0.0", "::", "[0::0]"]) rejects(() => parseAdvertiseHost(wild), "not a wildcard");
   });
 });
 

@@ -127,6 +127,9 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--selection-cache-ttl-secs", "30"],
   ["--selection-cache-max-entries", "100"],
   ["--body-limit-bytes", "1048576"],
+  ["--replica-sync-port", "7100"],
+  ["--peers", "tcp://b.example:7100,tcp://c.example:7100"],
+  ["--replica-sync-advertise-host", "a.example"],
 ];
 
 const ALL_FLAGS_CONFIG: DaemonConfig = {
@@ -152,6 +155,9 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
   selectionCacheTtlSecs: 30,
   selectionCacheMaxEntries: 100,
   bodyLimitBytes: 1_048_576,
+  replicaSyncPort: 7100,
+  peers: ["tcp://b.example:7100", "tcp://c.example:7100"],
+  replicaSyncAdvertiseHost: "a.example",
 };
 
 afterEach(() => {
@@ -240,6 +246,119 @@ describe("kvmesh serve: usage errors", () => {
     expect(await h.run("serve")).toBe(1);
     expect(h.err()).toContain("KVMESH_NO_KV_EVENTS is not read; set KVMESH_KV_EVENTS=false instead");
     expect(h.configs).toEqual([]);
+  });
+});
+
+describe("kvmesh serve: replica mesh flags", () => {
+  it("leaves the mesh off by default", async () => {
+    const c = await serveConfig();
+    expect(c.replicaSyncPort).toBeUndefined();
+    expect(c.peers).toEqual([]);
+    expect(c.replicaSyncAdvertiseHost).toBeUndefined();
+  });
+
+  it("canonicalises peers, drops duplicates and adds up repeated --peers", async () => {
+    const c = await serveConfig(
+      "--replica-sync-port", "7100",
+      "--peers", "tcp://B.Example:07100, tcp://b.example:7100,tcp://[0:0::1]:7200",
+      "--peers", "tcp://c:1,tcp://[::1]:7200",
+    );
+    expect(c.peers).toEqual(["tcp://b.example:7100", "tcp://[::1]:7200", "tcp://c:1"]);
+  });
+
+  it("brackets a bare IPv6 advertise host and lowercases names", async () => {
+    expect((await serveConfig("--replica-sync-port", "7100", "--replica-sync-advertise-host", "::1")).replicaSyncAdvertiseHost).toBe("[::1]");
+    expect((await serveConfig("--replica-sync-port", "7100", "--replica-sync-advertise-host", "Node-1.Example")).replicaSyncAdvertiseHost).toBe("node-1.example");
+  });
+
+  it("reads the mesh flags from KVMESH_* and lets the flags win", async () => {
+    vi.stubEnv("KVMESH_REPLICA_SYNC_PORT", "7300");
+    vi.stubEnv("KVMESH_PEERS", "tcp://a:1,tcp://A:01");
+    vi.stubEnv("KVMESH_REPLICA_SYNC_ADVERTISE_HOST", "10.0.0.5");
+    const fromEnv = await serveConfig();
+    expect([fromEnv.replicaSyncPort, fromEnv.peers, fromEnv.replicaSyncAdvertiseHost]).toEqual([7300, ["tcp://a:1"], "10.0.0.5"]);
+    const flags = await serveConfig("--replica-sync-port", "7400", "--peers", "tcp://b:2");
+    // The flag replaces the env list rather than adding to it.
+    expect([flags.replicaSyncPort, flags.peers]).toEqual([7400, ["tcp://b:2"]]);
+  });
+
+  it("treats an empty KVMESH_PEERS as no peers (no port needed)", async () => {
+    vi.stubEnv("KVMESH_PEERS", " ");
+    expect((await serveConfig()).peers).toEqual([]);
+  });
+
+  it("allows the replica-sync ports right next to the HTTP port, just not on it", async () => {
+    expect((await serveConfig("--port", "7000", "--replica-sync-port", "7001")).replicaSyncPort).toBe(7001);
+    expect((await serveConfig("--port", "7002", "--replica-sync-port", "7000")).replicaSyncPort).toBe(7000);
+    expect((await serveConfig("--port", "0", "--replica-sync-port", "65534")).replicaSyncPort).toBe(65_534);
+  });
+
+  const cases: readonly [string[], string][] = [
+    [["--peers", "tcp://b:7100"], "error: --peers requires --replica-sync-port"],
+    [["--replica-sync-advertise-host", "a.example"], "error: --replica-sync-advertise-host requires --replica-sync-port"],
+    [["--replica-sync-port", "0"], "error: option '--replica-sync-port <port>' argument '0' is invalid. must be an integer in [1, 65535]"],
+    [["--replica-sync-port", "65536"], "error: option '--replica-sync-port <port>' argument '65536' is invalid. must be an integer in [1, 65535]"],
+    [["--replica-sync-port", "x"], "error: option '--replica-sync-port <port>' argument 'x' is invalid."],
+    [["--replica-sync-port", "65535"], "error: --replica-sync-port 65535 leaves no room for the control port (65535 + 1 > 65535)"],
+    [["--port", "7100", "--replica-sync-port", "7100"], "error: --replica-sync-port 7100 is the same as --port 7100 (the HTTP port)"],
+    [["--port", "7101", "--replica-sync-port", "7100"], "error: --replica-sync-port 7100 puts its control port (7101) on --port 7101 (the HTTP port)"],
+    // The default HTTP port (8092) counts too.
+    [["--replica-sync-port", "8091"], "error: --replica-sync-port 8091 puts its control port (8092) on --port 8092"],
+    [["--replica-sync-port", "7100", "--peers", "tcp://b"], `error: option '--peers <list>' argument 'tcp://b' is invalid. endpoint "tcp://b": missing port`],
+    [["--replica-sync-port", "7100", "--peers", "tcp://b:1,,tcp://c:1"], "argument 'tcp://b:1,,tcp://c:1' is invalid. peer #2 is empty (stray comma?)"],
+    [["--replica-sync-port", "7100", "--peers", "tcp://b:1,"], "peer #2 is empty"],
+    [["--replica-sync-port", "7100", "--peers", "http://b:1"], `endpoint "http://b:1": unsupported transport "http"`],
+    [["--replica-sync-port", "7100", "--peers", "tcp://b:0"], "port must be in 1-65535"],
+    [["--replica-sync-port", "7100", "--peers", "tcp://*:7100"], "wildcard host is only valid for a bind"],
+    [["--replica-sync-port", "7100", "--replica-sync-advertise-host", "0.0.0.0"], "error: option '--replica-sync-advertise-host <host>' argument '0.0.0.0' is invalid. must be an address peers can connect to, not a wildcard"],
+    [["--replica-sync-port", "7100", "--replica-sync-advertise-host", "::"], "not a wildcard"],
+    [["--replica-sync-port", "7100", "--replica-sync-advertise-host", "node:7100"], "must be a hostname or an IP address (no scheme, no port)"],
+    [["--replica-sync-port", "7100", "--replica-sync-advertise-host", "tcp://node"], "must be a hostname or an IP address"],
+    [["--replica-sync-port", "7100", "--replica-sync-advertise-host", ""], "must be a hostname or an IP address"],
+  ];
+  for (const [args, message] of cases) {
+    it(`rejects ${args.join(" ")}`, async () => {
+      const h = harness();
+      expect(await h.run("serve", ...args)).toBe(1);
+      expect(h.err()).toContain(message);
+      expect(h.configs).toEqual([]);
+    });
+  }
+
+  it("names the env variables when the clash came from them", async () => {
+    vi.stubEnv("KVMESH_PEERS", "tcp://b:7100");
+    const h = harness();
+    expect(await h.run("serve")).toBe(1);
+    expect(h.err()).toContain("error: --peers (from KVMESH_PEERS) requires --replica-sync-port");
+    vi.stubEnv("KVMESH_REPLICA_SYNC_PORT", "9000");
+    const h2 = harness();
+    expect(await h2.run("serve", "--port", "9000")).toBe(1);
+    expect(h2.err()).toContain("error: --replica-sync-port (from KVMESH_REPLICA_SYNC_PORT) 9000 is the same as --port 9000");
+    expect([...h.configs, ...h2.configs]).toEqual([]);
+  });
+
+  it("rejects a bad KVMESH_PEERS naming the variable", async () => {
+    vi.stubEnv("KVMESH_REPLICA_SYNC_PORT", "7100");
+    vi.stubEnv("KVMESH_PEERS", "tcp://a:1,b:2");
+    const h = harness();
+    expect(await h.run("serve")).toBe(1);
+    expect(h.err()).toContain(`error: option '--peers <list>' value 'tcp://a:1,b:2' from env 'KVMESH_PEERS' is invalid. endpoint "b:2"`);
+    expect(h.configs).toEqual([]);
+  });
+
+  it("documents each mesh flag and its env variable in serve --help", () => {
+    const serve = buildCli().commands.find((c) => c.name() === "serve");
+    const help = (serve?.helpInformation() ?? "").replace(/\s+/g, " ");
+    for (const text of [
+      "--replica-sync-port <port>",
+      "(env: KVMESH_REPLICA_SYNC_PORT)",
+      "--peers <list>",
+      "(env: KVMESH_PEERS)",
+      "--replica-sync-advertise-host <host>",
+      "(env: KVMESH_REPLICA_SYNC_ADVERTISE_HOST)",
+    ]) {
+      expect(help).toContain(text);
+    }
   });
 });
 

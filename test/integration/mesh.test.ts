@@ -1,0 +1,169 @@
+/**
+ * Replica mesh end to end: real daemons in this process, real ZeroMQ sockets on loopback.
+ */
+import { Publisher } from "zeromq";
+import { pino } from "pino";
+import { afterEach, describe, expect, it } from "vitest";
+import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
+import { parseJson, stringifyJson } from "../../src/http/json.js";
+import { freePortPair } from "../helpers/ports.js";
+import { waitFor } from "../helpers/wait.js";
+
+const log = pino({ level: "silent" });
+const BS = 16;
+const running: Daemon[] = [];
+const sockets: Publisher[] = [];
+
+afterEach(async () => {
+  await Promise.all(running.splice(0).map((d) => d.close()));
+  for (const s of sockets.splice(0)) s.close();
+});
+
+async function replica(peers: string[] = [], affinity = true): Promise<{ d: Daemon; sync: string }> {
+  const port = await freePortPair();
+  const d = await startDaemon(
+    {
+      ...DEFAULT_DAEMON_CONFIG,
+      port: 0,
+      kvEvents: false,
+      replicaSyncPort: port,
+      peers,
+      ...(affinity ? { sessionAffinityTtlSecs: 600, sessionAffinityMode: "hard" as const } : {}),
+    },
+    log,
+  );
+  running.push(d);
+  return { d, sync: `tcp://127.0.0.1:${port}` };
+}
+
+async function call(d: Daemon, method: string, path: string, body?: unknown): Promise<{ status: number; json: unknown }> {
+  const res = await fetch(`http://${d.host}:${d.port}${path}`, {
+    method,
+    headers: body === undefined ? {} : { "content-type": "application/json" },
+    ...(body === undefined ? {} : { body: stringifyJson(body) }),
+  });
+  const text = await res.text();
+  return { status: res.status, json: text === "" ? null : parseJson(text) };
+}
+
+const addWorkers = async (d: Daemon, ids: number[]) => {
+  for (const id of ids) expect((await call(d, "POST", "/workers", { worker_id: id, endpoint: `http://w${id}`, block_size: BS })).status).toBe(201);
+};
+const tokens = (blocks: number, seed: number): number[] => Array.from({ length: blocks * BS }, (_, i) => seed * 100_000 + i);
+const loads = async (d: Daemon): Promise<string> => JSON.stringify((await call(d, "GET", "/loads")).json);
+const totalActive = (d: Daemon): number => d.service.loads().reduce((n, p) => n + p.loads.reduce((m, l) => m + l.active_requests, 0), 0);
+
+describe("replica mesh", () => {
+  it("three replicas converge on load through select_and_reserve, prefill_complete and free", async () => {
+    const a = await replica();
+    const b = await replica([a.sync]);
+    const c = await replica([a.sync, b.sync]);
+    for (const r of [a, b, c]) await addWorkers(r.d, [1, 2, 3]);
+    // Peering is symmetric: registering A on C made A receive from C too.
+    await waitFor(() => [a, b, c].every((r) => (r.d.mesh?.listPeers() ?? []).filter((p) => p.sync === "live").length === 2), 5_000, "a full live mesh");
+
+    const ids: string[] = [];
+    for (let i = 0; i < 9; i++) {
+      const r = [a, b, c][i % 3] as { d: Daemon };
+      const res = await call(r.d, "POST", "/select_and_reserve", { token_ids: tokens(4, i), selection_id: `r${i}` });
+      expect(res.status).toBe(200);
+      ids.push(`r${i}`);
+    }
+    await waitFor(async () => (await loads(a.d)) === (await loads(b.d)) && (await loads(b.d)) === (await loads(c.d)) && totalActive(a.d) === 9, 5_000, "loads equal on all replicas");
+
+    // Lifecycle calls resolve on any replica, not just the one that booked.
+    for (const [i, id] of ids.entries()) {
+      const r = [b, c, a][i % 3] as { d: Daemon };
+      expect((await call(r.d, "POST", `/reservations/${id}/prefill_complete`)).status).toBe(200);
+      expect((await call(r.d, "DELETE", `/reservations/${id}`)).status).toBe(200);
+    }
+    await waitFor(() => [a, b, c].every((r) => totalActive(r.d) === 0), 5_000, "all bookings freed everywhere");
+    expect(await loads(a.d)).toBe(await loads(c.d));
+    const peers = (await call(a.d, "GET", "/replica_sync/peers")).json as { endpoint: string; state: string; last_seq: number }[];
+    expect(peers.map((p) => p.endpoint).sort()).toEqual([b.sync, c.sync].sort());
+    expect(peers.every((p) => p.state === "alive" && p.last_seq > 0)).toBe(true);
+  });
+
+  it("a session bound through A is routed to the same worker through B and C", async () => {
+    const a = await replica();
+    const b = await replica([a.sync]);
+    const c = await replica([a.sync, b.sync]);
+    for (const r of [a, b, c]) await addWorkers(r.d, [1, 2, 3, 4]);
+    await waitFor(() => [a, b, c].every((r) => (r.d.mesh?.listPeers() ?? []).filter((p) => p.sync === "live").length === 2), 5_000, "a full live mesh");
+    const first = (await call(a.d, "POST", "/select_and_reserve", { token_ids: tokens(2, 1), session_id: "conv-1" })).json as { worker_id: number };
+    await waitFor(() => b.d.service.sizes().affinityEntries === 1 && c.d.service.sizes().affinityEntries === 1, 5_000, "binding replicated");
+    for (const r of [b, c]) {
+      for (let i = 0; i < 5; i++) {
+        const res = (await call(r.d, "POST", "/select_and_reserve", { token_ids: tokens(3, 10 + i), session_id: "conv-1" })).json as { worker_id: number };
+        expect(res.worker_id).toBe(first.worker_id);
+      }
+    }
+  });
+
+  it("register_peer forms both directions and deregister_peer stops delivery both ways", async () => {
+    const a = await replica();
+    const b = await replica();
+    for (const r of [a, b]) await addWorkers(r.d, [1, 2]);
+    expect((await call(a.d, "POST", "/replica_sync/register_peer", { endpoint: b.sync })).status).toBe(201);
+    expect((await call(a.d, "POST", "/replica_sync/register_peer", { endpoint: b.sync })).status).toBe(200);
+    expect((await call(a.d, "POST", "/replica_sync/register_peer", { endpoint: "udp://x" })).status).toBe(400);
+    await waitFor(() => (b.d.mesh?.listPeers() ?? []).some((p) => p.endpoint === a.sync), 5_000, "B peered back with A");
+    await call(b.d, "POST", "/select_and_reserve", { token_ids: tokens(2, 1), selection_id: "from-b" });
+    await call(a.d, "POST", "/select_and_reserve", { token_ids: tokens(2, 2), selection_id: "from-a" });
+    await waitFor(() => totalActive(a.d) === 2 && totalActive(b.d) === 2, 5_000, "both directions deliver");
+
+    expect((await call(a.d, "POST", "/replica_sync/deregister_peer", { endpoint: b.sync })).status).toBe(200);
+    expect((await call(a.d, "POST", "/replica_sync/deregister_peer", { endpoint: b.sync })).status).toBe(404);
+    // The departed origin's mirrored load is dropped on both sides.
+    await waitFor(() => totalActive(a.d) === 1 && totalActive(b.d) === 1, 5_000, "mirrored bookings dropped");
+    await call(b.d, "POST", "/select_and_reserve", { token_ids: tokens(2, 3), selection_id: "after" });
+    await new Promise((r) => setTimeout(r, 300));
+    expect(a.d.service.hasReservation("after")).toBe(false);
+    expect((b.d.mesh?.listPeers() ?? []).length).toBe(0);
+  });
+
+  it("a replica that starts late pulls the fleet's load and bindings from snapshots within a second", async () => {
+    const a = await replica();
+    await addWorkers(a.d, [1, 2, 3]);
+    for (let i = 0; i < 20; i++) await call(a.d, "POST", "/select_and_reserve", { token_ids: tokens(4, i), selection_id: `s${i}`, session_id: `sess-${i % 5}` });
+    const c = await replica();
+    await addWorkers(c.d, [1, 2, 3]);
+    const t0 = performance.now();
+    expect((await call(c.d, "POST", "/replica_sync/register_peer", { endpoint: a.sync })).status).toBe(201);
+    await waitFor(async () => totalActive(c.d) === 20 && (await loads(c.d)) === (await loads(a.d)) && c.d.service.sizes().affinityEntries === 5, 5_000, "late replica converged");
+    expect(performance.now() - t0).toBeLessThan(1_000);
+  });
+
+  it("a binding that arrives before its worker is parked and applied when the worker registers", async () => {
+    const a = await replica();
+    const b = await replica([a.sync]);
+    await addWorkers(a.d, [1, 2]);
+    await addWorkers(b.d, [1]);
+    await waitFor(() => (a.d.mesh?.listPeers() ?? []).some((p) => p.sync === "live") && (b.d.mesh?.listPeers() ?? []).some((p) => p.sync === "live"), 5_000, "mesh live");
+    const bound = (await call(a.d, "POST", "/select_and_reserve", { token_ids: tokens(2, 1), session_id: "early", allowed_worker_ids: [2] })).json as { worker_id: number };
+    expect(bound.worker_id).toBe(2);
+    await waitFor(() => b.d.service.parkedBindings === 1, 5_000, "binding parked on B");
+    await addWorkers(b.d, [2]);
+    expect(b.d.service.parkedBindings).toBe(0);
+    const r = (await call(b.d, "POST", "/select_and_reserve", { token_ids: tokens(2, 5), session_id: "early" })).json as { worker_id: number };
+    expect(r.worker_id).toBe(2);
+  });
+
+  it("counts and ignores frames from an unknown or malformed source", async () => {
+    const a = await replica();
+    await addWorkers(a.d, [1]);
+    const rogue = new Publisher({ linger: 0 });
+    sockets.push(rogue);
+    await rogue.bind("tcp://127.0.0.1:*");
+    const ep = rogue.lastEndpoint ?? "";
+    await call(a.d, "POST", "/replica_sync/register_peer", { endpoint: ep });
+    const before = a.d.mesh?.stats.malformed ?? 0;
+    await waitFor(async () => {
+      await rogue.send(["kvmesh.batch.v1", Buffer.from([0xc1, 0x00, 0xff])]);
+      await rogue.send(["unknown.topic", "x"]);
+      return (a.d.mesh?.stats.malformed ?? 0) > before;
+    }, 5_000, "malformed frames counted");
+    expect((await call(a.d, "GET", "/health")).status).toBe(200);
+    expect(totalActive(a.d)).toBe(0);
+  });
+});
