@@ -1,98 +1,35 @@
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { createServer, type IncomingMessage, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { CommanderError, type Command } from "commander";
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
-import { buildCli } from "../../cli/program.js";
 import { parseJson } from "../../src/http/json.js";
+import { refusedUrl, runCli, startRecordingServer, type RecordingServer, type RunResult, type Seen } from "../helpers/cli-harness.js";
 
-interface Seen {
-  readonly method: string;
-  readonly url: string;
-  readonly contentType: string | undefined;
-  readonly body: string;
-}
-
-interface Reply {
-  readonly status: number;
-  readonly body: string;
-}
-
-/** A node:http server that records every request and answers with the queued reply. */
-let server: Server;
+let srv: RecordingServer;
 let baseUrl: string;
-const seen: Seen[] = [];
-let reply: Reply = { status: 200, body: "{}" };
-
-const readBody = async (req: IncomingMessage): Promise<string> => {
-  const chunks: Buffer[] = [];
-  for await (const c of req) chunks.push(c as Buffer);
-  return Buffer.concat(chunks).toString("utf8");
-};
+let seen: Seen[];
 
 beforeAll(async () => {
-  server = createServer((req, res) => {
-    void readBody(req).then((body) => {
-      seen.push({ method: req.method ?? "", url: req.url ?? "", contentType: req.headers["content-type"], body });
-      res.writeHead(reply.status, { "content-type": "application/json" }).end(reply.body);
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  baseUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  srv = await startRecordingServer();
+  baseUrl = srv.baseUrl;
+  seen = srv.seen;
 });
 
-afterAll(async () => {
-  await new Promise<void>((resolve) => {
-    server.close(() => {
-      resolve();
-    });
-  });
-});
+afterAll(() => srv.close());
 
 afterEach(() => {
   seen.length = 0;
-  reply = { status: 200, body: "{}" };
+  srv.reply = { status: 200, body: "{}" };
   vi.unstubAllEnvs();
 });
 
-interface RunResult {
-  readonly code: number;
-  readonly out: string;
-  readonly err: string;
-}
-
-/** Runs the real command tree with process effects captured; `code` is the exit code. */
-async function cli(...args: string[]): Promise<RunResult> {
-  const out: string[] = [];
-  const err: string[] = [];
-  const exits: number[] = [];
-  const program = buildCli({
-    writeOut: (s) => out.push(s),
-    writeErr: (s) => err.push(s),
-    exit: (c) => exits.push(c),
-    startDaemon: () => Promise.reject(new Error("no daemon in client tests")),
-  });
-  const all = (c: Command): Command[] => [c, ...c.commands.flatMap(all)];
-  for (const c of all(program)) c.exitOverride();
-  let code: number;
-  try {
-    await program.parseAsync(args, { from: "user" });
-    expect(exits.length).toBeLessThanOrEqual(1);
-    code = exits[0] ?? 0;
-  } catch (e) {
-    if (!(e instanceof CommanderError)) throw e;
-    code = e.exitCode;
-  }
-  return { code, out: out.join(""), err: err.join("") };
-}
+const cli = (...args: string[]): Promise<RunResult> => runCli(args);
 
 const U64_MAX = "18446744073709551615";
 
 describe("kvmesh workers add", () => {
   it("POSTs the WorkerRequest with the u64 id as an exact bare integer", async () => {
-    reply = { status: 201, body: `{"worker_id":${U64_MAX},"lifecycle":"schedulable","taints":["gpu"]}` };
+    srv.reply = { status: 201, body: `{"worker_id":${U64_MAX},"lifecycle":"schedulable","taints":["gpu"]}` };
     const r = await cli(
       "workers", "add", U64_MAX, "--url", baseUrl,
       "--endpoint", "http://w1:8000", "--block-size", "16", "--model-name", "llama", "--routing-group", "blue",
@@ -156,7 +93,7 @@ describe("kvmesh workers list / remove", () => {
   const recordsText = `[${JSON.stringify(records[0])},${JSON.stringify({ ...records[1], worker_id: 0 }).replace('"worker_id":0', `"worker_id":${U64_MAX}`)}]`;
 
   it("GETs /workers with the filters as query parameters", async () => {
-    reply = { status: 200, body: recordsText };
+    srv.reply = { status: 200, body: recordsText };
     const r = await cli("workers", "list", "--url", baseUrl, "--model-name", "llama", "--routing-group", "blue green");
     expect(r.code).toBe(0);
     expect(seen[0]).toMatchObject({ method: "GET", url: "/workers?model_name=llama&routing_group=blue+green", body: "" });
@@ -164,7 +101,7 @@ describe("kvmesh workers list / remove", () => {
   });
 
   it("prints a compact table with --table", async () => {
-    reply = { status: 200, body: recordsText };
+    srv.reply = { status: 200, body: recordsText };
     const r = await cli("workers", "list", "--url", baseUrl, "--table");
     expect(seen[0]?.url).toBe("/workers");
     expect(r.out.split("\n")).toEqual([
@@ -176,7 +113,7 @@ describe("kvmesh workers list / remove", () => {
   });
 
   it("DELETEs /workers/<id> with the exact id", async () => {
-    reply = { status: 200, body: `{"worker_id":9007199254740993,"lifecycle":"unschedulable"}` };
+    srv.reply = { status: 200, body: `{"worker_id":9007199254740993,"lifecycle":"unschedulable"}` };
     const r = await cli("workers", "remove", "9007199254740993", "--url", baseUrl);
     expect(r.code).toBe(0);
     expect(seen[0]).toMatchObject({ method: "DELETE", url: "/workers/9007199254740993" });
@@ -184,35 +121,28 @@ describe("kvmesh workers list / remove", () => {
   });
 
   it("prints `error: <status> <message>` and exits 1 on an HTTP error", async () => {
-    reply = { status: 404, body: '{"error":"worker 5 not found","code":"KVMESH_WORKER_NOT_FOUND"}' };
+    srv.reply = { status: 404, body: '{"error":"worker 5 not found","code":"KVMESH_WORKER_NOT_FOUND"}' };
     const r = await cli("workers", "remove", "5", "--url", baseUrl);
     expect(r).toEqual({ code: 1, out: "", err: "error: 404 worker 5 not found\n" });
   });
 
   it("falls back to the body text when the error body is not JSON", async () => {
-    reply = { status: 502, body: "Bad gateway" };
+    srv.reply = { status: 502, body: "Bad gateway" };
     const r = await cli("workers", "list", "--url", baseUrl);
     expect(r).toEqual({ code: 1, out: "", err: "error: 502 Bad gateway\n" });
   });
 
   it("names the URL when nothing listens there", async () => {
-    const closed = createServer();
-    await new Promise<void>((resolve) => closed.listen(0, "127.0.0.1", resolve));
-    const port = (closed.address() as AddressInfo).port;
-    await new Promise<void>((resolve) => {
-      closed.close(() => {
-        resolve();
-      });
-    });
-    const r = await cli("workers", "list", "--url", `http://127.0.0.1:${port}`);
+    const url = await refusedUrl();
+    const r = await cli("workers", "list", "--url", url);
     expect(r.code).toBe(1);
     expect(r.out).toBe("");
-    expect(r.err).toBe(`error: cannot reach kvmesh at http://127.0.0.1:${port} (connection refused); is the daemon running?\n`);
+    expect(r.err).toBe(`error: cannot reach kvmesh at ${url} (connection refused); is the daemon running?\n`);
   });
 
   it("takes the URL from KVMESH_URL, keeps its path prefix, and lets --url win", async () => {
     vi.stubEnv("KVMESH_URL", `${baseUrl}/kvmesh/`);
-    reply = { status: 200, body: "[]" };
+    srv.reply = { status: 200, body: "[]" };
     expect((await cli("workers", "list")).code).toBe(0);
     expect(seen[0]?.url).toBe("/kvmesh/workers");
     vi.stubEnv("KVMESH_URL", "http://127.0.0.1:1");
@@ -239,7 +169,7 @@ describe("kvmesh select", () => {
   });
 
   it("POSTs /select with the prompt, partition and session", async () => {
-    reply = { status: 200, body: `{"worker_id":${U64_MAX},"dp_rank":0}` };
+    srv.reply = { status: 200, body: `{"worker_id":${U64_MAX},"dp_rank":0}` };
     const r = await cli("select", "--url", baseUrl, "--tokens", "1,2,3", "--model-name", "llama", "--session-id", "chat-1");
     expect(r.code).toBe(0);
     expect(seen[0]).toMatchObject({ method: "POST", url: "/select", contentType: "application/json" });
@@ -257,7 +187,7 @@ describe("kvmesh select", () => {
   });
 
   it("reports the daemon's error and exits 1", async () => {
-    reply = { status: 503, body: '{"error":"no schedulable workers for llama:default"}' };
+    srv.reply = { status: 503, body: '{"error":"no schedulable workers for llama:default"}' };
     const r = await cli("select", "--url", baseUrl, "--tokens", "1");
     expect(r).toEqual({ code: 1, out: "", err: "error: 503 no schedulable workers for llama:default\n" });
   });

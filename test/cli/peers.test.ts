@@ -1,92 +1,29 @@
-import { createServer, type IncomingMessage, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
-import { CommanderError, type Command } from "commander";
-import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import type { FetchFn } from "../../cli/http-client.js";
 import { renderPeersTable } from "../../cli/peers.js";
 import { buildCli } from "../../cli/program.js";
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import { parseJson } from "../../src/http/json.js";
+import { refusedUrl, runCli, startRecordingServer, type RecordingServer, type RunResult, type Seen } from "../helpers/cli-harness.js";
 
-interface Seen {
-  readonly method: string;
-  readonly url: string;
-  readonly contentType: string | undefined;
-  readonly body: string;
-}
-
-interface Reply {
-  readonly status: number;
-  readonly body: string;
-}
-
-/** A node:http server that records every request and answers with the queued reply. */
-let server: Server;
+let srv: RecordingServer;
 let baseUrl: string;
-const seen: Seen[] = [];
-let reply: Reply = { status: 200, body: "{}" };
-
-const readBody = async (req: IncomingMessage): Promise<string> => {
-  const chunks: Buffer[] = [];
-  for await (const c of req) chunks.push(c as Buffer);
-  return Buffer.concat(chunks).toString("utf8");
-};
+let seen: Seen[];
 
 beforeAll(async () => {
-  server = createServer((req, res) => {
-    void readBody(req).then((body) => {
-      seen.push({ method: req.method ?? "", url: req.url ?? "", contentType: req.headers["content-type"], body });
-      res.writeHead(reply.status, { "content-type": "application/json" }).end(reply.body);
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  baseUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  srv = await startRecordingServer();
+  baseUrl = srv.baseUrl;
+  seen = srv.seen;
 });
 
-afterAll(async () => {
-  await new Promise<void>((resolve) => {
-    server.close(() => {
-      resolve();
-    });
-  });
-});
+afterAll(() => srv.close());
 
 afterEach(() => {
   seen.length = 0;
-  reply = { status: 200, body: "{}" };
+  srv.reply = { status: 200, body: "{}" };
   vi.unstubAllEnvs();
 });
 
-interface RunResult {
-  readonly code: number;
-  readonly out: string;
-  readonly err: string;
-}
-
-/** Runs the real command tree with process effects captured; `code` is the exit code. */
-async function cli(args: readonly string[], fetch?: FetchFn): Promise<RunResult> {
-  const out: string[] = [];
-  const err: string[] = [];
-  const exits: number[] = [];
-  const program = buildCli({
-    writeOut: (s) => out.push(s),
-    writeErr: (s) => err.push(s),
-    exit: (c) => exits.push(c),
-    startDaemon: () => Promise.reject(new Error("no daemon in client tests")),
-    ...(fetch === undefined ? {} : { fetch }),
-  });
-  const all = (c: Command): Command[] => [c, ...c.commands.flatMap(all)];
-  for (const c of all(program)) c.exitOverride();
-  let code: number;
-  try {
-    await program.parseAsync([...args], { from: "user" });
-    expect(exits.length).toBeLessThanOrEqual(1);
-    code = exits[0] ?? 0;
-  } catch (e) {
-    if (!(e instanceof CommanderError)) throw e;
-    code = e.exitCode;
-  }
-  return { code, out: out.join(""), err: err.join("") };
-}
+const cli = (args: readonly string[], fetch?: FetchFn): Promise<RunResult> => runCli(args, fetch);
 
 const peers = (...args: string[]): Promise<RunResult> => cli(["peers", ...args, "--admin", baseUrl]);
 
@@ -94,28 +31,28 @@ const DISABLED = '{"error":"replica sync is disabled","code":"KVMESH_REPLICA_SYN
 
 describe("kvmesh peers add", () => {
   it("POSTs the canonical endpoint and prints `added` on 201", async () => {
-    reply = { status: 201, body: '{"status":"ok","endpoint":"tcp://b.example:7100","added":true}' };
+    srv.reply = { status: 201, body: '{"status":"ok","endpoint":"tcp://b.example:7100","added":true}' };
     const r = await peers("add", "tcp://B.Example:07100");
     expect(r).toEqual({ code: 0, out: "added tcp://b.example:7100\n", err: "" });
     expect(seen).toEqual([{ method: "POST", url: "/replica_sync/register_peer", contentType: "application/json", body: '{"endpoint":"tcp://b.example:7100"}' }]);
   });
 
   it("prints `already present` on 200", async () => {
-    reply = { status: 200, body: '{"status":"ok","endpoint":"tcp://b:7100","added":false}' };
+    srv.reply = { status: 200, body: '{"status":"ok","endpoint":"tcp://b:7100","added":false}' };
     expect(await peers("add", "tcp://b:7100")).toEqual({ code: 0, out: "already present tcp://b:7100\n", err: "" });
   });
 
   it("prints the endpoint the daemon stored, or ours when the answer has none", async () => {
-    reply = { status: 201, body: '{"endpoint":"tcp://[::1]:7100"}' };
+    srv.reply = { status: 201, body: '{"endpoint":"tcp://[::1]:7100"}' };
     expect((await peers("add", "tcp://[0::1]:7100")).out).toBe("added tcp://[::1]:7100\n");
-    reply = { status: 201, body: "" };
+    srv.reply = { status: 201, body: "" };
     expect((await peers("add", "tcp://[0::1]:7100")).out).toBe("added tcp://[::1]:7100\n");
     expect(seen.map((s) => s.body)).toEqual(['{"endpoint":"tcp://[::1]:7100"}', '{"endpoint":"tcp://[::1]:7100"}']);
   });
 
   it("exits 1 with `409 replica sync is disabled` when the mesh is off, whatever the body", async () => {
     for (const body of [DISABLED, ""]) {
-      reply = { status: 409, body };
+      srv.reply = { status: 409, body };
       const r = await peers("add", "tcp://b:7100");
       expect(r.code).toBe(1);
       expect(r.out).toBe("");
@@ -124,7 +61,7 @@ describe("kvmesh peers add", () => {
   });
 
   it("reports other daemon errors with their message", async () => {
-    reply = { status: 400, body: '{"error":"endpoint must be a string","code":"KVMESH_BAD_REQUEST"}' };
+    srv.reply = { status: 400, body: '{"error":"endpoint must be a string","code":"KVMESH_BAD_REQUEST"}' };
     expect(await peers("add", "tcp://b:7100")).toEqual({ code: 1, out: "", err: "error: 400 endpoint must be a string\n" });
   });
 
@@ -147,19 +84,19 @@ describe("kvmesh peers add", () => {
 
 describe("kvmesh peers remove", () => {
   it("POSTs /replica_sync/deregister_peer and prints `removed`", async () => {
-    reply = { status: 200, body: '{"status":"ok","endpoint":"tcp://b:7100","removed":true}' };
+    srv.reply = { status: 200, body: '{"status":"ok","endpoint":"tcp://b:7100","removed":true}' };
     const r = await peers("remove", "tcp://B:7100");
     expect(r).toEqual({ code: 0, out: "removed tcp://b:7100\n", err: "" });
     expect(seen).toEqual([{ method: "POST", url: "/replica_sync/deregister_peer", contentType: "application/json", body: '{"endpoint":"tcp://b:7100"}' }]);
   });
 
   it("exits 1 with `peer not found` on 404", async () => {
-    reply = { status: 404, body: '{"error":"peer not found","code":"KVMESH_PEER_NOT_FOUND"}' };
+    srv.reply = { status: 404, body: '{"error":"peer not found","code":"KVMESH_PEER_NOT_FOUND"}' };
     expect(await peers("remove", "tcp://b:7100")).toEqual({ code: 1, out: "", err: "error: 404 peer not found: tcp://b:7100\n" });
   });
 
   it("exits 1 on 409 when the mesh is off", async () => {
-    reply = { status: 409, body: DISABLED };
+    srv.reply = { status: 409, body: DISABLED };
     const r = await peers("remove", "tcp://b:7100");
     expect(r.code).toBe(1);
     expect(r.err).toContain("error: 409 replica sync is disabled");
@@ -178,7 +115,7 @@ describe("kvmesh peers list", () => {
   const entries = `[{"endpoint":"tcp://b:7100","origin":${U64_MAX},"state":"live","last_seq":42,"lag_p99_ms":3.5,"gaps":0,"snapshots":1},` + '{"endpoint":"tcp://c:7100","state":"connecting"},"tcp://d:7100"]';
 
   it("GETs /replica_sync/peers and prints the JSON, big origins exact", async () => {
-    reply = { status: 200, body: entries };
+    srv.reply = { status: 200, body: entries };
     const r = await peers("list");
     expect(r.code).toBe(0);
     expect(seen).toEqual([{ method: "GET", url: "/replica_sync/peers", contentType: undefined, body: "" }]);
@@ -187,7 +124,7 @@ describe("kvmesh peers list", () => {
   });
 
   it("prints a table with --table, tolerating missing fields and bare endpoints", async () => {
-    reply = { status: 200, body: entries };
+    srv.reply = { status: 200, body: entries };
     const r = await peers("list", "--table");
     expect(r.code).toBe(0);
     expect(r.out.split("\n")).toEqual([
@@ -206,7 +143,7 @@ describe("kvmesh peers list", () => {
   });
 
   it("exits 1 on an HTTP error", async () => {
-    reply = { status: 500, body: '{"error":"boom"}' };
+    srv.reply = { status: 500, body: '{"error":"boom"}' };
     expect(await peers("list", "--table")).toEqual({ code: 1, out: "", err: "error: 500 boom\n" });
   });
 });
@@ -224,7 +161,7 @@ describe("kvmesh peers: daemon address", () => {
 
   it("takes the address from KVMESH_ADMIN (path prefix kept) and lets --admin win", async () => {
     vi.stubEnv("KVMESH_ADMIN", `${baseUrl}/kvmesh/`);
-    reply = { status: 200, body: "[]" };
+    srv.reply = { status: 200, body: "[]" };
     expect((await cli(["peers", "list"])).code).toBe(0);
     expect(seen[0]?.url).toBe("/kvmesh/replica_sync/peers");
     vi.stubEnv("KVMESH_ADMIN", "http://127.0.0.1:1");
@@ -241,16 +178,9 @@ describe("kvmesh peers: daemon address", () => {
   });
 
   it("names the URL when nothing listens there", async () => {
-    const closed = createServer();
-    await new Promise<void>((resolve) => closed.listen(0, "127.0.0.1", resolve));
-    const port = (closed.address() as AddressInfo).port;
-    await new Promise<void>((resolve) => {
-      closed.close(() => {
-        resolve();
-      });
-    });
-    const r = await cli(["peers", "add", "tcp://b:7100", "--admin", `http://127.0.0.1:${port}`]);
-    expect(r).toEqual({ code: 1, out: "", err: `error: cannot reach kvmesh at http://127.0.0.1:${port} (connection refused); is the daemon running?\n` });
+    const url = await refusedUrl();
+    const r = await cli(["peers", "add", "tcp://b:7100", "--admin", url]);
+    expect(r).toEqual({ code: 1, out: "", err: `error: cannot reach kvmesh at ${url} (connection refused); is the daemon running?\n` });
   });
 });
 
