@@ -95,6 +95,13 @@ const newRankState = (): RankState => ({
   prefillAnchorMs: 0,
 });
 
+/** A pair of weight `weight` < 1 left the rank (freed, or touched again and so whole). */
+function dropFraction(st: RankState, weight: number): void {
+  st.fractionalCount--;
+  // Reset rather than subtract the last one, so float drift cannot leave a phantom 1e-16 block.
+  st.fractionalDeficit = st.fractionalCount === 0 ? 0 : st.fractionalDeficit - (1 - weight);
+}
+
 /**
  * Sequence hashes are XXH3 output, already uniform; the mix only guards against structured
  * test inputs (e.g. small consecutive integers) clustering in the linear probe. The low bits
@@ -158,7 +165,13 @@ class ActiveBlockIndex {
   #size = 0;
   #poolRanks = new Int32Array(INITIAL_POOL_ENTRIES);
   #poolRefs = new Int32Array(INITIAL_POOL_ENTRIES);
-  #poolWeights = new Float64Array(INITIAL_POOL_ENTRIES);
+  /**
+   * Weight of every pair; 1 except for pairs down-weighted by addOutputBlock's decay. Free
+   * entries are kept at 1 too, so while no pair is down-weighted (`#weightedPairs === 0`, the
+   * common case) add and free never touch this array (one miss per pair less).
+   */
+  #poolWeights = new Float64Array(INITIAL_POOL_ENTRIES).fill(1);
+  #weightedPairs = 0;
   #poolTop = 0;
   /** Free runs per size class (class k = 2^k entries). */
   readonly #freeRuns: number[][] = [];
@@ -270,19 +283,109 @@ class ActiveBlockIndex {
   }
 
   /**
-   * Reads the home tag and slot of every hash (no branch on the loaded data) so the misses
-   * overlap before a dependent per-hash update loop (add / free).
+   * Takes one reference on (hash, rank) for every pair of `list` and updates the rank's totals
+   * (`add`'s path): one warming pass, then the per-pair updates with the table's arrays held in
+   * locals. Consecutive hashes of a chain usually list their holders in the same order, so the
+   * rank's position in the previous hash's run is tried before scanning (a prefix held by 200
+   * ranks would otherwise cost ~100 compares per hash). A new hash takes the one-pair path.
    */
-  warm(list: ArrayLike<number>): void {
-    const tags = this.#tags;
-    const slots = this.#slots;
-    const mask = this.#mask;
-    let sink = 0;
-    for (let i = 0; i + 1 < list.length; i += 2) {
-      const s = mix((list[i] as number) | 0, (list[i + 1] as number) | 0) & mask;
-      sink ^= (tags[s] as number) ^ (slots[s * SLOT_WORDS] as number);
+  touchAll(list: Uint32Array, rank: number, st: RankState): void {
+    const n = list.length >>> 1;
+    if (n === 0) return;
+    this.#warm(list, n);
+    let slots = this.#slots;
+    let ranks = this.#poolRanks;
+    let refs = this.#poolRefs;
+    let hint = 0;
+    for (let i = 0; i < n; i++) {
+      const b = this.#find((list[2 * i] as number) | 0, (list[2 * i + 1] as number) | 0);
+      if (b < 0) {
+        const previous = this.touch(list[2 * i] as number, list[2 * i + 1] as number, rank);
+        if (previous === PAIR_CREATED) st.uniqueBlocks++;
+        else if (previous < 1) dropFraction(st, previous);
+        slots = this.#slots;
+        ranks = this.#poolRanks;
+        refs = this.#poolRefs;
+        continue;
+      }
+      const off = slots[b + 2] as number;
+      const meta = slots[b + 3] as number;
+      const len = meta & LEN_MASK;
+      let k = -1;
+      if (hint < len && ranks[off + hint] === rank) {
+        k = off + hint;
+      } else {
+        for (let j = off, end = off + len; j < end; j++) {
+          if (ranks[j] === rank) {
+            k = j;
+            break;
+          }
+        }
+      }
+      if (k >= 0) {
+        refs[k] = (refs[k] as number) + 1;
+        hint = k - off;
+        if (this.#weightedPairs > 0) {
+          const w = this.#poolWeights[k] as number;
+          if (w !== 1) {
+            this.#poolWeights[k] = 1;
+            this.#weightedPairs--;
+            dropFraction(st, w);
+          }
+        }
+        continue;
+      }
+      this.#appendHolder(b, off, meta, rank);
+      ranks = this.#poolRanks;
+      refs = this.#poolRefs;
+      hint = len;
+      st.uniqueBlocks++;
     }
-    this.warmDigest = sink;
+  }
+
+  /**
+   * Drops one reference on (hash, rank) for every pair of `list` and updates the rank's totals
+   * (`free`'s path), like touchAll. Each slot is found afresh (from cache after the warming
+   * pass) because deleting a hash's last holder backward-shifts later slots.
+   */
+  untouchAll(list: Uint32Array, rank: number, st: RankState): void {
+    const n = list.length >>> 1;
+    if (n === 0) return;
+    this.#warm(list, n);
+    const slots = this.#slots;
+    const ranks = this.#poolRanks;
+    const refs = this.#poolRefs;
+    let hint = 0;
+    for (let i = 0; i < n; i++) {
+      const hi = (list[2 * i] as number) | 0;
+      const lo = (list[2 * i + 1] as number) | 0;
+      const b = this.#find(hi, lo);
+      if (b < 0) continue;
+      const off = slots[b + 2] as number;
+      const meta = slots[b + 3] as number;
+      const len = meta & LEN_MASK;
+      let k = -1;
+      if (hint < len && ranks[off + hint] === rank) {
+        k = off + hint;
+      } else {
+        for (let j = off, end = off + len; j < end; j++) {
+          if (ranks[j] === rank) {
+            k = j;
+            break;
+          }
+        }
+      }
+      if (k < 0) continue;
+      hint = k - off;
+      const left = (refs[k] as number) - 1;
+      if (left > 0) {
+        refs[k] = left;
+        continue;
+      }
+      const w = this.#removeHolder(b, off, meta, k);
+      st.uniqueBlocks--;
+      if (w < 1) dropFraction(st, w);
+    }
   }
 
   /**
@@ -306,72 +409,24 @@ class ActiveBlockIndex {
       this.#size++;
       this.#poolRanks[off] = rank;
       this.#poolRefs[off] = 1;
-      this.#poolWeights[off] = 1;
       return PAIR_CREATED;
     }
     const slots = this.#slots;
-    let off = slots[b + 2] as number;
+    const off = slots[b + 2] as number;
     const meta = slots[b + 3] as number;
-    const len = meta & LEN_MASK;
-    const end = off + len;
+    const end = off + (meta & LEN_MASK);
     for (let k = off; k < end; k++) {
       if (this.#poolRanks[k] !== rank) continue;
       this.#poolRefs[k] = (this.#poolRefs[k] as number) + 1;
       const w = this.#poolWeights[k] as number;
-      this.#poolWeights[k] = 1;
+      if (w !== 1) {
+        this.#poolWeights[k] = 1;
+        this.#weightedPairs--;
+      }
       return w;
     }
-    let cls = meta >>> LEN_BITS;
-    if (len === 1 << cls) {
-      const next = this.#allocRun(cls + 1);
-      this.#poolRanks.copyWithin(next, off, end);
-      this.#poolRefs.copyWithin(next, off, end);
-      this.#poolWeights.copyWithin(next, off, end);
-      this.#freeRun(off, cls);
-      off = next;
-      cls++;
-      slots[b + 2] = off;
-    }
-    this.#poolRanks[off + len] = rank;
-    this.#poolRefs[off + len] = 1;
-    this.#poolWeights[off + len] = 1;
-    slots[b + 3] = (cls << LEN_BITS) | (len + 1);
+    this.#appendHolder(b, off, meta, rank);
     return PAIR_CREATED;
-  }
-
-  /** Drops one reference on (hash, rank); returns the pair's weight if it went away, else NO_CHANGE. */
-  untouch(hi: number, lo: number, rank: number): number {
-    const b = this.#find(hi | 0, lo | 0);
-    if (b < 0) return NO_CHANGE;
-    const slots = this.#slots;
-    const off = slots[b + 2] as number;
-    const meta = slots[b + 3] as number;
-    const len = meta & LEN_MASK;
-    for (let k = off; k < off + len; k++) {
-      if (this.#poolRanks[k] !== rank) continue;
-      const refs = (this.#poolRefs[k] as number) - 1;
-      if (refs > 0) {
-        this.#poolRefs[k] = refs;
-        return NO_CHANGE;
-      }
-      const w = this.#poolWeights[k] as number;
-      // Moving the last holder into the hole keeps runs dense; every hash of a shared prefix
-      // sees the same sequence of moves, so their runs stay equal for countHolders' fast path.
-      const last = off + len - 1;
-      if (k !== last) {
-        this.#poolRanks[k] = this.#poolRanks[last] as number;
-        this.#poolRefs[k] = this.#poolRefs[last] as number;
-        this.#poolWeights[k] = this.#poolWeights[last] as number;
-      }
-      if (len === 1) {
-        this.#freeRun(off, meta >>> LEN_BITS);
-        this.#deleteSlot(b / SLOT_WORDS);
-      } else {
-        slots[b + 3] = meta - 1;
-      }
-      return w;
-    }
-    return NO_CHANGE;
   }
 
   /**
@@ -388,9 +443,81 @@ class ActiveBlockIndex {
       if (this.#poolRefs[k] !== 1) return NO_CHANGE;
       const old = this.#poolWeights[k] as number;
       this.#poolWeights[k] = weight;
+      if (old !== 1) this.#weightedPairs--;
+      if (weight !== 1) this.#weightedPairs++;
       return old;
     }
     return NO_CHANGE;
+  }
+
+  /**
+   * Reads the home tag and slot of every hash (no branch on the loaded data) so the misses
+   * overlap before the dependent per-hash update loop of touchAll / untouchAll. (Also touching
+   * each home slot's holder run in a second pass measured slower, not faster, in bench-ledger.)
+   */
+  #warm(list: Uint32Array, n: number): void {
+    const tags = this.#tags;
+    const slots = this.#slots;
+    const mask = this.#mask;
+    let sink = 0;
+    for (let i = 0; i < n; i++) {
+      const s = mix((list[2 * i] as number) | 0, (list[2 * i + 1] as number) | 0) & mask;
+      sink ^= (tags[s] as number) ^ (slots[s * SLOT_WORDS] as number);
+    }
+    this.warmDigest = sink;
+  }
+
+  /** Appends a holder to the run of the slot at word offset `b`, moving the run up a size class when full. */
+  #appendHolder(b: number, off: number, meta: number, rank: number): void {
+    const len = meta & LEN_MASK;
+    let cls = meta >>> LEN_BITS;
+    if (len === 1 << cls) {
+      const next = this.#allocRun(cls + 1);
+      const end = off + len;
+      this.#poolRanks.copyWithin(next, off, end);
+      this.#poolRefs.copyWithin(next, off, end);
+      if (this.#weightedPairs > 0) {
+        this.#poolWeights.copyWithin(next, off, end);
+        this.#poolWeights.fill(1, off, end);
+      }
+      this.#freeRun(off, cls);
+      off = next;
+      cls++;
+      this.#slots[b + 2] = off;
+    }
+    this.#poolRanks[off + len] = rank;
+    this.#poolRefs[off + len] = 1;
+    this.#slots[b + 3] = (cls << LEN_BITS) | (len + 1);
+  }
+
+  /**
+   * Removes the holder at pool entry `k` from the run of the slot at word offset `b` (deleting
+   * the slot with its last holder) and returns the pair's weight.
+   */
+  #removeHolder(b: number, off: number, meta: number, k: number): number {
+    const len = meta & LEN_MASK;
+    const last = off + len - 1;
+    // Moving the last holder into the hole keeps runs dense; every hash of a shared prefix
+    // sees the same sequence of moves, so their runs stay equal for countHolders' fast path.
+    if (k !== last) {
+      this.#poolRanks[k] = this.#poolRanks[last] as number;
+      this.#poolRefs[k] = this.#poolRefs[last] as number;
+    }
+    let w = 1;
+    if (this.#weightedPairs > 0) {
+      const weights = this.#poolWeights;
+      w = weights[k] as number;
+      if (w !== 1) this.#weightedPairs--;
+      if (k !== last) weights[k] = weights[last] as number;
+      weights[last] = 1;
+    }
+    if (len === 1) {
+      this.#freeRun(off, meta >>> LEN_BITS);
+      this.#deleteSlot(b / SLOT_WORDS);
+    } else {
+      this.#slots[b + 3] = meta - 1;
+    }
+    return w;
   }
 
   /** Word offset of the hash's slot, or -1. */
@@ -476,6 +603,7 @@ class ActiveBlockIndex {
       refs.set(this.#poolRefs);
       const weights = new Float64Array(capacity);
       weights.set(this.#poolWeights);
+      weights.fill(1, this.#poolWeights.length);
       this.#poolRanks = ranks;
       this.#poolRefs = refs;
       this.#poolWeights = weights;
@@ -571,9 +699,7 @@ export class LoadLedger {
     };
     this.#requests.set(requestId, req);
     st.requests.add(req);
-    const hashes = req.hashes;
-    this.#index.warm(hashes);
-    for (let i = 0; i < hashes.length; i += 2) this.#touch(hashes[i] as number, hashes[i + 1] as number, rank, st);
+    this.#index.touchAll(req.hashes, rank, st);
     if (opts.trackPrefill) {
       if (st.prefillHead >= st.prefillQueue.length) st.prefillAnchorMs = now;
       st.prefillQueue.push(req);
@@ -731,9 +857,8 @@ export class LoadLedger {
     st.requests.delete(req);
     this.#leavePrefill(req, st);
     const { hashes, output, rank } = req;
-    this.#index.warm(hashes);
-    for (let i = 0; i < hashes.length; i += 2) this.#untouch(hashes[i] as number, hashes[i + 1] as number, rank, st);
-    for (let i = 0; i < output.length; i += 2) this.#untouch(output[i] as number, output[i + 1] as number, rank, st);
+    this.#index.untouchAll(hashes, rank, st);
+    if (output.length > 0) this.#index.untouchAll(Uint32Array.from(output), rank, st);
   }
 
   #leavePrefill(req: ActiveRequest, st: RankState): void {
@@ -760,31 +885,18 @@ export class LoadLedger {
   #touch(hi: number, lo: number, rank: number, st: RankState): void {
     const previous = this.#index.touch(hi, lo, rank);
     if (previous === PAIR_CREATED) st.uniqueBlocks++;
-    else if (previous < 1) this.#dropFraction(st, previous);
-  }
-
-  #untouch(hi: number, lo: number, rank: number, st: RankState): void {
-    const weight = this.#index.untouch(hi, lo, rank);
-    if (weight === NO_CHANGE) return;
-    st.uniqueBlocks--;
-    if (weight < 1) this.#dropFraction(st, weight);
+    else if (previous < 1) dropFraction(st, previous);
   }
 
   #weighExclusive(pairs: ArrayLike<number>, rank: number, st: RankState, weight: number): void {
     for (let i = 0; i < pairs.length; i += 2) {
       const old = this.#index.setWeightIfExclusive(pairs[i] as number, pairs[i + 1] as number, rank, weight);
       if (old === NO_CHANGE) continue;
-      if (old < 1) this.#dropFraction(st, old);
+      if (old < 1) dropFraction(st, old);
       if (weight < 1) {
         st.fractionalCount++;
         st.fractionalDeficit += 1 - weight;
       }
     }
-  }
-
-  #dropFraction(st: RankState, weight: number): void {
-    st.fractionalCount--;
-    // Reset rather than subtract the last one, so float drift cannot leave a phantom 1e-16 block.
-    st.fractionalDeficit = st.fractionalCount === 0 ? 0 : st.fractionalDeficit - (1 - weight);
   }
 }

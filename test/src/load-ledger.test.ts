@@ -353,6 +353,174 @@ describe("LoadLedger.newBlocksFor", () => {
   });
 });
 
+describe("LoadLedger against a naive model", () => {
+  /**
+   * Per rank, a map (hash -> refcount, weight) rebuilt the obvious way. The ledger draws output
+   * block hashes from its injected Random, so the model replays the same seed to know them.
+   */
+  interface ModelRequest {
+    rank: number;
+    hashes: bigint[];
+    output: bigint[];
+    prefillTokens: number;
+    inPrefill: boolean;
+  }
+  class Model {
+    readonly requests = new Map<string, ModelRequest>();
+    readonly pairs = new Map<number, Map<bigint, { refs: number; weight: number }>>();
+    constructor(readonly random: ReturnType<typeof seededRandom>) {}
+    #held(rank: number): Map<bigint, { refs: number; weight: number }> {
+      let m = this.pairs.get(rank);
+      if (m === undefined) {
+        m = new Map();
+        this.pairs.set(rank, m);
+      }
+      return m;
+    }
+    #touch(rank: number, h: bigint): void {
+      const p = this.#held(rank).get(h);
+      if (p === undefined) this.#held(rank).set(h, { refs: 1, weight: 1 });
+      else {
+        p.refs++;
+        p.weight = 1;
+      }
+    }
+    add(id: string, rank: number, hashes: bigint[], prefillTokens: number, track: boolean): void {
+      this.requests.set(id, { rank, hashes, output: [], prefillTokens, inPrefill: track });
+      for (const h of hashes) this.#touch(rank, h);
+    }
+    addOutput(id: string, decay: number | undefined): void {
+      const r = this.requests.get(id);
+      if (r === undefined) return;
+      const hi = BigInt(Math.floor(this.random.next() * 4294967296) >>> 0);
+      const lo = BigInt(Math.floor(this.random.next() * 4294967296) >>> 0);
+      const h = (hi << 32n) | lo;
+      r.output.push(h);
+      this.#touch(r.rank, h);
+      if (decay === undefined) return;
+      for (const x of [...r.hashes, ...r.output]) {
+        const p = this.#held(r.rank).get(x);
+        if (p !== undefined && p.refs === 1) p.weight = decay;
+      }
+    }
+    free(id: string): void {
+      const r = this.requests.get(id);
+      if (r === undefined) return;
+      this.requests.delete(id);
+      const held = this.#held(r.rank);
+      for (const h of [...r.hashes, ...r.output]) {
+        const p = held.get(h) as { refs: number; weight: number };
+        if (--p.refs === 0) held.delete(h);
+      }
+    }
+    activeBlocks(rank: number): number {
+      let sum = 0;
+      for (const p of this.pairs.get(rank)?.values() ?? []) sum += p.weight;
+      return sum;
+    }
+    distinct(): number {
+      const all = new Set<bigint>();
+      for (const m of this.pairs.values()) for (const h of m.keys()) all.add(h);
+      return all.size;
+    }
+  }
+
+  it("agrees on blocks, weights, prefill and request counts across interleaved operations", () => {
+    const rng = seededRandom(2024);
+    const int = (n: number): number => Math.floor(rng.next() * n);
+    const clock = new ManualClock(0);
+    const ledger = new LoadLedger({ clock, random: seededRandom(99) });
+    const model = new Model(seededRandom(99));
+    const RANKS = 12;
+    // Chains that share prefixes (same root), differ only in the high word across families, and
+    // sometimes repeat a hash inside one request.
+    const HIGH = [0n, 0xdead0000n << 32n, 0xffffffffn << 32n];
+    const hashOf = (root: number, i: number): bigint => (HIGH[root % 3] as bigint) | BigInt(Math.floor(root / 3) * 1000 + i);
+    const request = (): bigint[] => {
+      const root = int(9);
+      const hashes = Array.from({ length: 1 + int(60) }, (_, i) => hashOf(root, i));
+      if (rng.next() < 0.1) hashes.push(hashes[int(hashes.length)] as bigint);
+      return hashes;
+    };
+    const DECAYS = [undefined, 0, 0.25, 0.5, 1];
+    const out = new Int32Array(RANKS);
+    const touched: number[] = [];
+    let nextId = 0;
+    const liveIds = (): string[] => [...model.requests.keys()];
+
+    for (let step = 0; step < 3000; step++) {
+      const op = rng.next();
+      const ids = liveIds();
+      if (op < 0.4 || ids.length === 0) {
+        const id = `q${nextId++}`;
+        const rank = int(RANKS);
+        const hashes = request();
+        const track = rng.next() < 0.7;
+        const tokens = int(500);
+        ledger.add(id, rank, hashFrom(hashes), { prefillTokens: tokens, trackPrefill: track });
+        model.add(id, rank, hashes, tokens, track);
+      } else if (op < 0.65) {
+        const id = ids[int(ids.length)] as string;
+        const decay = DECAYS[int(DECAYS.length)];
+        expect(ledger.addOutputBlock(id, decay)).toBe(true);
+        model.addOutput(id, decay);
+      } else if (op < 0.78) {
+        const id = ids[int(ids.length)] as string;
+        expect(ledger.markPrefillComplete(id)).toBe(true);
+        (model.requests.get(id) as ModelRequest).inPrefill = false;
+      } else if (op < 0.98) {
+        const id = ids[int(ids.length)] as string;
+        expect(ledger.free(id)).toBe(true);
+        model.free(id);
+      } else {
+        const rank = int(RANKS);
+        const expected = ids.filter((id) => model.requests.get(id)?.rank === rank).sort();
+        expect(ledger.removeRank(rank).sort()).toEqual(expected);
+        for (const id of expected) model.free(id);
+      }
+
+      expect(ledger.size).toBe(model.requests.size);
+      for (let rank = 0; rank < RANKS; rank++) {
+        const reqs = [...model.requests.values()].filter((r) => r.rank === rank);
+        expect(ledger.activeRequests(rank)).toBe(reqs.length);
+        expect(ledger.activeBlocks(rank)).toBeCloseTo(model.activeBlocks(rank), 9);
+        expect(ledger.activePrefillTokens(rank)).toBe(reqs.filter((r) => r.inPrefill).reduce((a, r) => a + r.prefillTokens, 0));
+      }
+      if (step % 25 !== 0) continue;
+
+      expect(ledger.distinctActiveHashes).toBe(model.distinct());
+      for (const [id, r] of model.requests) expect(ledger.get(id)?.blockCount).toBe(r.hashes.length + r.output.length);
+      const query = request();
+      ledger.newBlocksFor(hashFrom(query), out, touched);
+      for (let rank = 0; rank < RANKS; rank++) {
+        const held = model.pairs.get(rank);
+        expect(out[rank]).toBe(query.filter((h) => held?.has(h) === true).length);
+      }
+      for (const r of touched) out[r] = 0;
+      touched.length = 0;
+    }
+    for (const id of liveIds()) ledger.free(id);
+    expect(ledger.distinctActiveHashes).toBe(0);
+    expect(ledger.loads()).toEqual([]);
+  });
+
+  it("counts a block fully again once a down-weighted request is freed and its storage reused", () => {
+    const ledger = newLedger();
+    ledger.add("a", 0, hl(1, 2, 3), decodeOnly);
+    ledger.addOutputBlock("a", 0.25);
+    expect(ledger.activeBlocks(0)).toBeCloseTo(1, 12);
+    ledger.free("a");
+    // New pairs on the same and other ranks land on the freed holder entries.
+    ledger.add("b", 0, hl(4, 5, 6, 7), decodeOnly);
+    ledger.add("c", 1, hl(4, 5), decodeOnly);
+    expect(ledger.activeBlocks(0)).toBe(4);
+    expect(ledger.activeBlocks(1)).toBe(2);
+    ledger.free("b");
+    expect(ledger.activeBlocks(0)).toBe(0);
+    expect(ledger.activeBlocks(1)).toBe(2);
+  });
+});
+
 function hashFrom(values: bigint[]): HashList {
   return hashListFromBigInts(values);
 }

@@ -1,0 +1,140 @@
+/**
+ * tsx scripts/bench-ledger.ts — the load ledger on its own (src/load-ledger.ts).
+ *
+ * Steady state of one partition: `--live` requests in flight over `--ranks` ranks; every
+ * iteration books one new request and frees the oldest, which is what every booking costs the
+ * replica that owns it AND every replica that mirrors it over the mesh. A prompt is `--blocks`
+ * sequence hashes: the first `--prefix` are its group's (one of `--groups` shared system
+ * prompts / documents), the rest are unique to the request. Ranks follow a KV-aware router:
+ * with probability `--affinity` a request lands on one of its group's `--group-ranks` preferred
+ * ranks (where the prefix is cached), otherwise on any rank. Prints add + free time per request
+ * (p50 / p99), markPrefillComplete, and newBlocksFor for a prompt of a random group.
+ */
+import { parseArgs } from "node:util";
+import { ManualClock, seededRandom } from "../src/clock.js";
+import { LoadLedger } from "../src/load-ledger.js";
+import { fmtMs, summarize } from "./bench-stats.js";
+
+const { values: args } = parseArgs({
+  options: {
+    ranks: { type: "string", default: "1024" },
+    groups: { type: "string", default: "300" },
+    "group-ranks": { type: "string", default: "4" },
+    affinity: { type: "string", default: "0.8" },
+    live: { type: "string", default: "2000" },
+    blocks: { type: "string", default: "219" },
+    prefix: { type: "string", default: "157" },
+    iters: { type: "string", default: "20000" },
+    seed: { type: "string", default: "7" },
+  },
+});
+const RANKS = Number(args.ranks);
+const GROUPS = Number(args.groups);
+const GROUP_RANKS = Number(args["group-ranks"]);
+const AFFINITY = Number(args.affinity);
+const LIVE = Number(args.live);
+const BLOCKS = Number(args.blocks);
+const PREFIX = Math.min(BLOCKS, Number(args.prefix));
+const ITERS = Number(args.iters);
+const WARMUP_ITERS = 5_000;
+const TWO_POW_32 = 4294967296;
+
+const rnd = seededRandom(Number(args.seed));
+const int = (n: number): number => Math.floor(rnd.next() * n);
+/** Sequence hashes are XXH3 output: uniform 64-bit values. */
+const randomPairs = (n: number): Uint32Array => {
+  const out = new Uint32Array(2 * n);
+  for (let i = 0; i < out.length; i++) out[i] = Math.floor(rnd.next() * TWO_POW_32) >>> 0;
+  return out;
+};
+
+const groupPrefix = Array.from({ length: GROUPS }, () => randomPairs(PREFIX));
+const groupRanks = Array.from({ length: GROUPS }, () => Array.from({ length: GROUP_RANKS }, () => int(RANKS)));
+
+interface Planned {
+  group: number;
+  rank: number;
+  hashes: Uint32Array;
+}
+
+function plan(): Planned {
+  const group = int(GROUPS);
+  const hashes = new Uint32Array(2 * BLOCKS);
+  hashes.set(groupPrefix[group] as Uint32Array);
+  hashes.set(randomPairs(BLOCKS - PREFIX), 2 * PREFIX);
+  const home = groupRanks[group] as number[];
+  const rank = rnd.next() < AFFINITY ? (home[int(home.length)] as number) : int(RANKS);
+  return { group, rank, hashes };
+}
+
+function main(): void {
+  const clock = new ManualClock(0);
+  const ledger = new LoadLedger({ clock, random: seededRandom(1) });
+  const opts = { prefillTokens: 1_000, trackPrefill: true };
+  // Planned ahead so prompt generation stays out of the timed region.
+  const total = LIVE + WARMUP_ITERS + ITERS;
+  const plans = Array.from({ length: total }, plan);
+  const queries = Array.from({ length: 2_000 }, plan);
+  const ids = Array.from({ length: total }, (_, i) => `r${i}`);
+
+  for (let i = 0; i < LIVE; i++) {
+    const p = plans[i] as Planned;
+    ledger.add(ids[i] as string, p.rank, p.hashes, opts);
+  }
+  const addFree: number[] = [];
+  const adds: number[] = [];
+  const frees: number[] = [];
+  const marks: number[] = [];
+  for (let i = LIVE; i < total; i++) {
+    const p = plans[i] as Planned;
+    const id = ids[i] as string;
+    const old = ids[i - LIVE] as string;
+    const half = ids[i - (LIVE >> 1)] as string;
+    const t0 = performance.now();
+    ledger.add(id, p.rank, p.hashes, opts);
+    const t1 = performance.now();
+    ledger.free(old);
+    const t2 = performance.now();
+    ledger.markPrefillComplete(half);
+    const t3 = performance.now();
+    clock.advance(1);
+    if (i < LIVE + WARMUP_ITERS) continue;
+    adds.push(t1 - t0);
+    frees.push(t2 - t1);
+    addFree.push(t2 - t0);
+    marks.push(t3 - t2);
+  }
+
+  const out = new Int32Array(ledger.rankBound);
+  const touched: number[] = [];
+  const nbf: number[] = [];
+  let hits = 0;
+  for (let rep = 0; rep < 5; rep++) {
+    for (const q of queries) {
+      const t0 = performance.now();
+      ledger.newBlocksFor(q.hashes, out, touched);
+      const dt = performance.now() - t0;
+      if (rep > 0) nbf.push(dt);
+      hits += touched.length;
+      for (const r of touched) out[r] = 0;
+      touched.length = 0;
+    }
+  }
+
+  const s = (xs: number[]): string => {
+    const r = summarize(xs);
+    return `${fmtMs(r.p50)} / ${fmtMs(r.p99)} (mean ${fmtMs(r.mean)})`;
+  };
+  const rows = [
+    ["setup", `${RANKS} ranks, ${LIVE} live, ${GROUPS} groups, ${BLOCKS} blocks (${PREFIX} shared), affinity ${AFFINITY} over ${GROUP_RANKS} ranks`],
+    ["distinct active hashes", String(ledger.distinctActiveHashes)],
+    ["add + free p50 / p99", s(addFree)],
+    ["  add p50 / p99", s(adds)],
+    ["  free p50 / p99", s(frees)],
+    ["markPrefillComplete p50 / p99", s(marks)],
+    ["newBlocksFor p50 / p99", `${s(nbf)}, ${(hits / (5 * queries.length)).toFixed(1)} ranks touched per query`],
+  ];
+  for (const [k, v] of rows) console.log(`${(k as string).padEnd(32)} ${v}`);
+}
+
+main();
