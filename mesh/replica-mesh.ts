@@ -39,6 +39,8 @@ import {
 export const DEFAULT_MESH_HEARTBEAT_INTERVAL_MS = 500;
 /** How often due snapshot retries and peer-health transitions are checked, ms. */
 export const MESH_HOUSEKEEPING_INTERVAL_MS = 100;
+/** How long a computed replica slot (for tie spreading) is reused, ms: membership moves slowly. */
+const SLOT_REFRESH_MS = 250;
 /** Debounce between a worker (re)registration and re-pulling peers' snapshots, ms. */
 export const WORKER_CHANGE_RESNAPSHOT_DELAY_MS = 50;
 /** Control requests (snapshot, peer, unpeer) give up after this long, ms. */
@@ -103,6 +105,8 @@ export class ReplicaMesh implements MeshControl {
   /** Consecutive heartbeats whose counts disagreed with what we mirror, per origin. */
   readonly #mismatch = new Map<bigint, number>();
   #seq = 0;
+  #slotCache = { index: 0, count: 1 };
+  #slotAtMs = -Infinity;
   #resnapshotTimer: NodeJS.Timeout | undefined;
   #flushScheduled = false;
   #flushing: Promise<void> | undefined;
@@ -147,6 +151,7 @@ export class ReplicaMesh implements MeshControl {
       this.#onMessage(topic, payload, frames);
     });
     transport.onControl((req) => this.#onControl(req));
+    o.service.setReplicaSlot(() => this.#slot());
     // Peers' bookings for a worker this replica did not know were ignored when they arrived;
     // once workers register, pull fresh snapshots (debounced: a fleet registers in a burst).
     o.service.onWorkerChange(() => {
@@ -250,6 +255,19 @@ export class ReplicaMesh implements MeshControl {
     this.#mismatch.delete(origin);
     const dropped = this.#service.dropOrigin(origin);
     this.#log.info({ origin: origin.toString(), dropped }, "peer deregistered: its mirrored bookings dropped");
+  }
+
+  /** This replica's position among itself and its live peers, by replica id. */
+  #slot(): { index: number; count: number } {
+    const now = this.#clock.now();
+    if (now - this.#slotAtMs >= SLOT_REFRESH_MS) {
+      const ids = [this.#origin];
+      for (const [origin, state] of this.#health.states()) if (state === "alive") ids.push(origin);
+      ids.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+      this.#slotCache = { index: ids.indexOf(this.#origin), count: ids.length };
+      this.#slotAtMs = now;
+    }
+    return this.#slotCache;
   }
 
   // ------------------------------------------------------------------ outbound
@@ -536,6 +554,7 @@ export class ReplicaMesh implements MeshControl {
     await this.#flushing;
     if (this.#queue.size > 0) await this.#flush();
     this.#closed = true;
+    this.#service.setReplicaSlot(null);
     for (const t of this.#timers) clearInterval(t);
     if (this.#resnapshotTimer !== undefined) clearTimeout(this.#resnapshotTimer);
     await this.#transport.close();

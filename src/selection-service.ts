@@ -20,6 +20,7 @@ import { PromptHashCache } from "./prompt-hash-cache.js";
 import { ReorderState, type BindingEvent, type BookingSnapshot, type LoadAddEvent, type LoadEvent, type PartitionRef } from "./replica-events.js";
 import { applyOverride, DEFAULT_SELECTOR_CONFIG, validateSelectorConfig, type SelectorConfig } from "./selector-config.js";
 import { computeCost, selectCandidate } from "./selector.js";
+import { TieSpreader, type ReplicaSlot } from "./tie-spread.js";
 import {
   DEFAULT_MODEL_NAME,
   DEFAULT_ROUTING_GROUP,
@@ -150,6 +151,7 @@ export class SelectionService {
   readonly #bindingListeners = new Set<(e: BindingEvent) => void>();
   readonly #workerListeners = new Set<(c: WorkerChange) => void>();
   #shuttingDown = false;
+  #tieSpreader: TieSpreader | undefined;
   readonly stats: ServiceStats = {
     selections: 0,
     reservations: 0,
@@ -209,6 +211,15 @@ export class SelectionService {
   onBindingEvent(listener: (e: BindingEvent) => void): () => void {
     this.#bindingListeners.add(listener);
     return () => this.#bindingListeners.delete(listener);
+  }
+
+  /**
+   * In a mesh, spread ties of the argmin by this replica's slot among the live replicas instead
+   * of at random, so replicas racing on new requests pick different idle workers (see
+   * tie-spread.ts). `null` restores the random tie-break.
+   */
+  setReplicaSlot(slot: (() => ReplicaSlot) | null): void {
+    this.#tieSpreader = slot === null ? undefined : new TieSpreader(slot);
   }
 
   onWorkerChange(listener: (c: WorkerChange) => void): () => void {
@@ -581,7 +592,8 @@ export class SelectionService {
       t.potentialDecodeBlocks[i] = p.ledger.activeBlocks(rank) + (blocks - (s.heldBlocks[rank] as number));
       t.activeRequests[i] = p.ledger.activeRequests(rank);
     }
-    const idx = selectCandidate(t, { islTokens: prompt.islTokens, blockSize: p.blockSize }, config, this.#random, s.costs);
+    let idx = selectCandidate(t, { islTokens: prompt.islTokens, blockSize: p.blockSize }, config, this.#random, s.costs);
+    if (this.#tieSpreader !== undefined && config.temperature === 0) idx = this.#tieSpreader.pick(s.costs, n, idx);
     const rank = s.candidates[idx] as number;
     const device = t.device[idx] as number;
     const host = t.host[idx] as number;
