@@ -34,7 +34,7 @@ export function normalizePrompt(
   let seqHashes: HashList;
   let islTokens: number;
   if (p.token_ids !== undefined) {
-    if (!Array.isArray(p.token_ids)) throw badRequest("token_ids must be an array of integers", "token_ids");
+    if (!Array.isArray(p.token_ids) && !(p.token_ids instanceof Uint32Array)) throw badRequest("token_ids must be an array of integers", "token_ids");
     if (p.token_ids.length === 0) throw badRequest("token_ids must not be empty", "token_ids");
     if (p.token_ids.length > MAX_PROMPT_TOKENS) throw badRequest(`token_ids is longer than ${MAX_PROMPT_TOKENS} tokens`, "token_ids");
     const eagle = p.is_eagle ?? isEagle;

@@ -66,7 +66,7 @@ export interface RouterConfigOverrideWire {
 
 /** The flattened prompt fields every selection request accepts. */
 export interface PromptFields {
-  token_ids?: readonly number[] | undefined;
+  token_ids?: readonly number[] | Uint32Array | undefined;
   block_hashes?: readonly bigint[] | undefined;
   sequence_hashes?: readonly bigint[] | undefined;
   isl_tokens?: number | undefined;

@@ -7,9 +7,10 @@
  * (safe integers and every non-integer literal stay `number`, exactly as JSON.parse gives them).
  *
  * Fast path: a body without a run of 16 digits cannot hold an unsafe integer (2^53 has 16 digits),
- * so it goes straight to the native JSON.parse. A 14,000-token prompt is all short integers and
- * takes that path; only bodies carrying hashes or 64-bit worker ids reach the hand-written
- * parser below, which is small and single-pass.
+ * so it goes straight to the native JSON.parse. Only bodies carrying hashes or 64-bit worker ids
+ * reach the hand-written parser below, which is small and single-pass. Prompt routes do not send
+ * their `token_ids` through here at all: token-ids.ts reads that array straight into a
+ * Uint32Array and passes only the rest of the body to parseJsonBytes.
  */
 
 /** Nesting deeper than this is not a request any route accepts; it bounds the parser's recursion. */

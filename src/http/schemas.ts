@@ -111,8 +111,12 @@ const arrayOf = <T>(item: Check<T>, what: string): Check<T[]> => {
   };
 };
 
-/** Token ids are checked in place (no copy): a 14,000-token prompt costs one tight loop. */
-const tokenIds: Check<number[]> = (v, path) => {
+/**
+ * Token ids are checked in place (no copy): a 14,000-token prompt costs one tight loop. A
+ * Uint32Array (the server's fast body path, token-ids.ts) holds only valid ids by construction.
+ */
+const tokenIds: Check<readonly number[] | Uint32Array> = (v, path) => {
+  if (v instanceof Uint32Array) return v;
   if (!Array.isArray(v)) return fail(path, "must be an array of integers");
   const a = v as unknown[];
   for (let i = 0; i < a.length; i++) {

@@ -30,6 +30,7 @@ import {
   parseWorkerPatch,
   parseWorkerRequest,
 } from "./schemas.js";
+import { parseJsonBytesWithTokenIds } from "./token-ids.js";
 
 /** The reference's body limit. A 2M-token prompt (the service's cap) is ~16 MB of JSON, but real prompts are < 1 MB. */
 export const DEFAULT_BODY_LIMIT_BYTES = 8 * 1024 * 1024;
@@ -84,6 +85,8 @@ interface Route {
   /** Metric label and matcher: ":id" matches one URL-decoded path segment. */
   readonly pattern: string;
   readonly body: BodyMode;
+  /** The body may carry a prompt: its token_ids are parsed straight into a Uint32Array (token-ids.ts). */
+  readonly prompt?: true;
   readonly handle: (ctx: RequestContext) => Reply | Promise<Reply>;
 }
 
@@ -146,6 +149,7 @@ function buildRoutes(o: HttpServerOptions): Route[] {
       method: "POST",
       pattern: "/select",
       body: "required",
+      prompt: true,
       handle: (c) => {
         const r = parseSelectRequest(c.body, "");
         return reply(200, selecting(() => svc.select(r)));
@@ -155,6 +159,7 @@ function buildRoutes(o: HttpServerOptions): Route[] {
       method: "POST",
       pattern: "/select_and_reserve",
       body: "required",
+      prompt: true,
       handle: (c) => {
         const r = parseSelectAndReserveRequest(c.body, "");
         return reply(200, selecting(() => svc.selectAndReserve(r)));
@@ -164,6 +169,7 @@ function buildRoutes(o: HttpServerOptions): Route[] {
       method: "POST",
       pattern: "/reservations",
       body: "required",
+      prompt: true,
       handle: (c) => {
         const r = parseReservationRequest(c.body, "");
         return reply(201, selecting(() => svc.createReservation(r)));
@@ -201,8 +207,8 @@ function buildRoutes(o: HttpServerOptions): Route[] {
       },
     },
     { method: "GET", pattern: "/loads", body: "none", handle: (c) => reply(200, svc.loads(queryParam(c.query, "model_name"), queryParam(c.query, "routing_group"))) },
-    { method: "POST", pattern: "/potential_loads", body: "required", handle: (c) => reply(200, svc.potentialLoads(parseScoreRequest(c.body, ""))) },
-    { method: "POST", pattern: "/overlap_scores", body: "required", handle: (c) => reply(200, svc.overlapScores(parseScoreRequest(c.body, ""))) },
+    { method: "POST", pattern: "/potential_loads", body: "required", prompt: true, handle: (c) => reply(200, svc.potentialLoads(parseScoreRequest(c.body, ""))) },
+    { method: "POST", pattern: "/overlap_scores", body: "required", prompt: true, handle: (c) => reply(200, svc.overlapScores(parseScoreRequest(c.body, ""))) },
     { method: "GET", pattern: "/dump", body: "none", handle: () => reply(200, svc.dump()) },
     { method: "GET", pattern: "/replica_sync/peers", body: "none", handle: () => reply(200, o.mesh?.listPeers() ?? []) },
     {
@@ -355,7 +361,7 @@ class HttpApi {
         return;
       }
       const params = m.params.map(decodeSegment);
-      const body = route.body === "none" ? undefined : await this.#readBody(req, route.body);
+      const body = route.body === "none" ? undefined : await this.#readBody(req, route.body, route.prompt === true);
       const r = await route.handle({ params, query: q < 0 ? undefined : new URLSearchParams(url.slice(q + 1)), body });
       if (r.text !== undefined) this.#send(req, res, r.status, r.text.body, r.text.contentType);
       else this.#send(req, res, r.status, stringifyJson(r.body), JSON_CONTENT_TYPE);
@@ -368,7 +374,7 @@ class HttpApi {
   }
 
   /** Reads and parses a JSON body; undefined when an optional body is absent. */
-  async #readBody(req: IncomingMessage, mode: BodyMode): Promise<unknown> {
+  async #readBody(req: IncomingMessage, mode: BodyMode, prompt: boolean): Promise<unknown> {
     const h = req.headers;
     const declared = h["content-length"] === undefined ? undefined : Number(h["content-length"]);
     const present = h["transfer-encoding"] !== undefined || (declared !== undefined && declared > 0);
@@ -383,7 +389,7 @@ class HttpApi {
       throw new KvmeshError("KVMESH_MALFORMED_JSON", "malformed JSON: request body is empty");
     }
     try {
-      return parseJsonBytes(bytes);
+      return prompt ? parseJsonBytesWithTokenIds(bytes) : parseJsonBytes(bytes);
     } catch (err) {
       if (err instanceof JsonDepthError) throw new KvmeshError("KVMESH_INVALID_FIELD", err.message, { details: { field: "body" } });
       if (err instanceof SyntaxError) throw new KvmeshError("KVMESH_MALFORMED_JSON", `malformed JSON: ${err.message}`);

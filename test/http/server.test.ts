@@ -281,6 +281,59 @@ describe("HTTP API: replica sync routes", () => {
   });
 });
 
+describe("HTTP API: the token_ids fast path", () => {
+  /** Two servers over identically seeded services, worker 2 holding the first blocks of `toks`. */
+  async function twin(toks: number[]): Promise<TestServer[]> {
+    const out: TestServer[] = [];
+    for (let k = 0; k < 2; k++) {
+      const t = await serveWithWorkers({ svc: makeService({ seed: 3 }).svc });
+      t.svc.applyKvEvents(2n, 0, storedBatch(toks.slice(0, 3 * BLOCK)));
+      out.push(t);
+    }
+    return out;
+  }
+
+  it("gives identical selections whether token_ids takes the fast path or the generic parser", async () => {
+    const toks = tokens(5, 4);
+    const [a, b] = (await twin(toks)) as [TestServer, TestServer];
+    // The escaped key decodes to token_ids but is not taken by the byte scanner: the generic path.
+    const fastBody = `{"token_ids":[${toks.join(",")}],"selection_id":"q1","session_context":{"session_id":"s","token_ids":"not this one"}}`;
+    const genericBody = fastBody.replace('{"token_ids"', '{"token\\u005fids"');
+    expect(genericBody).not.toBe(fastBody);
+    for (const path of ["/select", "/select_and_reserve", "/potential_loads", "/overlap_scores"]) {
+      const body = path === "/potential_loads" || path === "/overlap_scores" ? fastBody.replace(/,"selection_id".*}$/, "}") : fastBody;
+      const gBody = path === "/potential_loads" || path === "/overlap_scores" ? genericBody.replace(/,"selection_id".*}$/, "}") : genericBody;
+      const ra = await a.call("POST", path, body);
+      const rb = await b.call("POST", path, gBody);
+      expect(ra.status, `${path}: ${ra.text}`).toBe(rb.status);
+      expect(ra.text).toBe(rb.text);
+    }
+    // The selection really used the prompt: worker 2 holds 3 of its 5 blocks.
+    const sel = (await a.call("POST", "/select", { token_ids: toks })).json as Record<string, unknown>;
+    expect(sel.worker_id).toBe(2);
+    expect(sel.overlap).toMatchObject({ longest_matched: 3 * BLOCK });
+    const r = await a.call("POST", "/reservations", `{"selection_id":"q2","worker_id":2,"token_ids":[${toks.join(",")}]}`);
+    expect(r.status).toBe(201);
+  });
+
+  it("answers 422 naming token_ids[i] for an out-of-range id, and 400 for an empty prompt", async () => {
+    const t = await serveWithWorkers();
+    for (const bad of ["4294967296", "18446744073709551615", "-1", "2.5"]) {
+      const r = await t.call("POST", "/select_and_reserve", `{"token_ids":[1,2,${bad},4],"selection_id":"x"}`);
+      expect(r.status).toBe(422);
+      expect(r.json).toEqual({ error: "token_ids[2]: must be an integer in [0, 4294967295]", code: "KVMESH_INVALID_FIELD", details: { field: "token_ids[2]" } });
+    }
+    const empty = await t.call("POST", "/select", `{ "token_ids" : [ ] }`);
+    expect(empty.status).toBe(400);
+    expect(obj(empty.json).error).toBe("token_ids must not be empty");
+    const dup = await t.call("POST", "/select", `{"token_ids":[1,2,3,4],"token_ids":[1,2,3,4,5,6,7,8]}`);
+    expect(dup.status).toBe(200);
+    // JSON.parse's rule: the last copy (2 blocks) is the prompt.
+    expect(obj(dup.json).potential_decode_blocks).toBe(2);
+    expect((await t.call("POST", "/workers", `{"worker_id":3,"block_size":4,"token_ids":[1]}`)).status).toBe(422);
+  });
+});
+
 describe("HTTP API: bad input", () => {
   it("malformed JSON is 400, wrong shapes and unknown fields 422 naming the field", async () => {
     const t = await serveWithWorkers();
