@@ -28,6 +28,9 @@
  * sessions, unmeasured; the window is the --seconds of issuing plus the drain to the last free.
  * Flags: --replicas 1,2,4 --workers N --rate N --seconds N --warmup-seconds N --sessions N
  *        --seed N --max-in-flight N --json FILE --svg FILE.
+ *        --no-mesh (same processes, no peering: the contention baseline).
+ * Env: KVMESH_BENCH_NODE_ARGS="--cpu-prof --cpu-prof-dir=DIR" passes node flags to the replicas and
+ * logs the window (CLOCK_MONOTONIC us) so a profile can be cut down to it.
  */
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
@@ -52,6 +55,7 @@ const { values: args } = parseArgs({
     "max-in-flight": { type: "string", default: "256" },
     json: { type: "string", default: "reports/bench-mesh.json" },
     svg: { type: "string", default: "reports/bench-mesh.svg" },
+    "no-mesh": { type: "boolean", default: false },
   },
 });
 
@@ -70,6 +74,13 @@ if (!(WARMUP_SECONDS >= 0)) throw new Error(`--warmup-seconds must be >= 0, got 
 const SESSIONS = positiveInt("sessions", args.sessions);
 const SEED = positiveInt("seed", args.seed);
 const MAX_IN_FLIGHT = positiveInt("max-in-flight", args["max-in-flight"]);
+/**
+ * --no-mesh: the same N processes and traffic, but no peering (each replica only sees its own
+ * bookings). It isolates what N processes contending for the cores cost from what mirroring costs;
+ * divergence and lag figures are meaningless then.
+ */
+const NO_MESH = args["no-mesh"];
+const NODE_ARGS = (process.env.KVMESH_BENCH_NODE_ARGS ?? "").split(" ").filter((a) => a !== "");
 
 const BLOCK_SIZE = 64;
 const AFFINITY_TTL_SECS = 600;
@@ -106,7 +117,8 @@ function startReplica(index: number, syncPort: number, peers: readonly number[])
   if (peers.length > 0) argv.push("--peers", peers.map((p) => `tcp://127.0.0.1:${p}`).join(","));
   // Info level: "listening" (with the port) is logged at info; the mesh logs little else there.
   argv.push("--log-level", "info");
-  const child = spawn(process.execPath, argv, { stdio: ["ignore", "pipe", "pipe"] });
+  // KVMESH_BENCH_NODE_ARGS (e.g. "--cpu-prof --cpu-prof-dir=/tmp/meshprof") profiles the replicas.
+  const child = spawn(process.execPath, [...NODE_ARGS, ...argv], { stdio: ["ignore", "pipe", "pipe"] });
   children.add(child);
   child.on("exit", () => children.delete(child));
   child.stderr?.on("data", (d: Buffer) => {
@@ -253,6 +265,8 @@ interface MeshScrape {
   gaps: number;
   snapshotsInstalled: number;
   resyncs: number;
+  batchesSent: number;
+  eventsSent: number;
   /** Upper bounds (ms) and cumulative counts of the lag histogram, +Inf last. */
   lagLeMs: number[];
   lagCum: number[];
@@ -278,6 +292,8 @@ async function scrape(r: Replica): Promise<MeshScrape> {
     gaps: metricValue(text, "kvmesh_mesh_gaps_total"),
     snapshotsInstalled: metricValue(text, "kvmesh_mesh_snapshots_installed_total"),
     resyncs: metricValue(text, "kvmesh_mesh_divergence_resyncs_total"),
+    batchesSent: metricValue(text, "kvmesh_mesh_batches_sent_total"),
+    eventsSent: metricValue(text, "kvmesh_mesh_events_sent_total"),
     lagLeMs,
     lagCum,
   };
@@ -477,6 +493,9 @@ interface RunResult {
   gaps: number;
   snapshotsInstalled: number;
   divergenceResyncs: number;
+  /** Over the window, all replicas: the per-message costs (send, receive, decode) scale with batches. */
+  batchesSent: number;
+  eventsSent: number;
   divergence: { sessionsProbed: number; sessionsDisagreeing: number; probeErrors: number; example: string };
   loadsAfter: { workersDiffering: number; activeRequestsPerReplica: number[] };
   stickiness: { multiTurnSessions: number; turnShareOnFirstWorker: number; sessionsThatMoved: number };
@@ -496,11 +515,11 @@ async function runOne(n: number): Promise<RunResult> {
         await startReplica(
           i,
           syncPort,
-          replicas.map((r) => r.syncPort),
+          NO_MESH ? [] : replicas.map((r) => r.syncPort),
         ),
       );
     }
-    await waitForMesh(replicas);
+    if (!NO_MESH) await waitForMesh(replicas);
     process.stderr.write(`${label}: mesh up; registering ${WORKERS} workers on each\n`);
     const ids = Array.from({ length: WORKERS }, (_, i) => i + 1);
     await Promise.all(replicas.map((r) => pool(ids, ADMIN_CONCURRENCY, async (w) => {
@@ -518,10 +537,14 @@ async function runOne(n: number): Promise<RunResult> {
     const before = await Promise.all(replicas.map(scrape));
     const cpu0 = replicas.map((r) => cpuMs(r.pid));
     const client0 = process.cpuUsage();
+    // CLOCK_MONOTONIC in us, the time base of V8's .cpuprofile startTime: lets a profile be cut
+    // down to the measured window.
+    const windowStartUs = process.hrtime.bigint() / 1000n;
     process.stderr.write(`${label}: driving ${RATE_PER_S} req/s for ${SECONDS} s over ${SESSIONS} session slots\n`);
     const d = await drive(replicas, wl, label, SECONDS, "t");
     const cpu1 = replicas.map((r) => cpuMs(r.pid));
     const client = process.cpuUsage(client0);
+    if (NODE_ARGS.length > 0) process.stderr.write(`${label}: window monotonic us ${windowStartUs} ${process.hrtime.bigint() / 1000n}\n`);
     const after = await Promise.all(replicas.map(scrape));
     const peerViews = await Promise.all(replicas.map(peersOf));
 
@@ -599,7 +622,7 @@ async function runOne(n: number): Promise<RunResult> {
       }
     }
 
-    const delta = (k: "shed" | "gaps" | "snapshotsInstalled" | "resyncs"): number => after.reduce((s, a, i) => s + a[k] - (before[i]?.[k] ?? 0), 0);
+    const delta = (k: "shed" | "gaps" | "snapshotsInstalled" | "resyncs" | "batchesSent" | "eventsSent"): number => after.reduce((s, a, i) => s + a[k] - (before[i]?.[k] ?? 0), 0);
     const totalCpuMs = cpu1.reduce((s, c, i) => s + c - (cpu0[i] ?? 0), 0);
     const lat = summarize(d.latencyMs);
     const spread = d.loadSpreads;
@@ -624,6 +647,8 @@ async function runOne(n: number): Promise<RunResult> {
       gaps: delta("gaps"),
       snapshotsInstalled: delta("snapshotsInstalled"),
       divergenceResyncs: delta("resyncs"),
+      batchesSent: delta("batchesSent"),
+      eventsSent: delta("eventsSent"),
       divergence: div,
       loadsAfter: { workersDiffering, activeRequestsPerReplica: loadViews.map((v) => v.reduce((s, x) => s + x.active_requests, 0)) },
       stickiness: { multiTurnSessions: multi, turnShareOnFirstWorker: turnsMulti === 0 ? Number.NaN : sticky / turnsMulti, sessionsThatMoved: moved },
@@ -657,6 +682,7 @@ function table(results: readonly RunResult[]): string {
     ["lag max peer p50 / p99 ms", (r) => (r.replicas === 1 ? "-" : `${f(r.lag.peersMaxP50Ms ?? Number.NaN)} / ${f(r.lag.peersMaxP99Ms ?? Number.NaN)}`)],
     ["events shed, whole run (target 0)", (r) => String(r.eventsShed)],
     ["window gaps / snapshots / resyncs", (r) => `${r.gaps} / ${r.snapshotsInstalled} / ${r.divergenceResyncs}`],
+    ["mesh batches sent / events per batch", (r) => (r.batchesSent === 0 ? "-" : `${r.batchesSent} / ${f(r.eventsSent / r.batchesSent)}`)],
     ["sessions disagreeing (target 0)", (r) => `${r.divergence.sessionsDisagreeing} of ${r.divergence.sessionsProbed}`],
     ["probe errors", (r) => String(r.divergence.probeErrors)],
     ["/loads: workers differing", (r) => String(r.loadsAfter.workersDiffering)],
@@ -704,7 +730,7 @@ function plot(results: readonly RunResult[]): string {
 
 async function main(): Promise<void> {
   process.stderr.write(
-    `bench:mesh: replicas ${REPLICA_COUNTS.join(",")}, ${WORKERS} workers, ${RATE_PER_S} req/s for ${SECONDS} s, ${SESSIONS} session slots, seed ${SEED}, CLK_TCK ${CLK_TCK}\n`,
+    `bench:mesh: replicas ${REPLICA_COUNTS.join(",")}${NO_MESH ? " (mesh off)" : ""}, ${WORKERS} workers, ${RATE_PER_S} req/s for ${SECONDS} s, ${SESSIONS} session slots, seed ${SEED}, CLK_TCK ${CLK_TCK}\n`,
   );
   const results: RunResult[] = [];
   for (const n of REPLICA_COUNTS) results.push(await runOne(n));
