@@ -311,17 +311,7 @@ class ActiveBlockIndex {
       const off = slots[b + 2] as number;
       const meta = slots[b + 3] as number;
       const len = meta & LEN_MASK;
-      let k = -1;
-      if (hint < len && ranks[off + hint] === rank) {
-        k = off + hint;
-      } else {
-        for (let j = off, end = off + len; j < end; j++) {
-          if (ranks[j] === rank) {
-            k = j;
-            break;
-          }
-        }
-      }
+      const k = rankPosition(ranks, off, len, hint, rank);
       if (k >= 0) {
         refs[k] = (refs[k] as number) + 1;
         hint = k - off;
@@ -364,17 +354,7 @@ class ActiveBlockIndex {
       const off = slots[b + 2] as number;
       const meta = slots[b + 3] as number;
       const len = meta & LEN_MASK;
-      let k = -1;
-      if (hint < len && ranks[off + hint] === rank) {
-        k = off + hint;
-      } else {
-        for (let j = off, end = off + len; j < end; j++) {
-          if (ranks[j] === rank) {
-            k = j;
-            break;
-          }
-        }
-      }
+      const k = rankPosition(ranks, off, len, hint, rank);
       if (k < 0) continue;
       hint = k - off;
       const left = (refs[k] as number) - 1;
@@ -899,4 +879,15 @@ export class LoadLedger {
       }
     }
   }
+}
+
+/**
+ * Where `rank` sits in a hash's rank list `ranks[off, off + len)`, or -1. Along a shared prefix
+ * consecutive hashes list their ranks in the same order, so the previous hash's position
+ * (`hint`) is tried first and the scan is the rare case.
+ */
+function rankPosition(ranks: Int32Array, off: number, len: number, hint: number, rank: number): number {
+  if (hint < len && ranks[off + hint] === rank) return off + hint;
+  for (let j = off, end = off + len; j < end; j++) if (ranks[j] === rank) return j;
+  return -1;
 }
