@@ -130,6 +130,9 @@ export class ReplicaMesh implements MeshControl {
   #closed = false;
   readonly #timers: NodeJS.Timeout[] = [];
   readonly #inflightSnapshots = new Set<bigint>();
+  /** Registered peers that confirmed they connect back to us, and requests in flight. */
+  readonly #peeredBack = new Set<string>();
+  readonly #askingPeerBack = new Set<string>();
   readonly stats: MeshStats = {
     batchesSent: 0,
     eventsSent: 0,
@@ -218,13 +221,27 @@ export class ReplicaMesh implements MeshControl {
     const ep = parsePeerEndpoint(endpoint);
     if (ep === parsePeerEndpoint(this.#advertise)) throw new KvmeshError("KVMESH_BAD_REQUEST", `endpoint ${ep} is this replica itself`, { details: { field: "endpoint" } });
     const added = this.#connect(ep);
-    // Ask the peer to connect back (symmetric peering) and pull its state; both are retried by
-    // the normal paths if the peer is not up yet (heartbeats and gap detection).
-    this.#requestControl(controlEndpointFor(ep), { type: "peer", from: this.#origin, publishEndpoint: this.#advertise }).catch((err: unknown) => {
-      this.#log.debug({ err, peer: ep }, "peer-back request failed (will be retried on its heartbeat)");
-    });
+    // Ask the peer to connect back (symmetric peering) and pull its state. A peer that is not up
+    // yet is asked again on its first heartbeat, and its state arrives through first contact.
+    this.#askPeerBack(ep);
     this.#pullSnapshot(controlEndpointFor(ep), null);
     return Promise.resolve(added);
+  }
+
+  /** Asks the replica at `ep` to connect its SUB to us, once per (endpoint, process). */
+  #askPeerBack(ep: string): void {
+    if (this.#closed || this.#askingPeerBack.has(ep)) return;
+    this.#askingPeerBack.add(ep);
+    this.#requestControl(controlEndpointFor(ep), { type: "peer", from: this.#origin, publishEndpoint: this.#advertise })
+      .then(() => {
+        this.#peeredBack.add(ep);
+      })
+      .catch((err: unknown) => {
+        this.#log.debug({ err, peer: ep }, "peer-back request failed (asked again on its next heartbeat)");
+      })
+      .finally(() => {
+        this.#askingPeerBack.delete(ep);
+      });
   }
 
   async deregisterPeer(endpoint: string): Promise<boolean> {
@@ -232,6 +249,7 @@ export class ReplicaMesh implements MeshControl {
     if (!this.#peers.has(ep)) return false;
     const origin = this.#peers.get(ep) ?? null;
     this.#peers.delete(ep);
+    this.#peeredBack.delete(ep);
     this.#transport.disconnectPeer(ep);
     await this.#requestControl(controlEndpointFor(ep), { type: "unpeer", from: this.#origin, publishEndpoint: this.#advertise }).catch((err: unknown) => {
       this.#log.debug({ err, peer: ep }, "unpeer request failed");
@@ -386,7 +404,14 @@ export class ReplicaMesh implements MeshControl {
     if (hb.origin === this.#origin) return;
     this.#health.observe(hb.origin, this.#clock.now());
     this.#control.set(hb.origin, hb.controlEndpoint);
-    if (this.#peers.has(hb.publishEndpoint)) this.#peers.set(hb.publishEndpoint, hb.origin);
+    const known = this.#peers.get(hb.publishEndpoint);
+    if (known !== undefined) {
+      // A registered peer we have not been peered back by, or one that restarted (a new origin
+      // at the same endpoint has lost its membership): ask it to connect back.
+      if (known !== hb.origin && known !== null) this.#peeredBack.delete(hb.publishEndpoint);
+      this.#peers.set(hb.publishEndpoint, hb.origin);
+      if (!this.#peeredBack.has(hb.publishEndpoint)) this.#askPeerBack(hb.publishEndpoint);
+    }
     const action = this.#receiver.onHeartbeat(hb);
     if (action.action === "resync") {
       this.#resync(hb.origin, action.reason);
@@ -524,6 +549,7 @@ export class ReplicaMesh implements MeshControl {
         const ep = parsePeerEndpoint(req.publishEndpoint);
         if (this.#peers.has(ep)) {
           this.#peers.delete(ep);
+          this.#peeredBack.delete(ep);
           this.#transport.disconnectPeer(ep);
         }
         this.#forgetOrigin(req.from);

@@ -122,6 +122,19 @@ describe("replica mesh", () => {
     expect((b.d.mesh?.listPeers() ?? []).length).toBe(0);
   });
 
+  it("a peer registered before it is up peers back once it starts", async () => {
+    const a = await replica();
+    const port = await freePortPair();
+    const later = `tcp://127.0.0.1:${port}`;
+    expect((await call(a.d, "POST", "/replica_sync/register_peer", { endpoint: later })).status).toBe(201);
+    // The registration's own requests (peer-back, snapshot) time out against nobody first.
+    await waitFor(() => (a.d.mesh?.stats.snapshotFailures ?? 0) >= 1, 8_000, "the registration's requests to time out");
+    const d = await startDaemon({ ...DEFAULT_DAEMON_CONFIG, port: 0, kvEvents: false, replicaSyncPort: port, peers: [] }, log);
+    running.push(d);
+    await waitFor(() => (d.mesh?.listPeers() ?? []).some((p) => p.endpoint === a.sync && p.sync === "live"), 8_000, "the late peer connected back to A");
+    await waitFor(() => (a.d.mesh?.listPeers() ?? []).some((p) => p.endpoint === later && p.sync === "live"), 8_000, "A receives from the late peer");
+  });
+
   it("a replica that starts late pulls the fleet's load and bindings from snapshots within a second", async () => {
     const a = await replica();
     await addWorkers(a.d, [1, 2, 3]);
