@@ -1,6 +1,5 @@
 import { describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../src/errors.js";
 import { parseJson } from "../../src/http/json.js";
 import {
   parseOutputBlockRequest,
@@ -11,17 +10,10 @@ import {
   parseWorkerPatch,
   parseWorkerRequest,
 } from "../../src/http/schemas.js";
+import { kvmeshErrorOf } from "../helpers/errors.js";
 
 /** Runs `fn` and returns the KvmeshError it throws (fails the test if it does not). */
-function errorOf(fn: () => unknown): KvmeshError {
-  try {
-    fn();
-  } catch (e) {
-    if (e instanceof KvmeshError) return e;
-    throw e;
-  }
-  throw new Error("expected a KvmeshError");
-}
+const errorOf = kvmeshErrorOf;
 
 describe("request validation", () => {
   it("turns 64-bit fields into bigint whether they arrive as number or bigint", () => {

@@ -5,6 +5,7 @@ import { KvmeshError } from "../../src/errors.js";
 import { parseJsonBytes } from "../../src/http/json.js";
 import { parseSelectRequest } from "../../src/http/schemas.js";
 import { parseJsonBytesWithTokenIds } from "../../src/http/token-ids.js";
+import { kvmeshErrorOf } from "../helpers/errors.js";
 
 const fast = (text: string): unknown => parseJsonBytesWithTokenIds(Buffer.from(text, "utf8"));
 const generic = (text: string): unknown => parseJsonBytes(Buffer.from(text, "utf8"));
@@ -37,13 +38,7 @@ function expectSameAsGeneric(text: string): unknown {
 }
 
 function validationError(text: string): KvmeshError {
-  try {
-    parseSelectRequest(fast(text), "");
-  } catch (e) {
-    if (e instanceof KvmeshError) return e;
-    throw e;
-  }
-  throw new Error("expected a validation error");
+  return kvmeshErrorOf(() => parseSelectRequest(fast(text), ""));
 }
 
 describe("parseJsonBytesWithTokenIds", () => {

@@ -10,6 +10,7 @@ import {
 } from "../../src/affinity-table.js";
 import { ManualClock, seededRandom } from "../../src/clock.js";
 import { KvmeshError } from "../../src/errors.js";
+import { kvmeshErrorOf } from "../helpers/errors.js";
 
 const TTL_MS = 10_000;
 
@@ -28,15 +29,7 @@ function record(table: AffinityTable): { binding: SessionBinding; reason: Bindin
   return events;
 }
 
-function catchError(fn: () => unknown): KvmeshError {
-  try {
-    fn();
-  } catch (e) {
-    if (e instanceof KvmeshError) return e;
-    throw e;
-  }
-  throw new Error("expected a KvmeshError");
-}
+const catchError = kvmeshErrorOf;
 
 describe("AffinityTable configuration", () => {
   it("rejects a TTL outside 1 s .. 1 year, naming session_affinity_ttl_secs", () => {

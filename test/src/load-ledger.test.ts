@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { ManualClock, seededRandom } from "../../src/clock.js";
-import { KvmeshError } from "../../src/errors.js";
 import { hashListFromBigInts, type HashList } from "../../src/hash64.js";
 import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, LoadLedger } from "../../src/load-ledger.js";
+import { codeOf } from "../helpers/errors.js";
 
 /** Hashes with the high word set, so (hi, lo) pairs are exercised beyond 2^53. */
 const H = (n: number): bigint => (0xdead0000n << 32n) | BigInt(n);
@@ -12,16 +12,6 @@ const newLedger = (clock = new ManualClock(), expiryMs?: number): LoadLedger =>
   new LoadLedger(expiryMs === undefined ? { clock, random: seededRandom(1) } : { clock, random: seededRandom(1), expiryMs });
 
 const decodeOnly = { prefillTokens: 0, trackPrefill: false };
-
-function codeOf(fn: () => unknown): string | undefined {
-  try {
-    fn();
-  } catch (e) {
-    if (e instanceof KvmeshError) return e.code;
-    throw e;
-  }
-  return undefined;
-}
 
 describe("LoadLedger blocks", () => {
   it("counts a prefix shared by in-flight requests on one rank once, and restores on free", () => {

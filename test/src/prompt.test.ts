@@ -1,23 +1,18 @@
 import { describe, it, expect } from "vitest";
 import { seededRandom } from "../../src/clock.js";
-import { KvmeshError } from "../../src/errors.js";
 import { hashListFromBigInts } from "../../src/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/hashing.js";
 import { MAX_PROMPT_TOKENS, normalizePrompt } from "../../src/prompt.js";
 import { PromptHashCache } from "../../src/prompt-hash-cache.js";
 import type { PromptFields } from "../../src/types.js";
+import { kvmeshErrorOf } from "../helpers/errors.js";
 
 const rnd = seededRandom(3);
 const tokens = (n: number, from = 0): number[] => Array.from({ length: n }, (_, i) => (from + i * 7) % 1000);
 
 function codeOf(fn: () => unknown): string {
-  try {
-    fn();
-  } catch (e) {
-    if (e instanceof KvmeshError) return `${e.code}: ${e.message}`;
-    throw e;
-  }
-  throw new Error("expected a KvmeshError");
+  const e = kvmeshErrorOf(fn);
+  return `${e.code}: ${e.message}`;
 }
 
 describe("normalizePrompt", () => {

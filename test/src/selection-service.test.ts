@@ -1,15 +1,10 @@
 import { describe, expect, it } from "vitest";
-import { KvmeshError } from "../../src/errors.js";
 import { BLOCK, makeService, removedBatch, storedBatch, tokens, worker } from "../helpers/core-fixtures.js";
+import { kvmeshErrorOf } from "../helpers/errors.js";
 
 const code = (fn: () => unknown): string => {
-  try {
-    fn();
-  } catch (e) {
-    if (e instanceof KvmeshError) return `${e.status} ${e.code}`;
-    throw e;
-  }
-  throw new Error("expected an error");
+  const e = kvmeshErrorOf(fn);
+  return `${e.status} ${e.code}`;
 };
 
 describe("workers and readiness", () => {

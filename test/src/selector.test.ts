@@ -17,6 +17,7 @@ import {
   type CandidateTable,
   type SelectionRequest,
 } from "../../src/selector.js";
+import { codeOf } from "../helpers/errors.js";
 
 const REQ: SelectionRequest = { islTokens: 256, blockSize: 16 };
 const cfg = (patch: Partial<SelectorConfig> = {}): SelectorConfig => validateSelectorConfig({ ...DEFAULT_SELECTOR_CONFIG, ...patch });
@@ -45,16 +46,6 @@ function histogram(draws: number, pick: (rng: Random) => number, seed = 99): Map
     counts.set(k, (counts.get(k) ?? 0) + 1);
   }
   return counts;
-}
-
-function codeOf(fn: () => unknown): string | undefined {
-  try {
-    fn();
-  } catch (e) {
-    if (e instanceof KvmeshError) return e.code;
-    throw e;
-  }
-  return undefined;
 }
 
 describe("cost function", () => {
