@@ -312,6 +312,11 @@ export class AffinityTable {
     return dropped;
   }
 
+  /** A binding learned from a peer: no local leases, idle TTL from now. */
+  #replicaEntry(target: AffinityTarget, version: BindingVersion, now: number): Entry {
+    return { target, version, leases: 0, idleDeadlineMs: now + this.ttlMs, lastPublishedMs: now };
+  }
+
   /** Merges a peer's binding (reference 4.9 "Version merge on replica apply"). Never emits. */
   applyReplica(binding: SessionBinding): ApplyOutcome {
     const { sessionId, target, version } = binding;
@@ -332,24 +337,12 @@ export class AffinityTable {
 
     if (entry === undefined) {
       if (!this.#hasRoom(now)) return "rejected-capacity";
-      this.#entries.set(sessionId, {
-        target: incoming,
-        version: adopted,
-        leases: 0,
-        idleDeadlineMs: now + this.ttlMs,
-        lastPublishedMs: now,
-      });
+      this.#entries.set(sessionId, this.#replicaEntry(incoming, adopted, now));
       return "inserted";
     }
     if (this.#idleExpired(entry, now)) {
       // A fresh entry object: no lease can refer to an idle-expired incarnation anyway.
-      this.#entries.set(sessionId, {
-        target: incoming,
-        version: adopted,
-        leases: 0,
-        idleDeadlineMs: now + this.ttlMs,
-        lastPublishedMs: now,
-      });
+      this.#entries.set(sessionId, this.#replicaEntry(incoming, adopted, now));
       return "replaced-expired";
     }
     const order = compareVersions(adopted, entry.version);
