@@ -18,7 +18,7 @@ import type { MeshControl } from "../src/http/server.js";
 import type { BindingEvent, LoadEvent } from "../src/replica-events.js";
 import type { SelectionService } from "../src/selection-service.js";
 import { controlEndpointFor, parsePeerEndpoint } from "./endpoints.js";
-import { LAG_BUCKETS_MS, MeshReceiver } from "./origin-tracker.js";
+import { LAG_BUCKETS_MS, type LagHistogram, MeshReceiver } from "./origin-tracker.js";
 import { OutboundQueue } from "./outbound-queue.js";
 import { PeerHealth, type PeerState } from "./peer-health.js";
 import { MeshTransport, MeshRemoteError } from "./transport.js";
@@ -587,12 +587,15 @@ export class ReplicaMesh implements MeshControl {
     for (const o of origins) lines.push(`kvmesh_mesh_gaps_total{origin="${o.origin}"} ${o.gaps}`);
     lines.push("# HELP kvmesh_mesh_last_seq Last batch seq applied per origin.", "# TYPE kvmesh_mesh_last_seq gauge");
     for (const o of origins) lines.push(`kvmesh_mesh_last_seq{origin="${o.origin}"} ${o.lastAppliedSeq}`);
-    const h = this.#receiver.lagHistogram;
-    const cum = h.cumulative();
-    lines.push("# HELP kvmesh_mesh_replication_lag_seconds Publish-to-receive lag of peer batches and heartbeats.", "# TYPE kvmesh_mesh_replication_lag_seconds histogram");
-    LAG_BUCKETS_MS.forEach((b, i) => lines.push(`kvmesh_mesh_replication_lag_seconds_bucket{le="${b / 1000}"} ${cum[i] ?? 0}`));
-    lines.push(`kvmesh_mesh_replication_lag_seconds_bucket{le="+Inf"} ${h.count}`);
-    lines.push(`kvmesh_mesh_replication_lag_seconds_sum ${h.sum / 1000}`, `kvmesh_mesh_replication_lag_seconds_count ${h.count}`);
+    lines.push("# HELP kvmesh_mesh_replication_lag_seconds Publish-to-receive lag of peer batches and heartbeats, all peers.", "# TYPE kvmesh_mesh_replication_lag_seconds histogram");
+    histogramLines(lines, "kvmesh_mesh_replication_lag_seconds", "", this.#receiver.lagHistogram);
+    // Per peer as well: one slow link hides in the aggregate when the other peers are fast. Keyed by
+    // origin (GET /replica_sync/peers maps origin to endpoint); a forgotten origin's series ends.
+    lines.push("# HELP kvmesh_mesh_peer_replication_lag_seconds Publish-to-receive lag per origin (peer).", "# TYPE kvmesh_mesh_peer_replication_lag_seconds histogram");
+    for (const origin of this.#receiver.origins()) {
+      const t = this.#receiver.tracker(origin);
+      if (t !== undefined) histogramLines(lines, "kvmesh_mesh_peer_replication_lag_seconds", `origin="${origin}",`, t.lagHistogram);
+    }
     const counts = this.#health.counts();
     lines.push("# HELP kvmesh_mesh_peers Peers by state.", "# TYPE kvmesh_mesh_peers gauge");
     for (const [state, n] of Object.entries(counts)) lines.push(`kvmesh_mesh_peers{state="${state}"} ${n}`);
@@ -610,6 +613,15 @@ export class ReplicaMesh implements MeshControl {
     if (this.#resnapshotTimer !== undefined) clearTimeout(this.#resnapshotTimer);
     await this.#transport.close();
   }
+}
+
+/** Prometheus histogram sample lines; `labels` is empty or ends with a comma. */
+function histogramLines(lines: string[], name: string, labels: string, h: LagHistogram): void {
+  const cum = h.cumulative();
+  LAG_BUCKETS_MS.forEach((b, i) => lines.push(`${name}_bucket{${labels}le="${b / 1000}"} ${cum[i] ?? 0}`));
+  lines.push(`${name}_bucket{${labels}le="+Inf"} ${h.count}`);
+  const sel = labels === "" ? "" : `{${labels.slice(0, -1)}}`;
+  lines.push(`${name}_sum${sel} ${h.sum / 1000}`, `${name}_count${sel} ${h.count}`);
 }
 
 function flushIntervalOf(o: ReplicaMeshOptions): number {

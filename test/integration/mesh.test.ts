@@ -82,6 +82,15 @@ describe("replica mesh", () => {
     const peers = (await call(a.d, "GET", "/replica_sync/peers")).json as { endpoint: string; state: string; last_seq: number }[];
     expect(peers.map((p) => p.endpoint).sort()).toEqual([b.sync, c.sync].sort());
     expect(peers.every((p) => p.state === "alive" && p.last_seq > 0)).toBe(true);
+
+    // Lag per peer: one histogram series per origin, whose counts add up to the aggregate.
+    const metrics = await (await fetch(`http://${a.d.host}:${a.d.port}/metrics`)).text();
+    const perPeer = [...metrics.matchAll(/^kvmesh_mesh_peer_replication_lag_seconds_count\{origin="(\d+)"\} (\d+)$/gm)];
+    const origins = (await call(a.d, "GET", "/replica_sync/peers")).json as { origin: bigint | number | null }[];
+    expect(perPeer.map((m) => m[1]).sort()).toEqual(origins.map((p) => String(p.origin)).sort());
+    expect(perPeer.every((m) => Number(m[2]) > 0)).toBe(true);
+    const aggregate = Number(/^kvmesh_mesh_replication_lag_seconds_count (\d+)$/m.exec(metrics)?.[1]);
+    expect(perPeer.reduce((n, m) => n + Number(m[2]), 0)).toBe(aggregate);
   });
 
   it("a session bound through A is routed to the same worker through B and C", async () => {
