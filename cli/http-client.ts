@@ -5,8 +5,9 @@
  */
 import { Option, type Command } from "commander";
 import { DEFAULT_DAEMON_CONFIG } from "../src/daemon.js";
+import { readApiTokenText } from "../src/http/auth.js";
 import { parseJson, stringifyJson } from "../src/http/json.js";
-import { envNameFor, integerInRange, parseHttpUrl } from "./parsers.js";
+import { envNameFor, integerInRange, parseHttpUrl, parseNonEmpty } from "./parsers.js";
 
 /** select may queue on the daemon (reference: queue re-check every 60 s); admin calls are fast. */
 export const DEFAULT_REQUEST_TIMEOUT_MS = 30_000;
@@ -75,6 +76,8 @@ export interface RequestOptions {
   readonly baseUrl: URL;
   readonly fetch: FetchFn;
   readonly timeoutMs: number;
+  /** Sent as `Authorization: Bearer <token>` (from --api-token-file). */
+  readonly apiToken?: string | undefined;
 }
 
 /** Joins `path` under the base URL's own path, so a daemon behind a path prefix works. */
@@ -87,9 +90,11 @@ export function resolveUrl(baseUrl: URL, path: string, query?: Readonly<Record<s
 
 export async function requestJson(opts: RequestOptions, method: string, path: string, body?: unknown, query?: Readonly<Record<string, string | undefined>>): Promise<HttpResult> {
   const url = resolveUrl(opts.baseUrl, path, query);
-  const init: RequestInit = { method, headers: { accept: "application/json" }, signal: AbortSignal.timeout(opts.timeoutMs) };
+  const headers: Record<string, string> = { accept: "application/json" };
+  if (opts.apiToken !== undefined) headers["authorization"] = `Bearer ${opts.apiToken}`;
+  const init: RequestInit = { method, headers, signal: AbortSignal.timeout(opts.timeoutMs) };
   if (body !== undefined) {
-    init.headers = { accept: "application/json", "content-type": "application/json" };
+    headers["content-type"] = "application/json";
     init.body = stringifyJson(body);
   }
   let res: Response;
@@ -181,9 +186,41 @@ export async function runClientCall(deps: ClientDeps, opts: RequestOptions, call
 export const DEFAULT_ADMIN_URL = `http://${DEFAULT_DAEMON_CONFIG.host}:${DEFAULT_DAEMON_CONFIG.port}`;
 const MAX_REQUEST_TIMEOUT_MS = 3_600_000;
 
-/** `--url` (env KVMESH_URL) and `--timeout-ms` (env KVMESH_TIMEOUT_MS), shared by every admin command. */
+/** Where addApiTokenOption leaves the token read from --api-token-file, among the command's options. */
+const API_TOKEN_OPTION = "apiToken";
+
+/**
+ * `--api-token-file` (env KVMESH_API_TOKEN_FILE): the daemon's bearer token, read from a file
+ * (never a flag value: argv shows in `ps`) before the action runs, with the daemon's checks
+ * (mode 0600-ish, one line); a bad file is a usage error naming the flag.
+ */
+export function addApiTokenOption(cmd: Command): Command {
+  const flag = "--api-token-file";
+  cmd.addOption(new Option(`${flag} <file>`, "file holding the daemon's API token (serve --api-token-file), sent as Authorization: Bearer").argParser(parseNonEmpty).env(envNameFor(flag)));
+  cmd.hook("preAction", (thisCommand: Command) => {
+    const file = thisCommand.opts<{ apiTokenFile?: string }>().apiTokenFile;
+    if (file === undefined) return;
+    const label = thisCommand.getOptionValueSource("apiTokenFile") === "env" ? `${flag} (from ${envNameFor(flag)})` : flag;
+    let token: string;
+    try {
+      token = readApiTokenText(file, label);
+    } catch (err) {
+      thisCommand.error(`error: ${err instanceof Error ? err.message : String(err)}`);
+    }
+    thisCommand.setOptionValue(API_TOKEN_OPTION, token);
+  });
+  return cmd;
+}
+
+/** The token addApiTokenOption read, as a RequestOptions fragment. */
+export function apiTokenOf(opts: Readonly<Record<string, unknown>>): { apiToken?: string } {
+  const t = opts[API_TOKEN_OPTION];
+  return typeof t === "string" ? { apiToken: t } : {};
+}
+
+/** `--url` (env KVMESH_URL), `--timeout-ms` (env KVMESH_TIMEOUT_MS) and `--api-token-file`, shared by every admin command. */
 export function addClientOptions(cmd: Command): Command {
-  return cmd
+  return addApiTokenOption(cmd)
     .addOption(new Option("--url <url>", "kvmesh daemon base URL").argParser(parseHttpUrl).default(new URL(DEFAULT_ADMIN_URL), DEFAULT_ADMIN_URL).env(envNameFor("--url")))
     .addOption(
       new Option("--timeout-ms <ms>", "give up on the daemon after this long")
@@ -194,5 +231,5 @@ export function addClientOptions(cmd: Command): Command {
 }
 
 export function requestOptionsOf(opts: Readonly<Record<string, unknown>>, fetch: FetchFn): RequestOptions {
-  return { baseUrl: opts["url"] as URL, timeoutMs: opts["timeoutMs"] as number, fetch };
+  return { baseUrl: opts["url"] as URL, timeoutMs: opts["timeoutMs"] as number, fetch, ...apiTokenOf(opts) };
 }

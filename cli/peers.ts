@@ -4,7 +4,7 @@
  * locally (mesh/endpoints.ts), so a typo is a usage error instead of a round trip.
  */
 import { Option, type Command } from "commander";
-import { ConnectionError, DEFAULT_ADMIN_URL, DEFAULT_REQUEST_TIMEOUT_MS, errorMessageOf, prettyJson, requestJson, type ClientDeps, type HttpResult, type RequestOptions } from "./http-client.js";
+import { addApiTokenOption, apiTokenOf, ConnectionError, DEFAULT_ADMIN_URL, DEFAULT_REQUEST_TIMEOUT_MS, errorMessageOf, prettyJson, requestJson, type ClientDeps, type HttpResult, type RequestOptions } from "./http-client.js";
 import { envNameFor, integerInRange, parseHttpUrl, parsePeerEndpointArg } from "./parsers.js";
 
 /** Same bound as the other admin commands' --timeout-ms (cli/http-client.ts). */
@@ -21,7 +21,7 @@ const ENDPOINT_HELP = "peer's replica-sync endpoint, tcp://host:port";
 
 /** `--admin` (env KVMESH_ADMIN) and `--timeout-ms` (env KVMESH_TIMEOUT_MS). */
 function addAdminOptions(cmd: Command): Command {
-  return cmd
+  return addApiTokenOption(cmd)
     .addOption(new Option("--admin <url>", "kvmesh daemon admin base URL").argParser(parseHttpUrl).default(new URL(DEFAULT_ADMIN_URL), DEFAULT_ADMIN_URL).env(envNameFor("--admin")))
     .addOption(
       new Option("--timeout-ms <ms>", "give up on the daemon after this long")
@@ -33,7 +33,7 @@ function addAdminOptions(cmd: Command): Command {
 
 function requestOptions(cmd: Command, deps: ClientDeps): RequestOptions {
   const o = cmd.opts<{ admin: URL; timeoutMs: number }>();
-  return { baseUrl: o.admin, timeoutMs: o.timeoutMs, fetch: deps.fetch };
+  return { baseUrl: o.admin, timeoutMs: o.timeoutMs, fetch: deps.fetch, ...apiTokenOf(cmd.opts()) };
 }
 
 /**

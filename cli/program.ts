@@ -7,14 +7,17 @@ import { readFile } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Command } from "commander";
+import { runBenchMain, runDemoMain, type BenchIo } from "../src/bench/bench-main.js";
 import { startDaemon } from "../src/daemon.js";
+import { addBenchCommands, type BenchDeps } from "./bench.js";
 import type { ClientDeps } from "./http-client.js";
+import { addKeysCommand } from "./keys.js";
 import { addPeersCommand } from "./peers.js";
 import { addSelectCommand } from "./select.js";
 import { addServeCommand, type ServeDeps, type ShutdownSignal } from "./serve.js";
 import { addWorkersCommand } from "./workers.js";
 
-export interface CliDeps extends ServeDeps, ClientDeps {}
+export interface CliDeps extends ServeDeps, ClientDeps, BenchDeps {}
 
 const processSignals = {
   on: (signal: ShutdownSignal, handler: (s: ShutdownSignal) => void): void => {
@@ -25,8 +28,36 @@ const processSignals = {
   },
 };
 
+/** Output streams for bench/demo, and Ctrl-C as an abort: the run stops dispatching and reports. */
+function benchIo(): BenchIo & { done: () => void } {
+  const controller = new AbortController();
+  const onSigint = (): void => {
+    process.stderr.write("stopping: finishing the requests in flight (Ctrl-C again to quit now)\n");
+    controller.abort();
+    process.once("SIGINT", () => process.exit(130));
+  };
+  process.once("SIGINT", onSigint);
+  return {
+    out: (t) => process.stdout.write(t),
+    err: (t) => process.stderr.write(t),
+    signal: controller.signal,
+    done: () => process.off("SIGINT", onSigint),
+  };
+}
+
+async function withBenchIo(run: (io: BenchIo) => Promise<number>): Promise<number> {
+  const io = benchIo();
+  try {
+    return await run(io);
+  } finally {
+    io.done();
+  }
+}
+
 export function defaultCliDeps(): CliDeps {
   return {
+    runBench: (config) => withBenchIo((io) => runBenchMain(config, io)),
+    runDemo: (config) => withBenchIo((io) => runDemoMain(config, io)),
     startDaemon: (config, logger) => startDaemon(config, logger),
     signals: processSignals,
     // stdout writes are synchronous for files and pipes on Linux, so exit() after a log line loses nothing.
@@ -67,5 +98,7 @@ export function buildCli(overrides: Partial<CliDeps> = {}): Command {
   addWorkersCommand(program, deps);
   addSelectCommand(program, deps);
   addPeersCommand(program, deps);
+  addKeysCommand(program, deps);
+  addBenchCommands(program, deps);
   return program;
 }

@@ -10,11 +10,23 @@
  * zeromq.js allows one send and one receive in flight per socket and throws EBUSY synchronously
  * on a second, so every socket has exactly one reader loop and one writer (a FIFO for the XPUB,
  * a promise chain for ROUTER replies).
+ *
+ * With `curve` set, every socket lives in a private zmq Context whose ZAP handler admits only
+ * the listed public keys (zap-handler.ts); the XPUB and ROUTER are CURVE servers with this
+ * replica's key. Peers are still plain endpoints, so the connecting side looks up which listed
+ * key the peer at an endpoint holds (curve-key-directory.ts) and connects with it: one SUB per
+ * peer (curve-subscribers.ts) and one DEALER per request, as without CURVE. An unlisted replica
+ * can therefore neither subscribe to our XPUB nor reach our ROUTER (ZAP refuses its key), and we
+ * never subscribe to or query a server whose key we do not list.
  */
 import { pino, type Logger } from "pino";
-import { Dealer, Router, Subscriber, XPublisher, type MessageLike } from "zeromq";
+import { Context, Dealer, Router, Subscriber, XPublisher, type MessageLike } from "zeromq";
 
+import type { MeshCurveConfig } from "./curve.js";
+import { KEY_LOOKUP_OUTCOMES, ServerKeyDirectory, type KeyDirectoryStats, type KeyLookupOutcome } from "./curve-key-directory.js";
+import { CurvePeerSubscribers, type CurveSubscriberStats } from "./curve-subscribers.js";
 import { controlEndpointFor, isIpv6Endpoint, parseBindEndpoint, parsePeerEndpoint } from "./endpoints.js";
+import { HANDSHAKE_REJECT_REASONS, MESH_ZAP_DOMAIN, newHandshakeCounters, watchServerHandshakes, ZapHandler, type HandshakeCounters, type HandshakeWatcher, type ZapStats } from "./zap-handler.js";
 import { TOPIC_BATCH, TOPIC_HEARTBEAT } from "./types.js";
 
 /** ZMTP heartbeats: a frozen peer is noticed about 3 s after it stops answering. */
@@ -55,8 +67,24 @@ export interface MeshTransportOptions {
   readonly reconnectMaxIntervalMs?: number;
   /** Topics the SUB subscribes to (besides join topics). Default DEFAULT_MESH_TOPICS. */
   readonly topics?: readonly string[];
-  /** Reserved for CURVE; must be left unset for now. */
-  readonly curve?: undefined;
+  /**
+   * CURVE: encrypt the mesh and accept only the listed replicas' keys (see the module comment).
+   * Unset: plain TCP, where anyone who can connect can read the stream and send control requests.
+   */
+  readonly curve?: MeshCurveConfig | undefined;
+  /** With `curve`: how long one lookup of a peer's key waits for handshakes, ms (default 1 s). */
+  readonly keyProbeTimeoutMs?: number;
+}
+
+/** CURVE counters (null without CURVE): inbound handshakes, ZAP decisions, key lookups. */
+export interface MeshCurveStats {
+  /** Inbound handshakes on the XPUB and ROUTER, accepted and rejected by reason. */
+  readonly inbound: HandshakeCounters;
+  readonly zap: ZapStats;
+  readonly keyLookups: KeyDirectoryStats;
+  readonly subscribers: CurveSubscriberStats;
+  /** Control requests that failed because the peer refused us or holds no key we list. */
+  readonly requestAuthFailures: number;
 }
 
 export interface MeshTransportStats {
@@ -108,6 +136,38 @@ export class MeshRemoteError extends Error {
   }
 }
 
+/** Why a CURVE request or connection could not be made (see curve-key-directory.ts). */
+export type MeshAuthFailure = Exclude<KeyLookupOutcome, "found" | "unreachable">;
+
+/** A CURVE peer refused our key, holds no key we list, or runs without CURVE. */
+export class MeshAuthError extends Error {
+  readonly endpoint: string;
+  readonly reason: MeshAuthFailure;
+  constructor(endpoint: string, reason: MeshAuthFailure) {
+    const why: Record<MeshAuthFailure, string> = {
+      rejected: "refuses our CURVE key (our .pub is not in its --mesh-allow)",
+      not_listed: "holds no CURVE key listed in --mesh-allow",
+      no_curve: "runs without CURVE",
+    };
+    super(`mesh peer ${endpoint} ${why[reason]}`);
+    this.name = "MeshAuthError";
+    this.endpoint = endpoint;
+    this.reason = reason;
+  }
+}
+
+/** What a CURVE transport holds besides its sockets. */
+interface CurveRuntime {
+  readonly context: Context;
+  readonly config: MeshCurveConfig;
+  readonly zap: ZapHandler;
+  readonly keys: ServerKeyDirectory;
+  readonly subs: CurvePeerSubscribers;
+  readonly inbound: HandshakeCounters;
+  readonly watchers: HandshakeWatcher[];
+  requestAuthFailures: number;
+}
+
 interface QueuedSend {
   readonly frames: MessageLike[];
   readonly resolve: () => void;
@@ -139,7 +199,9 @@ export class MeshTransport {
 
   readonly #xpub: XPublisher;
   readonly #router: Router;
-  readonly #sub: Subscriber;
+  /** The one SUB of a plain mesh; null with CURVE (one SUB per peer in #curve.subs). */
+  readonly #sub: Subscriber | null;
+  readonly #curve: CurveRuntime | null;
   readonly #common: CommonSocketOptions;
   readonly #log: Logger;
   readonly #peers = new Set<string>();
@@ -169,14 +231,16 @@ export class MeshTransport {
   private constructor(
     xpub: XPublisher,
     router: Router,
-    sub: Subscriber,
+    sub: Subscriber | null,
     endpoints: { publish: string; control: string },
     common: CommonSocketOptions,
     log: Logger,
+    curve: CurveRuntime | null,
   ) {
     this.#xpub = xpub;
     this.#router = router;
     this.#sub = sub;
+    this.#curve = curve;
     this.publishEndpoint = endpoints.publish;
     this.controlEndpoint = endpoints.control;
     this.#common = common;
@@ -185,7 +249,6 @@ export class MeshTransport {
 
   /** Binds the XPUB and the control ROUTER; rejects (with every socket closed) if either bind fails. */
   static async bind(o: MeshTransportOptions): Promise<MeshTransport> {
-    if (o.curve !== undefined) throw new Error("MeshTransportOptions.curve is not supported yet");
     const publishBind = parseBindEndpoint(o.publishBind);
     const controlBind = o.controlBind === undefined ? controlEndpointFor(publishBind) : parseBindEndpoint(o.controlBind);
     const heartbeatTimeout = positiveInt("heartbeatTimeoutMs", o.heartbeatTimeoutMs, DEFAULT_HEARTBEAT_TIMEOUT_MS);
@@ -204,25 +267,115 @@ export class MeshTransport {
     const topics = o.topics ?? DEFAULT_MESH_TOPICS;
     const log = o.logger ?? pino({ enabled: false });
 
-    const xpub = new XPublisher({ ...common, sendHighWaterMark: hwm, ipv6: isIpv6Endpoint(publishBind) });
+    // CURVE: a private context whose ZAP handler is bound before any CURVE socket binds (a
+    // server bound first would admit every client key until the handler appears).
+    const curve = o.curve;
+    const context = curve === undefined ? undefined : new Context();
+    const zap = curve === undefined || context === undefined ? null : await ZapHandler.start({ context, allow: curve.allow, logger: log });
+    const server = curve === undefined || context === undefined ? {} : { context, curveServer: true, curveSecretKey: curve.keyPair.secretKey, zapDomain: MESH_ZAP_DOMAIN };
+    const xpub = new XPublisher({ ...common, ...server, sendHighWaterMark: hwm, ipv6: isIpv6Endpoint(publishBind) });
     // Default XPUB verbosity reports only the first subscriber per topic, hiding later joiners.
     xpub.verbosity = "allSubsUnsubs";
-    const router = new Router({ ...common, ipv6: isIpv6Endpoint(controlBind) });
-    const sub = new Subscriber({ ...common, receiveHighWaterMark: hwm });
+    const router = new Router({ ...common, ...server, ipv6: isIpv6Endpoint(controlBind) });
+    const sub = curve === undefined ? new Subscriber({ ...common, receiveHighWaterMark: hwm }) : null;
     try {
-      for (const t of topics) sub.subscribe(t);
+      if (sub !== null) for (const t of topics) sub.subscribe(t);
       await xpub.bind(publishBind);
       await router.bind(controlBind);
       const endpoints = { publish: xpub.lastEndpoint ?? publishBind, control: router.lastEndpoint ?? controlBind };
-      const transport = new MeshTransport(xpub, router, sub, endpoints, common, log);
-      log.info(endpoints, "mesh transport bound");
+      // The per-peer SUBs deliver to the transport built below (nothing arrives before onMessage).
+      const built: { transport: MeshTransport | undefined } = { transport: undefined };
+      let runtime: CurveRuntime | null = null;
+      if (curve !== undefined && context !== undefined && zap !== null) {
+        const inbound = newHandshakeCounters();
+        const keys = new ServerKeyDirectory({
+          context,
+          keyPair: curve.keyPair,
+          allow: curve.allow,
+          logger: log,
+          ...(o.keyProbeTimeoutMs === undefined ? {} : { probeTimeoutMs: positiveInt("keyProbeTimeoutMs", o.keyProbeTimeoutMs, o.keyProbeTimeoutMs) }),
+        });
+        const subs = new CurvePeerSubscribers({
+          context,
+          keyPair: curve.keyPair,
+          directory: keys,
+          socketOptions: { ...common, receiveHighWaterMark: hwm },
+          topics,
+          onFrames: (frames) => {
+            if (built.transport !== undefined) built.transport.#deliver(frames);
+          },
+          logger: log,
+        });
+        const watchers = [watchServerHandshakes(xpub, "publish", inbound, log), watchServerHandshakes(router, "control", inbound, log)];
+        runtime = { context, config: curve, zap, keys, subs, inbound, watchers, requestAuthFailures: 0 };
+      }
+      const transport = new MeshTransport(xpub, router, sub, endpoints, common, log, runtime);
+      built.transport = transport;
+      log.info({ ...endpoints, curve: curve === undefined ? false : { public_key: curve.keyPair.publicKey, allowed_keys: curve.allow.length } }, "mesh transport bound");
       return transport;
     } catch (err) {
       xpub.close();
       router.close();
-      sub.close();
+      sub?.close();
+      await zap?.close();
       throw toError(err);
     }
+  }
+
+  /** This replica's CURVE public key (null without CURVE). */
+  get curvePublicKey(): string | null {
+    return this.#curve?.config.keyPair.publicKey ?? null;
+  }
+
+  /** CURVE counters, or null without CURVE. */
+  get curveStats(): MeshCurveStats | null {
+    const c = this.#curve;
+    if (c === null) return null;
+    return {
+      inbound: { accepted: c.inbound.accepted, rejected: { ...c.inbound.rejected } },
+      zap: c.zap.stats,
+      keyLookups: c.keys.stats,
+      subscribers: c.subs.stats,
+      requestAuthFailures: c.requestAuthFailures,
+    };
+  }
+
+  /** Per-peer CURVE connection states (endpoint -> state); empty without CURVE. */
+  curvePeerStates(): Map<string, string> {
+    return this.#curve?.subs.states() ?? new Map<string, string>();
+  }
+
+  /** Prometheus text for the transport's own counters (CURVE only; "" without it). */
+  metricsText(): string {
+    const s = this.curveStats;
+    if (s === null) return "";
+    const lines: string[] = [];
+    const family = (name: string, type: "counter" | "gauge", help: string, samples: readonly string[]): void => {
+      lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`, ...samples);
+    };
+    family("kvmesh_mesh_curve_enabled", "gauge", "1 when the mesh uses CURVE (encrypted, listed keys only).", ["kvmesh_mesh_curve_enabled 1"]);
+    family("kvmesh_mesh_handshakes_accepted_total", "counter", "Inbound CURVE handshakes accepted (publish and control sockets).", [`kvmesh_mesh_handshakes_accepted_total ${s.inbound.accepted}`]);
+    family(
+      "kvmesh_mesh_handshakes_rejected_total",
+      "counter",
+      "Inbound handshakes rejected: unlisted_key (ZAP refused the key), no_curve (a plain peer), wrong_server_key (a stale key, or a peer probing the listed keys for ours), other.",
+      HANDSHAKE_REJECT_REASONS.map((r) => `kvmesh_mesh_handshakes_rejected_total{reason="${r}"} ${s.inbound.rejected[r]}`),
+    );
+    family("kvmesh_mesh_zap_denied_total", "counter", "ZAP requests denied (public key not in --mesh-allow).", [`kvmesh_mesh_zap_denied_total ${s.zap.denied}`]);
+    family(
+      "kvmesh_mesh_key_lookups_total",
+      "counter",
+      "Lookups of a peer endpoint's CURVE key by probing the listed keys, by outcome.",
+      KEY_LOOKUP_OUTCOMES.map((r) => `kvmesh_mesh_key_lookups_total{outcome="${r}"} ${s.keyLookups.lookups[r]}`),
+    );
+    family("kvmesh_mesh_key_rekeys_total", "counter", "Peer connections re-keyed after their cached key stopped working.", [`kvmesh_mesh_key_rekeys_total ${s.subscribers.rekeys}`]);
+    family(
+      "kvmesh_mesh_refused_by_peer_total",
+      "counter",
+      "Outbound connections and control requests a peer refused or could not authenticate (our key not in its allow list, or no listed key).",
+      [`kvmesh_mesh_refused_by_peer_total ${s.subscribers.refusedByPeer + s.requestAuthFailures}`],
+    );
+    return lines.join("\n") + "\n";
   }
 
   get stats(): MeshTransportStats {
@@ -291,6 +444,10 @@ export class MeshTransport {
   #startLoop(which: "sub" | "xpub" | "router"): void {
     if (this.#closed || this.#started.has(which)) return;
     this.#started.add(which);
+    if (which === "sub" && this.#curve !== null) {
+      this.#curve.subs.start();
+      return;
+    }
     const loop = which === "sub" ? this.#subLoop() : which === "xpub" ? this.#xpubLoop() : this.#routerLoop();
     this.#loops.push(loop);
   }
@@ -300,6 +457,13 @@ export class MeshTransport {
     if (this.#closed) throw new MeshClosedError("connectPeer");
     const ep = parsePeerEndpoint(publishEndpoint);
     if (this.#peers.has(ep)) return false;
+    if (this.#sub === null) {
+      // CURVE: the peer's SUB is opened once its key is known (curve-subscribers.ts).
+      this.#curve?.subs.connect(ep);
+      this.#peers.add(ep);
+      this.#log.info({ peer: ep }, "mesh peer added (looking up its CURVE key)");
+      return true;
+    }
     // The ipv6 option applies to the next connect only; leaving it on for hostnames would let
     // "localhost" resolve to ::1 while the peer listens on 127.0.0.1. zeromq.js prints a process
     // warning on each change after the first connect, so only flip it when it must change.
@@ -316,6 +480,11 @@ export class MeshTransport {
     const ep = parsePeerEndpoint(publishEndpoint);
     if (!this.#peers.delete(ep)) return false;
     if (this.#closed) return true;
+    if (this.#sub === null) {
+      this.#curve?.subs.disconnect(ep);
+      this.#log.info({ peer: ep }, "mesh peer disconnected");
+      return true;
+    }
     try {
       this.#sub.disconnect(ep);
     } catch (err) {
@@ -334,24 +503,30 @@ export class MeshTransport {
   subscribeJoinTopic(id: string): void {
     if (this.#closed) throw new MeshClosedError("subscribeJoinTopic");
     if (id.length === 0) throw new RangeError("join topic id must be non-empty");
-    this.#sub.subscribe(joinTopic(id));
+    if (this.#sub === null) this.#curve?.subs.subscribe(joinTopic(id));
+    else this.#sub.subscribe(joinTopic(id));
   }
 
   async #subLoop(): Promise<void> {
+    if (this.#sub === null) return;
     try {
-      for await (const frames of this.#sub) {
-        this.#stats.received++;
-        if (frames.length !== 2) this.#stats.malformedFrames++;
-        const topic = frames[0]?.toString("utf8") ?? "";
-        const payload = frames[1] ?? Buffer.alloc(0);
-        try {
-          this.#onMessage?.(topic, payload, frames.length);
-        } catch (err) {
-          this.#log.error({ err, topic }, "mesh message handler threw");
-        }
-      }
+      for await (const frames of this.#sub) this.#deliver(frames);
     } catch (err) {
       if (!this.#closed) this.#log.error({ err }, "mesh SUB loop stopped");
+    }
+  }
+
+  /** One message from a peer (any SUB) to the handler. */
+  #deliver(frames: Buffer[]): void {
+    if (this.#closed) return;
+    this.#stats.received++;
+    if (frames.length !== 2) this.#stats.malformedFrames++;
+    const topic = frames[0]?.toString("utf8") ?? "";
+    const payload = frames[1] ?? Buffer.alloc(0);
+    try {
+      this.#onMessage?.(topic, payload, frames.length);
+    } catch (err) {
+      this.#log.error({ err, topic }, "mesh message handler threw");
     }
   }
 
@@ -434,14 +609,24 @@ export class MeshTransport {
     if (this.#closed) throw new MeshClosedError("request");
     const ep = parsePeerEndpoint(controlEndpoint);
     if (!Number.isFinite(timeoutMs) || timeoutMs <= 0) throw new RangeError(`timeoutMs must be positive, got ${timeoutMs}`);
-    const dealer = new Dealer({ ...this.#common, ipv6: isIpv6Endpoint(ep) });
+    const startedMs = performance.now();
+    const serverKey = this.#curve === null ? null : await this.#controlServerKey(ep, timeoutMs);
+    if (this.#closed) throw new MeshClosedError("request");
+    const curveClient =
+      serverKey === null || this.#curve === null
+        ? {}
+        : { context: this.#curve.context, curveServerKey: serverKey, curvePublicKey: this.#curve.config.keyPair.publicKey, curveSecretKey: this.#curve.config.keyPair.secretKey };
+    const dealer = new Dealer({ ...this.#common, ...curveClient, ipv6: isIpv6Endpoint(ep) });
     this.#dealers.add(dealer);
     let timedOut = false;
     // Closing the socket is what unblocks a pending receive (it rejects with EAGAIN).
-    const timer = setTimeout(() => {
-      timedOut = true;
-      dealer.close();
-    }, timeoutMs);
+    const timer = setTimeout(
+      () => {
+        timedOut = true;
+        dealer.close();
+      },
+      Math.max(1, timeoutMs - (performance.now() - startedMs)),
+    );
     try {
       dealer.connect(ep);
       await dealer.send(["", payload]);
@@ -458,6 +643,10 @@ export class MeshTransport {
       if (err instanceof MeshRemoteError) throw err;
       if (timedOut) {
         this.#stats.requestTimeouts++;
+        // No per-request observer tells a stale key from a slow peer (observers are costly and
+        // fragile, see zmq-observers.ts): after a timeout the key is looked up again next time,
+        // which finds a new key, or reports that the peer now refuses us, within one round trip.
+        if (serverKey !== null) this.#curve?.keys.forget(ep, serverKey);
         throw new MeshRequestTimeoutError(ep, timeoutMs);
       }
       if (this.#closed) throw new MeshClosedError("request");
@@ -467,6 +656,29 @@ export class MeshTransport {
       if (!dealer.closed) dealer.close();
       this.#dealers.delete(dealer);
     }
+  }
+
+  /** The server key for a control request to `ep` (CURVE); throws when there is none to use. */
+  async #controlServerKey(ep: string, timeoutMs: number): Promise<string> {
+    const curve = this.#curve;
+    if (curve === null) throw new Error("not a CURVE transport");
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<null>((resolve) => {
+      timer = setTimeout(() => {
+        resolve(null);
+      }, timeoutMs);
+    });
+    const lookup = await Promise.race([curve.keys.lookup(ep, "dealer"), timeout]).finally(() => {
+      clearTimeout(timer);
+    });
+    if (this.#closed) throw new MeshClosedError("request");
+    if (lookup === null || lookup.outcome === "unreachable") {
+      this.#stats.requestTimeouts++;
+      throw new MeshRequestTimeoutError(ep, timeoutMs);
+    }
+    if (lookup.outcome === "found") return lookup.key;
+    curve.requestAuthFailures++;
+    throw new MeshAuthError(ep, lookup.outcome);
   }
 
   /**
@@ -484,10 +696,15 @@ export class MeshTransport {
     this.#outbox = [];
     for (const item of queued) item.reject(new MeshClosedError("publish"));
     for (const dealer of this.#dealers) dealer.close();
+    this.#curve?.keys.close();
+    const curveSubs = this.#curve?.subs.close();
     this.#xpub.close();
     this.#router.close();
-    this.#sub.close();
-    await Promise.all([...this.#loops, this.#draining]);
+    this.#sub?.close();
+    for (const w of this.#curve?.watchers ?? []) w.stop();
+    await Promise.all([...this.#loops, this.#draining, curveSubs, ...(this.#curve?.watchers ?? []).map((w) => w.done)]);
+    // Last: the ZAP handler serves the CURVE sockets closed above.
+    await this.#curve?.zap.close();
     this.#log.info({ publish: this.publishEndpoint }, "mesh transport closed");
   }
 }

@@ -1,0 +1,76 @@
+/**
+ * Socket event observers (`socket.events`) that survive zeromq.js 6.8's naming scheme.
+ *
+ * zeromq.js names each observer's monitor endpoint `inproc://zmq.monitor.<address of the
+ * Observer object>`, and libzmq keeps that name registered in the socket's context until its
+ * reaper thread has finished closing the monitored socket, a little after close() returned. Once
+ * V8 frees a closed Observer, a new one can be allocated at the same address and its constructor
+ * throws EADDRINUSE ("Address already in use"). Measured: 1 of 60 short-lived dealer+observer
+ * pairs in one context failed that way; keeping every closed observer referenced, none did. So
+ * closed observers are retired here (kept referenced) for OBSERVER_RETIRE_MS, orders of
+ * magnitude longer than the reaper needs, and creation retries once more on the rare collision.
+ *
+ * Closing an observer is delicate too (measured, 40 rounds each of bind + observe + close):
+ * - never closing it: a `for await` over `socket.events` sometimes never ends after the socket's
+ *   close() (its final "end" event does not arrive), hanging whoever awaits that loop;
+ * - closing it in the same tick as its socket: the socket is never reaped and its TCP listener
+ *   stays bound (40 of 40 rebinds failed with EADDRINUSE); one event-loop turn later: 2 of 40;
+ *   10 ms later: 0 of 40.
+ * So retireObserver() lets the observer end by itself and closes it only if it is still open
+ * OBSERVER_CLOSE_GRACE_MS after its socket was closed. A receive pending at that moment resolves
+ * with undefined, which readers treat as the end.
+ */
+import type { Observer, Socket } from "zeromq";
+
+/** How long a closed observer stays referenced (its address unusable for a new one), ms. */
+export const OBSERVER_RETIRE_MS = 5_000;
+/** How long after its socket's close an observer may end by itself before it is closed, ms. */
+export const OBSERVER_CLOSE_GRACE_MS = 250;
+/** Attempts at creating an observer when its monitor name collides (EADDRINUSE). */
+const OBSERVE_ATTEMPTS = 3;
+
+const retired: { readonly observer: Observer; readonly atMs: number }[] = [];
+
+function prune(nowMs: number): void {
+  let drop = 0;
+  while (drop < retired.length && nowMs - (retired[drop]?.atMs ?? nowMs) >= OBSERVER_RETIRE_MS) drop++;
+  if (drop > 0) retired.splice(0, drop);
+}
+
+const isAddrInUse = (err: unknown): boolean => typeof err === "object" && err !== null && "code" in err && err.code === "EADDRINUSE";
+
+/**
+ * `socket.events`, created with the collision retry described above. A failed attempt's observer
+ * never existed for libzmq; its JS wrapper is kept referenced so the retry gets another address.
+ */
+export function observe(socket: Socket): Observer {
+  const failed: unknown[] = [];
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return socket.events;
+    } catch (err) {
+      if (!isAddrInUse(err) || attempt >= OBSERVE_ATTEMPTS) throw err;
+      failed.push(err);
+    }
+  }
+}
+
+/**
+ * Call right after closing the observer's socket: the observer is closed OBSERVER_CLOSE_GRACE_MS
+ * later unless it ended by itself, and kept referenced for OBSERVER_RETIRE_MS.
+ */
+export function retireObserver(observer: Observer, nowMs: number = performance.now()): void {
+  prune(nowMs);
+  if (retired.some((r) => r.observer === observer)) return;
+  retired.push({ observer, atMs: nowMs });
+  if (observer.closed) return;
+  const timer = setTimeout(() => {
+    if (!observer.closed) observer.close();
+  }, OBSERVER_CLOSE_GRACE_MS);
+  timer.unref();
+}
+
+/** Observers currently retired (for tests). */
+export function retiredObserverCount(): number {
+  return retired.length;
+}
