@@ -317,15 +317,38 @@ export class AffinityTable {
     return { target, version, leases: 0, idleDeadlineMs: now + this.ttlMs, lastPublishedMs: now };
   }
 
+  /**
+   * Advances the Lamport clock past a sequence seen from a peer, without merging anything (a
+   * binding the service parks until its worker registers still orders our next local version).
+   */
+  observeSequence(sequence: bigint): void {
+    if (isU64(sequence) && sequence >= this.#nextSequence) {
+      this.#nextSequence = sequence < U64_MAX ? sequence + 1n : U64_MAX;
+    }
+  }
+
+  /**
+   * A peer's refresh of a binding this replica wrote: the peer served the session under our
+   * version, so the session is in use and our copy must not idle out (otherwise a session served
+   * only elsewhere for longer than the TTL would lose its binding here and be rebound once).
+   * Only an exact match (same version and target) counts. Never emits.
+   */
+  refreshOwn(binding: SessionBinding): boolean {
+    const entry = this.#entries.get(binding.sessionId);
+    if (entry === undefined || binding.version.writerId !== this.writerId) return false;
+    const now = this.#clock.now();
+    if (this.#idleExpired(entry, now) || compareVersions(binding.version, entry.version) !== 0 || !sameTarget(entry.target, binding.target)) return false;
+    entry.idleDeadlineMs = Math.max(entry.idleDeadlineMs, now + this.ttlMs);
+    return true;
+  }
+
   /** Merges a peer's binding (reference 4.9 "Version merge on replica apply"). Never emits. */
   applyReplica(binding: SessionBinding): ApplyOutcome {
     const { sessionId, target, version } = binding;
     if (!isU64(version.sequence) || !isU64(version.writerId)) return "rejected-invalid";
     // Observe the sequence before anything can reject the event, so our next local version
     // orders after everything we have seen, applied or not.
-    if (version.sequence >= this.#nextSequence) {
-      this.#nextSequence = version.sequence < U64_MAX ? version.sequence + 1n : U64_MAX;
-    }
+    this.observeSequence(version.sequence);
     if (version.writerId === this.writerId) return "ignored-own";
     if (!this.#validSessionId(sessionId) || !isU64(target.workerId) || (target.dpRank !== null && !isRank(target.dpRank))) {
       return "rejected-invalid";

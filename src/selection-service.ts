@@ -18,6 +18,8 @@ import { PendingSelections } from "./pending-selections.js";
 import { normalizePrompt, type NormalizedPrompt } from "./prompt.js";
 import { PromptHashCache } from "./prompt-hash-cache.js";
 import { ReorderState, type BindingEvent, type BookingSnapshot, type LoadAddEvent, type LoadEvent, type PartitionRef } from "./replica-events.js";
+import { checkSessionBinding, type SessionBindingInput, type SessionBindingOutcome, type SessionBindingOutcomeKind } from "./session-binding-input.js";
+import { SessionBindingSubscription, type SessionBindingUpdatesOptions } from "./session-binding-stream.js";
 import { applyOverride, DEFAULT_SELECTOR_CONFIG, validateSelectorConfig, type SelectorConfig } from "./selector-config.js";
 import { computeCost, selectCandidate } from "./selector.js";
 import { TieSpreader, type ReplicaSlot } from "./tie-spread.js";
@@ -41,6 +43,14 @@ import {
 import { kvEventsEndpointFor, partitionKey, validateWorkerId, WorkerCatalog } from "./worker-catalog.js";
 
 export const DEFAULT_ACTIVE_REQUEST_EXPIRY_MS = 300_000;
+/**
+ * Bound on this replica's own live bookings. A booking costs ~0.9 KiB (a flood of 20,000 never
+ * freed grew the heap 18 MiB), so the cap holds them under ~120 MiB: a client that books and never
+ * frees gets 429 instead of growing the heap for the 300 s expiry. 131,072 is 128 requests in
+ * flight on each of 1,024 workers. Peers' mirrored bookings are not capped here: refusing them
+ * would make this replica's view of the fleet wrong; each peer caps its own.
+ */
+export const DEFAULT_MAX_LOCAL_RESERVATIONS = 131_072;
 /** Longest selection or session id accepted, bytes (the reference's session id limit). */
 export const MAX_ID_BYTES = 256;
 /** Bounds on session affinity TTL, seconds (reference: 1 s ..= 1 year). */
@@ -54,13 +64,39 @@ export interface SessionAffinityOptions {
   readonly maxSessionIdBytes?: number;
 }
 
+/**
+ * The built-in mesh's settings as the daemon passes them. The daemon starts the mesh; the
+ * service only checks them, so that a mesh and host replication are never both configured.
+ */
+export interface ReplicaSyncOptions {
+  /** Where the mesh's XPUB binds, e.g. tcp://0.0.0.0:7100 (the control ROUTER takes the next port). */
+  readonly publishBind: string;
+  readonly advertiseEndpoint?: string | undefined;
+  readonly peers?: readonly string[] | undefined;
+}
+
 export interface SelectionServiceOptions {
   readonly clock?: Clock;
   readonly random?: Random;
-  /** This replica's id: `owner` of its load events and `writer_id` of its bindings. Non-zero. */
+  /**
+   * This replica's id: `owner` of its load events and `writer_id` of its bindings. Non-zero.
+   * Default: `sessionReplicationWriterId` when given, else random.
+   */
   readonly replicaId?: bigint;
+  /**
+   * Host replication: the host carries session bindings between its replicas itself
+   * (`sessionBindingUpdates()` out, `applySessionBinding()` in). The `writer_id` stamped on this
+   * service's bindings; non-zero u64, unique per replica, supplied by the host (no random default:
+   * two replicas drawing the same id would each ignore the other's bindings as their own).
+   * Needs `sessionAffinity`; excludes `replicaSync`.
+   */
+  readonly sessionReplicationWriterId?: bigint | number;
+  /** The built-in mesh (see ReplicaSyncOptions); excludes `sessionReplicationWriterId`. */
+  readonly replicaSync?: ReplicaSyncOptions;
   readonly selector?: Partial<SelectorConfig>;
   readonly activeRequestExpiryMs?: number;
+  /** Most live bookings this replica makes itself (429 beyond); see DEFAULT_MAX_LOCAL_RESERVATIONS. */
+  readonly maxLocalReservations?: number;
   readonly sessionAffinity?: SessionAffinityOptions;
   readonly selectionCache?: { readonly ttlMs?: number; readonly maxEntries?: number; readonly maxBytes?: number };
   /** Daemon mode: a rank without a KV-events endpoint cannot be scheduled. */
@@ -111,6 +147,12 @@ export interface ServiceStats {
   bindingsUnparked: number;
   parkedBindingsExpired: number;
   parkedBindingsShed: number;
+  /** Bindings this service committed, rebound or refreshed (what the mesh or a host stream carries). */
+  bindingsPublished: number;
+  /** Bindings shed by full `sessionBindingUpdates()` queues, all subscriptions together. */
+  droppedBindings: number;
+  /** Bookings refused (429) because this replica held maxLocalReservations already. */
+  reservationsRefused: number;
 }
 
 export interface WorkerChange {
@@ -136,8 +178,13 @@ export class SelectionService {
   readonly #clock: Clock;
   readonly #random: Random;
   readonly replicaId: bigint;
+  /** `writer_id` of this service's bindings: the host's id in host replication, else replicaId. */
+  readonly #writerId: bigint;
+  readonly #hostReplication: boolean;
+  readonly #bindingSubscriptions = new Set<SessionBindingSubscription>();
   readonly #selector: SelectorConfig;
   readonly #expiryMs: number;
+  readonly #maxLocalReservations: number;
   readonly #affinity: Required<SessionAffinityOptions> | undefined;
   readonly #wallClockNs: () => bigint;
   readonly #catalog: WorkerCatalog;
@@ -167,6 +214,9 @@ export class SelectionService {
     bindingsUnparked: 0,
     parkedBindingsExpired: 0,
     parkedBindingsShed: 0,
+    bindingsPublished: 0,
+    droppedBindings: 0,
+    reservationsRefused: 0,
   };
   /** Peer bindings waiting for their worker or partition: key partition/session, insertion = age order. */
   readonly #parked = new Map<string, { event: BindingEvent; expiresAtMs: number }>();
@@ -175,12 +225,17 @@ export class SelectionService {
   constructor(options: SelectionServiceOptions = {}) {
     this.#clock = options.clock ?? systemClock;
     this.#random = options.random ?? mathRandom;
-    this.replicaId = options.replicaId ?? randomReplicaId(this.#random);
+    const hostWriterId = checkReplicationOptions(options);
+    this.#hostReplication = hostWriterId !== undefined;
+    this.replicaId = options.replicaId ?? hostWriterId ?? randomReplicaId(this.#random);
     if (this.replicaId <= 0n || this.replicaId >= 1n << 64n) throw badRequest("replicaId must be a non-zero unsigned 64-bit integer", "replicaId");
+    this.#writerId = hostWriterId ?? this.replicaId;
     this.#selector = { ...DEFAULT_SELECTOR_CONFIG, ...options.selector };
     validateSelectorConfig(this.#selector);
     this.#expiryMs = options.activeRequestExpiryMs ?? DEFAULT_ACTIVE_REQUEST_EXPIRY_MS;
     if (!(this.#expiryMs > 0)) throw badRequest("activeRequestExpiryMs must be > 0", "activeRequestExpiryMs");
+    this.#maxLocalReservations = options.maxLocalReservations ?? DEFAULT_MAX_LOCAL_RESERVATIONS;
+    if (!Number.isSafeInteger(this.#maxLocalReservations) || this.#maxLocalReservations < 1) throw badRequest("maxLocalReservations must be a positive integer", "maxLocalReservations");
     const sa = options.sessionAffinity;
     if (sa !== undefined) {
       if (!Number.isInteger(sa.ttlSecs) || sa.ttlSecs < MIN_AFFINITY_TTL_SECS || sa.ttlSecs > MAX_AFFINITY_TTL_SECS) {
@@ -291,7 +346,7 @@ export class SelectionService {
         mode: this.#affinity.mode,
         maxEntries: this.#affinity.maxEntries,
         maxSessionIdBytes: this.#affinity.maxSessionIdBytes,
-        writerId: this.replicaId,
+        writerId: this.#writerId,
         clock: this.#clock,
         initialSequence: this.#wallClockNs(),
       });
@@ -306,6 +361,7 @@ export class SelectionService {
           writer_id: b.version.writerId,
           reason,
         };
+        this.stats.bindingsPublished++;
         for (const l of this.#bindingListeners) l(ev);
       });
       p.affinity = table;
@@ -681,6 +737,10 @@ export class SelectionService {
   ): void {
     const rank = p.ranks.get(workerId, dpRank);
     if (rank === undefined) throw new KvmeshError("KVMESH_WORKER_NOT_SCHEDULABLE", `worker ${workerId} dp_rank ${dpRank} is not in ${p.key}`);
+    if (this.countOwnedBy(this.replicaId) >= this.#maxLocalReservations) {
+      this.stats.reservationsRefused++;
+      throw new KvmeshError("KVMESH_OVERLOADED", `reservations: this replica holds ${this.#maxLocalReservations} live bookings (the limit); free some or raise --max-reservations`, { details: { field: "reservations" } });
+    }
     p.ledger.add(selectionId, rank, prompt.seqHashes, {
       prefillTokens: o.trackPrefill ? o.prefillTokens : 0,
       trackPrefill: o.trackPrefill,
@@ -957,20 +1017,31 @@ export class SelectionService {
     return true;
   }
 
-  /** Merges a peer's session binding by `(sequence, writer_id)`. */
+  /** Merges a peer's session binding by `(sequence, writer_id)` (the mesh's entry point). */
   applyBindingEvent(e: BindingEvent): string {
     if (this.#affinity === undefined) {
       this.stats.bindingsIgnored++;
       return "ignored-affinity-disabled";
     }
-    if (e.writer_id === this.replicaId) {
+    return this.#mergeBinding(e);
+  }
+
+  #mergeBinding(e: BindingEvent): SessionBindingOutcomeKind {
+    const p = this.#partitions.get(partitionKey(e.model_name, e.routing_group));
+    if (e.writer_id === this.#writerId) {
+      // Our own binding coming back. A peer's *refresh* of it means the session is in use there:
+      // extend our idle TTL. Anything else (an echo, a snapshot copy) changes nothing.
+      if (e.reason === "refresh" && p?.affinity?.refreshOwn({ sessionId: e.session_id, target: { workerId: e.worker_id, dpRank: e.dp_rank }, version: { sequence: e.sequence, writerId: e.writer_id } }) === true) {
+        this.stats.bindingsApplied++;
+        return "refreshed";
+      }
       this.stats.bindingsIgnored++;
       return "ignored-own";
     }
-    const p = this.#partitions.get(partitionKey(e.model_name, e.routing_group));
     if (p?.affinity === undefined || !p.members.has(e.worker_id)) {
       // The binding is real; this replica just has not learned the worker (or partition) yet.
       // Park it and apply it when the worker registers, instead of dropping it.
+      p?.affinity?.observeSequence(e.sequence);
       this.#park(e);
       return "parked-unknown-worker";
     }
@@ -982,6 +1053,87 @@ export class SelectionService {
     if (outcome.startsWith("ignored") || outcome.startsWith("rejected")) this.stats.bindingsIgnored++;
     else this.stats.bindingsApplied++;
     return outcome;
+  }
+
+  // ---------------------------------------------------------------- host replication
+
+  /** The host-supplied writer id in host-replication mode, else undefined. */
+  get sessionReplicationWriterId(): bigint | undefined {
+    return this.#hostReplication ? this.#writerId : undefined;
+  }
+
+  /**
+   * The bindings this service commits (bind, rebind) and refreshes (a request of the session
+   * finished, or a long request's keepalive), as batches: everything queued is handed over on
+   * each wake-up. Every call is an independent subscription from now on, with its own bound
+   * (see session-binding-stream.ts); it ends when the service shuts down (after what is queued)
+   * or on `break` / `opts.signal`. A batch with `dropped > 0` means the bound shed bindings:
+   * publish `bindingsSnapshot()` once to repair. Host-replication mode only (409 otherwise).
+   */
+  sessionBindingUpdates(opts: SessionBindingUpdatesOptions = {}): SessionBindingSubscription {
+    this.#assertHostReplication();
+    // Filled after construction: an already-aborted signal closes the subscription inside it.
+    const ref: { sub?: SessionBindingSubscription; off?: () => void } = {};
+    const sub = new SessionBindingSubscription(opts, {
+      onClose: () => {
+        ref.off?.();
+        if (ref.sub !== undefined) this.#bindingSubscriptions.delete(ref.sub);
+      },
+      onShed: () => {
+        this.stats.droppedBindings++;
+      },
+    });
+    ref.sub = sub;
+    if (sub.closed) return sub;
+    if (this.#shuttingDown) sub.end();
+    else {
+      ref.off = this.onBindingEvent((e) => {
+        sub.push(e);
+      });
+      this.#bindingSubscriptions.add(sub);
+    }
+    return sub;
+  }
+
+  /** Live `sessionBindingUpdates()` subscriptions. */
+  get sessionBindingSubscribers(): number {
+    return this.#bindingSubscriptions.size;
+  }
+
+  /**
+   * Merges peers' bindings (from their `sessionBindingUpdates()`, carried by the host) by
+   * `(sequence, writer_id)`, synchronously, and says what happened to each. Every field is
+   * validated first (rejected-invalid names the field); a binding for a worker or partition not
+   * registered here yet is parked (for DEFAULT_PARKED_BINDING_TTL_MS) and applied when the worker
+   * registers. Applied bindings are never re-published, so two replicas cannot echo one back and
+   * forth. Host-replication mode only (409 otherwise).
+   */
+  applySessionBinding(binding: SessionBindingInput): SessionBindingOutcome;
+  applySessionBinding(bindings: readonly SessionBindingInput[]): SessionBindingOutcome[];
+  applySessionBinding(input: SessionBindingInput | readonly SessionBindingInput[]): SessionBindingOutcome | SessionBindingOutcome[] {
+    this.#assertHostReplication();
+    if (Array.isArray(input)) return (input as readonly unknown[]).map((b) => this.#applyOne(b));
+    return this.#applyOne(input);
+  }
+
+  /** Validates one peer binding without applying it (what applySessionBinding checks first). */
+  checkSessionBinding(binding: unknown): ReturnType<typeof checkSessionBinding> {
+    return checkSessionBinding(binding, this.#affinity?.maxSessionIdBytes ?? MAX_ID_BYTES);
+  }
+
+  #applyOne(input: unknown): SessionBindingOutcome {
+    const checked = this.checkSessionBinding(input);
+    if (!checked.ok) {
+      this.stats.bindingsIgnored++;
+      return { outcome: "rejected-invalid", reason: checked.reason };
+    }
+    return { outcome: this.#mergeBinding(checked.binding) };
+  }
+
+  #assertHostReplication(): void {
+    if (!this.#hostReplication) {
+      throw new KvmeshError("KVMESH_HOST_REPLICATION_DISABLED", "host replication is disabled: construct the service with sessionReplicationWriterId (kvmesh serve --session-replication-writer-id N)");
+    }
   }
 
   #park(e: BindingEvent): void {
@@ -1008,7 +1160,7 @@ export class SelectionService {
       if (e.worker_id !== workerId || e.model_name !== p.modelName || e.routing_group !== p.routingGroup) continue;
       this.#parked.delete(k);
       this.stats.bindingsUnparked++;
-      this.applyBindingEvent(e);
+      this.#mergeBinding(e);
     }
   }
 
@@ -1132,6 +1284,8 @@ export class SelectionService {
 
   shutdown(): void {
     this.#shuttingDown = true;
+    // Binding streams deliver what is queued, then end (a host's relay loop finishes cleanly).
+    for (const sub of this.#bindingSubscriptions) sub.end();
   }
 
   get shuttingDown(): boolean {
@@ -1218,6 +1372,39 @@ function effectivePrefill(isl: number, device: number, host: number, disk: numbe
 function validateId(id: unknown, field: string): asserts id is string {
   if (typeof id !== "string" || id.length === 0) throw badRequest(`${field} must be a non-empty string`, field);
   if (Buffer.byteLength(id, "utf8") > MAX_ID_BYTES) throw badRequest(`${field} is longer than ${MAX_ID_BYTES} bytes`, field);
+}
+
+/**
+ * Cross-option checks of replication: host replication needs session affinity and excludes the
+ * built-in mesh. Returns the host's writer id as a bigint, or undefined without host replication.
+ */
+function checkReplicationOptions(options: SelectionServiceOptions): bigint | undefined {
+  const sync = options.replicaSync;
+  if (sync !== undefined) {
+    if (typeof sync.publishBind !== "string" || sync.publishBind.length === 0) {
+      throw badRequest("replicaSync.publishBind must be a non-empty endpoint string, e.g. tcp://0.0.0.0:7100", "replicaSync.publishBind");
+    }
+    if (sync.advertiseEndpoint !== undefined && (typeof sync.advertiseEndpoint !== "string" || sync.advertiseEndpoint.length === 0)) {
+      throw badRequest("replicaSync.advertiseEndpoint must be a non-empty endpoint string", "replicaSync.advertiseEndpoint");
+    }
+    (sync.peers ?? []).forEach((peer, i) => {
+      if (typeof peer !== "string" || peer.length === 0) throw badRequest(`replicaSync.peers[${i}] must be a non-empty endpoint string`, `replicaSync.peers[${i}]`);
+    });
+  }
+  const raw = options.sessionReplicationWriterId;
+  if (raw === undefined) return undefined;
+  const field = "sessionReplicationWriterId";
+  const id = typeof raw === "bigint" ? raw : typeof raw === "number" && Number.isSafeInteger(raw) ? BigInt(raw) : undefined;
+  if (id === undefined || id <= 0n || id >= 1n << 64n) {
+    throw badRequest(`${field} must be a non-zero unsigned 64-bit integer (a bigint, or a number up to 2^53 - 1)`, field);
+  }
+  if (options.sessionAffinity === undefined) {
+    throw badRequest(`${field} (host replication) needs sessionAffinity: there are no session bindings to replicate without it`, field);
+  }
+  if (sync !== undefined) {
+    throw badRequest(`${field} (host replication) and replicaSync (the built-in mesh) exclude each other: bindings would travel twice, with two writer ids`, field);
+  }
+  return id;
 }
 
 function randomReplicaId(random: Random): bigint {

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { BLOCK, makeService, removedBatch, storedBatch, tokens, worker } from "../helpers/core-fixtures.js";
 import { kvmeshErrorOf } from "../helpers/errors.js";
+import { SelectionService } from "../../src/selection-service.js";
 
 const code = (fn: () => unknown): string => {
   const e = kvmeshErrorOf(fn);
@@ -241,5 +242,29 @@ describe("two-phase reservations", () => {
     svc.freeReservation("e");
     expect(code(() => svc.createReservation({ selection_id: "e" }))).toBe("404 KVMESH_PENDING_SELECTION_NOT_FOUND");
     expect(code(() => svc.createReservation({ selection_id: "x".repeat(300), worker_id: 1n, token_ids: tokens(1) }))).toBe("400 KVMESH_BAD_REQUEST");
+  });
+});
+
+describe("live-booking limit", () => {
+  it("refuses this replica's bookings past maxLocalReservations with 429 naming the limit, and frees make room", () => {
+    const svc = new SelectionService({ maxLocalReservations: 2 });
+    svc.upsertWorker(worker(1));
+    svc.selectAndReserve({ token_ids: tokens(2, 1), selection_id: "a" });
+    svc.selectAndReserve({ token_ids: tokens(2, 2), selection_id: "b" });
+    let err: unknown;
+    try {
+      svc.selectAndReserve({ token_ids: tokens(2, 3), selection_id: "c" });
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toMatchObject({ code: "KVMESH_OVERLOADED", status: 429 });
+    expect((err as Error).message).toMatch(/2 live bookings/);
+    expect(svc.hasReservation("c")).toBe(false);
+    expect(svc.stats.reservationsRefused).toBe(1);
+    expect(svc.loads()[0]?.loads.reduce((n, l) => n + l.active_requests, 0)).toBe(2);
+    svc.freeReservation("a");
+    svc.selectAndReserve({ token_ids: tokens(2, 3), selection_id: "c" });
+    expect(svc.hasReservation("c")).toBe(true);
+    expect(() => new SelectionService({ maxLocalReservations: 0 })).toThrow(/maxLocalReservations/);
   });
 });

@@ -123,3 +123,35 @@ describe("replicated session bindings", () => {
     }
   });
 });
+
+describe("a binding stays alive where it was written while a peer serves the session", () => {
+  it("a peer's refresh of our binding extends our idle TTL; an echo or a stale version does not", () => {
+    const { services, clock, deliver, bindQ } = mesh(2, { ttlSecs: 10 });
+    const [a, b] = services as [SelectionService, SelectionService];
+    const first = a.selectAndReserve({ token_ids: tokens(2, 1), session_id: "conv", selection_id: "t1" });
+    a.freeReservation("t1");
+    deliver();
+    // From now on only B serves the session, every 6 s (inside the 10 s TTL each time).
+    for (let i = 0; i < 4; i++) {
+      clock.advance(6_000);
+      const r = b.selectAndReserve({ token_ids: tokens(2, 10 + i), session_id: "conv", selection_id: `u${i}` });
+      expect(r.worker_id).toBe(first.worker_id);
+      b.freeReservation(`u${i}`);
+      const refreshes = bindQ.filter((q) => q.from === 1 && q.e.reason === "refresh");
+      expect(refreshes.length).toBeGreaterThan(0);
+      expect(refreshes.map((q) => a.applyBindingEvent(q.e))).toContain("refreshed");
+      bindQ.splice(0);
+    }
+    // 24 s after A last served it, A still holds the binding: B kept it in use.
+    expect(a.sizes().affinityEntries).toBe(1);
+    // A plain echo of A's own binding, or a refresh for another worker, is still ignored.
+    const own = a.bindingsSnapshot()[0];
+    if (own === undefined) throw new Error("A lost the binding");
+    expect(a.applyBindingEvent({ ...own, reason: "bind" })).toBe("ignored-own");
+    expect(a.applyBindingEvent({ ...own, reason: "refresh", worker_id: own.worker_id === 1n ? 2n : 1n })).toBe("ignored-own");
+    // With nobody serving it, the binding idles out after the TTL as before.
+    clock.advance(11_000);
+    a.tick();
+    expect(a.sizes().affinityEntries).toBe(0);
+  });
+});
