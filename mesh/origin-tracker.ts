@@ -35,18 +35,35 @@ export const DEFAULT_RESYNC_BUFFER_MAX_BATCHES = 2_048;
 export const DEFAULT_LAG_SAMPLES = 1_024;
 /** Epochs of an origin remembered as dead, so a late batch of one is dropped, not re-synced. */
 export const DEFAULT_RETIRED_EPOCHS = 8;
+/**
+ * Origins tracked at once. A mesh has tens of replicas, and each restart adds an origin (a new
+ * replica id at the same endpoint) that then goes silent for good, so 1 024 is years of restarts.
+ * The bound is what keeps frames with forged origin ids (any peer on the SUB can send them, and a
+ * heartbeat's control endpoint makes us open a socket) from growing this table, the peer-health
+ * table and the control-endpoint table without limit: past it, a new origin evicts the least
+ * recently heard evictable one (see DEFAULT_ORIGIN_EVICT_IDLE_MS), or is refused and counted.
+ */
+export const DEFAULT_MAX_TRACKED_ORIGINS = 1_024;
+/**
+ * A tracked origin may be evicted to make room once it never installed a snapshot (never proved
+ * it answers on a control endpoint: forged ids stay here) or has been silent this long (a peer is
+ * `down` after 10 s; its mirrored bookings stay in the service either way), ms.
+ */
+export const DEFAULT_ORIGIN_EVICT_IDLE_MS = 60_000;
 /** Upper bounds (ms) of the Prometheus lag histogram buckets; +Inf is implied. */
 export const LAG_BUCKETS_MS: readonly number[] = Object.freeze([1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000]);
 
 export type ResyncReason = "gap" | "new-epoch" | "first-contact";
-export type BatchAction = { action: "apply" } | { action: "buffer" } | { action: "drop-stale" } | { action: "resync"; reason: ResyncReason };
-export type HeartbeatAction = { action: "ok" } | { action: "drop-stale" } | { action: "resync"; reason: ResyncReason };
+/** "refused": a new origin with the origin table full of live ones (MeshReceiver only): ignore the message. */
+export type BatchAction = { action: "apply" } | { action: "buffer" } | { action: "drop-stale" } | { action: "resync"; reason: ResyncReason } | { action: "refused" };
+export type HeartbeatAction = { action: "ok" } | { action: "drop-stale" } | { action: "resync"; reason: ResyncReason } | { action: "refused" };
 export type OriginState = "syncing" | "live";
 
 const APPLY: BatchAction = Object.freeze({ action: "apply" });
 const BUFFER: BatchAction = Object.freeze({ action: "buffer" });
 const DROP_STALE = Object.freeze({ action: "drop-stale" } as const);
 const HB_OK: HeartbeatAction = Object.freeze({ action: "ok" });
+const REFUSED = Object.freeze({ action: "refused" } as const);
 
 /** Fixed-bucket histogram of lag in ms, for a Prometheus `histogram` (receive wall time - sentAtMs). */
 export class LagHistogram {
@@ -210,6 +227,8 @@ export class OriginTracker {
   #snapshotRetries = 0;
   #bufferOverflows = 0;
   #staleDropped = 0;
+  /** Clock time of the last batch, heartbeat or snapshot of this origin (eviction order). */
+  #lastHeardMs: number;
 
   constructor(origin: bigint, options: OriginTrackerOptions, aggregateLag?: LagHistogram) {
     this.origin = origin;
@@ -217,6 +236,17 @@ export class OriginTracker {
     this.#lag = new LagReservoir(this.#o.lagSamples);
     this.lagHistogram = new LagHistogram();
     this.#aggregateLag = aggregateLag;
+    this.#lastHeardMs = this.#o.clock.now();
+  }
+
+  /** When this origin was last heard from (clock ms). */
+  get lastHeardMs(): number {
+    return this.#lastHeardMs;
+  }
+
+  /** Whether a snapshot of this origin was ever installed (it answered on a control endpoint). */
+  get synced(): boolean {
+    return this.#snapshots > 0;
   }
 
   get state(): OriginState {
@@ -234,6 +264,7 @@ export class OriginTracker {
 
   onBatch(batch: MeshBatch): BatchAction {
     this.#checkOrigin(batch.origin);
+    this.#lastHeardMs = this.#o.clock.now();
     this.#recordLag(batch.sentAtMs);
     if (this.#retired.includes(batch.epoch)) return this.#stale();
     this.#latestSeenEpoch = batch.epoch;
@@ -262,6 +293,7 @@ export class OriginTracker {
   /** A heartbeat's seq is the last batch published: ahead of what was applied means a loss. */
   onHeartbeat(hb: Heartbeat): HeartbeatAction {
     this.#checkOrigin(hb.origin);
+    this.#lastHeardMs = this.#o.clock.now();
     this.#recordLag(hb.sentAtMs);
     if (this.#retired.includes(hb.epoch)) {
       this.#staleDropped++;
@@ -317,6 +349,7 @@ export class OriginTracker {
    */
   onSnapshot(s: Snapshot): MeshBatch[] {
     this.#checkOrigin(s.origin);
+    this.#lastHeardMs = this.#o.clock.now();
     this.#snapshots++;
     if (this.#outstanding > 0) this.#outstanding--;
     const confirmed = !this.#retired.includes(s.epoch) && (this.#latestSeenEpoch === null || s.epoch === this.#latestSeenEpoch);
@@ -447,29 +480,62 @@ export class OriginTracker {
   }
 }
 
-/** One tracker per origin, created on first contact. */
+export interface MeshReceiverOptions extends OriginTrackerOptions {
+  /** Origins tracked at once (default DEFAULT_MAX_TRACKED_ORIGINS). */
+  readonly maxOrigins?: number;
+  /** Silence after which a synced origin may be evicted for a new one, ms (default DEFAULT_ORIGIN_EVICT_IDLE_MS). */
+  readonly evictIdleMs?: number;
+  /** An origin was evicted to make room: the glue drops what it keeps per origin. */
+  readonly onEvict?: (origin: bigint) => void;
+}
+
+/** One tracker per origin, created on first contact, at most `maxOrigins` of them. */
 export class MeshReceiver {
   /** Lag over all origins (each tracker also has its own). */
   readonly lagHistogram = new LagHistogram();
   readonly #options: OriginTrackerOptions;
   readonly #trackers = new Map<bigint, OriginTracker>();
+  readonly #maxOrigins: number;
+  readonly #evictIdleMs: number;
+  readonly #onEvict: ((origin: bigint) => void) | undefined;
+  #refused = 0;
+  #evicted = 0;
 
-  constructor(options: OriginTrackerOptions) {
+  constructor(options: MeshReceiverOptions) {
     resolve(options);
     this.#options = options;
+    this.#maxOrigins = options.maxOrigins ?? DEFAULT_MAX_TRACKED_ORIGINS;
+    this.#evictIdleMs = options.evictIdleMs ?? DEFAULT_ORIGIN_EVICT_IDLE_MS;
+    this.#onEvict = options.onEvict;
+    if (!Number.isInteger(this.#maxOrigins) || this.#maxOrigins < 1) throw new RangeError(`maxOrigins must be a positive integer, got ${this.#maxOrigins}`);
+    if (!(this.#evictIdleMs >= 0)) throw new RangeError(`evictIdleMs must be >= 0, got ${this.#evictIdleMs}`);
   }
 
   onBatch(batch: MeshBatch): BatchAction {
-    return this.#get(batch.origin).onBatch(batch);
+    return this.#get(batch.origin)?.onBatch(batch) ?? REFUSED;
   }
 
   onHeartbeat(hb: Heartbeat): HeartbeatAction {
-    return this.#get(hb.origin).onHeartbeat(hb);
+    return this.#get(hb.origin)?.onHeartbeat(hb) ?? REFUSED;
   }
 
-  /** See OriginTracker.onSnapshot; an origin not tracked yet (or forgotten) starts from it. */
+  /** See OriginTracker.onSnapshot; an origin not tracked yet (or forgotten) starts from it ([] if refused). */
   onSnapshot(s: Snapshot): MeshBatch[] {
-    return this.#get(s.origin).onSnapshot(s);
+    return this.#get(s.origin)?.onSnapshot(s) ?? [];
+  }
+
+  /** New origins refused because every tracked one was live and recently heard. */
+  get refused(): number {
+    return this.#refused;
+  }
+
+  /** Tracked origins evicted to make room for new ones. */
+  get evicted(): number {
+    return this.#evicted;
+  }
+
+  get size(): number {
+    return this.#trackers.size;
   }
 
   /** False for unknown origins (nobody asked) and for replies that would only rewind one. */
@@ -505,12 +571,31 @@ export class MeshReceiver {
     return [...this.#trackers.values()].map((t) => t.stats());
   }
 
-  #get(origin: bigint): OriginTracker {
+  #get(origin: bigint): OriginTracker | undefined {
     let t = this.#trackers.get(origin);
     if (t === undefined) {
+      if (this.#trackers.size >= this.#maxOrigins && !this.#evictOne()) {
+        this.#refused++;
+        return undefined;
+      }
       t = new OriginTracker(origin, this.#options, this.lagHistogram);
       this.#trackers.set(origin, t);
     }
     return t;
+  }
+
+  /** Evicts the least recently heard origin that never synced or is idle; false if none may go. */
+  #evictOne(): boolean {
+    const now = this.#options.clock.now();
+    let victim: OriginTracker | undefined;
+    for (const t of this.#trackers.values()) {
+      if (t.synced && now - t.lastHeardMs < this.#evictIdleMs) continue;
+      if (victim === undefined || t.lastHeardMs < victim.lastHeardMs) victim = t;
+    }
+    if (victim === undefined) return false;
+    this.#trackers.delete(victim.origin);
+    this.#evicted++;
+    this.#onEvict?.(victim.origin);
+    return true;
   }
 }

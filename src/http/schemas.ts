@@ -47,16 +47,31 @@ const fail = (path: string, problem: string): never => {
 
 // ---------------------------------------------------------------- scalar checks
 
+/**
+ * A lone UTF-16 surrogate: `"\ud800"` is valid JSON, but the code unit has no UTF-8 form. Every
+ * encoder on the way out (msgpack on the mesh, JSON replies, logs) writes it as U+FFFD, so peers
+ * would hold the session or booking under another id ("a\ud800" and "a\udc00" both become
+ * "a\ufffd" there and collide), and the id cannot be percent-encoded into a URL path to free it.
+ * With the `u` flag a well-formed pair is one code point, so only lone halves match.
+ */
+const LONE_SURROGATE = /\p{Cs}/u;
+
+/** Strings must be well-formed Unicode (400 naming the field otherwise, like any invalid value). */
+function wellFormed(v: string, path: string): string {
+  if (LONE_SURROGATE.test(v)) throw badRequest(`${path} must be well-formed Unicode (a lone surrogate has no UTF-8 form)`, path);
+  return v;
+}
+
 const str =
   (what = "string"): Check<string> =>
   (v, path) =>
-    typeof v === "string" ? v : fail(path, `must be a ${what}`);
+    typeof v === "string" ? wellFormed(v, path) : fail(path, `must be a ${what}`);
 
 /** Selection and session ids: a string (422 otherwise) of at most MAX_ID_BYTES (400, as the service). */
 const id: Check<string> = (v, path) => {
   if (typeof v !== "string") return fail(path, "must be a string");
   if (v.length > MAX_ID_BYTES / 3 && Buffer.byteLength(v, "utf8") > MAX_ID_BYTES) throw badRequest(`${path} is longer than ${MAX_ID_BYTES} bytes`, path);
-  return v;
+  return wellFormed(v, path);
 };
 
 const bool: Check<boolean> = (v, path) => (typeof v === "boolean" ? v : fail(path, "must be a boolean"));
