@@ -2,12 +2,13 @@
  * `kvmesh serve`: flags (each also from a KVMESH_* environment variable) -> DaemonConfig ->
  * startDaemon, with JSON logs on stdout and a clean shutdown on SIGINT/SIGTERM.
  */
-import { Command, Option } from "commander";
+import { Command, InvalidArgumentError, Option } from "commander";
 import { pino, type DestinationStream, type Logger } from "pino";
 import { DEFAULT_DAEMON_CONFIG, type Daemon, type DaemonConfig, type LogLevel } from "../src/daemon.js";
 import { MAX_AFFINITY_TTL_SECS, MIN_AFFINITY_TTL_SECS } from "../src/selection-service.js";
 import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/selector-config.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
+import { addServeSecurityOptions, LOG_REDACT_PATHS, withServeSecrets } from "./serve-security.js";
 import {
   envNameFor,
   integerInRange,
@@ -18,6 +19,7 @@ import {
   parseNonZeroPort,
   parsePeerList,
   parsePort,
+  parseU64,
 } from "./parsers.js";
 
 export const LOG_LEVELS: readonly LogLevel[] = ["trace", "debug", "info", "warn", "error", "fatal", "silent"];
@@ -27,6 +29,8 @@ export type ShutdownSignal = (typeof SHUTDOWN_SIGNALS)[number];
 export const FORCED_EXIT_CODE = 130;
 
 const SECS_PER_YEAR = 31_536_000;
+/** --max-reservations ceiling: 16M bookings would be ~15 GiB of heap, past any sane node heap. */
+const MAX_RESERVATIONS_FLAG = 16_777_216;
 /** Beyond these the value is a typo, not a setting: replay that slow means the worker is gone. */
 const MAX_REPLAY_TIMEOUT_MS = 600_000;
 /** Each cached selection holds a prompt's hashes (KBs); 10 M of them would not fit in memory anyway. */
@@ -69,7 +73,7 @@ const SELECTOR_BOOLEAN_FLAGS = [
 ] as const satisfies readonly (readonly [string, keyof SelectorConfig, string])[];
 
 /** Env names a user might guess from the `--no-x` spelling; the positive `KVMESH_X=false` is the one read. */
-const NEGATED_ENV_HINTS = ["--kv-events", ...SELECTOR_BOOLEAN_FLAGS.map(([flag]) => flag)];
+const NEGATED_ENV_HINTS = ["--kv-events", "--replica-tie-spread", ...SELECTOR_BOOLEAN_FLAGS.map(([flag]) => flag)];
 
 function attributeOf(flag: string): string {
   return flag.replace(/^--/, "").replace(/-([a-z])/g, (_, c: string) => c.toUpperCase());
@@ -127,6 +131,7 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
   }
   cmd
     .addOption(valueOption("--active-request-expiry-secs <secs>", "force-free a booking older than this", integerInRange(1, SECS_PER_YEAR), d.activeRequestExpirySecs))
+    .addOption(valueOption("--max-reservations <n>", "most live bookings this replica makes (429 beyond)", integerInRange(1, MAX_RESERVATIONS_FLAG), d.maxReservations))
     .addOption(valueOption("--replay-timeout-ms <ms>", "how long to wait for a worker's KV-event replay", integerInRange(1, MAX_REPLAY_TIMEOUT_MS), d.replayTimeoutMs))
     .addOption(valueOption("--selection-cache-ttl-secs <secs>", "how long a /select answer can be reserved", integerInRange(1, SECS_PER_YEAR), d.selectionCacheTtlSecs))
     .addOption(valueOption("--selection-cache-max-entries <n>", "most cached selections", integerInRange(1, MAX_SELECTION_CACHE_ENTRIES), d.selectionCacheMaxEntries))
@@ -143,7 +148,17 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     .addOption(withEnv(new Option("--peers <list>", "peers' replica-sync endpoints, comma-separated tcp://host:port (needs --replica-sync-port; more via `kvmesh peers add`)").argParser(accumulatePeers)))
     .addOption(
       valueOption("--replica-sync-advertise-host <host>", "host peers use to reach this replica when --host is a wildcard [default: --host, or 127.0.0.1]", parseAdvertiseHost),
+    )
+    .addOption(
+      valueOption(
+        "--session-replication-writer-id <id>",
+        "host replication: the writer id (non-zero u64, unique per replica) of this replica's session bindings, relayed by the host through GET /session_bindings/updates and POST /session_bindings (needs --session-affinity-ttl-secs; excludes --replica-sync-port) [default: off]",
+        parseWriterId,
+      ),
     );
+
+  addBooleanPair(cmd, "--replica-tie-spread", "spread argmin ties across mesh replicas by slot, against the select-to-book race (off only to measure the race)", d.replicaTieSpread);
+  addServeSecurityOptions(cmd);
 
   cmd.hook("preAction", (thisCommand) => {
     for (const flag of NEGATED_ENV_HINTS) {
@@ -153,9 +168,19 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
   });
   cmd.action(async function (this: Command) {
     const config = serveConfigFromOptions(this.opts());
-    const problem = replicaSyncUsageProblem(config, (flag) => (this.getOptionValueSource(attributeOf(flag)) === "env" ? `${flag} (from ${envNameFor(flag)})` : flag));
+    const label = (flag: string): string => (this.getOptionValueSource(attributeOf(flag)) === "env" ? `${flag} (from ${envNameFor(flag)})` : flag);
+    const problem = replicaSyncUsageProblem(config, label) ?? hostReplicationUsageProblem(config, label);
     if (problem !== undefined) this.error(`error: ${problem}`);
-    await runServe(config, deps);
+    // Key and token files are read only once the flags make sense; a bad file is a usage error.
+    let secured: DaemonConfig;
+    try {
+      secured = withServeSecrets(config, this.opts(), label, (warning) => {
+        createLogger(config.logLevel, deps.logDestination).warn({ subsystem: "security" }, warning);
+      });
+    } catch (err) {
+      this.error(`error: ${err instanceof Error ? err.message : String(err)}`);
+    }
+    await runServe(secured, deps);
   });
   return cmd;
 }
@@ -176,7 +201,9 @@ export function serveConfigFromOptions(opts: Readonly<Record<string, unknown>>, 
     sessionAffinityMode: pick("sessionAffinityMode"),
     selector: { ...defaults.selector, ...(selector as Partial<SelectorConfig>) },
     activeRequestExpirySecs: pick("activeRequestExpirySecs"),
+    maxReservations: pick("maxReservations"),
     kvEvents: pick("kvEvents"),
+    replicaTieSpread: pick("replicaTieSpread"),
     replayTimeoutMs: pick("replayTimeoutMs"),
     selectionCacheTtlSecs: pick("selectionCacheTtlSecs"),
     selectionCacheMaxEntries: pick("selectionCacheMaxEntries"),
@@ -184,6 +211,7 @@ export function serveConfigFromOptions(opts: Readonly<Record<string, unknown>>, 
     replicaSyncPort: pick("replicaSyncPort"),
     peers: pick("peers"),
     replicaSyncAdvertiseHost: pick("replicaSyncAdvertiseHost"),
+    sessionReplicationWriterId: pick("sessionReplicationWriterId"),
   };
 }
 
@@ -209,8 +237,31 @@ export function replicaSyncUsageProblem(config: DaemonConfig, label: (flag: stri
   return undefined;
 }
 
+/** A writer id: a u64 other than 0 (the service refuses 0, so the CLI says so up front). */
+function parseWriterId(value: string): bigint {
+  const id = parseU64(value);
+  if (id === 0n) throw new InvalidArgumentError("must be a non-zero unsigned 64-bit decimal integer");
+  return id;
+}
+
+/**
+ * Cross-flag checks of host replication; undefined when fine. Host replication carries session
+ * bindings, so it needs affinity; with the mesh as well, bindings would travel twice under two
+ * writer ids.
+ */
+export function hostReplicationUsageProblem(config: DaemonConfig, label: (flag: string) => string = (flag) => flag): string | undefined {
+  if (config.sessionReplicationWriterId === undefined) return undefined;
+  const flag = label("--session-replication-writer-id");
+  if (config.replicaSyncPort !== undefined) return `${flag} (host replication) and ${label("--replica-sync-port")} (the built-in mesh) exclude each other`;
+  if (config.sessionAffinityTtlSecs === undefined) return `${flag} requires ${label("--session-affinity-ttl-secs")} (without session affinity there are no bindings to replicate)`;
+  return undefined;
+}
+
 export function createLogger(level: LogLevel, destination: DestinationStream): Logger {
-  return pino({ level, base: { svc: "kvmesh", pid: process.pid }, timestamp: pino.stdTimeFunctions.isoTime }, destination);
+  return pino(
+    { level, base: { svc: "kvmesh", pid: process.pid }, timestamp: pino.stdTimeFunctions.isoTime, redact: { paths: [...LOG_REDACT_PATHS], censor: "[redacted]" } },
+    destination,
+  );
 }
 
 /**

@@ -17,6 +17,7 @@ import { KvmeshError } from "../src/errors.js";
 import type { MeshControl } from "../src/http/server.js";
 import type { BindingEvent, LoadEvent } from "../src/replica-events.js";
 import type { SelectionService } from "../src/selection-service.js";
+import type { MeshCurveConfig } from "./curve.js";
 import { controlEndpointFor, parsePeerEndpoint } from "./endpoints.js";
 import { LAG_BUCKETS_MS, type LagHistogram, MeshReceiver } from "./origin-tracker.js";
 import { OutboundQueue } from "./outbound-queue.js";
@@ -55,8 +56,19 @@ export const WORKER_CHANGE_RESNAPSHOT_DELAY_MS = 50;
  * per 10 s), too much lag for the race. 2 ms only merges what arrives in bursts.
  */
 export const DEFAULT_MESH_FLUSH_INTERVAL_MS = 2;
+/** A registered peer silent this long (the suspect timeout) is redialed; then backoff to the max, ms. */
+export const SILENT_PEER_REDIAL_MS = 3_000;
+export const SILENT_PEER_REDIAL_MAX_MS = 30_000;
 /** Control requests (snapshot, peer, unpeer) give up after this long, ms. */
 export const DEFAULT_CONTROL_TIMEOUT_MS = 2_000;
+/**
+ * Snapshot requests in flight at once. Each holds a DEALER socket for up to the control timeout;
+ * unbounded, heartbeats with forged origin ids pointing at a silent endpoint had one open per
+ * tracked origin (1,023 measured) and exhausted libzmq's socket limit, so KV listeners and real
+ * snapshot requests failed with "Too many open file descriptors". A mesh has tens of peers;
+ * an origin over the bound stays due and is asked on a later housekeeping tick (100 ms).
+ */
+export const MAX_CONCURRENT_SNAPSHOT_PULLS = 16;
 
 export interface ReplicaMeshOptions {
   readonly service: SelectionService;
@@ -73,6 +85,13 @@ export interface ReplicaMeshOptions {
   readonly controlTimeoutMs?: number;
   /** Minimum spacing between outbound flushes, ms (0: flush on every event-loop turn). */
   readonly flushIntervalMs?: number;
+  /** CURVE: encrypt the mesh and accept only listed replicas (mesh/transport.ts); unset = plain. */
+  readonly curve?: MeshCurveConfig | undefined;
+  /**
+   * Spread argmin ties by replica slot (src/tie-spread.ts), default on. Off only to measure the
+   * select-to-book race without it (bench:mesh --no-tie-spread).
+   */
+  readonly tieSpread?: boolean;
 }
 
 export interface PeerView {
@@ -98,6 +117,8 @@ export interface MeshStats {
   snapshotsInstalled: number;
   snapshotFailures: number;
   divergenceResyncs: number;
+  /** Silent registered peers redialed (see SILENT_PEER_REDIAL_MS). */
+  redials: number;
 }
 
 export class ReplicaMesh implements MeshControl {
@@ -130,6 +151,8 @@ export class ReplicaMesh implements MeshControl {
   #closed = false;
   readonly #timers: NodeJS.Timeout[] = [];
   readonly #inflightSnapshots = new Set<bigint>();
+  /** Silent registered peers: when to redial each next, and the backoff after that. */
+  readonly #redial = new Map<string, { atMs: number; backoffMs: number }>();
   /** Registered peers that confirmed they connect back to us, and requests in flight. */
   readonly #peeredBack = new Set<string>();
   readonly #askingPeerBack = new Set<string>();
@@ -144,6 +167,7 @@ export class ReplicaMesh implements MeshControl {
     snapshotsInstalled: 0,
     snapshotFailures: 0,
     divergenceResyncs: 0,
+    redials: 0,
   };
 
   private constructor(o: ReplicaMeshOptions, transport: MeshTransport) {
@@ -161,7 +185,15 @@ export class ReplicaMesh implements MeshControl {
         if (total === 1 || total % 1000 === 0) this.#log.warn({ shed_total: total }, "mesh outbound queue full: event shed (peers will re-snapshot)");
       },
     });
-    this.#receiver = new MeshReceiver({ clock: this.#clock });
+    // An origin evicted from the bounded tracker table takes its per-origin glue state with it.
+    this.#receiver = new MeshReceiver({
+      clock: this.#clock,
+      onEvict: (origin) => {
+        this.#health.remove(origin);
+        this.#control.delete(origin);
+        this.#mismatch.delete(origin);
+      },
+    });
     o.service.onLoadEvent((event: LoadEvent) => {
       this.#enqueue({ kind: "load", event });
     });
@@ -172,7 +204,7 @@ export class ReplicaMesh implements MeshControl {
       this.#onMessage(topic, payload, frames);
     });
     transport.onControl((req) => this.#onControl(req));
-    o.service.setReplicaSlot(() => this.#slot());
+    if (o.tieSpread !== false) o.service.setReplicaSlot(() => this.#slot());
     // Peers' bookings for a worker this replica did not know were ignored when they arrived;
     // once workers register, pull fresh snapshots (debounced: a fleet registers in a burst).
     o.service.onWorkerChange(() => {
@@ -197,7 +229,7 @@ export class ReplicaMesh implements MeshControl {
   static async start(o: ReplicaMeshOptions): Promise<ReplicaMesh> {
     // Before binding: a throw after it would leave the sockets open.
     flushIntervalOf(o);
-    const transport = await MeshTransport.bind({ publishBind: o.publishBind, logger: o.logger });
+    const transport = await MeshTransport.bind({ publishBind: o.publishBind, logger: o.logger, ...(o.curve === undefined ? {} : { curve: o.curve }) });
     const mesh = new ReplicaMesh(o, transport);
     for (const p of o.peers ?? []) await mesh.registerPeer(p);
     return mesh;
@@ -394,14 +426,20 @@ export class ReplicaMesh implements MeshControl {
 
   #onBatch(b: MeshBatch): void {
     if (b.origin === this.#origin) return;
-    this.#health.observe(b.origin, this.#clock.now());
+    // The receiver first: an origin it refuses (table full) leaves no state here either.
     const action = this.#receiver.onBatch(b);
+    if (action.action === "refused") return;
+    this.#health.observe(b.origin, this.#clock.now());
     if (action.action === "apply") this.#apply(b);
     else if (action.action === "resync") this.#resync(b.origin, action.reason);
   }
 
   #onHeartbeat(hb: Heartbeat): void {
     if (hb.origin === this.#origin) return;
+    const action = this.#receiver.onHeartbeat(hb);
+    // Refused (origin table full) or from a dead epoch (a late or replayed frame): it says
+    // nothing about the origin's current process, so it changes no liveness, endpoint or peering.
+    if (action.action === "refused" || action.action === "drop-stale") return;
     this.#health.observe(hb.origin, this.#clock.now());
     this.#control.set(hb.origin, hb.controlEndpoint);
     const known = this.#peers.get(hb.publishEndpoint);
@@ -412,7 +450,6 @@ export class ReplicaMesh implements MeshControl {
       this.#peers.set(hb.publishEndpoint, hb.origin);
       if (!this.#peeredBack.has(hb.publishEndpoint)) this.#askPeerBack(hb.publishEndpoint);
     }
-    const action = this.#receiver.onHeartbeat(hb);
     if (action.action === "resync") {
       this.#resync(hb.origin, action.reason);
       return;
@@ -452,12 +489,50 @@ export class ReplicaMesh implements MeshControl {
 
   #housekeeping(): void {
     const now = this.#clock.now();
-    for (const origin of this.#receiver.snapshotsDue(now)) {
+    // Registered peers' origins first: they must not queue behind origins nobody registered.
+    const registered = new Set(this.#peers.values());
+    const due = this.#receiver.snapshotsDue(now).sort((x, y) => Number(registered.has(y)) - Number(registered.has(x)));
+    for (const origin of due) {
       const control = this.#control.get(origin);
       if (control !== undefined) this.#pullSnapshot(control, origin);
     }
     for (const t of this.#health.tick(now)) {
       this.#log.info({ origin: t.origin.toString(), from: t.from, to: t.to }, "mesh peer state changed");
+    }
+    this.#redialSilentPeers(now);
+  }
+
+  /**
+   * Redials registered peers we have not heard from in a while. libzmq reconnects a SUB after a
+   * dropped connection by itself, but not after a ZMTP protocol error (corrupted bytes on the
+   * link): it terminates that connection's session for good, and the peer would stay silent
+   * forever (test/faults/mesh-link-faults). Redialing a peer that is merely slow or gone costs a
+   * reconnect attempt, so it backs off from SILENT_PEER_REDIAL_MS to SILENT_PEER_REDIAL_MAX_MS.
+   */
+  #redialSilentPeers(now: number): void {
+    if (this.#closed) return;
+    const states = this.#health.states();
+    for (const ep of this.#redial.keys()) if (!this.#peers.has(ep)) this.#redial.delete(ep);
+    for (const [ep, origin] of this.#peers) {
+      const state = origin === null ? undefined : states.get(origin);
+      if (state === "alive") {
+        this.#redial.delete(ep);
+        continue;
+      }
+      const r = this.#redial.get(ep);
+      if (r === undefined) {
+        // Suspect or down means already silent past the suspect timeout: redial at once. Never
+        // heard from (not up yet, or cut off from the start): give it the timeout first.
+        this.#redial.set(ep, { atMs: state === undefined ? now + SILENT_PEER_REDIAL_MS : now, backoffMs: SILENT_PEER_REDIAL_MS });
+        if (state === undefined) continue;
+      } else if (now < r.atMs) continue;
+      const next = this.#redial.get(ep) as { atMs: number; backoffMs: number };
+      next.atMs = now + next.backoffMs;
+      next.backoffMs = Math.min(next.backoffMs * 2, SILENT_PEER_REDIAL_MAX_MS);
+      this.stats.redials++;
+      this.#log.info({ peer: ep, state: state ?? "never heard" }, "mesh peer silent: redialing");
+      this.#transport.disconnectPeer(ep);
+      this.#transport.connectPeer(ep);
     }
   }
 
@@ -469,7 +544,7 @@ export class ReplicaMesh implements MeshControl {
   #pullSnapshot(controlEndpoint: string, origin: bigint | null, refresh = false): void {
     if (this.#closed) return;
     if (origin !== null) {
-      if (this.#inflightSnapshots.has(origin)) return;
+      if (this.#inflightSnapshots.has(origin) || this.#inflightSnapshots.size >= MAX_CONCURRENT_SNAPSHOT_PULLS) return;
       this.#inflightSnapshots.add(origin);
       if (!refresh) this.#receiver.snapshotRequested(origin, this.#clock.now());
     }
@@ -542,6 +617,13 @@ export class ReplicaMesh implements MeshControl {
         if (ep !== parsePeerEndpoint(this.#advertise) && this.#connect(ep)) {
           this.#log.info({ peer: ep }, "peered back on request");
           this.#pullSnapshot(controlEndpointFor(ep), null);
+        } else if (this.#peers.has(ep) && this.#peers.get(ep) !== req.from) {
+          // Known endpoint, process we have not heard from: a restart at the same address. Our SUB
+          // may sit in libzmq's reconnect backoff (doubling to 5 s) since the old one died, so the
+          // restarted replica would go unheard that long (2 s measured, test/faults/replica-kill).
+          this.#log.info({ peer: ep }, "peer restarted: redialing it now");
+          this.#transport.disconnectPeer(ep);
+          this.#transport.connectPeer(ep);
         }
         return encodeControlReply({ type: "ok" });
       }
@@ -578,10 +660,13 @@ export class ReplicaMesh implements MeshControl {
     counter("kvmesh_mesh_events_applied_total", "Peer events applied.", this.stats.eventsApplied);
     counter("kvmesh_mesh_events_shed_total", "Outbound events shed by the bounded queue (repaired by snapshot).", this.#queue.shed);
     counter("kvmesh_mesh_malformed_frames_total", "Mesh frames or control requests that failed to decode.", this.stats.malformed);
+    counter("kvmesh_mesh_origins_evicted_total", "Tracked origins evicted (never synced, or silent) to make room for new ones.", this.#receiver.evicted);
+    counter("kvmesh_mesh_origins_refused_total", "Frames from new origins ignored because the origin table was full of live ones.", this.#receiver.refused);
     counter("kvmesh_mesh_snapshots_served_total", "Snapshots served to peers.", this.stats.snapshotsServed);
     counter("kvmesh_mesh_snapshots_installed_total", "Peer snapshots installed.", this.stats.snapshotsInstalled);
     counter("kvmesh_mesh_snapshot_failures_total", "Snapshot requests that failed or timed out (retried).", this.stats.snapshotFailures);
     counter("kvmesh_mesh_divergence_resyncs_total", "Snapshots forced by heartbeat count mismatches.", this.stats.divergenceResyncs);
+    counter("kvmesh_mesh_peer_redials_total", "Silent registered peers redialed (a SUB session libzmq gave up on, or a peer that is down).", this.stats.redials);
     const origins = this.#receiver.stats();
     lines.push("# HELP kvmesh_mesh_gaps_total Sequence gaps detected per origin.", "# TYPE kvmesh_mesh_gaps_total counter");
     for (const o of origins) lines.push(`kvmesh_mesh_gaps_total{origin="${o.origin}"} ${o.gaps}`);
@@ -599,7 +684,7 @@ export class ReplicaMesh implements MeshControl {
     const counts = this.#health.counts();
     lines.push("# HELP kvmesh_mesh_peers Peers by state.", "# TYPE kvmesh_mesh_peers gauge");
     for (const [state, n] of Object.entries(counts)) lines.push(`kvmesh_mesh_peers{state="${state}"} ${n}`);
-    return lines.join("\n") + "\n";
+    return lines.join("\n") + "\n" + this.#transport.metricsText();
   }
 
   async close(): Promise<void> {

@@ -29,6 +29,7 @@
  * Flags: --replicas 1,2,4 --workers N --rate N --seconds N --warmup-seconds N --sessions N
  *        --seed N --max-in-flight N --json FILE --svg FILE.
  *        --no-mesh (same processes, no peering: the contention baseline).
+ *        --no-tie-spread (replicas run with --no-replica-tie-spread: the race without its fix).
  * Env: KVMESH_BENCH_NODE_ARGS="--cpu-prof --cpu-prof-dir=DIR" passes node flags to the replicas and
  * logs the window (CLOCK_MONOTONIC us) so a profile can be cut down to it.
  */
@@ -56,6 +57,7 @@ const { values: args } = parseArgs({
     json: { type: "string", default: "reports/bench-mesh.json" },
     svg: { type: "string", default: "reports/bench-mesh.svg" },
     "no-mesh": { type: "boolean", default: false },
+    "no-tie-spread": { type: "boolean", default: false },
   },
 });
 
@@ -115,6 +117,7 @@ const children = new Set<ChildProcess>();
 function startReplica(index: number, syncPort: number, peers: readonly number[]): Promise<Replica> {
   const argv = ["--import", "tsx", "cli/main.ts", "serve", "--port", "0", "--replica-sync-port", String(syncPort), "--no-kv-events", "--session-affinity-ttl-secs", String(AFFINITY_TTL_SECS)];
   if (peers.length > 0) argv.push("--peers", peers.map((p) => `tcp://127.0.0.1:${p}`).join(","));
+  if (args["no-tie-spread"]) argv.push("--no-replica-tie-spread");
   // Info level: "listening" (with the port) is logged at info; the mesh logs little else there.
   argv.push("--log-level", "info");
   // KVMESH_BENCH_NODE_ARGS (e.g. "--cpu-prof --cpu-prof-dir=/tmp/meshprof") profiles the replicas.

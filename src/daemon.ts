@@ -6,10 +6,13 @@
 import type { Logger } from "pino";
 import { KvmeshError } from "./errors.js";
 import { KvIngest } from "./ingest/kv-ingest.js";
+import { raiseZmqSocketLimit } from "./ingest/zmq-socket-limit.js";
 import { Metrics } from "./http/metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "./http/server.js";
 import { ReplicaMesh } from "../mesh/replica-mesh.js";
-import { SelectionService } from "./selection-service.js";
+import type { MeshCurveConfig } from "../mesh/curve.js";
+import type { ApiToken } from "./http/auth.js";
+import { DEFAULT_MAX_LOCAL_RESERVATIONS, SelectionService } from "./selection-service.js";
 import type { SelectorConfig } from "./selector-config.js";
 
 /** How often expiry, reservation sweeps and cache reaping run, ms. */
@@ -25,6 +28,10 @@ export interface DaemonConfig {
   readonly sessionAffinityMode: "hard" | "soft";
   readonly selector: Partial<SelectorConfig>;
   readonly activeRequestExpirySecs: number;
+  /** Most live bookings this replica makes itself (429 beyond). */
+  readonly maxReservations: number;
+  /** Spread argmin ties across mesh replicas by slot (on by default; off to measure the race). */
+  readonly replicaTieSpread: boolean;
   /** With KV events on (the default) a worker rank needs a kv_events_endpoint to be schedulable. */
   readonly kvEvents: boolean;
   readonly replayTimeoutMs: number;
@@ -37,6 +44,16 @@ export interface DaemonConfig {
   readonly peers: readonly string[];
   /** Host peers use to reach this replica, when `host` is a wildcard (default: `host`, or 127.0.0.1). */
   readonly replicaSyncAdvertiseHost?: string | undefined;
+  /** CURVE for the mesh (`--mesh-key`, `--mesh-allow`): this replica's key pair and the keys it accepts. Needs replicaSyncPort. */
+  readonly meshCurve?: MeshCurveConfig | undefined;
+  /** Bearer token the state-changing HTTP routes require (`--api-token-file`, src/http/auth.ts); unset: no authentication. */
+  readonly apiToken?: ApiToken | undefined;
+  /**
+   * Host replication: the writer id of this replica's session bindings, which a host relays
+   * through GET /session_bindings/updates and POST /session_bindings. Needs session affinity;
+   * excludes replicaSyncPort.
+   */
+  readonly sessionReplicationWriterId?: bigint | undefined;
 }
 
 export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
@@ -47,6 +64,8 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   sessionAffinityMode: "hard",
   selector: {},
   activeRequestExpirySecs: 300,
+  maxReservations: DEFAULT_MAX_LOCAL_RESERVATIONS,
+  replicaTieSpread: true,
   kvEvents: true,
   replayTimeoutMs: 2_000,
   selectionCacheTtlSecs: 120,
@@ -55,6 +74,9 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   replicaSyncPort: undefined,
   peers: [],
   replicaSyncAdvertiseHost: undefined,
+  meshCurve: undefined,
+  apiToken: undefined,
+  sessionReplicationWriterId: undefined,
 });
 
 export interface Daemon {
@@ -82,10 +104,50 @@ export function replicaSyncEndpoints(config: DaemonConfig): { bind: string; adve
   return { bind: `tcp://${bindHost}:${config.replicaSyncPort}`, advertise: `tcp://${bracket(adv)}:${config.replicaSyncPort}` };
 }
 
+const LOOPBACK_HOSTS = new Set(["localhost", "::1", "[::1]"]);
+
+/** 127.0.0.0/8, ::1 and localhost: reachable from this machine only. */
+export function isLoopbackHost(host: string): boolean {
+  return LOOPBACK_HOSTS.has(host.toLowerCase()) || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
+}
+
+/**
+ * Says at startup what is protected, and warns when a socket others can reach is not: the
+ * defaults (loopback HTTP, no mesh) are safe, so these fire only when the operator opened a port.
+ */
+function logSecurityPosture(config: DaemonConfig, logger: Logger): void {
+  const exposed = !isLoopbackHost(config.host);
+  const curve = config.meshCurve;
+  logger.info(
+    {
+      host: config.host,
+      api_token: config.apiToken !== undefined,
+      mesh_curve: curve === undefined ? false : { public_key: curve.keyPair.publicKey, allowed_keys: curve.allow.length },
+    },
+    "security settings",
+  );
+  if (exposed && config.apiToken === undefined) {
+    logger.warn({ host: config.host }, "HTTP API listens beyond loopback without --api-token-file: anyone who can reach it can register workers and book or free load");
+  }
+  if (exposed && config.replicaSyncPort !== undefined && curve === undefined) {
+    logger.warn({ host: config.host, port: config.replicaSyncPort }, "replica mesh listens beyond loopback without --mesh-key: anyone who can reach it can read the replication stream and inject bookings");
+  }
+}
+
 export async function startDaemon(config: DaemonConfig, logger: Logger, hooks: DaemonHooks = {}): Promise<Daemon> {
+  if (config.meshCurve !== undefined && config.replicaSyncPort === undefined) {
+    throw new KvmeshError("KVMESH_BAD_REQUEST", "meshCurve requires replicaSyncPort (--mesh-key needs --replica-sync-port)", { details: { field: "meshCurve" } });
+  }
+  logSecurityPosture(config, logger);
+  raiseZmqSocketLimit();
+  const syncEndpoints = replicaSyncEndpoints(config);
+  // The service checks replication settings: host replication needs affinity and excludes the mesh.
   const service = new SelectionService({
+    ...(syncEndpoints === undefined ? {} : { replicaSync: { publishBind: syncEndpoints.bind, advertiseEndpoint: syncEndpoints.advertise, peers: config.peers } }),
+    ...(config.sessionReplicationWriterId === undefined ? {} : { sessionReplicationWriterId: config.sessionReplicationWriterId }),
     selector: config.selector,
     activeRequestExpiryMs: config.activeRequestExpirySecs * 1000,
+    maxLocalReservations: config.maxReservations,
     requireKvEventsEndpoint: config.kvEvents,
     selectionCache: { ttlMs: config.selectionCacheTtlSecs * 1000, maxEntries: config.selectionCacheMaxEntries },
     ...(config.sessionAffinityTtlSecs === undefined
@@ -132,7 +194,10 @@ export async function startDaemon(config: DaemonConfig, logger: Logger, hooks: D
     });
   }
   let mesh: ReplicaMesh | undefined;
-  const sync = replicaSyncEndpoints(config);
+  const sync = syncEndpoints;
+  if (service.sessionReplicationWriterId !== undefined) {
+    logger.info({ writer_id: service.sessionReplicationWriterId.toString() }, "host replication on: GET /session_bindings/updates, POST /session_bindings");
+  }
   if (sync !== undefined) {
     try {
       mesh = await ReplicaMesh.start({
@@ -141,6 +206,8 @@ export async function startDaemon(config: DaemonConfig, logger: Logger, hooks: D
         advertiseEndpoint: sync.advertise,
         peers: config.peers,
         logger: logger.child({ subsystem: "mesh" }),
+        ...(config.meshCurve === undefined ? {} : { curve: config.meshCurve }),
+        tieSpread: config.replicaTieSpread,
       });
       logger.info({ publish: sync.advertise, peers: config.peers, origin: service.replicaId.toString() }, "replica mesh up");
     } catch (err) {
@@ -163,6 +230,7 @@ export async function startDaemon(config: DaemonConfig, logger: Logger, hooks: D
       metrics,
       bodyLimitBytes: config.bodyLimitBytes,
       mesh: hooks.mesh ?? mesh,
+      apiToken: config.apiToken,
     });
   } catch (err) {
     await mesh?.close();

@@ -12,6 +12,7 @@ export type ErrorKind =
   | "overloaded"
   | "not_ready"
   | "disabled"
+  | "unauthorized"
   | "internal";
 
 interface ErrorSpec {
@@ -27,6 +28,8 @@ export const ERROR_CODES = {
   KVMESH_INVALID_FIELD: { kind: "unprocessable", status: 422, description: "well-formed JSON of the wrong shape (the message names the field)" },
   KVMESH_UNSUPPORTED_MEDIA_TYPE: { kind: "bad_request", status: 415, description: "body is not application/json" },
   KVMESH_BODY_TOO_LARGE: { kind: "bad_request", status: 413, description: "request body exceeds the body limit" },
+  KVMESH_HEADERS_TOO_LARGE: { kind: "bad_request", status: 431, description: "request headers exceed the server's limit (16 KiB)" },
+  KVMESH_REQUEST_TIMEOUT: { kind: "bad_request", status: 408, description: "request headers or body not received within the server's timeout" },
   KVMESH_WORKER_NOT_FOUND: { kind: "not_found", status: 404, description: "unknown worker id" },
   KVMESH_WORKER_NOT_SCHEDULABLE: { kind: "not_found", status: 404, description: "worker or rank is not schedulable" },
   KVMESH_RESERVATION_NOT_FOUND: { kind: "not_found", status: 404, description: "unknown (or already freed) reservation id" },
@@ -41,6 +44,10 @@ export const ERROR_CODES = {
   KVMESH_NOT_READY: { kind: "not_ready", status: 503, description: "no schedulable workers" },
   KVMESH_SHUTTING_DOWN: { kind: "not_ready", status: 503, description: "selection service is shutting down" },
   KVMESH_REPLICA_SYNC_DISABLED: { kind: "disabled", status: 409, description: "replica sync is disabled" },
+  KVMESH_HOST_REPLICATION_DISABLED: { kind: "disabled", status: 409, description: "host replication is disabled (no session replication writer id)" },
+  KVMESH_CURSOR_EXPIRED: { kind: "not_found", status: 410, description: "the stream cursor is older than the replay ring or from another process" },
+  KVMESH_TRACE_INVALID: { kind: "bad_request", status: 400, description: "a trace line is malformed (the message names the line number and the field)" },
+  KVMESH_UNAUTHORIZED: { kind: "unauthorized", status: 401, description: "missing or invalid API token (Authorization: Bearer, see --api-token-file)" },
   KVMESH_INTERNAL: { kind: "internal", status: 500, description: "internal error" },
 } as const satisfies Record<string, ErrorSpec>;
 

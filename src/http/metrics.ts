@@ -8,6 +8,7 @@
  */
 import type { KvRankStats } from "../ingest/kv-ingest.js";
 import type { SelectionService } from "../selection-service.js";
+import { AUTH_FAILURES, type AuthFailure } from "./auth.js";
 
 /** Request latency buckets, seconds: 50 µs (a cached select) .. 1 s (a stuck mesh call). */
 export const HTTP_DURATION_BUCKETS_SECONDS = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1] as const;
@@ -33,6 +34,7 @@ export class Metrics {
   readonly #durations = new Map<string, Histogram>();
   /** Failed selections seen by the HTTP layer (the service's own counter is not incremented by it yet). */
   #selectionErrors = 0;
+  readonly #unauthorized: Record<AuthFailure, number> = { missing: 0, malformed: 0, invalid: 0 };
 
   constructor(options: MetricsOptions) {
     this.#o = options;
@@ -56,6 +58,11 @@ export class Metrics {
   /** A select / select_and_reserve / reservation call that the service refused. */
   observeSelectionError(): void {
     this.#selectionErrors++;
+  }
+
+  /** A request refused for a missing, malformed or wrong API token (401). */
+  observeUnauthorized(reason: AuthFailure): void {
+    this.#unauthorized[reason]++;
   }
 
   render(): string {
@@ -90,6 +97,12 @@ export class Metrics {
       );
     }
     metric("kvmesh_http_request_duration_seconds", "histogram", "HTTP request latency by route pattern.", hist);
+    metric(
+      "kvmesh_http_unauthorized_total",
+      "counter",
+      "Requests refused (401) for a missing, malformed or invalid API token.",
+      AUTH_FAILURES.map((r) => `kvmesh_http_unauthorized_total${labels({ reason: r })} ${this.#unauthorized[r]}`),
+    );
 
     const svc = this.#o.service;
     const st = svc.stats;
@@ -103,11 +116,15 @@ export class Metrics {
     one("kvmesh_bindings_applied_total", "counter", "Peer session bindings applied.", st.bindingsApplied);
     one("kvmesh_bindings_ignored_total", "counter", "Peer session bindings ignored or rejected.", st.bindingsIgnored);
     one("kvmesh_expired_requests_total", "counter", "Bookings force-freed after the active-request expiry.", st.expiredRequests);
+    one("kvmesh_reservations_refused_total", "counter", "Bookings refused (429) at the live-booking limit (--max-reservations).", st.reservationsRefused);
     one("kvmesh_bindings_parked_total", "counter", "Peer bindings parked because their worker or partition was not known yet.", st.bindingsParked);
     one("kvmesh_bindings_unparked_total", "counter", "Parked bindings applied once their worker registered.", st.bindingsUnparked);
     one("kvmesh_parked_bindings_expired_total", "counter", "Parked bindings dropped after their TTL without the worker appearing.", st.parkedBindingsExpired);
     one("kvmesh_parked_bindings_shed_total", "counter", "Parked bindings shed because the parking table was full.", st.parkedBindingsShed);
     one("kvmesh_parked_bindings", "gauge", "Peer bindings parked now.", svc.parkedBindings);
+    one("kvmesh_session_bindings_published_total", "counter", "Session bindings this replica committed, rebound or refreshed.", st.bindingsPublished);
+    one("kvmesh_session_bindings_dropped_total", "counter", "Bindings shed by full sessionBindingUpdates() queues (host replication; repaired by a snapshot).", st.droppedBindings);
+    one("kvmesh_session_binding_subscribers", "gauge", "Live sessionBindingUpdates() subscriptions.", svc.sessionBindingSubscribers);
 
     const z = svc.sizes();
     one("kvmesh_partitions", "gauge", "Partitions (model_name, routing_group).", z.partitions);

@@ -14,9 +14,13 @@ import type { AddressInfo } from "node:net";
 import type { Logger } from "pino";
 
 import { KvmeshError } from "../errors.js";
+import { LogThrottle } from "../log-throttle.js";
 import type { SelectionService } from "../selection-service.js";
+import { handleClientErrors } from "./client-error.js";
 import { JsonDepthError, parseJsonBytes, stringifyJson } from "./json.js";
 import type { Metrics } from "./metrics.js";
+import { authFailureOf, checkBearer, requiresApiToken, wwwAuthenticateFor, type ApiToken } from "./auth.js";
+import { SessionBindingsHttp } from "./session-bindings.js";
 import {
   parseEmptyRequest,
   parseOutputBlockRequest,
@@ -43,6 +47,16 @@ export const DEFAULT_REQUEST_TIMEOUT_MS = 120_000;
 /** After close(), in-flight requests get this long before their sockets are cut. */
 export const DEFAULT_CLOSE_GRACE_MS = 2_000;
 
+/** How often node checks connections against the header and request timeouts (its default), ms. */
+export const DEFAULT_CONNECTIONS_CHECK_INTERVAL_MS = 30_000;
+
+export interface HttpTimeouts {
+  readonly headersMs?: number;
+  readonly requestMs?: number;
+  readonly keepAliveMs?: number;
+  readonly checkIntervalMs?: number;
+}
+
 export interface MeshControl {
   registerPeer(endpoint: string): Promise<boolean>;
   deregisterPeer(endpoint: string): Promise<boolean>;
@@ -56,7 +70,11 @@ export interface HttpServerOptions {
   logger: Logger;
   metrics: Metrics;
   bodyLimitBytes?: number;
+  /** Slow-client bounds (tests shorten them); defaults DEFAULT_*_TIMEOUT_MS. */
+  timeouts?: HttpTimeouts;
   mesh?: MeshControl | undefined;
+  /** Bearer token for state-changing routes (src/http/auth.ts); unset: no authentication. */
+  apiToken?: ApiToken | undefined;
 }
 
 export interface RunningHttpServer {
@@ -72,6 +90,8 @@ interface Reply {
   readonly body: unknown;
   /** Pre-rendered non-JSON body (GET /metrics). */
   readonly text?: { readonly body: string; readonly contentType: string };
+  /** Takes over the response (GET /session_bindings/updates streams NDJSON). */
+  readonly stream?: (req: IncomingMessage, res: ServerResponse) => void;
 }
 
 interface RequestContext {
@@ -110,7 +130,7 @@ const queryParam = (q: URLSearchParams | undefined, name: string): string | unde
 };
 const param = (ctx: RequestContext, i: number): string => ctx.params[i] ?? "";
 
-function buildRoutes(o: HttpServerOptions): Route[] {
+function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp): Route[] {
   const svc = o.service;
   const mesh = (): MeshControl => {
     if (o.mesh === undefined) throw new KvmeshError("KVMESH_REPLICA_SYNC_DISABLED", "replica sync is disabled");
@@ -231,11 +251,13 @@ function buildRoutes(o: HttpServerOptions): Route[] {
         return reply(200, { status: "ok", endpoint, removed: true });
       },
     },
+    { method: "GET", pattern: "/session_bindings/updates", body: "none", handle: (c) => bindings.updates(c.query) },
+    { method: "POST", pattern: "/session_bindings", body: "required", handle: (c) => bindings.apply(c.body) },
     {
       method: "GET",
       pattern: "/metrics",
       body: "none",
-      handle: () => ({ status: 200, body: undefined, text: { body: o.metrics.render(), contentType: o.metrics.contentType } }),
+      handle: () => ({ status: 200, body: undefined, text: { body: o.metrics.render() + bindings.metricsText(), contentType: o.metrics.contentType } }),
     },
   ];
 }
@@ -291,19 +313,33 @@ class HttpApi {
   readonly #o: HttpServerOptions;
   readonly #log: Logger;
   readonly #router: Router;
+  readonly #bindings: SessionBindingsHttp;
   readonly #limit: number;
   readonly #server: Server;
+  /** Refused tokens are logged at most once per 10 s (a scanner must not flood the log). */
+  readonly #authLog = new LogThrottle();
   #closing = false;
   #closed: Promise<void> | undefined;
 
   constructor(o: HttpServerOptions) {
     this.#o = o;
     this.#log = o.logger.child({ component: "http" });
-    this.#router = new Router(buildRoutes(o));
+    // Host replication's HTTP side (409 on its routes unless the service has a writer id).
+    this.#bindings = new SessionBindingsHttp({ service: o.service, logger: this.#log.child({ component: "session-bindings" }) });
+    this.#router = new Router(buildRoutes(o, this.#bindings));
     this.#limit = o.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES;
     if (!(Number.isInteger(this.#limit) && this.#limit > 0)) throw new RangeError(`bodyLimitBytes must be a positive integer, got ${this.#limit}`);
-    this.#server = createServer({ noDelay: true, keepAlive: true, requestTimeout: DEFAULT_REQUEST_TIMEOUT_MS, headersTimeout: DEFAULT_HEADERS_TIMEOUT_MS });
-    this.#server.keepAliveTimeout = DEFAULT_KEEP_ALIVE_TIMEOUT_MS;
+    const t = o.timeouts ?? {};
+    this.#server = createServer({
+      noDelay: true,
+      keepAlive: true,
+      requestTimeout: t.requestMs ?? DEFAULT_REQUEST_TIMEOUT_MS,
+      headersTimeout: t.headersMs ?? DEFAULT_HEADERS_TIMEOUT_MS,
+      connectionsCheckingInterval: t.checkIntervalMs ?? DEFAULT_CONNECTIONS_CHECK_INTERVAL_MS,
+    });
+    this.#server.keepAliveTimeout = t.keepAliveMs ?? DEFAULT_KEEP_ALIVE_TIMEOUT_MS;
+    // Parser-level refusals (bad framing, oversized headers, slow clients) answer JSON too.
+    handleClientErrors(this.#server, this.#log);
     this.#server.on("request", (req: IncomingMessage, res: ServerResponse) => {
       void this.#handle(req, res);
     });
@@ -329,6 +365,8 @@ class HttpApi {
   close(): Promise<void> {
     this.#closed ??= new Promise<void>((resolve) => {
       this.#closing = true;
+      // Open binding streams would otherwise hold the server open until the grace period cuts them.
+      this.#bindings.close();
       const timer = setTimeout(() => {
         this.#server.closeAllConnections();
       }, DEFAULT_CLOSE_GRACE_MS);
@@ -360,10 +398,13 @@ class HttpApi {
         this.#send(req, res, 405, stringifyJson({ error: "method not allowed", code: "KVMESH_METHOD_NOT_ALLOWED" }), JSON_CONTENT_TYPE, { allow: m.group.allow });
         return;
       }
+      // Before the body is read: an unauthenticated client cannot make us buffer or parse one.
+      if (this.#o.apiToken !== undefined && requiresApiToken(route.method, label)) checkBearer(req.headers.authorization, this.#o.apiToken);
       const params = m.params.map(decodeSegment);
       const body = route.body === "none" ? undefined : await this.#readBody(req, route.body, route.prompt === true);
       const r = await route.handle({ params, query: q < 0 ? undefined : new URLSearchParams(url.slice(q + 1)), body });
-      if (r.text !== undefined) this.#send(req, res, r.status, r.text.body, r.text.contentType);
+      if (r.stream !== undefined) r.stream(req, res);
+      else if (r.text !== undefined) this.#send(req, res, r.status, r.text.body, r.text.contentType);
       else this.#send(req, res, r.status, stringifyJson(r.body), JSON_CONTENT_TYPE);
     } catch (err) {
       this.#sendError(req, res, err, label);
@@ -401,7 +442,8 @@ class HttpApi {
     if (res.headersSent || res.destroyed) return;
     const headers: Record<string, string | number> = { "content-type": contentType, "content-length": Buffer.byteLength(body), ...extra };
     // While closing, and after a refused body we stopped reading, the socket cannot be reused.
-    if (this.#closing || (status === 413 && !req.complete)) headers.connection = "close";
+    // A refused token is answered before the body is read (401), like an oversized one (413).
+    if (this.#closing || ((status === 413 || status === 401) && !req.complete)) headers.connection = "close";
     res.writeHead(status, headers);
     res.end(body);
   }
@@ -411,7 +453,15 @@ class HttpApi {
       if (err.status >= 500 && err.status !== 503) this.#log.error({ err, route }, "request failed");
       const body: Record<string, unknown> = { error: err.message, code: err.code };
       if (err.details !== undefined) body.details = err.details;
-      this.#send(req, res, err.status, stringifyJson(body), JSON_CONTENT_TYPE);
+      const auth = authFailureOf(err);
+      if (auth !== null) {
+        this.#o.metrics.observeUnauthorized(auth);
+        this.#authLog.hit((suppressed) => {
+          // Never the presented header: a near-miss token is still a secret.
+          this.#log.warn({ route, method: req.method, reason: auth, remote: req.socket.remoteAddress, suppressed }, "request refused: missing or invalid API token");
+        });
+      }
+      this.#send(req, res, err.status, stringifyJson(body), JSON_CONTENT_TYPE, auth === null ? undefined : { "www-authenticate": wwwAuthenticateFor(auth) });
       return;
     }
     if (err instanceof ClientGoneError) {
