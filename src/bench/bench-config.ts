@@ -28,16 +28,17 @@ export interface DemoCliConfig extends EngineFleetConfig {
 }
 
 /**
- * 16 engines x 2,048 blocks x 64 tokens = 2.1M cached tokens in all: the Mooncake trace's ~22M
- * distinct prompt tokens do not fit, so eviction and placement matter, as in a real fleet.
- * Speedup 10 turns the trace's ~4 req/s into ~40 req/s, which 2 cores drive with margin.
+ * 16,384 blocks x 64 tokens = 1M cached tokens per engine (an 80 GB GPU serving a 70B model
+ * holds about that); 16 engines hold 16.8M of the Mooncake trace's 22M distinct prompt tokens,
+ * so eviction and placement both matter, as in a real fleet. The trace's longest prompt (135k
+ * tokens, 2,112 blocks) must fit one engine. Speedup 10 turns its ~4 req/s into ~40 req/s.
  */
 export const DEFAULT_BENCH_CONFIG = {
   workers: 16,
   speedup: 10,
   durationSecs: 30,
   blockSize: 64,
-  kvBlocks: 2_048,
+  kvBlocks: 16_384,
   seed: 1,
   replicas: [1, 2, 4] as readonly number[],
   policies: ["kvmesh", "unmeshed", "round-robin", "random"] as readonly PolicyName[],
@@ -54,7 +55,7 @@ export const DEFAULT_DEMO_CONFIG = {
   speedup: 5,
   durationSecs: 60,
   blockSize: 64,
-  kvBlocks: 2_048,
+  kvBlocks: 16_384,
   seed: 1,
   replicas: 3,
   sessions: 300,
