@@ -4,11 +4,14 @@
  * hashing bigints. Released keys are reused, keeping arrays dense.
  */
 import type { WorkerId } from "./types.js";
+import { spreadKey } from "./tie-spread.js";
 
 export class RankRegistry {
   readonly #byPair = new Map<string, number>();
   readonly #worker: WorkerId[] = [];
   readonly #dpRank: number[] = [];
+  /** Per rank, its class key for spreading ties across replicas (src/tie-spread.ts). */
+  readonly spreadKeys: number[] = [];
   readonly #live: boolean[] = [];
   readonly #free: number[] = [];
 
@@ -32,6 +35,7 @@ export class RankRegistry {
     const rank = this.#free.pop() ?? this.#worker.length;
     this.#worker[rank] = workerId;
     this.#dpRank[rank] = dpRank;
+    this.spreadKeys[rank] = spreadKey(workerId, dpRank);
     this.#live[rank] = true;
     this.#byPair.set(k, rank);
     return rank;

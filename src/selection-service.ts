@@ -274,7 +274,7 @@ export class SelectionService {
    * tie-spread.ts). `null` restores the random tie-break.
    */
   setReplicaSlot(slot: (() => ReplicaSlot) | null): void {
-    this.#tieSpreader = slot === null ? undefined : new TieSpreader(slot);
+    this.#tieSpreader = slot === null ? undefined : new TieSpreader(slot, this.#random);
   }
 
   onWorkerChange(listener: (c: WorkerChange) => void): () => void {
@@ -649,7 +649,7 @@ export class SelectionService {
       t.activeRequests[i] = p.ledger.activeRequests(rank);
     }
     let idx = selectCandidate(t, { islTokens: prompt.islTokens, blockSize: p.blockSize }, config, this.#random, s.costs);
-    if (this.#tieSpreader !== undefined && config.temperature === 0) idx = this.#tieSpreader.pick(s.costs, n, idx);
+    if (this.#tieSpreader !== undefined && config.temperature === 0) idx = this.#tieSpreader.pick(s.costs, n, idx, s.candidates, p.ranks.spreadKeys);
     const rank = s.candidates[idx] as number;
     const device = t.device[idx] as number;
     const host = t.host[idx] as number;

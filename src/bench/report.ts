@@ -90,8 +90,9 @@ function panel(x0: number, w: number, h: number, title: string, labels: readonly
   });
   if (series.length > 1) {
     names.forEach((n, k) => {
-      out.push(`<rect x="${String(x0 + w - 70)}" y="${String(m.t + k * 16)}" width="10" height="10" fill="${COLORS[k % COLORS.length] ?? "black"}"/>`);
-      out.push(`<text x="${String(x0 + w - 55)}" y="${String(m.t + k * 16 + 9)}">${esc(n)}</text>`);
+      // Beside the panel title, above the bars: inside the plot a tall bar would hide it.
+      out.push(`<rect x="${String(x0 + m.l + k * 50)}" y="${String(m.t - 16)}" width="10" height="10" fill="${COLORS[k % COLORS.length] ?? "black"}"/>`);
+      out.push(`<text x="${String(x0 + m.l + k * 50 + 14)}" y="${String(m.t - 7)}">${esc(n)}</text>`);
     });
   }
   out.push("</g>");
