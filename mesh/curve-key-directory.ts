@@ -34,7 +34,7 @@ import { Dealer, Subscriber, type Context, type Event, type Observer, type Socke
 import { systemClock, type Clock } from "../src/clock.js";
 import type { MeshKeyPair } from "./curve.js";
 import { isIpv6Endpoint } from "./endpoints.js";
-import { observe, retireObserver } from "./zmq-observers.js";
+import { observe, retireObserver } from "../src/zmq-observers.js";
 
 /** One handshake takes ~2 ms on loopback and one RTT plus crypto across a WAN; 1 s leaves room. */
 export const DEFAULT_KEY_PROBE_TIMEOUT_MS = 1_000;

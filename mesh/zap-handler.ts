@@ -24,7 +24,7 @@ import { Router, type Context, type Event, type Observer, type Socket } from "ze
 import { systemClock, type Clock } from "../src/clock.js";
 import { LogThrottle } from "../src/log-throttle.js";
 import { decodeCurveKey, z85Encode } from "./curve.js";
-import { observe, retireObserver } from "./zmq-observers.js";
+import { observe, retireObserver } from "../src/zmq-observers.js";
 
 /** RFC 27: the handler's fixed endpoint, per context. */
 export const ZAP_ENDPOINT = "inproc://zeromq.zap.01";

@@ -8,7 +8,8 @@
  * and payloads are counted, logged and skipped.
  */
 import { pino, type Logger } from "pino";
-import { Dealer, Subscriber } from "zeromq";
+import { Dealer, type Observer, Subscriber } from "zeromq";
+import { observe, retireObserver } from "../zmq-observers.js";
 
 import { decodeKvEventBatch, type KvEventBatch } from "./kv-event-decoder.js";
 
@@ -70,6 +71,16 @@ export class KvEventListener {
 
   #sub: Subscriber | null = null;
   #replaySock: Dealer | null = null;
+  /** ZMTP handshakes with the publisher so far: a second one means the SUB reconnected. */
+  #handshakes = 0;
+  /**
+   * Set when the SUB reconnected and no live message has been read since. On a new connection a
+   * seq at or below the last one means a new publisher process at the same address (its
+   * numbering restarted while we were away), not a stale duplicate: one publisher's live stream
+   * over one connection is always in order.
+   */
+  #reconnected = false;
+  #observer: Observer | null = null;
   #loop: Promise<void> = Promise.resolve();
   #closed = false;
   /** Last applied (or skipped-as-malformed) seq; null until the first message. */
@@ -110,10 +121,19 @@ export class KvEventListener {
       reconnectMaxInterval: DEFAULT_RECONNECT_MAX_INTERVAL_MS,
     });
     try {
+      // Through observe(): a bare sub.events can collide with a freed observer's monitor name
+      // (EADDRINUSE) and must be closed after its socket (see src/zmq-observers.ts).
+      const observer = observe(sub);
+      this.#observer = observer;
+      observer.on("handshake", () => {
+        if (++this.#handshakes > 1) this.#reconnected = true;
+      });
       sub.subscribe();
       sub.connect(this.#endpoint);
     } catch (err) {
       sub.close();
+      if (this.#observer !== null) retireObserver(this.#observer);
+      this.#observer = null;
       return Promise.reject(err instanceof Error ? err : new Error(String(err)));
     }
     this.#sub = sub;
@@ -127,6 +147,8 @@ export class KvEventListener {
       this.#closed = true;
       this.#replaySock?.close();
       this.#sub?.close();
+      if (this.#observer !== null) retireObserver(this.#observer);
+      this.#observer = null;
     }
     await this.#loop;
   }
@@ -159,9 +181,14 @@ export class KvEventListener {
     }
     const seq = seqFrame.readBigUInt64BE(0);
     const last = this.#lastSeq;
-    if (seq === 0n && last !== null && last > 0n) {
+    const reconnected = this.#reconnected;
+    this.#reconnected = false;
+    // Seq 0 after anything (even after seq 0: a publisher that sent one batch and restarted), or
+    // a seq that went back on a new connection: the publisher restarted and its old blocks are
+    // gone. Missed batches of the new process are then replayed from 0 like a first contact.
+    if (last !== null && (seq === 0n || (reconnected && seq <= last))) {
       this.#stats.resets++;
-      this.#log.warn({ lastSeq: last }, "kv event publisher restarted (seq back to 0): resetting rank state");
+      this.#log.warn({ lastSeq: last, seq, reconnected }, "kv event publisher restarted (seq went back): resetting rank state");
       this.#lastSeq = null;
       try {
         this.#onReset?.();
