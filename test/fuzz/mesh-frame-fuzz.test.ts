@@ -39,7 +39,7 @@ import {
   MAX_HASHES_PER_EVENT,
   MeshWireError,
 } from "../../mesh/wire.js";
-import { freePortPair } from "../helpers/ports.js";
+import { withFreePortPair } from "../helpers/ports.js";
 import { waitFor } from "../helpers/wait.js";
 import { Fuzz, mutateBytes, mutateTree, packTree, TWO_64, unpackTree } from "./fuzz-kit.js";
 
@@ -246,8 +246,9 @@ function newService(): SelectionService {
 }
 
 async function startReplica(logger = pino({ level: "silent" }), service = newService(), port?: number): Promise<Replica> {
-  const p = port ?? (await freePortPair());
-  const mesh = await ReplicaMesh.start({ service, publishBind: `tcp://127.0.0.1:${p}`, logger, heartbeatIntervalMs: 200 });
+  const start = (p: number): Promise<ReplicaMesh> => ReplicaMesh.start({ service, publishBind: `tcp://127.0.0.1:${p}`, logger, heartbeatIntervalMs: 200 });
+  let p = port ?? 0;
+  const mesh = port !== undefined ? await start(port) : await withFreePortPair(async (free) => ((p = free), await start(free)));
   const r: Replica = { service, mesh, endpoint: `tcp://127.0.0.1:${p}`, port: p };
   cleanup.push(() => r.mesh.close());
   return r;
@@ -321,13 +322,20 @@ describe("mesh live fuzz: a rogue peer towards a running replica", () => {
     await waitFor(() => live(b) && live(c), 5_000, "B and C live with A");
 
     // The rogue: an XPUB B subscribes to, a ROUTER on the next port, and a SUB recording A's frames.
-    const rport = await freePortPair();
-    const rogueEndpoint = `tcp://127.0.0.1:${rport}`;
     const xpub = new XPublisher({ linger: 0 });
     xpub.verbosity = "allSubs";
-    await xpub.bind(rogueEndpoint);
     const router = new Router({ linger: 0 });
-    await router.bind(`tcp://127.0.0.1:${rport + 1}`);
+    const rport = await withFreePortPair(async (p) => {
+      await xpub.bind(`tcp://127.0.0.1:${p}`);
+      try {
+        await router.bind(`tcp://127.0.0.1:${p + 1}`);
+      } catch (err) {
+        await xpub.unbind(`tcp://127.0.0.1:${p}`);
+        throw err;
+      }
+      return p;
+    });
+    const rogueEndpoint = `tcp://127.0.0.1:${rport}`;
     const recorder = new Subscriber({ linger: 0 });
     recorder.subscribe(TOPIC_BATCH);
     recorder.subscribe(TOPIC_HEARTBEAT);

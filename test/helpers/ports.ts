@@ -33,3 +33,21 @@ export async function freePortPair(): Promise<number> {
   }
   throw new Error("no free port pair found");
 }
+
+const inUse = (err: unknown): boolean => err instanceof Error && ((err as { code?: unknown }).code === "EADDRINUSE" || /address already in use/i.test(err.message));
+
+/**
+ * Runs `bind` with a fresh free port pair, again with another pair when the port was taken
+ * between the check and the bind: parallel test files open many outgoing connections, whose
+ * ephemeral source ports come from the same range as the OS's "free" ports.
+ */
+export async function withFreePortPair<T>(bind: (port: number) => Promise<T>, attempts = 5): Promise<T> {
+  for (let i = 1; ; i++) {
+    const port = await freePortPair();
+    try {
+      return await bind(port);
+    } catch (err) {
+      if (!inUse(err) || i >= attempts) throw err;
+    }
+  }
+}

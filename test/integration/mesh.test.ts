@@ -6,7 +6,7 @@ import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
 import { parseJson, stringifyJson } from "../../src/http/json.js";
-import { freePortPair } from "../helpers/ports.js";
+import { freePortPair, withFreePortPair } from "../helpers/ports.js";
 import { waitFor } from "../helpers/wait.js";
 
 const log = pino({ level: "silent" });
@@ -20,18 +20,21 @@ afterEach(async () => {
 });
 
 async function replica(peers: string[] = [], affinity = true): Promise<{ d: Daemon; sync: string }> {
-  const port = await freePortPair();
-  const d = await startDaemon(
-    {
-      ...DEFAULT_DAEMON_CONFIG,
-      port: 0,
-      kvEvents: false,
-      replicaSyncPort: port,
-      peers,
-      ...(affinity ? { sessionAffinityTtlSecs: 600, sessionAffinityMode: "hard" as const } : {}),
-    },
-    log,
-  );
+  let port = 0;
+  const d = await withFreePortPair(async (p) => {
+    port = p;
+    return startDaemon(
+      {
+        ...DEFAULT_DAEMON_CONFIG,
+        port: 0,
+        kvEvents: false,
+        replicaSyncPort: p,
+        peers,
+        ...(affinity ? { sessionAffinityTtlSecs: 600, sessionAffinityMode: "hard" as const } : {}),
+      },
+      log,
+    );
+  });
   running.push(d);
   return { d, sync: `tcp://127.0.0.1:${port}` };
 }
