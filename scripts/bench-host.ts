@@ -45,6 +45,7 @@ import { parseArgs } from "node:util";
 import { freePortPair } from "../test/helpers/ports.js";
 import { summarize } from "./bench-stats.js";
 import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
+import { stopAll } from "../src/bench/replica-fleet.js";
 
 const { values: args } = parseArgs({
   options: {
@@ -170,26 +171,7 @@ function startService(index: number, extraArgs: readonly string[], syncPort: num
   });
 }
 
-/** SIGTERM, then SIGKILL for any child still running STOP_GRACE_MS later. */
-async function stopChildren(list: readonly ChildProcess[]): Promise<void> {
-  await Promise.all(
-    list.map(
-      (child) =>
-        new Promise<void>((resolve) => {
-          if (child.exitCode !== null || child.signalCode !== null) {
-            resolve();
-            return;
-          }
-          const kill = setTimeout(() => child.kill("SIGKILL"), STOP_GRACE_MS);
-          child.once("exit", () => {
-            clearTimeout(kill);
-            resolve();
-          });
-          child.kill("SIGTERM");
-        }),
-    ),
-  );
-}
+const stopChildren = (list: readonly ChildProcess[]): Promise<void> => stopAll(list, STOP_GRACE_MS);
 
 // A crash or Ctrl-C of the benchmark must not leave daemons holding ports.
 process.on("exit", () => {

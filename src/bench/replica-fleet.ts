@@ -118,7 +118,7 @@ export class ReplicaFleet {
     }
   }
 
-  /** Every replica's user + system CPU time so far, ms (from /proc). */
+  /** The replicas' process ids (for CPU and memory sampling from /proc). */
   pids(): number[] {
     return this.replicas.map((r) => r.pid);
   }
@@ -174,7 +174,8 @@ function waitListening(child: ChildProcess, index: number, syncPort: number | nu
   });
 }
 
-async function stopAll(children: readonly ChildProcess[]): Promise<void> {
+/** SIGTERM, then SIGKILL for any child still running `graceMs` later; resolves when all exited. */
+export async function stopAll(children: readonly ChildProcess[], graceMs = REPLICA_STOP_GRACE_MS): Promise<void> {
   await Promise.all(
     children.map(
       (child) =>
@@ -183,7 +184,7 @@ async function stopAll(children: readonly ChildProcess[]): Promise<void> {
             resolve();
             return;
           }
-          const kill = setTimeout(() => child.kill("SIGKILL"), REPLICA_STOP_GRACE_MS);
+          const kill = setTimeout(() => child.kill("SIGKILL"), graceMs);
           child.once("exit", () => {
             clearTimeout(kill);
             resolve();
