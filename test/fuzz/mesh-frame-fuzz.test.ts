@@ -254,6 +254,19 @@ async function startReplica(logger = pino({ level: "silent" }), service = newSer
   return r;
 }
 
+/** Retries `start` on EADDRINUSE every 50 ms for up to 3 s (a just-closed socket's port). */
+async function retryInUse<T>(start: () => Promise<T>): Promise<T> {
+  const deadline = performance.now() + 3_000;
+  for (;;) {
+    try {
+      return await start();
+    } catch (err) {
+      if (!(err instanceof Error && /address already in use/i.test(err.message)) || performance.now() > deadline) throw err;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+}
+
 /** Canonical bookings and bindings of a service: what must match between replicas. */
 function stateOf(s: SelectionService): { digest: string; bookings: string[]; bindings: string[] } {
   const bookings = s.bookingsSnapshot().map((b) => `${b.add.owner}/${b.add.request_id}/${b.add.worker_id}/${b.add.dp_rank}/${b.prefillDone}/${hashListToBigInts(b.add.sequence_hashes).join(".")}`);
@@ -403,7 +416,9 @@ describe("mesh live fuzz: a rogue peer towards a running replica", () => {
 
     // A restarts its mesh (same replica id and port, new epoch): B and C re-snapshot it.
     await a.mesh.close();
-    a.mesh = await ReplicaMesh.start({ service: a.service, publishBind: a.endpoint, logger: pino({ level: "silent" }), heartbeatIntervalMs: 200 });
+    // libzmq releases a closed socket's listener on its reaper thread, a moment after close()
+    // returned: rebinding the same port at once can still meet EADDRINUSE, so retry briefly.
+    a.mesh = await retryInUse(() => ReplicaMesh.start({ service: a.service, publishBind: a.endpoint, logger: pino({ level: "silent" }), heartbeatIntervalMs: 200 }));
     cleanup.push(() => a.mesh.close());
     const firstEpoch = recorded[0]?.epoch;
     await waitFor(() => recorded.some((r) => r.epoch !== firstEpoch), 5_000, "A's new epoch on the wire");
