@@ -35,8 +35,8 @@
  * Flags: --mode host,mesh --seconds 10 --rate 200 --sessions 400 --workers 64 --prompt-tokens 128
  *        --warmup-seconds 1 --seed 1 --max-in-flight 1024 --json reports/bench-host.json.
  */
-import { execFileSync, fork, spawn, type ChildProcess } from "node:child_process";
-import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { fork, spawn, type ChildProcess } from "node:child_process";
+import { mkdirSync, writeFileSync } from "node:fs";
 import { Agent, request, type ClientRequest } from "node:http";
 import { dirname } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -46,6 +46,7 @@ import { freePortPair } from "../test/helpers/ports.js";
 import { summarize } from "./bench-stats.js";
 import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { stopAll } from "../src/bench/replica-fleet.js";
+import { cpuMs, pool } from "../src/bench/process-usage.js";
 
 const { values: args } = parseArgs({
   options: {
@@ -185,20 +186,7 @@ for (const sig of args["relay-ports"] === undefined ? (["SIGINT", "SIGTERM"] as 
   });
 }
 
-const CLK_TCK = ((): number => {
-  try {
-    return Number(execFileSync("getconf", ["CLK_TCK"]).toString().trim()) || 100;
-  } catch {
-    return 100;
-  }
-})();
 
-/** User + system CPU time of a process so far, ms (proc(5): utime, stime after "(comm)"). */
-function cpuMs(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return ((Number(f[11]) + Number(f[12])) * 1000) / CLK_TCK;
-}
 
 // ------------------------------------------------------------------ HTTP
 
@@ -229,15 +217,6 @@ async function sendOk(s: Endpoint, method: string, path: string, body?: string):
   return res.text;
 }
 
-/** Runs fn over items with at most `limit` at once. */
-async function pool<T>(items: readonly T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: Math.min(limit, items.length) }, async () => {
-      while (next < items.length) await fn(items[next++] as T);
-    }),
-  );
-}
 
 function metricValue(text: string, name: string): number {
   let sum = 0;

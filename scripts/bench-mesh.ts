@@ -33,8 +33,8 @@
  * Env: KVMESH_BENCH_NODE_ARGS="--cpu-prof --cpu-prof-dir=DIR" passes node flags to the replicas and
  * logs the window (CLOCK_MONOTONIC us) so a profile can be cut down to it.
  */
-import { execFileSync, spawn, type ChildProcess } from "node:child_process";
-import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdirSync, writeFileSync } from "node:fs";
 import { Agent, request } from "node:http";
 import { dirname } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -44,6 +44,7 @@ import { summarize } from "./bench-stats.js";
 import { lineChart } from "./svg-plot.js";
 import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { stopAll } from "../src/bench/replica-fleet.js";
+import { CLK_TCK, cpuMs, pool } from "../src/bench/process-usage.js";
 
 const { values: args } = parseArgs({
   options: {
@@ -188,21 +189,7 @@ for (const sig of ["SIGINT", "SIGTERM"] as const) {
   });
 }
 
-const CLK_TCK = ((): number => {
-  try {
-    return Number(execFileSync("getconf", ["CLK_TCK"]).toString().trim()) || 100;
-  } catch {
-    return 100;
-  }
-})();
 
-/** User + system CPU time of a process so far, ms. */
-function cpuMs(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-  // Fields after "(comm)": state is field 3, utime 14, stime 15 (proc(5)); comm may hold spaces.
-  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return ((Number(f[11]) + Number(f[12])) * 1000) / CLK_TCK;
-}
 
 // ------------------------------------------------------------------ HTTP
 
@@ -233,15 +220,6 @@ async function sendOk(r: Replica, method: string, path: string, body?: string): 
   return res.text;
 }
 
-/** Runs fn over items with at most `limit` at once. */
-async function pool<T>(items: readonly T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: Math.min(limit, items.length) }, async () => {
-      while (next < items.length) await fn(items[next++] as T);
-    }),
-  );
-}
 
 // ------------------------------------------------------------------ metrics scraping
 

@@ -6,6 +6,7 @@ import { seededRandom } from "../clock.js";
 import { descriptorsToWorkerRequests, type EngineFleetHandle } from "../mock/engine-fleet.js";
 import type { TraceRecord } from "../mock/trace.js";
 import { stringifyJson } from "../http/json.js";
+import { pool } from "./process-usage.js";
 import { ReplicaFleet } from "./replica-fleet.js";
 import { replay, StickinessCounter, type ReplayProgress, type ReplayResult, type RequestSample } from "./replay-run.js";
 import { metricSum } from "./router-client.js";
@@ -211,13 +212,5 @@ function toRow(entry: BenchPlanEntry, r: ReplayResult, mesh: MeshFigures | undef
   return r.failureSample === "" ? row : { ...row, failure_sample: r.failureSample };
 }
 
-async function pool<T>(items: readonly T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: Math.min(limit, items.length) }, async () => {
-      while (next < items.length) await fn(items[next++] as T);
-    }),
-  );
-}
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
