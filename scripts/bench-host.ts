@@ -47,6 +47,8 @@ import { summarize } from "./bench-stats.js";
 import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { stopAll } from "../src/bench/replica-fleet.js";
 import { cpuMs, pool } from "../src/bench/process-usage.js";
+import { metricSum } from "../src/bench/router-client.js";
+import { histogramQuantile } from "../src/bench/stats.js";
 
 const { values: args } = parseArgs({
   options: {
@@ -186,8 +188,6 @@ for (const sig of args["relay-ports"] === undefined ? (["SIGINT", "SIGTERM"] as 
   });
 }
 
-
-
 // ------------------------------------------------------------------ HTTP
 
 interface Reply {
@@ -215,14 +215,6 @@ async function sendOk(s: Endpoint, method: string, path: string, body?: string):
   const res = await send(s, method, path, body);
   if (res.status < 200 || res.status >= 300) throw new Error(`${method} ${path} on service ${s.index}: ${res.status} ${res.text.slice(0, 300)}`);
   return res.text;
-}
-
-
-function metricValue(text: string, name: string): number {
-  let sum = 0;
-  const re = new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, "gm");
-  for (const m of text.matchAll(re)) sum += Number(m[1]);
-  return sum;
 }
 
 interface Scrape {
@@ -253,30 +245,12 @@ async function scrape(s: Service): Promise<Scrape> {
   return {
     selLeMs,
     selCum,
-    published: metricValue(text, "kvmesh_session_bindings_published_total"),
-    dropped: metricValue(text, "kvmesh_session_bindings_dropped_total"),
-    meshShed: metricValue(text, "kvmesh_mesh_events_shed_total"),
+    published: metricSum(text, "kvmesh_session_bindings_published_total"),
+    dropped: metricSum(text, "kvmesh_session_bindings_dropped_total"),
+    meshShed: metricSum(text, "kvmesh_mesh_events_shed_total"),
     lagLeMs,
     lagCum,
   };
-}
-
-/** histogram_quantile over cumulative buckets: linear within a bucket. */
-function histogramQuantile(leMs: readonly number[], cum: readonly number[], q: number): number {
-  const total = cum[cum.length - 1] ?? 0;
-  if (total === 0) return Number.NaN;
-  const rank = q * total;
-  for (let i = 0; i < cum.length; i++) {
-    const c = cum[i] as number;
-    if (c >= rank) {
-      const hi = leMs[i] as number;
-      const lo = i === 0 ? 0 : (leMs[i - 1] as number);
-      if (!Number.isFinite(hi)) return lo;
-      const prev = i === 0 ? 0 : (cum[i - 1] as number);
-      return c === prev ? hi : lo + ((hi - lo) * (rank - prev)) / (c - prev);
-    }
-  }
-  return Number.NaN;
 }
 
 // ------------------------------------------------------------------ the host's relay

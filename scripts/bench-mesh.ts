@@ -45,6 +45,8 @@ import { lineChart } from "./svg-plot.js";
 import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { stopAll } from "../src/bench/replica-fleet.js";
 import { CLK_TCK, cpuMs, pool } from "../src/bench/process-usage.js";
+import { metricSum } from "../src/bench/router-client.js";
+import { histogramQuantile } from "../src/bench/stats.js";
 
 const { values: args } = parseArgs({
   options: {
@@ -189,8 +191,6 @@ for (const sig of ["SIGINT", "SIGTERM"] as const) {
   });
 }
 
-
-
 // ------------------------------------------------------------------ HTTP
 
 interface Reply {
@@ -220,7 +220,6 @@ async function sendOk(r: Replica, method: string, path: string, body?: string): 
   return res.text;
 }
 
-
 // ------------------------------------------------------------------ metrics scraping
 
 interface MeshScrape {
@@ -235,13 +234,6 @@ interface MeshScrape {
   lagCum: number[];
 }
 
-function metricValue(text: string, name: string): number {
-  let sum = 0;
-  const re = new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, "gm");
-  for (const m of text.matchAll(re)) sum += Number(m[1]);
-  return sum;
-}
-
 async function scrape(r: Replica): Promise<MeshScrape> {
   const text = await sendOk(r, "GET", "/metrics");
   const lagLeMs: number[] = [];
@@ -251,33 +243,15 @@ async function scrape(r: Replica): Promise<MeshScrape> {
     lagCum.push(Number(m[2]));
   }
   return {
-    shed: metricValue(text, "kvmesh_mesh_events_shed_total"),
-    gaps: metricValue(text, "kvmesh_mesh_gaps_total"),
-    snapshotsInstalled: metricValue(text, "kvmesh_mesh_snapshots_installed_total"),
-    resyncs: metricValue(text, "kvmesh_mesh_divergence_resyncs_total"),
-    batchesSent: metricValue(text, "kvmesh_mesh_batches_sent_total"),
-    eventsSent: metricValue(text, "kvmesh_mesh_events_sent_total"),
+    shed: metricSum(text, "kvmesh_mesh_events_shed_total"),
+    gaps: metricSum(text, "kvmesh_mesh_gaps_total"),
+    snapshotsInstalled: metricSum(text, "kvmesh_mesh_snapshots_installed_total"),
+    resyncs: metricSum(text, "kvmesh_mesh_divergence_resyncs_total"),
+    batchesSent: metricSum(text, "kvmesh_mesh_batches_sent_total"),
+    eventsSent: metricSum(text, "kvmesh_mesh_events_sent_total"),
     lagLeMs,
     lagCum,
   };
-}
-
-/** histogram_quantile over cumulative buckets: linear within the bucket, its upper bound past the last finite one. */
-function histogramQuantile(leMs: readonly number[], cum: readonly number[], q: number): number {
-  const total = cum[cum.length - 1] ?? 0;
-  if (total === 0) return Number.NaN;
-  const rank = q * total;
-  for (let i = 0; i < cum.length; i++) {
-    const c = cum[i] as number;
-    if (c >= rank) {
-      const hi = leMs[i] as number;
-      const lo = i === 0 ? 0 : (leMs[i - 1] as number);
-      if (!Number.isFinite(hi)) return lo;
-      const prev = i === 0 ? 0 : (cum[i - 1] as number);
-      return c === prev ? hi : lo + ((hi - lo) * (rank - prev)) / (c - prev);
-    }
-  }
-  return leMs[leMs.length - 2] ?? Number.NaN;
 }
 
 interface LoadRow {

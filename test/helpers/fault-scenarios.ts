@@ -37,6 +37,7 @@ import {
   type Replica,
   type ReplicaSpec,
 } from "./replica-cluster.js";
+import { histogramQuantile } from "../../src/bench/stats.js";
 
 /** Block size of the scenario workers: 64 as in bench:mesh (prompts are 1,000-24,000 tokens). */
 export const SCENARIO_BLOCK_SIZE = 64;
@@ -373,26 +374,9 @@ async function lagHistogram(rs: readonly Replica[]): Promise<{ le: number[]; cum
   return { le, cum };
 }
 
-function quantile(le: readonly number[], cum: readonly number[], q: number): number {
-  const total = cum[cum.length - 1] ?? 0;
-  if (total === 0) return Number.NaN;
-  const rank = q * total;
-  for (let i = 0; i < cum.length; i++) {
-    const c = cum[i] as number;
-    if (c >= rank) {
-      const hi = le[i] as number;
-      const lo = i === 0 ? 0 : (le[i - 1] as number);
-      if (!Number.isFinite(hi)) return lo;
-      const prev = i === 0 ? 0 : (cum[i - 1] as number);
-      return c === prev ? hi : lo + ((hi - lo) * (rank - prev)) / (c - prev);
-    }
-  }
-  return Number.NaN;
-}
-
 function lagBetween(a: { le: number[]; cum: number[] }, b: { le: number[]; cum: number[] }): LagWindow {
   const cum = b.cum.map((c, i) => c - (a.cum[i] ?? 0));
-  return { p50Ms: quantile(b.le, cum, 0.5), p99Ms: quantile(b.le, cum, 0.99), samples: cum[cum.length - 1] ?? 0 };
+  return { p50Ms: histogramQuantile(b.le, cum, 0.5), p99Ms: histogramQuantile(b.le, cum, 0.99), samples: cum[cum.length - 1] ?? 0 };
 }
 
 export interface PhaseResult {
@@ -701,7 +685,6 @@ export async function scenarioShutdown(o: ShutdownOptions = SHUTDOWN_SHORT): Pro
     await mesh.stop();
   }
 }
-
 
 // ------------------------------------------------------------------ 5. a worker's KV publisher restarts
 

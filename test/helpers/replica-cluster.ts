@@ -11,6 +11,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { Agent, request } from "node:http";
 import { fileURLToPath } from "node:url";
+import { metricSum } from "../../src/bench/router-client.js";
 
 const CLI = fileURLToPath(new URL("../../cli/main.ts", import.meta.url));
 export const REPLICA_START_TIMEOUT_MS = 20_000;
@@ -341,13 +342,7 @@ export async function bindingDisagreements(replicas: readonly Replica[], session
   return out;
 }
 
-/** Sum of every sample of `name` (all label sets) in Prometheus text. */
-export function metricSum(text: string, name: string): number {
-  let sum = 0;
-  const re = new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, "gm");
-  for (const m of text.matchAll(re)) sum += Number(m[1]);
-  return sum;
-}
+export { metricSum } from "../../src/bench/router-client.js";
 
 export interface MeshCounters {
   shed: number;
