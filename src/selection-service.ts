@@ -644,10 +644,8 @@ export class SelectionService {
       t.device[i] = s.device[rank] as number;
       t.host[i] = s.host[rank] as number;
       t.disk[i] = s.disk[rank] as number;
-      t.activePrefillTokens[i] = p.ledger.activePrefillTokens(rank);
-      t.potentialDecodeBlocks[i] = p.ledger.activeBlocks(rank) + (blocks - (s.heldBlocks[rank] as number));
-      t.activeRequests[i] = p.ledger.activeRequests(rank);
     }
+    p.ledger.fillCandidateLoads(s.candidates, n, blocks, s.heldBlocks, t.activePrefillTokens, t.potentialDecodeBlocks, t.activeRequests);
     let idx = selectCandidate(t, { islTokens: prompt.islTokens, blockSize: p.blockSize }, config, this.#random, s.costs);
     if (this.#tieSpreader !== undefined && config.temperature === 0) idx = this.#tieSpreader.pick(s.costs, n, idx, s.candidates, p.ranks.spreadKeys);
     const rank = s.candidates[idx] as number;

@@ -476,6 +476,17 @@ describe("LoadLedger against a naive model", () => {
         expect(ledger.activeBlocks(rank)).toBeCloseTo(model.activeBlocks(rank), 9);
         expect(ledger.activePrefillTokens(rank)).toBe(reqs.filter((r) => r.inPrefill).reduce((a, r) => a + r.prefillTokens, 0));
       }
+      // The bulk read selection uses agrees with the accessors, for ranks never seen too.
+      const candidates = Int32Array.from({ length: RANKS + 3 }, (_, i) => (i * 5) % (RANKS + 3));
+      const held = Int32Array.from({ length: RANKS + 3 }, () => int(4));
+      const [prefill, decode, count] = [0, 1, 2].map(() => new Float64Array(candidates.length)) as [Float64Array, Float64Array, Float64Array];
+      ledger.fillCandidateLoads(candidates, candidates.length, 7, held, prefill, decode, count);
+      for (let i = 0; i < candidates.length; i++) {
+        const rank = candidates[i] as number;
+        expect(prefill[i]).toBe(ledger.activePrefillTokens(rank));
+        expect(decode[i]).toBe(ledger.activeBlocks(rank) + 7 - (held[rank] as number));
+        expect(count[i]).toBe(ledger.activeRequests(rank));
+      }
       if (step % 25 !== 0) continue;
 
       expect(ledger.distinctActiveHashes).toBe(model.distinct());
