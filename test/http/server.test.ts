@@ -1,4 +1,5 @@
 import { request } from "node:http";
+import { connect } from "node:net";
 
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
@@ -314,6 +315,37 @@ describe("HTTP API: the token_ids fast path", () => {
     expect(sel.overlap).toMatchObject({ longest_matched: 3 * BLOCK });
     const r = await a.call("POST", "/reservations", `{"selection_id":"q2","worker_id":2,"token_ids":[${toks.join(",")}]}`);
     expect(r.status).toBe(201);
+  });
+
+  it("parses bodies that arrive in several chunks on concurrent connections each whole (shared join buffer)", async () => {
+    const t = await serveWithWorkers();
+    const url = new URL(t.base);
+    // Prompts of 1..12 blocks, each sent in three writes with pauses, all connections interleaved,
+    // so several multi-chunk bodies are being joined at once: each must answer its own length.
+    const post = (blocks: number): Promise<{ status: number; text: string }> =>
+      new Promise((resolve, reject) => {
+        const body = Buffer.from(`{"token_ids":[${tokens(blocks, 7 + blocks).join(",")}]}`);
+        const head = `POST /overlap_scores HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n`;
+        const sock = connect(Number(url.port), url.hostname);
+        let reply = "";
+        sock.on("data", (d: Buffer) => (reply += d.toString()));
+        sock.on("error", reject);
+        sock.on("end", () => {
+          const [status, ...rest] = reply.split("\r\n\r\n");
+          resolve({ status: Number(status?.split(" ")[1]), text: rest.join("\r\n\r\n") });
+        });
+        // Raw writes 20 ms apart: the server reads the body as three separate chunks.
+        const third = Math.ceil(body.length / 3);
+        sock.write(head + body.subarray(0, third).toString());
+        setTimeout(() => sock.write(body.subarray(third, 2 * third)), 20);
+        setTimeout(() => sock.write(body.subarray(2 * third)), 40);
+      });
+    const blocks = Array.from({ length: 12 }, (_, i) => i + 1);
+    const answers = await Promise.all(blocks.map(post));
+    answers.forEach((a, i) => {
+      expect(a.status, a.text).toBe(200);
+      expect(obj(JSON.parse(a.text)).num_blocks).toBe(blocks[i]);
+    });
   });
 
   it("answers 422 naming token_ids[i] for an out-of-range id, and 400 for an empty prompt", async () => {
