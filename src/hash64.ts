@@ -38,10 +38,35 @@ export function hashListFromBigInts(values: readonly bigint[]): HashList {
   return out;
 }
 
+const LITTLE_ENDIAN = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
+/** Pairs swapped to (lo, hi), read back as u64; grows to fit, shared by all calls (synchronous). */
+let swapped = new Uint32Array(512);
+let swappedU64 = new BigUint64Array(swapped.buffer);
+
+/**
+ * The list as BigInts. On little-endian hosts each element is read from a BigUint64Array over the
+ * pairs swapped to (lo, hi): one BigInt per hash, made natively, where pairToBigInt makes four
+ * (two BigInt(), a shift, an or). A 219-hash list converts in ~2 us instead of 14-19 us here, and
+ * a select_and_reserve leaves ~11 KiB of heap garbage instead of ~29 (sampling heap profiler).
+ */
 export function hashListToBigInts(list: HashList): bigint[] {
   const n = hashCount(list);
   const out = new Array<bigint>(n);
-  for (let i = 0; i < n; i++) out[i] = pairToBigInt(list[2 * i] as number, list[2 * i + 1] as number);
+  if (!LITTLE_ENDIAN) {
+    for (let i = 0; i < n; i++) out[i] = pairToBigInt(list[2 * i] as number, list[2 * i + 1] as number);
+    return out;
+  }
+  if (swapped.length < 2 * n) {
+    swapped = new Uint32Array(Math.max(2 * n, 2 * swapped.length));
+    swappedU64 = new BigUint64Array(swapped.buffer);
+  }
+  const s = swapped;
+  for (let i = 0; i < 2 * n; i += 2) {
+    s[i] = list[i + 1] as number;
+    s[i + 1] = list[i] as number;
+  }
+  const u = swappedU64;
+  for (let i = 0; i < n; i++) out[i] = u[i] as bigint;
   return out;
 }
 

@@ -1,10 +1,22 @@
 import { describe, expect, it } from "vitest";
+import { seededRandom } from "../../src/clock.js";
 import { hashListFromBigInts, hashListToBigInts, toU64, u64ToI64 } from "../../src/hash64.js";
 
 describe("hash64", () => {
   it("round-trips 64-bit values exactly, above 2^53 too", () => {
     const values = [0n, 1n, (1n << 53n) + 1n, (1n << 64n) - 1n, 0x8000000000000000n, 0x123456789abcdef0n];
     expect(hashListToBigInts(hashListFromBigInts(values))).toEqual(values);
+  });
+
+  it("converts lists of any length exactly, longer than its scratch and after a longer one", () => {
+    const rnd = seededRandom(64);
+    const u32 = (): number => Math.floor(rnd.next() * 0x1_0000_0000);
+    for (const n of [0, 1, 219, 300, 1_000, 3]) {
+      const list = Uint32Array.from({ length: 2 * n }, u32);
+      if (n > 1) list.set([0, 0, 0xffffffff, 0xffffffff], 0);
+      const want = Array.from({ length: n }, (_, i) => (BigInt(list[2 * i] as number) << 32n) | BigInt(list[2 * i + 1] as number));
+      expect(hashListToBigInts(list)).toEqual(want);
+    }
   });
 
   it("reinterprets signed 64-bit values as unsigned and back", () => {
