@@ -89,10 +89,10 @@ export interface PromptHashCacheStats {
 /**
  * Whether log[at, at + w) holds exactly tokens[start, start + w). With `tokenBytes` (the bytes of
  * a Uint32Array `tokens`) the compare is one native memcmp of 4w bytes: at block size 64 that took
- * a 14,000-token prompt's all-hit lookup from ~57 to ~41 us here (best of 15 runs of 5,000), the
- * JS loop reading each token pair through bounds-checked element loads. Otherwise the tokens are compared one
- * by one, where `===` also validates them: a logged token is a u32, and only the same integer
- * (or -0 for 0, which the reference accepts as 0 too) equals it.
+ * a 14,000-token prompt's all-hit lookup from ~57 to ~41 us here (best of 15 runs of 5,000)
+ * against a JS loop over the token pairs. Otherwise the tokens are compared one by one, where
+ * `===` also validates them: a logged token is a u32, and only the same integer (or -0 for 0,
+ * which the reference accepts as 0 too) equals it.
  */
 function sameWindow(log: Uint32Array, logBytes: Buffer, at: number, tokens: ArrayLike<number>, tokenBytes: Buffer | undefined, start: number, w: number): boolean {
   if (tokenBytes !== undefined) {
@@ -153,7 +153,7 @@ export class PromptHashCache {
   readonly #stride: number;
   readonly #setMask: number;
   #log = new Uint32Array(0);
-  /** The log's bytes, for native window compares (see #sameWindow). */
+  /** The log's bytes, for native window compares (see sameWindow). */
   #logBytes = Buffer.alloc(0);
   /** Records ever appended; the record at absolute position a is live iff appended - cap <= a < appended. */
   #appended = 0;
