@@ -29,6 +29,7 @@
  * `nulle5`, whereas `0e5` would be valid: no invalid body can become valid by the substitution.
  */
 import { parseJsonBytes } from "./json.js";
+import { WASM_MAX_BYTES, WASM_MIN_BYTES, WasmU32ArrayParser } from "./u32-array-parser.js";
 
 const QUOTE = 0x22;
 const BACKSLASH = 0x5c;
@@ -50,6 +51,8 @@ const INITIAL_SCRATCH_TOKENS = 32_768;
 /** A larger scratch (1 MiB) is not kept: an 8 MiB body of 4M one-digit tokens would pin 16 MiB. */
 const MAX_KEPT_SCRATCH_TOKENS = 262_144;
 let scratch = new Uint32Array(INITIAL_SCRATCH_TOKENS);
+/** The same loop in WebAssembly for long arrays (u32-array-parser.ts); undefined where unavailable. */
+const wasm = WasmU32ArrayParser.create();
 
 /** Where a top-level token_ids array was found, and its parsed tokens. */
 interface TokenSpan {
@@ -147,6 +150,10 @@ function findTokenIds(b: Buffer): TokenSpan | undefined {
 function parseU32Array(b: Buffer, start: number): TokenSpan | undefined {
   const end = b.indexOf(CLOSE_BRACKET, start + 1);
   if (end < 0) return undefined;
+  if (wasm !== undefined && end - start >= WASM_MIN_BYTES && end - start <= WASM_MAX_BYTES) {
+    const tokens = wasm.parse(b, start, end);
+    return tokens === undefined ? undefined : { start, end: end + 1, tokens };
+  }
   // k elements take at least 2k - 1 bytes between the brackets (a digit each, commas between).
   const capacity = ((end - start) >>> 1) + 1;
   let out = scratch;
