@@ -79,6 +79,9 @@ function send(agent: Agent, port: number, method: string, path: string, body: st
   });
 }
 
+/** Numbers selection ids across all slices and both servers (ids are never reused). */
+let seq = 0;
+
 /**
  * Drives flows for `ms` on `port`, adding measured flows, wall time and latencies to `run`
  * (nothing is recorded when `run` is undefined: the warm-up).
@@ -110,7 +113,6 @@ async function drive(port: number, agent: Agent, bodies: string[], label: string
   await Promise.all(Array.from({ length: CONCURRENCY }, () => worker()));
   if (run !== undefined) run.wallMs += performance.now() - start;
 }
-let seq = 0;
 
 function stop(child: ChildProcess): Promise<void> {
   return new Promise((resolve) => {
