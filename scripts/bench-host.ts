@@ -46,6 +46,7 @@ import { freePortPair } from "../test/helpers/ports.js";
 import { summarize } from "./bench-stats.js";
 import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { stopAll } from "../src/bench/replica-fleet.js";
+import { waitForListening } from "../src/bench/listening.js";
 import { cpuMs, pool } from "../src/bench/process-usage.js";
 import { metricSum } from "../src/bench/router-client.js";
 import { histogramQuantile } from "../src/bench/stats.js";
@@ -134,43 +135,10 @@ function startService(index: number, extraArgs: readonly string[], syncPort: num
   child.stderr?.on("data", (d: Buffer) => {
     process.stderr.write(`[service ${index}] ${d.toString()}`);
   });
-  return new Promise<Service>((resolve, reject) => {
-    let buf = "";
-    let port = 0;
-    const timer = setTimeout(() => {
-      reject(new Error(`service ${index} did not log "listening" within ${STARTUP_TIMEOUT_MS} ms`));
-    }, STARTUP_TIMEOUT_MS);
-    child.stdout?.on("data", (d: Buffer) => {
-      buf += d.toString();
-      let nl: number;
-      while ((nl = buf.indexOf("\n")) >= 0) {
-        const line = buf.slice(0, nl);
-        buf = buf.slice(nl + 1);
-        let rec: { level?: number; msg?: string; port?: number } = {};
-        try {
-          rec = JSON.parse(line) as typeof rec;
-        } catch {
-          process.stderr.write(`[service ${index}] ${line}\n`);
-          continue;
-        }
-        // pino 40 = warn: a shed binding or a failed relay is worth seeing during the run.
-        if ((rec.level ?? 0) >= 40) process.stderr.write(`[service ${index}] ${line}\n`);
-        if (port === 0 && rec.msg === "listening" && typeof rec.port === "number") {
-          port = rec.port;
-          clearTimeout(timer);
-          const pid = child.pid;
-          if (pid === undefined) {
-            reject(new Error(`service ${index} has no pid`));
-            return;
-          }
-          resolve({ index, child, pid, port, syncPort, agent: new Agent({ keepAlive: true, maxSockets: SOCKETS_PER_SERVICE }) });
-        }
-      }
-    });
-    child.on("exit", (code, signal) => {
-      clearTimeout(timer);
-      if (port === 0) reject(new Error(`service ${index} exited before listening (code ${code}, signal ${signal})`));
-    });
+  return waitForListening(child, { label: `service ${index}`, timeoutMs: STARTUP_TIMEOUT_MS, onLine: (line) => process.stderr.write(`[service ${index}] ${line}\n`) }).then((port) => {
+    const pid = child.pid;
+    if (pid === undefined) throw new Error(`service ${index} has no pid`);
+    return { index, child, pid, port, syncPort, agent: new Agent({ keepAlive: true, maxSockets: SOCKETS_PER_SERVICE }) };
   });
 }
 

@@ -44,6 +44,7 @@ import { summarize } from "./bench-stats.js";
 import { lineChart } from "./svg-plot.js";
 import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { stopAll } from "../src/bench/replica-fleet.js";
+import { waitForListening } from "../src/bench/listening.js";
 import { CLK_TCK, cpuMs, pool } from "../src/bench/process-usage.js";
 import { metricSum } from "../src/bench/router-client.js";
 import { histogramQuantile } from "../src/bench/stats.js";
@@ -131,43 +132,10 @@ function startReplica(index: number, syncPort: number, peers: readonly number[])
   child.stderr?.on("data", (d: Buffer) => {
     process.stderr.write(prefixLines(`[replica ${index}] `, d.toString()));
   });
-  return new Promise<Replica>((resolve, reject) => {
-    let buf = "";
-    let port = 0;
-    const timer = setTimeout(() => {
-      reject(new Error(`replica ${index} did not log "listening" within ${STARTUP_TIMEOUT_MS} ms`));
-    }, STARTUP_TIMEOUT_MS);
-    child.stdout?.on("data", (d: Buffer) => {
-      buf += d.toString();
-      let nl: number;
-      while ((nl = buf.indexOf("\n")) >= 0) {
-        const line = buf.slice(0, nl);
-        buf = buf.slice(nl + 1);
-        let rec: { level?: number; msg?: string; port?: number } = {};
-        try {
-          rec = JSON.parse(line) as typeof rec;
-        } catch {
-          process.stderr.write(`[replica ${index}] ${line}\n`);
-          continue;
-        }
-        // pino levels: 40 = warn; anything at warn or above is worth seeing during a benchmark.
-        if ((rec.level ?? 0) >= 40) process.stderr.write(`[replica ${index}] ${line}\n`);
-        if (port === 0 && rec.msg === "listening" && typeof rec.port === "number") {
-          port = rec.port;
-          clearTimeout(timer);
-          const pid = child.pid;
-          if (pid === undefined) {
-            reject(new Error(`replica ${index} has no pid`));
-            return;
-          }
-          resolve({ index, child, pid, port, syncPort, agent: new Agent({ keepAlive: true, maxSockets: SOCKETS_PER_REPLICA }) });
-        }
-      }
-    });
-    child.on("exit", (code, signal) => {
-      clearTimeout(timer);
-      if (port === 0) reject(new Error(`replica ${index} exited before listening (code ${code}, signal ${signal})`));
-    });
+  return waitForListening(child, { label: `replica ${index}`, timeoutMs: STARTUP_TIMEOUT_MS, onLine: (line) => process.stderr.write(`[replica ${index}] ${line}\n`) }).then((port) => {
+    const pid = child.pid;
+    if (pid === undefined) throw new Error(`replica ${index} has no pid`);
+    return { index, child, pid, port, syncPort, agent: new Agent({ keepAlive: true, maxSockets: SOCKETS_PER_REPLICA }) };
   });
 }
 

@@ -6,6 +6,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { createServer } from "node:net";
 import { fileURLToPath } from "node:url";
+import { waitForListening } from "./listening.js";
 import { RouterClient } from "./router-client.js";
 
 /** A replica that has not logged "listening" in this long failed to start (tsx compile ~2 s here). */
@@ -129,49 +130,17 @@ export class ReplicaFleet {
   }
 }
 
-function waitListening(child: ChildProcess, index: number, syncPort: number | null, onLog?: (replica: number, line: string) => void): Promise<Replica> {
-  return new Promise<Replica>((resolve, reject) => {
-    let buf = "";
-    let stderr = "";
-    let port = 0;
-    const timer = setTimeout(() => {
-      reject(new Error(`replica ${String(index)} did not start within ${DEFAULT_REPLICA_STARTUP_TIMEOUT_MS} ms: ${stderr.slice(-500)}`));
-    }, DEFAULT_REPLICA_STARTUP_TIMEOUT_MS);
-    child.stderr?.on("data", (d: Buffer) => {
-      stderr += d.toString();
-      onLog?.(index, d.toString().trimEnd());
-    });
-    child.stdout?.on("data", (d: Buffer) => {
-      buf += d.toString();
-      let nl: number;
-      while ((nl = buf.indexOf("\n")) >= 0) {
-        const line = buf.slice(0, nl);
-        buf = buf.slice(nl + 1);
-        let rec: { level?: number; msg?: string; port?: number } = {};
-        try {
-          rec = JSON.parse(line) as typeof rec;
-        } catch {
-          onLog?.(index, line);
-          continue;
-        }
-        // pino 40 = warn: what a bench user should see; info lines are the daemon's routine.
-        if ((rec.level ?? 0) >= 40) onLog?.(index, line);
-        if (port === 0 && rec.msg === "listening" && typeof rec.port === "number") {
-          port = rec.port;
-          clearTimeout(timer);
-          if (child.pid === undefined) {
-            reject(new Error(`replica ${String(index)} has no pid`));
-            return;
-          }
-          resolve({ index, pid: child.pid, port, syncPort, client: new RouterClient(port) });
-        }
-      }
-    });
-    child.once("exit", (code, signal) => {
-      clearTimeout(timer);
-      if (port === 0) reject(new Error(`replica ${String(index)} exited before listening (code ${String(code)}, signal ${String(signal)}): ${stderr.slice(-500)}`));
-    });
+async function waitListening(child: ChildProcess, index: number, syncPort: number | null, onLog?: (replica: number, line: string) => void): Promise<Replica> {
+  child.stderr?.on("data", (d: Buffer) => {
+    onLog?.(index, d.toString().trimEnd());
   });
+  const port = await waitForListening(child, {
+    label: `replica ${String(index)}`,
+    timeoutMs: DEFAULT_REPLICA_STARTUP_TIMEOUT_MS,
+    ...(onLog === undefined ? {} : { onLine: (line: string) => { onLog(index, line); } }),
+  });
+  if (child.pid === undefined) throw new Error(`replica ${String(index)} has no pid`);
+  return { index, pid: child.pid, port, syncPort, client: new RouterClient(port) };
 }
 
 /** SIGTERM, then SIGKILL for any child still running `graceMs` later; resolves when all exited. */

@@ -2,6 +2,8 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 
+import { waitForListening } from "../../src/bench/listening.js";
+
 const CLI = fileURLToPath(new URL("../../cli/main.ts", import.meta.url));
 
 export interface DaemonProcess {
@@ -19,31 +21,7 @@ export async function spawnDaemon(args: readonly string[], timeoutMs = 15_000): 
       resolve(code ?? signal ?? "unknown");
     });
   });
-  let stderr = "";
-  child.stderr?.on("data", (d: Buffer) => {
-    stderr += d.toString();
-  });
-  const port = await new Promise<number>((resolve, reject) => {
-    let buf = "";
-    const timer = setTimeout(() => {
-      reject(new Error(`daemon did not start within ${timeoutMs} ms: ${stderr}`));
-    }, timeoutMs);
-    child.stdout?.on("data", (d: Buffer) => {
-      buf += d.toString();
-      for (const line of buf.split("\n")) {
-        if (!line.includes('"listening"')) continue;
-        const m = /"port":(\d+)/.exec(line);
-        if (m?.[1] !== undefined) {
-          clearTimeout(timer);
-          resolve(Number(m[1]));
-        }
-      }
-    });
-    void exited.then((code) => {
-      clearTimeout(timer);
-      reject(new Error(`daemon exited (${code}) before listening: ${stderr}`));
-    });
-  });
+  const port = await waitForListening(child, { label: "daemon", timeoutMs });
   return { child, port, url: `http://127.0.0.1:${port}`, exited };
 }
 

@@ -11,6 +11,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { Agent, request } from "node:http";
 import { fileURLToPath } from "node:url";
+import { waitForListening } from "../../src/bench/listening.js";
 import { metricSum } from "../../src/bench/router-client.js";
 
 const CLI = fileURLToPath(new URL("../../cli/main.ts", import.meta.url));
@@ -19,8 +20,6 @@ export const REPLICA_STOP_GRACE_MS = 4_000;
 export const DEFAULT_HTTP_TIMEOUT_MS = 10_000;
 /** Log lines at warn or above kept per replica (for failure messages). */
 const LOG_TAIL_LINES = 50;
-/** pino level 40 = warn. */
-const PINO_WARN = 40;
 export const DEFAULT_AFFINITY_TTL_SECS = 600;
 
 export interface ReplicaSpec {
@@ -102,45 +101,10 @@ export async function startReplica(spec: ReplicaSpec): Promise<Replica> {
     logTail.push(line.length > 600 ? `${line.slice(0, 600)}...` : line);
     if (logTail.length > LOG_TAIL_LINES) logTail.shift();
   };
-  let stderr = "";
   child.stderr?.on("data", (d: Buffer) => {
-    if (stderr.length < 8_192) stderr += d.toString();
     for (const l of d.toString().split("\n")) if (l.trim() !== "") keep(l);
   });
-  const port = await new Promise<number>((resolve, reject) => {
-    let partial = "";
-    let found = false;
-    const timer = setTimeout(() => {
-      reject(new Error(`replica ${spec.name} did not start within ${REPLICA_START_TIMEOUT_MS} ms: ${stderr}`));
-    }, REPLICA_START_TIMEOUT_MS);
-    child.stdout?.on("data", (d: Buffer) => {
-      partial += d.toString();
-      let nl: number;
-      while ((nl = partial.indexOf("\n")) >= 0) {
-        const line = partial.slice(0, nl);
-        partial = partial.slice(nl + 1);
-        let rec: { level?: number; msg?: string; port?: number } = {};
-        try {
-          rec = JSON.parse(line) as typeof rec;
-        } catch {
-          keep(line);
-          continue;
-        }
-        if ((rec.level ?? 0) >= PINO_WARN) keep(line);
-        if (!found && rec.msg === "listening" && typeof rec.port === "number") {
-          found = true;
-          clearTimeout(timer);
-          resolve(rec.port);
-        }
-      }
-      // A line longer than this is not a log line we need; do not let it grow.
-      if (partial.length > 1_000_000) partial = "";
-    });
-    void exited.then((code) => {
-      clearTimeout(timer);
-      if (!found) reject(new Error(`replica ${spec.name} exited (${code}) before listening: ${stderr}`));
-    });
-  });
+  const port = await waitForListening(child, { label: `replica ${spec.name}`, timeoutMs: REPLICA_START_TIMEOUT_MS, onLine: keep });
   const pid = child.pid;
   if (pid === undefined) throw new Error(`replica ${spec.name} has no pid`);
   const httpHost = spec.httpHost ?? (host === "0.0.0.0" ? "127.0.0.1" : host);
