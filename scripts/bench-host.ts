@@ -48,7 +48,7 @@ import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { stopAll } from "../src/bench/replica-fleet.js";
 import { waitForListening } from "../src/bench/listening.js";
 import { cpuMs, pool } from "../src/bench/process-usage.js";
-import { metricSum } from "../src/bench/router-client.js";
+import { metricSum, RouterClient, type RouterReply } from "../src/bench/router-client.js";
 import { histogramQuantile } from "../src/bench/stats.js";
 
 const { values: args } = parseArgs({
@@ -106,6 +106,8 @@ const SCHED_TICK_MS = 2;
 /** Ticks owed for longer than this are dropped (counted), so a stall cannot turn into a burst. */
 const MAX_BACKLOG_S = 1;
 const SOCKETS_PER_SERVICE = 64;
+/** The relay process's connections per service: a POST of bindings at a time is all it sends. */
+const RELAY_SOCKETS_PER_SERVICE = 4;
 const ADMIN_CONCURRENCY = 16;
 /** Divergence probes per run at most (each is one /select per service). */
 const MAX_PROBED_SESSIONS = 1_000;
@@ -116,7 +118,7 @@ const MAX_PROBED_SESSIONS = 1_000;
 interface Endpoint {
   readonly index: number;
   readonly port: number;
-  readonly agent: Agent;
+  readonly client: RouterClient;
 }
 
 interface Service extends Endpoint {
@@ -138,7 +140,7 @@ function startService(index: number, extraArgs: readonly string[], syncPort: num
   return waitForListening(child, { label: `service ${index}`, timeoutMs: STARTUP_TIMEOUT_MS, onLine: (line) => process.stderr.write(`[service ${index}] ${line}\n`) }).then((port) => {
     const pid = child.pid;
     if (pid === undefined) throw new Error(`service ${index} has no pid`);
-    return { index, child, pid, port, syncPort, agent: new Agent({ keepAlive: true, maxSockets: SOCKETS_PER_SERVICE }) };
+    return { index, child, pid, port, syncPort, client: new RouterClient(port, { sockets: SOCKETS_PER_SERVICE, timeoutMs: REQUEST_TIMEOUT_MS }) };
   });
 }
 
@@ -158,32 +160,8 @@ for (const sig of args["relay-ports"] === undefined ? (["SIGINT", "SIGTERM"] as 
 
 // ------------------------------------------------------------------ HTTP
 
-interface Reply {
-  status: number;
-  text: string;
-}
-
-function send(s: Endpoint, method: string, path: string, body?: string): Promise<Reply> {
-  return new Promise((resolve, reject) => {
-    const headers = body === undefined ? {} : { "content-type": "application/json", "content-length": Buffer.byteLength(body) };
-    const req = request({ host: "127.0.0.1", port: s.port, method, path, agent: s.agent, headers }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on("data", (c: Buffer) => chunks.push(c));
-      res.on("end", () => {
-        resolve({ status: res.statusCode ?? 0, text: Buffer.concat(chunks).toString() });
-      });
-    });
-    req.setTimeout(REQUEST_TIMEOUT_MS, () => req.destroy(new Error(`${method} ${path} on service ${s.index}: no answer in ${REQUEST_TIMEOUT_MS} ms`)));
-    req.on("error", reject);
-    req.end(body);
-  });
-}
-
-async function sendOk(s: Endpoint, method: string, path: string, body?: string): Promise<string> {
-  const res = await send(s, method, path, body);
-  if (res.status < 200 || res.status >= 300) throw new Error(`${method} ${path} on service ${s.index}: ${res.status} ${res.text.slice(0, 300)}`);
-  return res.text;
-}
+const send = (r: Endpoint, method: string, path: string, body?: string): Promise<RouterReply> => r.client.send(method, path, body);
+const sendOk = (r: Endpoint, method: string, path: string, body?: string): Promise<string> => r.client.ok(method, path, body);
 
 interface Scrape {
   published: number;
@@ -428,7 +406,10 @@ class RelayProcess {
 
 /** `--relay-ports p1,p2,...`: this process is the host relay; the benchmark asks it over IPC. */
 async function runRelayChild(portsArg: string): Promise<void> {
-  const endpoints: Endpoint[] = portsArg.split(",").map((p, index) => ({ index, port: positiveInt("relay-ports", p), agent: new Agent({ keepAlive: true, maxSockets: 4 }) }));
+  const endpoints: Endpoint[] = portsArg.split(",").map((p, index) => {
+    const port = positiveInt("relay-ports", p);
+    return { index, port, client: new RouterClient(port, { sockets: RELAY_SOCKETS_PER_SERVICE, timeoutMs: REQUEST_TIMEOUT_MS }) };
+  });
   const relay = new HostRelay(endpoints);
   await relay.start();
   process.on("message", (m: RelayRequest) => {
@@ -698,7 +679,7 @@ async function runMode(mode: Mode): Promise<RunResult> {
     };
   } finally {
     await relay?.stop();
-    for (const s of services) s.agent.destroy();
+    for (const s of services) s.client.close();
     await stopChildren(services.map((s) => s.child));
   }
 }

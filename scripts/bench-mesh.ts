@@ -35,7 +35,6 @@
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
-import { Agent, request } from "node:http";
 import { dirname } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
@@ -46,7 +45,7 @@ import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { stopAll } from "../src/bench/replica-fleet.js";
 import { waitForListening } from "../src/bench/listening.js";
 import { CLK_TCK, cpuMs, pool } from "../src/bench/process-usage.js";
-import { metricSum } from "../src/bench/router-client.js";
+import { metricSum, RouterClient, type RouterReply } from "../src/bench/router-client.js";
 import { histogramQuantile } from "../src/bench/stats.js";
 
 const { values: args } = parseArgs({
@@ -114,7 +113,7 @@ interface Replica {
   readonly pid: number;
   readonly port: number;
   readonly syncPort: number;
-  readonly agent: Agent;
+  readonly client: RouterClient;
 }
 
 const children = new Set<ChildProcess>();
@@ -135,7 +134,7 @@ function startReplica(index: number, syncPort: number, peers: readonly number[])
   return waitForListening(child, { label: `replica ${index}`, timeoutMs: STARTUP_TIMEOUT_MS, onLine: (line) => process.stderr.write(`[replica ${index}] ${line}\n`) }).then((port) => {
     const pid = child.pid;
     if (pid === undefined) throw new Error(`replica ${index} has no pid`);
-    return { index, child, pid, port, syncPort, agent: new Agent({ keepAlive: true, maxSockets: SOCKETS_PER_REPLICA }) };
+    return { index, child, pid, port, syncPort, client: new RouterClient(port, { sockets: SOCKETS_PER_REPLICA, timeoutMs: REQUEST_TIMEOUT_MS }) };
   });
 }
 
@@ -161,32 +160,8 @@ for (const sig of ["SIGINT", "SIGTERM"] as const) {
 
 // ------------------------------------------------------------------ HTTP
 
-interface Reply {
-  status: number;
-  text: string;
-}
-
-function send(r: Replica, method: string, path: string, body?: string): Promise<Reply> {
-  return new Promise((resolve, reject) => {
-    const headers = body === undefined ? {} : { "content-type": "application/json", "content-length": Buffer.byteLength(body) };
-    const req = request({ host: "127.0.0.1", port: r.port, method, path, agent: r.agent, headers }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on("data", (c: Buffer) => chunks.push(c));
-      res.on("end", () => {
-        resolve({ status: res.statusCode ?? 0, text: Buffer.concat(chunks).toString() });
-      });
-    });
-    req.setTimeout(REQUEST_TIMEOUT_MS, () => req.destroy(new Error(`${method} ${path} on replica ${r.index}: no answer in ${REQUEST_TIMEOUT_MS} ms`)));
-    req.on("error", reject);
-    req.end(body);
-  });
-}
-
-async function sendOk(r: Replica, method: string, path: string, body?: string): Promise<string> {
-  const res = await send(r, method, path, body);
-  if (res.status < 200 || res.status >= 300) throw new Error(`${method} ${path} on replica ${r.index}: ${res.status} ${res.text.slice(0, 300)}`);
-  return res.text;
-}
+const send = (r: Replica, method: string, path: string, body?: string): Promise<RouterReply> => r.client.send(method, path, body);
+const sendOk = (r: Replica, method: string, path: string, body?: string): Promise<string> => r.client.ok(method, path, body);
 
 // ------------------------------------------------------------------ metrics scraping
 
@@ -569,7 +544,7 @@ async function runOne(n: number): Promise<RunResult> {
       },
     };
   } finally {
-    for (const r of replicas) r.agent.destroy();
+    for (const r of replicas) r.client.close();
     await stopChildren(replicas.map((r) => r.child));
   }
 }
