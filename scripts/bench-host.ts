@@ -47,6 +47,7 @@ import { summarize } from "./bench-stats.js";
 import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { stopAll } from "../src/bench/replica-fleet.js";
 import { waitForListening } from "../src/bench/listening.js";
+import { paceTurns } from "./lib/turn-pacer.js";
 import { cpuMs, pool } from "../src/bench/process-usage.js";
 import { metricSum, RouterClient, type RouterReply } from "../src/bench/router-client.js";
 import { histogramQuantile } from "../src/bench/stats.js";
@@ -101,10 +102,6 @@ const STREAMS_READY_TIMEOUT_MS = 10_000;
 const STOP_GRACE_MS = 2_000;
 const REQUEST_TIMEOUT_MS = 30_000;
 const SETTLE_MS = 1_000;
-/** Scheduler tick: at 800 turns/s one is due every 1.25 ms; a 2 ms tick issues them in pairs. */
-const SCHED_TICK_MS = 2;
-/** Ticks owed for longer than this are dropped (counted), so a stall cannot turn into a burst. */
-const MAX_BACKLOG_S = 1;
 const SOCKETS_PER_SERVICE = 64;
 /** The relay process's connections per service: a POST of bindings at a time is all it sends. */
 const RELAY_SOCKETS_PER_SERVICE = 4;
@@ -453,9 +450,6 @@ function headCsv(csv: string, n: number): string {
 async function drive(services: readonly Service[], wl: SessionWorkload, label: string, seconds: number, selPrefix: string): Promise<DriveResult> {
   const n = services.length;
   const res: DriveResult = { wallMs: 0, ticks: 0, dropped: 0, records: [], latencyMs: [], errors: 0, errorSample: "" };
-  const ready: number[] = Array.from({ length: wl.slots }, (_, s) => s);
-  let outstanding = 0;
-  let seq = 0;
   const fail = (what: string): void => {
     res.errors++;
     if (res.errorSample === "") res.errorSample = what;
@@ -482,39 +476,18 @@ async function drive(services: readonly Service[], wl: SessionWorkload, label: s
     if (d.status !== 200) fail(`DELETE ${d.status}: ${d.text.slice(0, 200)}`);
   };
 
-  const start = performance.now();
-  const endAt = start + seconds * 1000;
-  let nextProgressAt = start + 1000;
-  for (let now = start; now < endAt; now = performance.now()) {
-    const due = Math.floor(((now - start) * RATE_PER_S) / 1000) + 1;
-    while (res.ticks < due && ready.length > 0 && outstanding < MAX_IN_FLIGHT) {
-      const slot = ready.shift() as number;
-      const plan = wl.nextTurn(slot);
-      const k = seq++;
-      res.ticks++;
-      outstanding++;
-      void runTurn(plan, k)
-        .catch((err: unknown) => {
-          fail(err instanceof Error ? err.message : String(err));
-        })
-        .finally(() => {
-          outstanding--;
-          setTimeout(() => ready.push(slot), plan.thinkMs);
-        });
-    }
-    const backlog = due - res.ticks - RATE_PER_S * MAX_BACKLOG_S;
-    if (backlog > 0) {
-      res.dropped += backlog;
-      res.ticks += backlog;
-    }
-    if (now >= nextProgressAt) {
-      nextProgressAt += 1000;
-      process.stderr.write(`${label}: ${Math.round((now - start) / 1000)}/${seconds} s, ${res.records.length} routed, ${outstanding} in flight, ${res.errors} errors, ${res.dropped} ticks dropped\n`);
-    }
-    await sleep(SCHED_TICK_MS);
-  }
-  while (outstanding > 0) await sleep(10);
-  res.wallMs = performance.now() - start;
+  const paced = await paceTurns({
+    workload: wl,
+    ratePerS: RATE_PER_S,
+    seconds,
+    maxInFlight: MAX_IN_FLIGHT,
+    runTurn,
+    onError: fail,
+    onSecond: (elapsedS, st) => {
+      process.stderr.write(`${label}: ${elapsedS}/${seconds} s, ${res.records.length} routed, ${st.outstanding} in flight, ${res.errors} errors, ${st.dropped} ticks dropped\n`);
+    },
+  });
+  Object.assign(res, paced);
   return res;
 }
 

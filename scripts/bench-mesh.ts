@@ -44,6 +44,7 @@ import { lineChart } from "./svg-plot.js";
 import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { stopAll } from "../src/bench/replica-fleet.js";
 import { waitForListening } from "../src/bench/listening.js";
+import { paceTurns } from "./lib/turn-pacer.js";
 import { CLK_TCK, cpuMs, pool } from "../src/bench/process-usage.js";
 import { metricSum, RouterClient, type RouterReply } from "../src/bench/router-client.js";
 import { histogramQuantile } from "../src/bench/stats.js";
@@ -97,10 +98,6 @@ const REQUEST_TIMEOUT_MS = 30_000;
 const SETTLE_MS = 1_000;
 const LOAD_SAMPLE_INTERVAL_MS = 500;
 const RACE_WINDOW_MS = 50;
-/** Scheduler tick: at 200 req/s one request is due every 5 ms, so 2 ms keeps the pacing even. */
-const SCHED_TICK_MS = 2;
-/** Ticks owed for longer than this are dropped (counted), so a stall cannot turn into a burst. */
-const MAX_BACKLOG_S = 1;
 /** Connections per replica; in flight are at most a few dozen requests per replica at 200/s. */
 const SOCKETS_PER_REPLICA = 32;
 const ADMIN_CONCURRENCY = 16;
@@ -258,9 +255,6 @@ async function drive(replicas: readonly Replica[], wl: SessionWorkload, label: s
   // Active requests per worker id as this client booked and freed them: the ground truth the
   // replicas' ledgers converge to.
   const ledger = new Int32Array(WORKERS + 1);
-  const ready: number[] = Array.from({ length: wl.slots }, (_, s) => s);
-  let outstanding = 0;
-  let seq = 0;
   const fail = (what: string): void => {
     res.errors++;
     if (res.errorSample === "") res.errorSample = what;
@@ -299,35 +293,18 @@ async function drive(replicas: readonly Replica[], wl: SessionWorkload, label: s
     }
   };
 
-  const start = performance.now();
-  const endAt = start + seconds * 1000;
   let sampleIdx = 0;
-  let nextSampleAt = start + LOAD_SAMPLE_INTERVAL_MS;
-  let nextProgressAt = start + 1000;
+  let nextSampleAt = performance.now() + LOAD_SAMPLE_INTERVAL_MS;
   const samples: Promise<void>[] = [];
-  for (let now = start; now < endAt; now = performance.now()) {
-    const due = Math.floor(((now - start) * RATE_PER_S) / 1000) + 1;
-    while (res.ticks < due && ready.length > 0 && outstanding < MAX_IN_FLIGHT) {
-      const slot = ready.shift() as number;
-      const plan = wl.nextTurn(slot);
-      const k = seq++;
-      res.ticks++;
-      outstanding++;
-      void runTurn(plan, k)
-        .catch((err: unknown) => {
-          fail(err instanceof Error ? err.message : String(err));
-        })
-        .finally(() => {
-          outstanding--;
-          setTimeout(() => ready.push(slot), plan.thinkMs);
-        });
-    }
-    const backlog = due - res.ticks - RATE_PER_S * MAX_BACKLOG_S;
-    if (backlog > 0) {
-      res.dropped += backlog;
-      res.ticks += backlog;
-    }
-    if (now >= nextSampleAt) {
+  const paced = await paceTurns({
+    workload: wl,
+    ratePerS: RATE_PER_S,
+    seconds,
+    maxInFlight: MAX_IN_FLIGHT,
+    runTurn,
+    onError: fail,
+    onTick: (now) => {
+      if (now < nextSampleAt) return;
       nextSampleAt += LOAD_SAMPLE_INTERVAL_MS;
       const r = replicas[sampleIdx++ % n] as Replica;
       samples.push(
@@ -341,16 +318,12 @@ async function drive(replicas: readonly Replica[], wl: SessionWorkload, label: s
           },
         ),
       );
-    }
-    if (now >= nextProgressAt) {
-      nextProgressAt += 1000;
-      process.stderr.write(`${label}: ${Math.round((now - start) / 1000)}/${seconds} s, ${res.records.length} routed, ${outstanding} in flight, ${res.errors} errors, ${res.dropped} dropped\n`);
-    }
-    await sleep(SCHED_TICK_MS);
-  }
-  // Let every booked request run to its free: the window ends when the replicas are idle.
-  while (outstanding > 0) await sleep(10);
-  res.wallMs = performance.now() - start;
+    },
+    onSecond: (elapsedS, st) => {
+      process.stderr.write(`${label}: ${elapsedS}/${seconds} s, ${res.records.length} routed, ${st.outstanding} in flight, ${res.errors} errors, ${st.dropped} dropped\n`);
+    },
+  });
+  Object.assign(res, paced);
   await Promise.all(samples);
   return res;
 }
