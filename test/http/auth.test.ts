@@ -11,7 +11,7 @@ import { pino } from "pino";
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 
 import { DEFAULT_DAEMON_CONFIG, isLoopbackHost, startDaemon, type Daemon } from "../../src/daemon.js";
-import { KvmeshError } from "../../src/errors.js";
+import { kvmeshErrorOf } from "../helpers/errors.js";
 import { ApiToken, checkBearer, loadApiTokenFile, readApiTokenText, requiresApiToken, wwwAuthenticateFor } from "../../src/http/auth.js";
 import { runCli } from "../helpers/cli-harness.js";
 
@@ -19,15 +19,7 @@ const TOKEN = "k3J9s8dLx0qP2vN7mZ4rT6yW1bC5eH8g";
 /** Differs from TOKEN in the last character only. */
 const NEAR_MISS = "k3J9s8dLx0qP2vN7mZ4rT6yW1bC5eH8h";
 
-const authError = (fn: () => unknown): KvmeshError => {
-  try {
-    fn();
-  } catch (e) {
-    if (e instanceof KvmeshError) return e;
-    throw e;
-  }
-  throw new Error("expected a KvmeshError");
-};
+const authError = kvmeshErrorOf;
 
 describe("ApiToken and checkBearer", () => {
   const token = ApiToken.fromString(TOKEN);

@@ -26,7 +26,7 @@ import { MeshAuthError, MeshTransport, type MeshCurveStats } from "../../mesh/tr
 import { rejectReasonOf } from "../../mesh/zap-handler.js";
 import { LogThrottle } from "../../src/log-throttle.js";
 import { ManualClock } from "../../src/clock.js";
-import { KvmeshError } from "../../src/errors.js";
+import { kvmeshErrorOf } from "../helpers/errors.js";
 import { freePortPair } from "../helpers/ports.js";
 import { waitFor } from "../helpers/wait.js";
 
@@ -90,15 +90,7 @@ describe("key files", () => {
     chmodSync(f, mode);
     return f;
   };
-  const usageError = (fn: () => unknown): KvmeshError => {
-    try {
-      fn();
-    } catch (e) {
-      if (e instanceof KvmeshError) return e;
-      throw e;
-    }
-    throw new Error("expected a KvmeshError");
-  };
+  const usageError = kvmeshErrorOf;
 
   it("loads a generated pair and an allow list with several keys per file, deduplicated", () => {
     const a = MeshKeyPair.generate();
