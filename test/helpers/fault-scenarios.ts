@@ -158,19 +158,23 @@ function loadChecks(l: LoadReport): Check[] {
   return [check("no failed request at a live replica", l.failures === 0, l.failures === 0 ? "0" : `${l.failures}: ${l.failureSamples.join(" | ")}`)];
 }
 
-// ------------------------------------------------------------------ 1. SIGKILL under load
-
-export interface KillOptions {
+/** What every load-driven scenario takes: a mesh of `replicas`, its fleet and its traffic. */
+export interface LoadScenarioOptions {
   readonly replicas: number;
   readonly workers: number;
   readonly rateRps: number;
   readonly slots: number;
+  readonly seed: number;
+}
+
+// ------------------------------------------------------------------ 1. SIGKILL under load
+
+export interface KillOptions extends LoadScenarioOptions {
   readonly warmMs: number;
   /** How long the killed replica stays dead, under load. */
   readonly deadMs: number;
   /** Load after the restarted replica is back in rotation. */
   readonly afterMs: number;
-  readonly seed: number;
 }
 
 export const KILL_SHORT: KillOptions = { replicas: 3, workers: 8, rateRps: 30, slots: 24, warmMs: 1_500, deadMs: 1_000, afterMs: 1_000, seed: 11 };
@@ -307,13 +311,8 @@ export interface ProxyFaultPhase {
   readonly ms: number;
 }
 
-export interface ProxyFaultOptions {
-  readonly replicas: number;
-  readonly workers: number;
-  readonly rateRps: number;
-  readonly slots: number;
+export interface ProxyFaultOptions extends LoadScenarioOptions {
   readonly phases: readonly ProxyFaultPhase[];
-  readonly seed: number;
 }
 
 export const PROXY_SHORT: ProxyFaultOptions = {
@@ -489,15 +488,10 @@ export async function scenarioProxyFaults(o: ProxyFaultOptions = PROXY_SHORT): P
 
 // ------------------------------------------------------------------ 4. a slow / stalled peer
 
-export interface StalledPeerOptions {
-  readonly replicas: number;
-  readonly workers: number;
-  readonly rateRps: number;
-  readonly slots: number;
+export interface StalledPeerOptions extends LoadScenarioOptions {
   readonly warmMs: number;
   /** How long the peer is frozen (SIGSTOP), under load at the others. */
   readonly frozenMs: number;
-  readonly seed: number;
 }
 
 export const STALLED_SHORT: StalledPeerOptions = { replicas: 3, workers: 8, rateRps: 30, slots: 24, warmMs: 1_000, frozenMs: 4_000, seed: 31 };
@@ -595,14 +589,9 @@ export async function scenarioStalledPeer(o: StalledPeerOptions = STALLED_SHORT)
 
 // ------------------------------------------------------------------ 6. shutdown under load
 
-export interface ShutdownOptions {
-  readonly replicas: number;
-  readonly workers: number;
-  readonly rateRps: number;
-  readonly slots: number;
+export interface ShutdownOptions extends LoadScenarioOptions {
   readonly warmMs: number;
   readonly afterMs: number;
-  readonly seed: number;
 }
 
 export const SHUTDOWN_SHORT: ShutdownOptions = { replicas: 2, workers: 8, rateRps: 40, slots: 32, warmMs: 1_500, afterMs: 1_000, seed: 61 };
