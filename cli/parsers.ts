@@ -6,7 +6,7 @@
  */
 import { InvalidArgumentError } from "commander";
 import { parseEndpoint, parsePeerEndpoint } from "../mesh/endpoints.js";
-import { KvmeshError } from "../src/errors.js";
+import { KvmeshError } from "../src/core/errors.js";
 
 export const U32_MAX = 0xffff_ffff;
 export const U64_MAX = (1n << 64n) - 1n;

@@ -5,8 +5,8 @@
 import { Command, InvalidArgumentError, Option } from "commander";
 import { pino, type DestinationStream, type Logger } from "pino";
 import { DEFAULT_DAEMON_CONFIG, type Daemon, type DaemonConfig, type LogLevel } from "../src/daemon.js";
-import { MAX_AFFINITY_TTL_SECS, MIN_AFFINITY_TTL_SECS } from "../src/selection-service.js";
-import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/selector-config.js";
+import { MAX_AFFINITY_TTL_SECS, MIN_AFFINITY_TTL_SECS } from "../src/core/selection-service.js";
+import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/core/selector-config.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
 import { addServeSecurityOptions, LOG_REDACT_PATHS, withServeSecrets } from "./serve-security.js";
 import {

@@ -6,7 +6,7 @@ import { Option, type Command } from "commander";
 import { addClientOptions, requestOptionsOf, runClientCall, type ClientDeps } from "./http-client.js";
 import { integerInRange, parseEndpointMap, parseList, parseNonEmpty, parseU64, parseZmqEndpoint, U32_MAX } from "./parsers.js";
 
-/** The catalog's own bound on ranks per worker (src/worker-catalog.ts MAX_DATA_PARALLEL_SIZE). */
+/** The catalog's own bound on ranks per worker (src/core/worker-catalog.ts MAX_DATA_PARALLEL_SIZE). */
 const MAX_DP_SIZE = 1024;
 
 export function addWorkersCommand(program: Command, deps: ClientDeps): Command {

@@ -31,10 +31,10 @@
 import type { Logger } from "pino";
 import { Dealer, Subscriber, type Context, type Event, type Observer, type Socket } from "zeromq";
 
-import { systemClock, type Clock } from "../src/clock.js";
+import { systemClock, type Clock } from "../src/core/clock.js";
 import type { MeshKeyPair } from "./curve.js";
 import { isIpv6Endpoint } from "./endpoints.js";
-import { observe, retireObserver } from "../src/zmq-observers.js";
+import { observe, retireObserver } from "../src/util/zmq-observers.js";
 
 /** One handshake takes ~2 ms on loopback and one RTT plus crypto across a WAN; 1 s leaves room. */
 export const DEFAULT_KEY_PROBE_TIMEOUT_MS = 1_000;

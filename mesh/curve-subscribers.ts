@@ -21,7 +21,7 @@ import { Subscriber, type Context, type Event, type Observer } from "zeromq";
 import type { MeshKeyPair } from "./curve.js";
 import type { ServerKeyDirectory } from "./curve-key-directory.js";
 import { isIpv6Endpoint } from "./endpoints.js";
-import { observe, retireObserver } from "../src/zmq-observers.js";
+import { observe, retireObserver } from "../src/util/zmq-observers.js";
 
 /** First retry of a failed lookup or a refused connection, ms; doubles per failure. */
 export const DEFAULT_CURVE_RETRY_MIN_MS = 250;

@@ -18,8 +18,8 @@ import { createPrivateKey, createPublicKey } from "node:crypto";
 import { inspect } from "node:util";
 import { curveKeyPair } from "zeromq";
 
-import { KvmeshError } from "../src/errors.js";
-import { contentLines, fileError, readSecretFile, readSmallTextFile } from "../src/secret-file.js";
+import { KvmeshError } from "../src/core/errors.js";
+import { contentLines, fileError, readSecretFile, readSmallTextFile } from "../src/util/secret-file.js";
 
 /** RFC 32's alphabet: 85 printable characters, 4 bytes -> 5 characters. */
 export const Z85_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
@@ -154,7 +154,7 @@ export function publicKeyFileText(kp: MeshKeyPair): string {
   return `# kvmesh mesh public key (CURVE, Z85): list this file in the --mesh-allow of every replica that should accept this one.\n${kp.publicKey}\n`;
 }
 
-/** Loads `--mesh-key FILE` (permission rules of src/secret-file.ts); `field` names the flag in errors. */
+/** Loads `--mesh-key FILE` (permission rules of src/util/secret-file.ts); `field` names the flag in errors. */
 export function loadMeshKeyFile(file: string, field = "--mesh-key"): { keyPair: MeshKeyPair; warnings: readonly string[] } {
   const { text, warnings } = readSecretFile(file, field);
   const lines = contentLines(text);

@@ -23,7 +23,7 @@
  * may have missed earlier batches and cannot tell (ecosystem.md §2.5 measured 81 of the first
  * 1000 lost).
  */
-import type { Clock } from "../src/clock.js";
+import type { Clock } from "../src/core/clock.js";
 import type { Heartbeat, MeshBatch, Snapshot } from "./types.js";
 
 export const DEFAULT_SNAPSHOT_TIMEOUT_MS = 1_000;

@@ -12,11 +12,11 @@
  * control ROUTER) to do the same towards us, so one command forms or breaks both directions.
  */
 import type { Logger } from "pino";
-import type { Clock, Random } from "../src/clock.js";
-import { KvmeshError } from "../src/errors.js";
+import type { Clock, Random } from "../src/core/clock.js";
+import { KvmeshError } from "../src/core/errors.js";
 import type { MeshControl } from "../src/http/server.js";
-import type { BindingEvent, LoadEvent } from "../src/replica-events.js";
-import type { SelectionService } from "../src/selection-service.js";
+import type { BindingEvent, LoadEvent } from "../src/core/replica-events.js";
+import type { SelectionService } from "../src/core/selection-service.js";
 import type { MeshCurveConfig } from "./curve.js";
 import { controlEndpointFor, parsePeerEndpoint } from "./endpoints.js";
 import { LAG_BUCKETS_MS, type LagHistogram, MeshReceiver } from "./origin-tracker.js";
@@ -88,7 +88,7 @@ export interface ReplicaMeshOptions {
   /** CURVE: encrypt the mesh and accept only listed replicas (mesh/transport.ts); unset = plain. */
   readonly curve?: MeshCurveConfig | undefined;
   /**
-   * Spread argmin ties by replica slot (src/tie-spread.ts), default on. Off only to measure the
+   * Spread argmin ties by replica slot (src/core/tie-spread.ts), default on. Off only to measure the
    * select-to-book race without it (bench:mesh --no-tie-spread).
    */
   readonly tieSpread?: boolean;

@@ -7,7 +7,7 @@
  * that peer's ROUTER for a snapshot and replaces what it mirrors of that origin (the ZeroMQ
  * Guide's Clone pattern).
  */
-import type { BindingEvent, LoadAddEvent, LoadEvent } from "../src/replica-events.js";
+import type { BindingEvent, LoadAddEvent, LoadEvent } from "../src/core/replica-events.js";
 
 export const TOPIC_BATCH = "kvmesh.batch.v1";
 export const TOPIC_HEARTBEAT = "kvmesh.hb.v1";

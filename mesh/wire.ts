@@ -33,8 +33,8 @@
  */
 import { Packr, Unpackr } from "msgpackr";
 
-import type { HashList } from "../src/hash64.js";
-import type { BindingEvent, LoadAddEvent, LoadMarkEvent, PartitionRef } from "../src/replica-events.js";
+import type { HashList } from "../src/core/hash64.js";
+import type { BindingEvent, LoadAddEvent, LoadMarkEvent, PartitionRef } from "../src/core/replica-events.js";
 import { PROTOCOL_VERSION } from "./types.js";
 import type { ControlReply, ControlRequest, Heartbeat, MeshBatch, MeshEvent, Snapshot, SnapshotBooking } from "./types.js";
 

@@ -21,10 +21,10 @@
 import type { Logger } from "pino";
 import { Router, type Context, type Event, type Observer, type Socket } from "zeromq";
 
-import { systemClock, type Clock } from "../src/clock.js";
-import { LogThrottle } from "../src/log-throttle.js";
+import { systemClock, type Clock } from "../src/core/clock.js";
+import { LogThrottle } from "../src/util/log-throttle.js";
 import { decodeCurveKey, z85Encode } from "./curve.js";
-import { observe, retireObserver } from "../src/zmq-observers.js";
+import { observe, retireObserver } from "../src/util/zmq-observers.js";
 
 /** RFC 27: the handler's fixed endpoint, per context. */
 export const ZAP_ENDPOINT = "inproc://zeromq.zap.01";

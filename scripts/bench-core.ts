@@ -8,11 +8,11 @@
  * 14,000-token prompt on its own. Flags: --workers N --blocks-per-worker N --groups N --iters N.
  */
 import { parseArgs } from "node:util";
-import { seededRandom } from "../src/clock.js";
-import { hashListToBigInts } from "../src/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../src/hashing.js";
+import { seededRandom } from "../src/core/clock.js";
+import { hashListToBigInts } from "../src/core/hash64.js";
+import { computeBlockHashes, computeSequenceHashes } from "../src/core/hashing.js";
 import type { KvEventBatch } from "../src/ingest/kv-event-decoder.js";
-import { SelectionService } from "../src/selection-service.js";
+import { SelectionService } from "../src/core/selection-service.js";
 import { fmtMs, progress, summarize } from "./bench-stats.js";
 
 const { values: args } = parseArgs({

@@ -8,8 +8,8 @@
 import { createServer } from "node:http";
 import { pino } from "pino";
 import { DEFAULT_DAEMON_CONFIG, startDaemon } from "../src/daemon.js";
-import { hashListToBigInts } from "../src/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../src/hashing.js";
+import { hashListToBigInts } from "../src/core/hash64.js";
+import { computeBlockHashes, computeSequenceHashes } from "../src/core/hashing.js";
 import { benchPrompt, BENCH_BLOCK_SIZE } from "./bench-prompts.js";
 
 const [mode = "daemon", workersArg = "1024", groupsArg = "64"] = process.argv.slice(2);

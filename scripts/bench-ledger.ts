@@ -1,5 +1,5 @@
 /**
- * tsx scripts/bench-ledger.ts — the load ledger on its own (src/load-ledger.ts).
+ * tsx scripts/bench-ledger.ts — the load ledger on its own (src/core/load-ledger.ts).
  *
  * Steady state of one partition: `--live` requests in flight over `--ranks` ranks; every
  * iteration books one new request and frees the oldest, which is what every booking costs the
@@ -11,8 +11,8 @@
  * (p50 / p99), markPrefillComplete, and newBlocksFor for a prompt of a random group.
  */
 import { parseArgs } from "node:util";
-import { ManualClock, seededRandom } from "../src/clock.js";
-import { LoadLedger } from "../src/load-ledger.js";
+import { ManualClock, seededRandom } from "../src/core/clock.js";
+import { LoadLedger } from "../src/core/load-ledger.js";
 import { fmtMs, summarize } from "./bench-stats.js";
 
 const { values: args } = parseArgs({

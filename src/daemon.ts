@@ -4,7 +4,7 @@
  * builds a DaemonConfig from flags and calls startDaemon; tests start it in process.
  */
 import type { Logger } from "pino";
-import { KvmeshError } from "./errors.js";
+import { KvmeshError } from "./core/errors.js";
 import { KvIngest } from "./ingest/kv-ingest.js";
 import { raiseZmqSocketLimit } from "./ingest/zmq-socket-limit.js";
 import { Metrics } from "./http/metrics.js";
@@ -12,8 +12,8 @@ import { startHttpServer, type MeshControl, type RunningHttpServer } from "./htt
 import { ReplicaMesh } from "../mesh/replica-mesh.js";
 import type { MeshCurveConfig } from "../mesh/curve.js";
 import type { ApiToken } from "./http/auth.js";
-import { DEFAULT_MAX_LOCAL_RESERVATIONS, SelectionService } from "./selection-service.js";
-import type { SelectorConfig } from "./selector-config.js";
+import { DEFAULT_MAX_LOCAL_RESERVATIONS, SelectionService } from "./core/selection-service.js";
+import type { SelectorConfig } from "./core/selector-config.js";
 
 /** How often expiry, reservation sweeps and cache reaping run, ms. */
 export const MAINTENANCE_INTERVAL_MS = 1_000;

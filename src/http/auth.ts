@@ -28,8 +28,8 @@
 import { hash, timingSafeEqual } from "node:crypto";
 import { inspect } from "node:util";
 
-import { KvmeshError } from "../errors.js";
-import { contentLines, fileError, readSecretFile } from "../secret-file.js";
+import { KvmeshError } from "../core/errors.js";
+import { contentLines, fileError, readSecretFile } from "../util/secret-file.js";
 
 /** RFC 6750 `WWW-Authenticate` realm. */
 export const API_TOKEN_REALM = "kvmesh";
@@ -79,7 +79,7 @@ export class ApiToken {
   }
 }
 
-/** Reads `--api-token-file` (permission rules of src/secret-file.ts); `field` names the flag in errors. */
+/** Reads `--api-token-file` (permission rules of src/util/secret-file.ts); `field` names the flag in errors. */
 export function loadApiTokenFile(file: string, field = "--api-token-file"): { token: ApiToken; warnings: readonly string[] } {
   const { text, warnings } = readSecretFile(file, field);
   const lines = contentLines(text);

@@ -7,7 +7,7 @@
  * request, selection or session id (unbounded cardinality).
  */
 import type { KvRankStats } from "../ingest/kv-ingest.js";
-import type { SelectionService } from "../selection-service.js";
+import type { SelectionService } from "../core/selection-service.js";
 import { AUTH_FAILURES, type AuthFailure } from "./auth.js";
 
 /** Request latency buckets, seconds: 50 µs (a cached select) .. 1 s (a stuck mesh call). */

@@ -1,5 +1,5 @@
 /**
- * Request-body validation: parsed JSON -> the typed shapes of src/types.ts.
+ * Request-body validation: parsed JSON -> the typed shapes of src/core/types.ts.
  *
  * Hand-written, table-driven checks (TypeBox/ajv are not installed, and these run in ~100 ns per
  * field). Each table is typed against its wire interface (`Shape<T>` has one entry per key of T,
@@ -10,8 +10,8 @@
  * Semantic checks (ranges that depend on config, id lengths, prompt consistency) stay in the
  * service, which answers 400 for them.
  */
-import { badRequest, invalidField } from "../errors.js";
-import { MAX_ID_BYTES } from "../selection-service.js";
+import { badRequest, invalidField } from "../core/errors.js";
+import { MAX_ID_BYTES } from "../core/selection-service.js";
 import type {
   PromptFields,
   ReservationRequest,
@@ -22,7 +22,7 @@ import type {
   WorkerPatchRequest,
   WorkerRankRef,
   WorkerRequest,
-} from "../types.js";
+} from "../core/types.js";
 
 /** Validates `v` found at `path` and returns it typed (possibly converted: numbers -> bigint). */
 export type Check<T> = (v: unknown, path: string) => T;

@@ -13,9 +13,9 @@ import { createServer, type IncomingHttpHeaders, type IncomingMessage, type Serv
 import type { AddressInfo } from "node:net";
 import type { Logger } from "pino";
 
-import { KvmeshError } from "../errors.js";
-import { LogThrottle } from "../log-throttle.js";
-import type { SelectionService } from "../selection-service.js";
+import { KvmeshError } from "../core/errors.js";
+import { LogThrottle } from "../util/log-throttle.js";
+import type { SelectionService } from "../core/selection-service.js";
 import { handleClientErrors } from "./client-error.js";
 import { JsonDepthError, parseJsonBytes, stringifyJson } from "./json.js";
 import type { Metrics } from "./metrics.js";

@@ -27,12 +27,12 @@ import { randomBytes } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Logger } from "pino";
 
-import type { Clock } from "../clock.js";
-import { KvmeshError, badRequest, invalidField } from "../errors.js";
-import type { BindingEvent } from "../replica-events.js";
-import type { SelectionService } from "../selection-service.js";
-import type { SessionBindingInput, SessionBindingOutcome } from "../session-binding-input.js";
-import type { SessionBindingSubscription } from "../session-binding-stream.js";
+import type { Clock } from "../core/clock.js";
+import { KvmeshError, badRequest, invalidField } from "../core/errors.js";
+import type { BindingEvent } from "../core/replica-events.js";
+import type { SelectionService } from "../core/selection-service.js";
+import type { SessionBindingInput, SessionBindingOutcome } from "../core/session-binding-input.js";
+import type { SessionBindingSubscription } from "../core/session-binding-stream.js";
 import { stringifyJson } from "./json.js";
 
 /** Batches the replay ring keeps (at ~2 batches per routed request burst, minutes of traffic). */

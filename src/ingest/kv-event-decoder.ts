@@ -9,32 +9,11 @@
  */
 import { Unpackr } from "msgpackr";
 
-import { badRequest, KvmeshError } from "../errors.js";
-import { toU64 } from "../hash64.js";
+import { badRequest, KvmeshError } from "../core/errors.js";
+import { toU64 } from "../core/hash64.js";
+import type { KvEvent, KvEventBatch, StorageTier } from "../core/kv-events.js";
 
-export type StorageTier = "device" | "host" | "disk";
-
-export type KvEvent =
-  | {
-      type: "stored";
-      blockHashes: bigint[];
-      parentHash: bigint | null;
-      tokenIds: number[];
-      blockSize: number | null;
-      loraName: string | null;
-      tier: StorageTier;
-      /** token_ids arrived as (first, second) pairs: an Eagle speculative-decoding engine. */
-      eagle: boolean;
-    }
-  | { type: "removed"; blockHashes: bigint[]; tier: StorageTier }
-  | { type: "cleared" };
-
-export interface KvEventBatch {
-  ts: number;
-  events: KvEvent[];
-  /** The batch's own data-parallel rank; when present it overrides the registered rank. */
-  dpRank: number | null;
-}
+export type { KvEvent, KvEventBatch, StorageTier } from "../core/kv-events.js";
 
 /** Attention kinds whose blocks are prefix-indexed; any other declared kind is dropped (Dynamo's default registry). */
 const MAIN_KV_CACHE_SPEC_KINDS: ReadonlySet<string> = new Set(["full_attention", "mla_attention", "sink_full_attention"]);

@@ -9,7 +9,7 @@
  */
 import { pino, type Logger } from "pino";
 import { Dealer, type Observer, Subscriber } from "zeromq";
-import { observe, retireObserver } from "../zmq-observers.js";
+import { observe, retireObserver } from "../util/zmq-observers.js";
 
 import { decodeKvEventBatch, type KvEventBatch } from "./kv-event-decoder.js";
 
@@ -122,7 +122,7 @@ export class KvEventListener {
     });
     try {
       // Through observe(): a bare sub.events can collide with a freed observer's monitor name
-      // (EADDRINUSE) and must be closed after its socket (see src/zmq-observers.ts).
+      // (EADDRINUSE) and must be closed after its socket (see src/util/zmq-observers.ts).
       const observer = observe(sub);
       this.#observer = observer;
       observer.on("handshake", () => {

@@ -27,10 +27,10 @@
  * at the next step boundary when a request arrives, so 1,024 mostly-decoding engines cost a timer
  * per finished request rather than one per token.
  */
-import { systemClock, type Clock } from "../clock.js";
-import { KvmeshError } from "../errors.js";
-import { hashCount, pairToBigInt, type HashList } from "../hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../hashing.js";
+import { systemClock, type Clock } from "../core/clock.js";
+import { KvmeshError } from "../core/errors.js";
+import { hashCount, pairToBigInt, type HashList } from "../core/hash64.js";
+import { computeBlockHashes, computeSequenceHashes } from "../core/hashing.js";
 import { PagedKvCache } from "./kv-cache.js";
 import type { MockKvEvent } from "./kv-event-publisher.js";
 import { systemTimers, type TimerHandle, type Timers } from "./timers.js";

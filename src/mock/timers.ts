@@ -2,7 +2,7 @@
  * Timers injected into the mock engines, so tests (and offline simulations) drive the scheduler
  * with a manual clock instead of sleeping.
  */
-import type { Clock } from "../clock.js";
+import type { Clock } from "../core/clock.js";
 
 /** Node's Timeout object, or ManualTimers' numeric id. */
 export type TimerHandle = object | number;

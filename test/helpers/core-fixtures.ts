@@ -1,10 +1,10 @@
 /** Builders shared by core tests: workers, prompts and the KV events an engine would publish. */
-import { ManualClock, seededRandom } from "../../src/clock.js";
-import { hashListToBigInts } from "../../src/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../../src/hashing.js";
+import { ManualClock, seededRandom } from "../../src/core/clock.js";
+import { hashListToBigInts } from "../../src/core/hash64.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import type { KvEventBatch } from "../../src/ingest/kv-event-decoder.js";
-import { SelectionService, type SelectionServiceOptions } from "../../src/selection-service.js";
-import type { WorkerRequest } from "../../src/types.js";
+import { SelectionService, type SelectionServiceOptions } from "../../src/core/selection-service.js";
+import type { WorkerRequest } from "../../src/core/types.js";
 
 export const BLOCK = 4;
 

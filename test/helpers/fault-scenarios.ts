@@ -9,9 +9,9 @@
  * waited for forever.
  */
 import { FaultProxy, startMeshPeerProxy, type FaultProxyCounters, type FaultSettings } from "../../scripts/lib/fault-proxy.js";
-import { seededRandom } from "../../src/clock.js";
-import { hashListToBigInts } from "../../src/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../../src/hashing.js";
+import { seededRandom } from "../../src/core/clock.js";
+import { hashListToBigInts } from "../../src/core/hash64.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import type { MockKvEvent } from "./kv-publisher.js";
 import { MeshLoad, type LoadReport } from "./mesh-load.js";
 import { createPartitionTopology, netnsUnavailableReason } from "./netns-partition.js";

@@ -5,7 +5,7 @@ import { parseJson, stringifyJson } from "../../src/http/json.js";
 import { Metrics } from "../../src/http/metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "../../src/http/server.js";
 import type { KvRankStats } from "../../src/ingest/kv-ingest.js";
-import type { SelectionService } from "../../src/selection-service.js";
+import type { SelectionService } from "../../src/core/selection-service.js";
 import { makeService } from "./core-fixtures.js";
 
 export interface HttpResult {

@@ -4,9 +4,9 @@ import { connect } from "node:net";
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../src/errors.js";
-import { hashListToBigInts } from "../../src/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../../src/hashing.js";
+import { KvmeshError } from "../../src/core/errors.js";
+import { hashListToBigInts } from "../../src/core/hash64.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import { Metrics } from "../../src/http/metrics.js";
 import { DEFAULT_BODY_LIMIT_BYTES, startHttpServer, type MeshControl } from "../../src/http/server.js";
 import { BLOCK, makeService, storedBatch, tokens, worker } from "../helpers/core-fixtures.js";

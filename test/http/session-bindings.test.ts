@@ -4,12 +4,12 @@ import { request, type IncomingMessage, type ServerResponse } from "node:http";
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 
-import { ManualClock } from "../../src/clock.js";
+import { ManualClock } from "../../src/core/clock.js";
 import { parseJson } from "../../src/http/json.js";
 import { Metrics } from "../../src/http/metrics.js";
 import { startHttpServer } from "../../src/http/server.js";
 import { BindingReplayRing, NDJSON_CONTENT_TYPE, SessionBindingsHttp } from "../../src/http/session-bindings.js";
-import { SelectionService } from "../../src/selection-service.js";
+import { SelectionService } from "../../src/core/selection-service.js";
 import { makeService, tokens, worker } from "../helpers/core-fixtures.js";
 import { kvmeshErrorOf } from "../helpers/errors.js";
 import { startTestServer, type TestServer } from "../helpers/http-client.js";

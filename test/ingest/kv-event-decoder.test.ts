@@ -1,7 +1,7 @@
 import { Unpackr } from "msgpackr";
 import { describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../src/errors.js";
+import { KvmeshError } from "../../src/core/errors.js";
 import { decodeKvEventBatch, type KvEvent } from "../../src/ingest/kv-event-decoder.js";
 import { encodeKvEventBatch, type KvWireEncoding, packMsgpack } from "../helpers/kv-publisher.js";
 

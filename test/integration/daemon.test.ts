@@ -5,8 +5,8 @@
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
-import { hashListToBigInts } from "../../src/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../../src/hashing.js";
+import { hashListToBigInts } from "../../src/core/hash64.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import { parseJson, stringifyJson } from "../../src/http/json.js";
 import { MockKvPublisher, type KvWireEncoding } from "../helpers/kv-publisher.js";
 import { waitFor } from "../helpers/wait.js";

@@ -24,8 +24,8 @@ import {
 } from "../../mesh/curve.js";
 import { MeshAuthError, MeshTransport, type MeshCurveStats } from "../../mesh/transport.js";
 import { rejectReasonOf } from "../../mesh/zap-handler.js";
-import { LogThrottle } from "../../src/log-throttle.js";
-import { ManualClock } from "../../src/clock.js";
+import { LogThrottle } from "../../src/util/log-throttle.js";
+import { ManualClock } from "../../src/core/clock.js";
 import { kvmeshErrorOf } from "../helpers/errors.js";
 import { freePortPair } from "../helpers/ports.js";
 import { waitFor } from "../helpers/wait.js";

@@ -1,7 +1,7 @@
 import { pino } from "pino";
 import { describe, expect, it } from "vitest";
-import type { LoadEvent } from "../../src/replica-events.js";
-import type { SelectionService } from "../../src/selection-service.js";
+import type { LoadEvent } from "../../src/core/replica-events.js";
+import type { SelectionService } from "../../src/core/selection-service.js";
 import { ReplicaMesh } from "../../mesh/replica-mesh.js";
 import { freePortPair } from "../helpers/ports.js";
 

@@ -1,8 +1,8 @@
 import { Packr, Unpackr } from "msgpackr";
 import { describe, expect, it } from "vitest";
 
-import { hashListFromBigInts, hashListToBigInts } from "../../src/hash64.js";
-import type { BindingEvent, LoadAddEvent } from "../../src/replica-events.js";
+import { hashListFromBigInts, hashListToBigInts } from "../../src/core/hash64.js";
+import type { BindingEvent, LoadAddEvent } from "../../src/core/replica-events.js";
 import type { ControlReply, ControlRequest, Heartbeat, MeshBatch, MeshEvent, Snapshot } from "../../mesh/types.js";
 import {
   decodeBatch,

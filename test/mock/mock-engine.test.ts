@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../src/errors.js";
-import { hashListToBigInts } from "../../src/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../../src/hashing.js";
+import { KvmeshError } from "../../src/core/errors.js";
+import { hashListToBigInts } from "../../src/core/hash64.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import type { MockKvEvent } from "../../src/mock/kv-event-publisher.js";
 import { MockEngine, type EngineResult, type EngineStepInfo, type MockEngineConfig } from "../../src/mock/mock-engine.js";
 import { ManualTimers, type Timers } from "../../src/mock/timers.js";

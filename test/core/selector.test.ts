@@ -1,13 +1,13 @@
 import { describe, expect, it } from "vitest";
-import { seededRandom, type Random } from "../../src/clock.js";
-import { KvmeshError } from "../../src/errors.js";
+import { seededRandom, type Random } from "../../src/core/clock.js";
+import { KvmeshError } from "../../src/core/errors.js";
 import {
   DEFAULT_SELECTOR_CONFIG,
   applyOverride,
   validateSelectorConfig,
   type RouterConfigOverride,
   type SelectorConfig,
-} from "../../src/selector-config.js";
+} from "../../src/core/selector-config.js";
 import {
   computeCost,
   createCandidateTable,
@@ -16,7 +16,7 @@ import {
   type CandidateInputs,
   type CandidateTable,
   type SelectionRequest,
-} from "../../src/selector.js";
+} from "../../src/core/selector.js";
 import { codeOf } from "../helpers/errors.js";
 
 const REQ: SelectionRequest = { islTokens: 256, blockSize: 16 };

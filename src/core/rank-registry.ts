@@ -10,7 +10,7 @@ export class RankRegistry {
   readonly #byPair = new Map<string, number>();
   readonly #worker: WorkerId[] = [];
   readonly #dpRank: number[] = [];
-  /** Per rank, its class key for spreading ties across replicas (src/tie-spread.ts). */
+  /** Per rank, its class key for spreading ties across replicas (src/core/tie-spread.ts). */
   readonly spreadKeys: number[] = [];
   readonly #live: boolean[] = [];
   readonly #free: number[] = [];

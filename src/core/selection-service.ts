@@ -12,7 +12,7 @@ import { mathRandom, systemClock, type Clock, type Random } from "./clock.js";
 import { badRequest, KvmeshError } from "./errors.js";
 import { hashCount, hashListFromBigInts, hashListToBigInts } from "./hash64.js";
 import { computeBlockHashes } from "./hashing.js";
-import type { KvEventBatch } from "./ingest/kv-event-decoder.js";
+import type { KvEventBatch } from "./kv-events.js";
 import { Partition } from "./partition.js";
 import { PendingSelections } from "./pending-selections.js";
 import { normalizePrompt, type NormalizedPrompt } from "./prompt.js";

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { seededRandom } from "../../src/clock.js";
-import { hashListFromBigInts, hashListToBigInts, toU64, u64ToI64 } from "../../src/hash64.js";
+import { seededRandom } from "../../src/core/clock.js";
+import { hashListFromBigInts, hashListToBigInts, toU64, u64ToI64 } from "../../src/core/hash64.js";
 
 describe("hash64", () => {
   it("round-trips 64-bit values exactly, above 2^53 too", () => {

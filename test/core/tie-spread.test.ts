@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { seededRandom } from "../../src/clock.js";
-import { spreadKey, TieSpreader } from "../../src/tie-spread.js";
+import { seededRandom } from "../../src/core/clock.js";
+import { spreadKey, TieSpreader } from "../../src/core/tie-spread.js";
 
 const costs = (...c: number[]): Float64Array => Float64Array.from(c);
 const ident = (n: number): number[] => Array.from({ length: n }, (_, i) => i);

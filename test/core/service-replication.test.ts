@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
-import { ManualClock, seededRandom } from "../../src/clock.js";
-import type { BindingEvent, LoadEvent } from "../../src/replica-events.js";
-import { SelectionService } from "../../src/selection-service.js";
+import { ManualClock, seededRandom } from "../../src/core/clock.js";
+import type { BindingEvent, LoadEvent } from "../../src/core/replica-events.js";
+import { SelectionService } from "../../src/core/selection-service.js";
 import { tokens, worker } from "../helpers/core-fixtures.js";
 
 /** N services sharing a clock whose emitted events are queued, to be delivered in any order. */

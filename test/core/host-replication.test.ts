@@ -1,9 +1,9 @@
 import { describe, expect, it } from "vitest";
-import { ManualClock, seededRandom } from "../../src/clock.js";
-import type { BindingEvent } from "../../src/replica-events.js";
-import { DEFAULT_PARKED_BINDING_TTL_MS, SelectionService, type SelectionServiceOptions } from "../../src/selection-service.js";
-import type { SessionBindingInput } from "../../src/session-binding-input.js";
-import type { SessionBindingBatch, SessionBindingSubscription } from "../../src/session-binding-stream.js";
+import { ManualClock, seededRandom } from "../../src/core/clock.js";
+import type { BindingEvent } from "../../src/core/replica-events.js";
+import { DEFAULT_PARKED_BINDING_TTL_MS, SelectionService, type SelectionServiceOptions } from "../../src/core/selection-service.js";
+import type { SessionBindingInput } from "../../src/core/session-binding-input.js";
+import type { SessionBindingBatch, SessionBindingSubscription } from "../../src/core/session-binding-stream.js";
 import { kvmeshErrorOf } from "../helpers/errors.js";
 import { tokens, worker } from "../helpers/core-fixtures.js";
 

@@ -7,9 +7,9 @@ import {
   type BindingReason,
   type Lease,
   type SessionBinding,
-} from "../../src/affinity-table.js";
-import { ManualClock, seededRandom } from "../../src/clock.js";
-import { KvmeshError } from "../../src/errors.js";
+} from "../../src/core/affinity-table.js";
+import { ManualClock, seededRandom } from "../../src/core/clock.js";
+import { KvmeshError } from "../../src/core/errors.js";
 import { kvmeshErrorOf } from "../helpers/errors.js";
 
 const TTL_MS = 10_000;

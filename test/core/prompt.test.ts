@@ -1,10 +1,10 @@
 import { describe, it, expect } from "vitest";
-import { seededRandom } from "../../src/clock.js";
-import { hashListFromBigInts } from "../../src/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../../src/hashing.js";
-import { MAX_PROMPT_TOKENS, normalizePrompt } from "../../src/prompt.js";
-import { PromptHashCache } from "../../src/prompt-hash-cache.js";
-import type { PromptFields } from "../../src/types.js";
+import { seededRandom } from "../../src/core/clock.js";
+import { hashListFromBigInts } from "../../src/core/hash64.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
+import { MAX_PROMPT_TOKENS, normalizePrompt } from "../../src/core/prompt.js";
+import { PromptHashCache } from "../../src/core/prompt-hash-cache.js";
+import type { PromptFields } from "../../src/core/types.js";
 import { kvmeshErrorOf } from "../helpers/errors.js";
 
 const rnd = seededRandom(3);

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { KvmeshError } from "../../src/errors.js";
-import type { BindingEvent } from "../../src/replica-events.js";
+import { KvmeshError } from "../../src/core/errors.js";
+import type { BindingEvent } from "../../src/core/replica-events.js";
 import { makeService, storedBatch, tokens, worker } from "../helpers/core-fixtures.js";
 
 describe("session affinity through the service", () => {

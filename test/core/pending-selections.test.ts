@@ -4,9 +4,9 @@ import {
   DEFAULT_PENDING_MAX_ENTRIES,
   DEFAULT_PENDING_TTL_MS,
   PendingSelections,
-} from "../../src/pending-selections.js";
-import { ManualClock } from "../../src/clock.js";
-import { KvmeshError } from "../../src/errors.js";
+} from "../../src/core/pending-selections.js";
+import { ManualClock } from "../../src/core/clock.js";
+import { KvmeshError } from "../../src/core/errors.js";
 
 function make(overrides: { ttlMs?: number; maxEntries?: number; maxBytes?: number } = {}, clock = new ManualClock(0)) {
   return new PendingSelections<string>({ clock, ...overrides });

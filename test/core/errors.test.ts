@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
-import { ERROR_CODES, KvmeshError, badRequest } from "../../src/errors.js";
+import { ERROR_CODES, KvmeshError, badRequest } from "../../src/core/errors.js";
 
 describe("error registry", () => {
   it("gives every error its kind and HTTP status from the registry", () => {

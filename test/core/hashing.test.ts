@@ -6,9 +6,9 @@ import {
   computeBlockHashes,
   computeSequenceHashes,
   completeBlockCount,
-} from "../../src/hashing.js";
-import { hashListFromBigInts, hashListToBigInts } from "../../src/hash64.js";
-import { KvmeshError } from "../../src/errors.js";
+} from "../../src/core/hashing.js";
+import { hashListFromBigInts, hashListToBigInts } from "../../src/core/hash64.js";
+import { KvmeshError } from "../../src/core/errors.js";
 
 const U64 = (v: bigint): bigint => BigInt.asUintN(64, v);
 

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { BLOCK, makeService, removedBatch, storedBatch, tokens, worker } from "../helpers/core-fixtures.js";
 import { kvmeshErrorOf } from "../helpers/errors.js";
-import { SelectionService } from "../../src/selection-service.js";
+import { SelectionService } from "../../src/core/selection-service.js";
 
 const code = (fn: () => unknown): string => {
   const e = kvmeshErrorOf(fn);

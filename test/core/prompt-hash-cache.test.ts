@@ -1,8 +1,8 @@
 import { describe, it, expect } from "vitest";
-import { seededRandom, type Random } from "../../src/clock.js";
-import { KvmeshError } from "../../src/errors.js";
-import { computeBlockHashes, computeSequenceHashes, saltSeed } from "../../src/hashing.js";
-import { DEFAULT_PROMPT_HASH_CACHE_BLOCKS, PromptHashCache, promptBlockKey, type PromptHashOptions } from "../../src/prompt-hash-cache.js";
+import { seededRandom, type Random } from "../../src/core/clock.js";
+import { KvmeshError } from "../../src/core/errors.js";
+import { computeBlockHashes, computeSequenceHashes, saltSeed } from "../../src/core/hashing.js";
+import { DEFAULT_PROMPT_HASH_CACHE_BLOCKS, PromptHashCache, promptBlockKey, type PromptHashOptions } from "../../src/core/prompt-hash-cache.js";
 
 function reference(tokens: readonly number[], blockSize: number, isEagle: boolean, opts: PromptHashOptions = {}): { localHashes: Uint32Array; seqHashes: Uint32Array } {
   const localHashes = computeBlockHashes(tokens, blockSize, { ...opts, isEagle });

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
-import { ManualClock, seededRandom } from "../../src/clock.js";
-import { hashListFromBigInts, type HashList } from "../../src/hash64.js";
-import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, LoadLedger } from "../../src/load-ledger.js";
+import { ManualClock, seededRandom } from "../../src/core/clock.js";
+import { hashListFromBigInts, type HashList } from "../../src/core/hash64.js";
+import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, LoadLedger } from "../../src/core/load-ledger.js";
 import { codeOf } from "../helpers/errors.js";
 
 /** Hashes with the high word set, so (hi, lo) pairs are exercised beyond 2^53. */
