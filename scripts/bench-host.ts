@@ -181,7 +181,7 @@ async function scrape(s: Service): Promise<Scrape> {
   }
   const selLeMs: number[] = [];
   const selCum: number[] = [];
-  for (const m of text.matchAll(/^kvmesh_http_request_duration_seconds_bucket\{route="\/select_and_reserve",le="([^"]+)"\} (\S+)$/gm)) {
+  for (const m of text.matchAll(/^kvmesh_http_request_duration_seconds_bucket\{le="([^"]+)",route="\/select_and_reserve"\} (\S+)$/gm)) {
     selLeMs.push(m[1] === "+Inf" ? Infinity : Number(m[1]) * 1000);
     selCum.push(Number(m[2]));
   }

@@ -7,7 +7,10 @@ import type { Logger } from "pino";
 import { KvmeshError } from "./core/errors.js";
 import { KvIngest } from "./ingest/kv-ingest.js";
 import { raiseZmqSocketLimit } from "./ingest/zmq-socket-limit.js";
-import { Metrics } from "./http/metrics.js";
+import { HttpMetrics } from "./http/metrics.js";
+import { registerIngestMetrics } from "./metrics/ingest-metrics.js";
+import { createMetricsRegistry } from "./metrics/registry.js";
+import { registerServiceMetrics } from "./metrics/service-metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "./http/server.js";
 import { ReplicaMesh } from "../mesh/replica-mesh.js";
 import type { MeshCurveConfig } from "../mesh/curve.js";
@@ -215,11 +218,13 @@ export async function startDaemon(config: DaemonConfig, logger: Logger, hooks: D
       throw err;
     }
   }
-  const metrics = new Metrics({
-    service,
-    ingestStats: () => ingest.stats(),
-    ...(mesh === undefined ? {} : { extra: () => mesh.metricsText() }),
-  });
+  // One registry per daemon (several run in one test process); each component adds its series.
+  const registry = createMetricsRegistry();
+  const metrics = new HttpMetrics(registry);
+  registerServiceMetrics(registry, service, { moreSelectionErrors: () => metrics.selectionErrors });
+  registerIngestMetrics(registry, () => ingest.stats());
+  // Bridge until the mesh registers its own series on the registry (mesh/mesh-metrics.ts).
+  if (mesh !== undefined) registry.appendText(() => mesh.metricsText());
   let http: RunningHttpServer;
   try {
     http = await startHttpServer({

@@ -18,7 +18,7 @@ import { LogThrottle } from "../util/log-throttle.js";
 import type { SelectionService } from "../core/selection-service.js";
 import { handleClientErrors } from "./client-error.js";
 import { JsonDepthError, parseJsonBytes, stringifyJson } from "./json.js";
-import type { Metrics } from "./metrics.js";
+import type { HttpMetrics } from "./metrics.js";
 import { authFailureOf, checkBearer, requiresApiToken, wwwAuthenticateFor, type ApiToken } from "./auth.js";
 import { SessionBindingsHttp } from "./session-bindings.js";
 import {
@@ -68,7 +68,8 @@ export interface HttpServerOptions {
   host: string;
   port: number;
   logger: Logger;
-  metrics: Metrics;
+  /** The HTTP series; GET /metrics serves `metrics.registry`, which holds every component's. */
+  metrics: HttpMetrics;
   bodyLimitBytes?: number;
   /** Slow-client bounds (tests shorten them); defaults DEFAULT_*_TIMEOUT_MS. */
   timeouts?: HttpTimeouts;
@@ -257,7 +258,7 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp): Route
       method: "GET",
       pattern: "/metrics",
       body: "none",
-      handle: () => ({ status: 200, body: undefined, text: { body: o.metrics.render() + bindings.metricsText(), contentType: o.metrics.contentType } }),
+      handle: async () => ({ status: 200, body: undefined, text: { body: await o.metrics.registry.metrics(), contentType: o.metrics.registry.contentType } }),
     },
   ];
 }
@@ -325,7 +326,7 @@ class HttpApi {
     this.#o = o;
     this.#log = o.logger.child({ component: "http" });
     // Host replication's HTTP side (409 on its routes unless the service has a writer id).
-    this.#bindings = new SessionBindingsHttp({ service: o.service, logger: this.#log.child({ component: "session-bindings" }) });
+    this.#bindings = new SessionBindingsHttp({ service: o.service, logger: this.#log.child({ component: "session-bindings" }), registry: o.metrics.registry });
     this.#router = new Router(buildRoutes(o, this.#bindings));
     this.#limit = o.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES;
     if (!(Number.isInteger(this.#limit) && this.#limit > 0)) throw new RangeError(`bodyLimitBytes must be a positive integer, got ${this.#limit}`);

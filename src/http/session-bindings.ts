@@ -26,6 +26,7 @@
 import { randomBytes } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Logger } from "pino";
+import type { Registry } from "prom-client";
 
 import type { Clock } from "../core/clock.js";
 import { KvmeshError, badRequest, invalidField } from "../core/errors.js";
@@ -33,6 +34,7 @@ import type { BindingEvent } from "../core/replica-events.js";
 import type { SelectionService } from "../core/selection-service.js";
 import type { SessionBindingInput, SessionBindingOutcome } from "../core/session-binding-input.js";
 import type { SessionBindingSubscription } from "../core/session-binding-stream.js";
+import { collectedCounter, collectedGauge } from "../metrics/collected.js";
 import { stringifyJson } from "./json.js";
 
 /** Batches the replay ring keeps (at ~2 batches per routed request burst, minutes of traffic). */
@@ -166,6 +168,8 @@ export interface SessionBindingsHttpOptions {
   readonly heartbeatMs?: number;
   /** Bound of the relay's own library subscription (default DEFAULT_MAX_PENDING_BINDINGS). */
   readonly maxPendingBindings?: number;
+  /** Where the relay's series go while it runs (only when host replication is on). */
+  readonly registry?: Registry;
 }
 
 export interface SessionBindingsHttpStats {
@@ -186,6 +190,7 @@ export class SessionBindingsHttp {
   #sub: SessionBindingSubscription | undefined;
   #timer: NodeJS.Timeout | undefined;
   #closed = false;
+  #unregisterMetrics: (() => void) | undefined;
   readonly stats: SessionBindingsHttpStats = { batches: 0, bindings: 0, resyncs: 0, streamsOpened: 0, streamsExpired: 0 };
 
   constructor(o: SessionBindingsHttpOptions) {
@@ -208,6 +213,7 @@ export class SessionBindingsHttp {
     // Ticks every heartbeat; a stream silent for half of one gets a line: idle gaps stay within 1.5x.
     this.#timer = setInterval(this.#heartbeat, this.#heartbeatMs);
     this.#timer.unref();
+    if (o.registry !== undefined) this.#unregisterMetrics = this.#registerMetrics(o.registry, this.#ring);
   }
 
   get enabled(): boolean {
@@ -274,21 +280,26 @@ export class SessionBindingsHttp {
     if (this.#timer !== undefined) clearInterval(this.#timer);
     this.#endStreams();
     void this.#sub?.return();
+    // A server started again on the same registry registers them anew.
+    this.#unregisterMetrics?.();
   }
 
-  /** Prometheus text for the relay (appended to /metrics). */
-  metricsText(): string {
-    if (this.#ring === undefined) return "";
-    const lines: string[] = [];
-    const one = (name: string, type: "counter" | "gauge", help: string, v: number): void => {
-      lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`, `${name} ${v}`);
+  /** The relay's series, read at scrape time; returns their removal. */
+  #registerMetrics(registry: Registry, ring: BindingReplayRing): () => void {
+    const gauges = [
+      { name: "kvmesh_session_bindings_stream_clients", help: "Open GET /session_bindings/updates streams.", read: () => this.#clients.size },
+      { name: "kvmesh_session_bindings_replay_ring_batches", help: "Batches held in the replay ring.", read: () => ring.size },
+    ];
+    const counters = [
+      { name: "kvmesh_session_bindings_stream_batches_total", help: "Binding batches added to the replay ring.", read: () => this.stats.batches },
+      { name: "kvmesh_session_bindings_stream_resyncs_total", help: "Snapshot batches added after the relay's queue shed bindings.", read: () => this.stats.resyncs },
+      { name: "kvmesh_session_bindings_stream_expired_total", help: "Streams ended because their reader fell behind the replay ring.", read: () => this.stats.streamsExpired },
+    ];
+    for (const g of gauges) collectedGauge(registry, g, g.read);
+    for (const c of counters) collectedCounter(registry, c, c.read);
+    return () => {
+      for (const m of [...gauges, ...counters]) registry.removeSingleMetric(m.name);
     };
-    one("kvmesh_session_binding_stream_clients", "gauge", "Open GET /session_bindings/updates streams.", this.#clients.size);
-    one("kvmesh_session_binding_stream_batches_total", "counter", "Binding batches added to the replay ring.", this.stats.batches);
-    one("kvmesh_session_binding_stream_resyncs_total", "counter", "Snapshot batches added after the relay's queue shed bindings.", this.stats.resyncs);
-    one("kvmesh_session_binding_stream_expired_total", "counter", "Streams ended because their reader fell behind the replay ring.", this.stats.streamsExpired);
-    one("kvmesh_session_binding_replay_ring_batches", "gauge", "Batches held in the replay ring.", this.#ring.size);
-    return lines.join("\n") + "\n";
   }
 
   #requireRing(): BindingReplayRing {

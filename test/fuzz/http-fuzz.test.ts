@@ -19,9 +19,9 @@ import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemo
 import { ERROR_CODES } from "../../src/core/errors.js";
 import { parseJson } from "../../src/http/json.js";
 import { DEFAULT_BODY_LIMIT_BYTES, DEFAULT_HEADERS_TIMEOUT_MS, DEFAULT_KEEP_ALIVE_TIMEOUT_MS, DEFAULT_REQUEST_TIMEOUT_MS } from "../../src/http/server.js";
-import { Metrics } from "../../src/http/metrics.js";
 import { startHttpServer, type MeshControl } from "../../src/http/server.js";
 import { makeService } from "../helpers/core-fixtures.js";
+import { testMetrics } from "../helpers/http-client.js";
 import { parsePeerEndpoint } from "../../mesh/endpoints.js";
 import {
   EDGE_INTEGERS,
@@ -668,7 +668,7 @@ describe("HTTP fuzz", () => {
       host: "127.0.0.1",
       port: 0,
       logger: pino({ level: "silent" }),
-      metrics: new Metrics({ service: svc }),
+      metrics: testMetrics(svc),
       timeouts: { headersMs: 300, requestMs: 600, keepAliveMs: 200, checkIntervalMs: 50 },
     });
     try {

@@ -2,7 +2,10 @@
 import { pino, type Logger } from "pino";
 
 import { parseJson, stringifyJson } from "../../src/http/json.js";
-import { Metrics } from "../../src/http/metrics.js";
+import { HttpMetrics } from "../../src/http/metrics.js";
+import { registerIngestMetrics } from "../../src/metrics/ingest-metrics.js";
+import { createMetricsRegistry } from "../../src/metrics/registry.js";
+import { registerServiceMetrics } from "../../src/metrics/service-metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "../../src/http/server.js";
 import type { KvRankStats } from "../../src/ingest/kv-ingest.js";
 import type { SelectionService } from "../../src/core/selection-service.js";
@@ -19,7 +22,7 @@ export interface HttpResult {
 
 export interface TestServer {
   readonly svc: SelectionService;
-  readonly metrics: Metrics;
+  readonly metrics: HttpMetrics;
   readonly server: RunningHttpServer;
   readonly base: string;
   /** `body` is serialized with stringifyJson (bigints exact) unless it is already a string. */
@@ -37,7 +40,7 @@ export interface TestServerOptions {
 
 export async function startTestServer(o: TestServerOptions = {}): Promise<TestServer> {
   const svc = o.svc ?? makeService().svc;
-  const metrics = new Metrics({ service: svc, ...(o.ingestStats === undefined ? {} : { ingestStats: o.ingestStats }) });
+  const metrics = testMetrics(svc, o.ingestStats);
   const server = await startHttpServer({
     service: svc,
     host: "127.0.0.1",
@@ -65,4 +68,13 @@ export async function startTestServer(o: TestServerOptions = {}): Promise<TestSe
     return { status: res.status, headers: res.headers, text, json };
   };
   return { svc, metrics, server, base, call, close: () => server.close() };
+}
+
+/** A registry wired as the daemon wires it (without the mesh), and the HTTP series on it. */
+export function testMetrics(svc: SelectionService, ingestStats?: () => readonly KvRankStats[]): HttpMetrics {
+  const registry = createMetricsRegistry();
+  const metrics = new HttpMetrics(registry);
+  registerServiceMetrics(registry, svc, { moreSelectionErrors: () => metrics.selectionErrors });
+  if (ingestStats !== undefined) registerIngestMetrics(registry, ingestStats);
+  return metrics;
 }

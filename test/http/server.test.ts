@@ -7,10 +7,9 @@ import { afterEach, describe, expect, it } from "vitest";
 import { KvmeshError } from "../../src/core/errors.js";
 import { hashListToBigInts } from "../../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
-import { Metrics } from "../../src/http/metrics.js";
 import { DEFAULT_BODY_LIMIT_BYTES, startHttpServer, type MeshControl } from "../../src/http/server.js";
 import { BLOCK, makeService, storedBatch, tokens, worker } from "../helpers/core-fixtures.js";
-import { startTestServer, type TestServer, type TestServerOptions } from "../helpers/http-client.js";
+import { startTestServer, testMetrics, type TestServer, type TestServerOptions } from "../helpers/http-client.js";
 
 const cleanups: (() => Promise<void>)[] = [];
 afterEach(async () => {
@@ -505,7 +504,7 @@ describe("HTTP API: metrics and lifecycle", () => {
     expect(text).toContain(`kvmesh_http_requests_total{route="/reservations/:id",status="404"} 1`);
     expect(text).toContain(`kvmesh_http_requests_total{route="unmatched",status="404"} 1`);
     expect(text).toContain(`kvmesh_http_requests_total{route="/workers",status="201"} 2`);
-    expect(text).toMatch(/kvmesh_http_request_duration_seconds_bucket\{route="\/select",le="\+Inf"\} 2\n/);
+    expect(text).toMatch(/kvmesh_http_request_duration_seconds_bucket\{le="\+Inf",route="\/select"\} 2\n/);
     expect(text).toMatch(/kvmesh_http_request_duration_seconds_count\{route="\/select"\} 2\n/);
     expect(text).toContain("# TYPE kvmesh_http_request_duration_seconds histogram");
     expect(text).toContain("kvmesh_selections_total 2\n");
@@ -520,20 +519,22 @@ describe("HTTP API: metrics and lifecycle", () => {
     expect(text).not.toContain("no/such");
   });
 
-  it("renders bucket counts cumulatively and appends extra text", () => {
-    const m = new Metrics({ service: makeService().svc, extra: () => "mesh_peers 3" });
+  it("renders bucket counts cumulatively and appends extra text", async () => {
+    const m = testMetrics(makeService().svc);
+    m.registry.appendText(() => "mesh_peers 3");
     m.observeRequest("/x", 200, 0.03);
     m.observeRequest("/x", 200, 2);
     m.observeRequest("/x", 500, 5000);
-    const text = m.render();
-    expect(text).toContain(`kvmesh_http_request_duration_seconds_bucket{route="/x",le="0.00005"} 1\n`);
-    expect(text).toContain(`kvmesh_http_request_duration_seconds_bucket{route="/x",le="0.0025"} 2\n`);
-    expect(text).toContain(`kvmesh_http_request_duration_seconds_bucket{route="/x",le="1"} 2\n`);
-    expect(text).toContain(`kvmesh_http_request_duration_seconds_bucket{route="/x",le="+Inf"} 3\n`);
+    const text = await m.registry.metrics();
+    // prom-client writes `le` before the other labels (label order carries no meaning).
+    expect(text).toContain(`kvmesh_http_request_duration_seconds_bucket{le="0.00005",route="/x"} 1\n`);
+    expect(text).toContain(`kvmesh_http_request_duration_seconds_bucket{le="0.0025",route="/x"} 2\n`);
+    expect(text).toContain(`kvmesh_http_request_duration_seconds_bucket{le="1",route="/x"} 2\n`);
+    expect(text).toContain(`kvmesh_http_request_duration_seconds_bucket{le="+Inf",route="/x"} 3\n`);
     expect(text).toContain(`kvmesh_http_requests_total{route="/x",status="500"} 1\n`);
     expect(text.endsWith("mesh_peers 3\n")).toBe(true);
     m.observeRequest('a"b\\c\nd', 200, 1);
-    expect(m.render()).toContain(`route="a\\"b\\\\c\\nd"`);
+    expect(await m.registry.metrics()).toContain(`route="a\\"b\\\\c\\nd"`);
   });
 
   it("close() drops idle keep-alive sockets at once so the port is reusable", async () => {

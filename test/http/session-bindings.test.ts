@@ -6,13 +6,12 @@ import { afterEach, describe, expect, it } from "vitest";
 
 import { ManualClock } from "../../src/core/clock.js";
 import { parseJson } from "../../src/http/json.js";
-import { Metrics } from "../../src/http/metrics.js";
 import { startHttpServer } from "../../src/http/server.js";
 import { BindingReplayRing, NDJSON_CONTENT_TYPE, SessionBindingsHttp } from "../../src/http/session-bindings.js";
 import { SelectionService } from "../../src/core/selection-service.js";
 import { makeService, tokens, worker } from "../helpers/core-fixtures.js";
 import { kvmeshErrorOf } from "../helpers/errors.js";
-import { startTestServer, type TestServer } from "../helpers/http-client.js";
+import { startTestServer, testMetrics, type TestServer } from "../helpers/http-client.js";
 import { waitFor } from "../helpers/wait.js";
 
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -89,7 +88,7 @@ describe("HTTP host replication: disabled", () => {
     const post = await t.call("POST", "/session_bindings", { bindings: [] });
     expect(post.status).toBe(409);
     expect(obj(post.json).code).toBe("KVMESH_HOST_REPLICATION_DISABLED");
-    expect((await t.call("GET", "/metrics")).text).not.toContain("kvmesh_session_binding_stream_clients");
+    expect((await t.call("GET", "/metrics")).text).not.toContain("kvmesh_session_bindings_stream_clients");
   });
 });
 
@@ -130,10 +129,10 @@ describe("HTTP host replication: stream and apply", () => {
     const metrics = (await a.call("GET", "/metrics")).text;
     expect(metrics).toMatch(/^kvmesh_session_bindings_published_total 2$/m);
     expect(metrics).toMatch(/^kvmesh_session_bindings_dropped_total 0$/m);
-    expect(metrics).toMatch(/^kvmesh_session_binding_stream_clients 1$/m);
+    expect(metrics).toMatch(/^kvmesh_session_bindings_stream_clients 1$/m);
     s.close();
     await s.ended;
-    await waitFor(async () => /^kvmesh_session_binding_stream_clients 0$/m.test((await a.call("GET", "/metrics")).text), 2_000, "the stream to be gone");
+    await waitFor(async () => /^kvmesh_session_bindings_stream_clients 0$/m.test((await a.call("GET", "/metrics")).text), 2_000, "the stream to be gone");
   });
 
   it("refuses a bad body with a 4xx naming the field, and applies nothing from it", async () => {
@@ -174,9 +173,9 @@ describe("HTTP host replication: stream and apply", () => {
     await first.ended;
     // While nobody listens: two bindings, in two batches.
     await a.call("POST", "/select_and_reserve", { token_ids: tokens(2, 1), session_id: "s1", selection_id: "r1" });
-    await waitFor(async () => /^kvmesh_session_binding_stream_batches_total 1$/m.test((await a.call("GET", "/metrics")).text), 2_000, "the first batch in the ring");
+    await waitFor(async () => /^kvmesh_session_bindings_stream_batches_total 1$/m.test((await a.call("GET", "/metrics")).text), 2_000, "the first batch in the ring");
     await a.call("POST", "/select_and_reserve", { token_ids: tokens(2, 2), session_id: "s2", selection_id: "r2" });
-    await waitFor(async () => /^kvmesh_session_binding_stream_batches_total 2$/m.test((await a.call("GET", "/metrics")).text), 2_000, "the second batch in the ring");
+    await waitFor(async () => /^kvmesh_session_bindings_stream_batches_total 2$/m.test((await a.call("GET", "/metrics")).text), 2_000, "the second batch in the ring");
 
     const resumed = await openStream(a, `?cursor=${c0}`);
     await waitFor(() => resumed.lines.length >= 2, 2_000, "the missed batches");
@@ -220,7 +219,7 @@ describe("HTTP host replication: stream and apply", () => {
       a.svc.selectAndReserve({ token_ids: tokens(1, i), session_id: `s${i}` });
       await new Promise<void>((resolve) => setImmediate(resolve));
     }
-    await waitFor(async () => /^kvmesh_session_binding_stream_batches_total 4097$/m.test((await a.call("GET", "/metrics")).text), 5_000, "every batch in the ring");
+    await waitFor(async () => /^kvmesh_session_bindings_stream_batches_total 4097$/m.test((await a.call("GET", "/metrics")).text), 5_000, "every batch in the ring");
     const r = await a.call("GET", `/session_bindings/updates?cursor=${c0}`);
     expect(r.status).toBe(410);
     expect(obj(r.json).code).toBe("KVMESH_CURSOR_EXPIRED");
@@ -231,7 +230,7 @@ describe("HTTP host replication: stream and apply", () => {
 
   it("a stream outlives the server's request and header timeouts", async () => {
     const svc = hostSvc(1n);
-    const metrics = new Metrics({ service: svc });
+    const metrics = testMetrics(svc);
     const server = await startHttpServer({ service: svc, host: "127.0.0.1", port: 0, logger: pino({ level: "silent" }), metrics, timeouts: { requestMs: 100, headersMs: 100, checkIntervalMs: 25 } });
     cleanups.push(() => server.close());
     const t = { base: `http://127.0.0.1:${server.port}` } as TestServer;

@@ -148,7 +148,7 @@ describe("host replication between two daemons", () => {
       // And back: B moves the session to worker 1 (soft mode), A follows.
       await call(b, "POST", "/select_and_reserve", JSON.stringify({ token_ids: [1, 2, 3, 4], session_id: "conv", allowed_worker_ids: [1] }));
       await waitFor(async () => (JSON.parse((await call(a, "POST", "/select", probe)).text) as { worker_id: number }).worker_id === 1, 5_000, "A to follow the rebind");
-      expect((await call(a, "GET", "/metrics")).text).toMatch(/^kvmesh_session_binding_stream_clients 1$/m);
+      expect((await call(a, "GET", "/metrics")).text).toMatch(/^kvmesh_session_bindings_stream_clients 1$/m);
     } finally {
       for (const stop of stops) stop();
     }

@@ -1,0 +1,29 @@
+/**
+ * Per worker rank KV-event ingest series, read at scrape time from the listeners' own counters.
+ * Labelled by worker id and dp rank only (bounded by the fleet), never by anything per request.
+ */
+import type { Registry } from "prom-client";
+
+import type { KvRankStats } from "../ingest/kv-ingest.js";
+import { collectedLabelledCounter, type LabelledSample } from "./collected.js";
+
+type RankCounters = KvRankStats["stats"];
+type RankLabel = "worker_id" | "dp_rank";
+
+const RANK_COUNTERS: readonly (readonly [name: string, help: string, pick: (s: RankCounters) => number])[] = [
+  ["kvmesh_kv_batches_received_total", "Live KV-event messages received per worker rank.", (s) => s.received],
+  ["kvmesh_kv_batches_applied_total", "KV-event batches applied per worker rank (live and replayed).", (s) => s.applied],
+  ["kvmesh_kv_batches_replayed_total", "KV-event batches recovered through replay.", (s) => s.replayed],
+  ["kvmesh_kv_batches_malformed_total", "Undecodable KV-event messages.", (s) => s.malformed],
+  ["kvmesh_kv_batches_stale_total", "KV-event messages behind the sequence cursor, dropped.", (s) => s.stale],
+  ["kvmesh_kv_batches_lost_total", "KV-event sequence numbers never received.", (s) => s.lost],
+  ["kvmesh_kv_publisher_resets_total", "KV-event publisher restarts detected.", (s) => s.resets],
+];
+
+export function registerIngestMetrics(registry: Registry, ingestStats: () => readonly KvRankStats[]): void {
+  for (const [name, help, pick] of RANK_COUNTERS) {
+    collectedLabelledCounter<RankLabel>(registry, { name, help }, ["worker_id", "dp_rank"], function* (): Iterable<LabelledSample<RankLabel>> {
+      for (const r of ingestStats()) yield [{ worker_id: r.workerId, dp_rank: String(r.rank) }, pick(r.stats)];
+    });
+  }
+}

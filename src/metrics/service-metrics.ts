@@ -1,0 +1,67 @@
+/**
+ * The selection core's series, all read at scrape time from its plain counters and sizes: the
+ * select path never calls prom-client.
+ */
+import type { Registry } from "prom-client";
+
+import type { SelectionService, ServiceStats } from "../core/selection-service.js";
+import { collectedCounter, collectedGauge } from "./collected.js";
+
+/** What the metrics read from the service: read-only views only. */
+export type ServiceMetricsSource = Pick<SelectionService, "sizes" | "parkedBindings" | "sessionBindingSubscribers" | "reservationCount"> & {
+  readonly stats: Readonly<ServiceStats>;
+};
+
+export interface ServiceMetricsOptions {
+  /** Failed selections counted outside the service (the HTTP layer), added to kvmesh_selection_errors_total. */
+  readonly moreSelectionErrors?: () => number;
+}
+
+type Sizes = ReturnType<SelectionService["sizes"]>;
+
+const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: keyof ServiceStats])[] = [
+  ["kvmesh_selections_total", "Workers selected (select and select_and_reserve).", "selections"],
+  ["kvmesh_reservations_total", "Bookings made by this replica.", "reservations"],
+  ["kvmesh_kv_events_applied_total", "Worker KV events applied to the prefix index.", "kvEventsApplied"],
+  ["kvmesh_kv_events_dropped_total", "Worker KV events dropped (unknown rank, block size or parent mismatch).", "kvEventsDropped"],
+  ["kvmesh_replica_events_applied_total", "Peer load events applied.", "replicaEventsApplied"],
+  ["kvmesh_replica_events_ignored_total", "Peer load events ignored (duplicate, unknown partition or rank, tombstoned).", "replicaEventsIgnored"],
+  ["kvmesh_bindings_applied_total", "Peer session bindings applied.", "bindingsApplied"],
+  ["kvmesh_bindings_ignored_total", "Peer session bindings ignored or rejected.", "bindingsIgnored"],
+  ["kvmesh_expired_requests_total", "Bookings force-freed after the active-request expiry.", "expiredRequests"],
+  ["kvmesh_reservations_refused_total", "Bookings refused (429) at the live-booking limit (--max-reservations).", "reservationsRefused"],
+  ["kvmesh_bindings_parked_total", "Peer bindings parked because their worker or partition was not known yet.", "bindingsParked"],
+  ["kvmesh_bindings_unparked_total", "Parked bindings applied once their worker registered.", "bindingsUnparked"],
+  ["kvmesh_parked_bindings_expired_total", "Parked bindings dropped after their TTL without the worker appearing.", "parkedBindingsExpired"],
+  ["kvmesh_parked_bindings_shed_total", "Parked bindings shed because the parking table was full.", "parkedBindingsShed"],
+  ["kvmesh_session_bindings_published_total", "Session bindings this replica committed, rebound or refreshed.", "bindingsPublished"],
+  ["kvmesh_session_bindings_dropped_total", "Bindings shed by full sessionBindingUpdates() queues (host replication; repaired by a snapshot).", "droppedBindings"],
+];
+
+const SIZE_GAUGES: readonly (readonly [name: string, help: string, key: keyof Sizes])[] = [
+  ["kvmesh_partitions", "Partitions (model_name, routing_group).", "partitions"],
+  ["kvmesh_index_blocks", "(rank, block) entries in the prefix indexes.", "indexedBlocks"],
+  ["kvmesh_index_nodes", "Nodes in the prefix indexes.", "indexNodes"],
+  ["kvmesh_affinity_entries", "Session bindings held.", "affinityEntries"],
+  ["kvmesh_pending_selections", "Cached selections awaiting POST /reservations.", "pendingSelections"],
+];
+
+const SIZE_COUNTERS: readonly (readonly [name: string, help: string, key: keyof Sizes])[] = [
+  ["kvmesh_affinity_fallbacks_total", "Sessions routed unpinned because the affinity table was full.", "affinityFallbacks"],
+  ["kvmesh_pending_selection_evictions_total", "Cached selections evicted (entry or byte bound) before use.", "pendingEvictions"],
+  ["kvmesh_reorder_state_shed_total", "Tombstones or early prefill marks shed at their bound.", "reorderShed"],
+];
+
+export function registerServiceMetrics(registry: Registry, svc: ServiceMetricsSource, options: ServiceMetricsOptions = {}): void {
+  // svc.stats is read at each scrape, never captured: the facade may hand out a fresh view each time.
+  for (const [name, help, key] of STAT_COUNTERS) collectedCounter(registry, { name, help }, () => svc.stats[key]);
+  const more = options.moreSelectionErrors;
+  collectedCounter(registry, { name: "kvmesh_selection_errors_total", help: "Selections that failed." }, () => svc.stats.selectionErrors + (more?.() ?? 0));
+  collectedGauge(registry, { name: "kvmesh_parked_bindings", help: "Peer bindings parked now." }, () => svc.parkedBindings);
+  collectedGauge(registry, { name: "kvmesh_session_bindings_subscribers", help: "Live sessionBindingUpdates() subscriptions." }, () => svc.sessionBindingSubscribers);
+  collectedGauge(registry, { name: "kvmesh_reservations_active", help: "Live bookings (local and mirrored from peers)." }, () => svc.reservationCount);
+
+  // sizes() walks the partitions (a handful: one per model and routing group), once per family.
+  for (const [name, help, key] of SIZE_GAUGES) collectedGauge(registry, { name, help }, () => svc.sizes()[key]);
+  for (const [name, help, key] of SIZE_COUNTERS) collectedCounter(registry, { name, help }, () => svc.sizes()[key]);
+}
