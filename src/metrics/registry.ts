@@ -38,6 +38,13 @@ export class MetricsRegistry extends Registry {
   }
 }
 
+/**
+ * Default-collector gauges promtool rejects ("non-counter metrics should not have _total suffix",
+ * prometheus/client_js#283, open): each is the sum of its labelled family (`nodejs_active_handles`
+ * by type, ...), which `sum without (type) (...)` gives in PromQL.
+ */
+const DROPPED_DEFAULT_METRICS = ["nodejs_active_handles_total", "nodejs_active_requests_total", "nodejs_active_resources_total"] as const;
+
 export interface MetricsRegistryOptions {
   /** Labels of kvmesh_build_info (default: this package's version and the running Node). */
   readonly build?: Partial<BuildInfo>;
@@ -50,6 +57,7 @@ export interface MetricsRegistryOptions {
 export function createMetricsRegistry(options: MetricsRegistryOptions = {}): MetricsRegistry {
   const registry = new MetricsRegistry();
   collectDefaultMetrics({ register: registry });
+  for (const name of DROPPED_DEFAULT_METRICS) registry.removeSingleMetric(name);
   registerBuildInfo(registry, options.build);
   return registry;
 }
