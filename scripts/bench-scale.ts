@@ -56,7 +56,7 @@ log(`bench:scale (${config.label}): ${config.stress ? `stress, rates ${config.st
 const points: ScalePoint[] = [];
 let stress: StressResult | null = null;
 if (config.stress) {
-  stress = await runStress({ rates: config.stressRates, seconds: config.stressSeconds, warmupSeconds: config.warmupSeconds, workers: config.workers, lagTargetMs: config.lagTargetMs, log });
+  stress = await runStress({ rates: config.stressRates, seconds: config.stressSeconds, warmupSeconds: config.warmupSeconds, workers: config.workers, lagTargetMs: config.lagTargetMs, retries: config.stressRetries, log });
 } else {
   for (const peers of config.peerCounts) {
     points.push(...(await runHttpPoints({ peers, rates: config.rates, seconds: config.seconds, warmupSeconds: config.warmupSeconds, workers: config.workers, sessions: config.sessions, seed: config.seed, log })));

@@ -22,6 +22,11 @@ export const DEFAULT_SVG = "reports/bench-scale.svg";
  */
 export const DEFAULT_STRESS_RATES: readonly number[] = [500, 700, 1_000, 1_400, 2_000, 2_800, 4_000, 5_600, 8_000, 11_000, 16_000, 22_000, 32_000, 45_000];
 export const DEFAULT_STRESS_SECONDS = 5;
+/**
+ * A failed stress step is measured once more before the run ends: on a shared 2-core machine a
+ * neighbour's burst can hold the peer off the CPU for 10-20 ms, which alone breaks a 20 ms p99.
+ */
+export const DEFAULT_STRESS_RETRIES = 1;
 /** The keeping-up criterion: lag p99 at or under this, with 0 gaps and 0 shed. */
 export const DEFAULT_LAG_TARGET_MS = 20;
 
@@ -46,6 +51,7 @@ export interface BenchScaleConfig {
   readonly stress: boolean;
   readonly stressRates: readonly number[];
   readonly stressSeconds: number;
+  readonly stressRetries: number;
   readonly lagTargetMs: number;
 }
 
@@ -94,6 +100,7 @@ export function benchScaleCommand(): Command {
     .addOption(new Option("--stress", "a fake origin in this process publishes synthetic bookings over the mesh sockets to one real peer, raising the rate until the peer falls behind").default(false))
     .addOption(new Option("--stress-rates <list>", "replicated requests/s, tried in order until one fails").argParser(intList(1, MAX_RATE)).default([...DEFAULT_STRESS_RATES], "500,700,...,45000"))
     .addOption(new Option("--stress-seconds <s>", "measured seconds per stress step").argParser(positiveSeconds).default(DEFAULT_STRESS_SECONDS))
+    .addOption(new Option("--stress-retries <n>", "a failed stress step is measured again this many times before the run ends").argParser(integerInRange(0, 10)).default(DEFAULT_STRESS_RETRIES))
     .addOption(new Option("--lag-target-ms <ms>", "keeping up: lag p99 at or under this, 0 gaps, 0 shed").argParser(positiveNumber).default(DEFAULT_LAG_TARGET_MS));
 }
 
@@ -112,6 +119,7 @@ interface RawOptions {
   stress: boolean;
   stressRates: number[];
   stressSeconds: number;
+  stressRetries: number;
   lagTargetMs: number;
 }
 
@@ -134,6 +142,7 @@ export function parseBenchScaleArgs(argv: readonly string[], defaultLabel: strin
     stress: o.stress,
     stressRates: o.stressRates,
     stressSeconds: o.stressSeconds,
+    stressRetries: o.stressRetries,
     lagTargetMs: o.lagTargetMs,
   };
 }

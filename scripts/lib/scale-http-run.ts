@@ -6,6 +6,7 @@
  * times, 20-80 ms to prefill, 200-800 ms to free). The window runs from the first request to
  * the last free; CPU per thread, mesh TCP bytes and mesh metrics are read at its two ends.
  */
+import { loadavg } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import { benchPrompt, BENCH_BLOCK_SIZE } from "../bench-prompts.js";
@@ -178,6 +179,7 @@ export async function runHttpPoints(o: HttpRunOptions): Promise<ScalePoint[]> {
         batchesSent: ow.counters.batchesSent,
         eventsSent: ow.counters.eventsSent,
         loadGeneratorCpuMs: (g1.user + g1.system) / 1000,
+        machineLoad1m: loadavg()[0] ?? Number.NaN,
       });
     }
     return points;

@@ -52,10 +52,14 @@ export interface ScalePoint {
   readonly batchesSent: number;
   readonly eventsSent: number;
   readonly loadGeneratorCpuMs: number;
+  /** 1-minute load average at the end of the window: above the core count, everyone waits. */
+  readonly machineLoad1m: number;
 }
 
 export interface StressStep {
   readonly rate: number;
+  /** 1, or 2 and on for a step measured again after it failed (--stress-retries). */
+  readonly attempt: number;
   readonly requests: number;
   readonly windowMs: number;
   readonly lag: { readonly samples: number; readonly p50Ms: number; readonly p99Ms: number };
@@ -72,6 +76,10 @@ export interface StressStep {
   readonly peer: ReplicaCpu;
   /** The fake origin (this process): CPU cores busy, worst tick gap, most publishes queued. */
   readonly generator: { readonly cores: number; readonly maxTickGapMs: number; readonly maxPendingPublishes: number };
+  /** Published by the fake origin in the window (its batches are cut every 2 ms tick, <= 256 events). */
+  readonly batches: number;
+  readonly events: number;
+  readonly machineLoad1m: number;
   readonly keptUp: boolean;
   readonly why: string;
 }
@@ -118,6 +126,7 @@ export function pointsTable(reports: readonly ScaleReport[]): string {
     ["shed window / total", ({ p }) => `${p.shed} / ${p.shedTotal}`],
     ["gaps / snapshots / resyncs", ({ p }) => `${p.gaps} / ${p.snapshotsInstalled} / ${p.divergenceResyncs}`],
     ["load generator cores", ({ p }) => f(p.loadGeneratorCpuMs / p.windowMs, 2)],
+    ["machine load (1 min)", ({ p }) => f(p.machineLoad1m, 1)],
   ];
   const head = cols.map(({ label, p }) => `${reports.length > 1 ? `${label} ` : ""}${p.rate}/s K=${p.peers}`);
   const w0 = Math.max(...rows.map(([n]) => n.length));
@@ -132,10 +141,10 @@ export function stressTable(reports: readonly ScaleReport[]): string {
     const s = r.stress;
     if (s === null) continue;
     out.push(`${r.label}: stress, one peer (keeping up: lag p99 <= ${s.lagTargetMs} ms, 0 gaps, 0 shed)`);
-    out.push(`${"rate/s".padStart(7)} ${"lag p50/p99 ms".padStart(15)} ${"rsv p99".padStart(8)} ${"gaps".padStart(5)} ${"snap".padStart(5)} ${"shed".padStart(5)} ${"peer main us".padStart(12)} ${"peer all us".padStart(11)} ${"peer main cores".padStart(15)} ${"gen cores".padStart(9)}  verdict`);
+    out.push(`${"rate/s".padStart(7)} ${"lag p50/p99 ms".padStart(15)} ${"rsv p99".padStart(8)} ${"gaps".padStart(5)} ${"snap".padStart(5)} ${"shed".padStart(5)} ${"peer main us".padStart(12)} ${"peer all us".padStart(11)} ${"peer main cores".padStart(15)} ${"ev/batch".padStart(8)} ${"gen cores".padStart(9)} ${"gen stall ms".padStart(12)} ${"load".padStart(5)}  verdict`);
     for (const st of s.steps) {
       out.push(
-        `${String(st.rate).padStart(7)} ${`${f(st.lag.p50Ms, 2)}/${f(st.lag.p99Ms, 2)}`.padStart(15)} ${f(st.peerReservoirP99Ms, 1).padStart(8)} ${String(st.gaps).padStart(5)} ${String(st.snapshotsInstalled).padStart(5)} ${String(st.shed).padStart(5)} ${us(st.peer.mainUs).padStart(12)} ${us(st.peer.allUs).padStart(11)} ${f(st.peer.mainCores, 2).padStart(15)} ${f(st.generator.cores, 2).padStart(9)}  ${st.keptUp ? "kept up" : `behind: ${st.why}`}`,
+        `${`${st.rate}${st.attempt > 1 ? `#${st.attempt}` : ""}`.padStart(7)} ${`${f(st.lag.p50Ms, 2)}/${f(st.lag.p99Ms, 2)}`.padStart(15)} ${f(st.peerReservoirP99Ms, 1).padStart(8)} ${String(st.gaps).padStart(5)} ${String(st.snapshotsInstalled).padStart(5)} ${String(st.shed).padStart(5)} ${us(st.peer.mainUs).padStart(12)} ${us(st.peer.allUs).padStart(11)} ${f(st.peer.mainCores, 2).padStart(15)} ${f(st.events / Math.max(1, st.batches), 1).padStart(8)} ${f(st.generator.cores, 2).padStart(9)} ${f(st.generator.maxTickGapMs, 0).padStart(12)} ${f(st.machineLoad1m, 1).padStart(5)}  ${st.keptUp ? "kept up" : `behind: ${st.why}`}`,
       );
     }
     out.push(
