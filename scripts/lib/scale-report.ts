@@ -141,10 +141,10 @@ export function stressTable(reports: readonly ScaleReport[]): string {
     const s = r.stress;
     if (s === null) continue;
     out.push(`${r.label}: stress, one peer (keeping up: lag p99 <= ${s.lagTargetMs} ms, 0 gaps, 0 shed)`);
-    out.push(`${"rate/s".padStart(7)} ${"lag p50/p99 ms".padStart(15)} ${"rsv p99".padStart(8)} ${"gaps".padStart(5)} ${"snap".padStart(5)} ${"shed".padStart(5)} ${"peer main us".padStart(12)} ${"peer all us".padStart(11)} ${"peer main cores".padStart(15)} ${"ev/batch".padStart(8)} ${"gen cores".padStart(9)} ${"gen stall ms".padStart(12)} ${"load".padStart(5)}  verdict`);
+    out.push(`${"rate/s".padStart(7)} ${"lag p50/p99 ms".padStart(15)} ${"rsv p99".padStart(8)} ${"gaps".padStart(5)} ${"snap".padStart(5)} ${"shed".padStart(5)} ${"peer main us".padStart(12)} ${"peer all us".padStart(11)} ${"peer main cores".padStart(15)} ${"ceiling/s".padStart(9)} ${"ev/batch".padStart(8)} ${"gen cores".padStart(9)} ${"gen stall ms".padStart(12)} ${"load".padStart(5)}  verdict`);
     for (const st of s.steps) {
       out.push(
-        `${`${st.rate}${st.attempt > 1 ? `#${st.attempt}` : ""}`.padStart(7)} ${`${f(st.lag.p50Ms, 2)}/${f(st.lag.p99Ms, 2)}`.padStart(15)} ${f(st.peerReservoirP99Ms, 1).padStart(8)} ${String(st.gaps).padStart(5)} ${String(st.snapshotsInstalled).padStart(5)} ${String(st.shed).padStart(5)} ${us(st.peer.mainUs).padStart(12)} ${us(st.peer.allUs).padStart(11)} ${f(st.peer.mainCores, 2).padStart(15)} ${f(st.events / Math.max(1, st.batches), 1).padStart(8)} ${f(st.generator.cores, 2).padStart(9)} ${f(st.generator.maxTickGapMs, 0).padStart(12)} ${f(st.machineLoad1m, 1).padStart(5)}  ${st.keptUp ? "kept up" : `behind: ${st.why}`}`,
+        `${`${st.rate}${st.attempt > 1 ? `#${st.attempt}` : ""}`.padStart(7)} ${`${f(st.lag.p50Ms, 2)}/${f(st.lag.p99Ms, 2)}`.padStart(15)} ${f(st.peerReservoirP99Ms, 1).padStart(8)} ${String(st.gaps).padStart(5)} ${String(st.snapshotsInstalled).padStart(5)} ${String(st.shed).padStart(5)} ${us(st.peer.mainUs).padStart(12)} ${us(st.peer.allUs).padStart(11)} ${f(st.peer.mainCores, 2).padStart(15)} ${f(1e6 / st.peer.mainUs).padStart(9)} ${f(st.events / Math.max(1, st.batches), 1).padStart(8)} ${f(st.generator.cores, 2).padStart(9)} ${f(st.generator.maxTickGapMs, 0).padStart(12)} ${f(st.machineLoad1m, 1).padStart(5)}  ${st.keptUp ? "kept up" : `behind: ${st.why}`}`,
       );
     }
     out.push(
@@ -152,6 +152,7 @@ export function stressTable(reports: readonly ScaleReport[]): string {
         ? `${r.label}: the peer fell behind at the first rate`
         : `${r.label}: highest rate kept up with: ${s.maxRate} replicated requests/s; peer CPU there ${us(s.atMax.peer.mainUs)} us main thread, ${us(s.atMax.peer.allUs)} us all threads per request`,
     );
+    out.push("ceiling/s: 1 core / the peer's main-thread us per request at that step, the rate at which its event loop alone would saturate (an extrapolation at that step's batch size, not a measurement)");
   }
   return out.join("\n");
 }
