@@ -9,10 +9,10 @@
 import { loadavg } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 
-import { benchPrompt, BENCH_BLOCK_SIZE } from "../bench-prompts.js";
+import { benchPrompt } from "../bench-prompts.js";
 import { SessionWorkload, type TurnPlan } from "../bench-workload.js";
-import { pool } from "../../src/bench/process-usage.js";
 import { ReplicaFleet, type Replica } from "../../src/bench/replica-fleet.js";
+import { registerBenchWorkers } from "./bench-workers.js";
 import { lagQuantiles, meshWindow, parseMeshMetrics, type MeshScrape } from "./mesh-scrape.js";
 import { capacityCurve, mirrorRatio, MODEL_REPLICA_COUNTS } from "./scale-model.js";
 import type { ReplicaCpu, ScalePoint } from "./scale-report.js";
@@ -22,7 +22,6 @@ import { paceTurns } from "./turn-pacer.js";
 
 /** Bindings outlive the run: turns of a session find their worker. */
 const AFFINITY_TTL_SECS = 600;
-const ADMIN_CONCURRENCY = 16;
 const MAX_IN_FLIGHT = 256;
 /** Prompt groups share a 10,000-token prefix (bench-prompts.ts); variants per group. */
 const PROMPT_GROUPS = 64;
@@ -115,14 +114,7 @@ export async function runHttpPoints(o: HttpRunOptions): Promise<ScalePoint[]> {
   try {
     const [origin, ...peers] = fleet.replicas as [Replica, ...Replica[]];
     o.log(`${label}: registering ${o.workers} workers on each replica`);
-    const ids = Array.from({ length: o.workers }, (_, i) => i + 1);
-    await Promise.all(
-      fleet.replicas.map((r) =>
-        pool(ids, ADMIN_CONCURRENCY, async (w) => {
-          await r.client.ok("POST", "/workers", JSON.stringify({ worker_id: w, endpoint: `http://w${w}`, block_size: BENCH_BLOCK_SIZE }));
-        }),
-      ),
-    );
+    await Promise.all(fleet.replicas.map((r) => registerBenchWorkers(r.client, o.workers)));
     const ports = fleet.replicas.flatMap((r) => (r.syncPort === null ? [] : [r.syncPort, r.syncPort + 1]));
     const points: ScalePoint[] = [];
     for (const rate of o.rates) {

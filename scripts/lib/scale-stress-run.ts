@@ -13,10 +13,10 @@ import { loadavg } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import { benchPrompt, BENCH_BLOCK_SIZE, BENCH_PROMPT_TOKENS } from "../bench-prompts.js";
-import { pool } from "../../src/bench/process-usage.js";
 import { freePortPair, ReplicaFleet, type Replica } from "../../src/bench/replica-fleet.js";
 import { mathRandom, type Clock } from "../../src/core/clock.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
+import { registerBenchWorkers } from "./bench-workers.js";
 import { FakeOrigin, randomU64 } from "./fake-origin.js";
 import { lagQuantiles, meshWindow, parseMeshMetrics } from "./mesh-scrape.js";
 import type { ReplicaCpu, StressResult, StressStep } from "./scale-report.js";
@@ -27,7 +27,6 @@ import { threadCpu, threadCpuDelta } from "./thread-cpu.js";
 const TICK_MS = 2;
 /** Distinct prompts whose hashes the bookings carry (16 x 218 hashes, hashed once). */
 const STRESS_PROMPTS = 16;
-const ADMIN_CONCURRENCY = 16;
 const MESH_READY_TIMEOUT_MS = 20_000;
 /** A peer that has not applied a step's batches this long after it ended has fallen behind, ms. */
 const CATCH_UP_TIMEOUT_MS = 2_000;
@@ -216,10 +215,7 @@ export async function runStress(o: StressRunOptions): Promise<StressResult> {
   let gen: Generator | undefined;
   try {
     o.log(`stress: registering ${o.workers} workers on the peer`);
-    const ids = Array.from({ length: o.workers }, (_, i) => i + 1);
-    await pool(ids, ADMIN_CONCURRENCY, async (w) => {
-      await peer.client.ok("POST", "/workers", JSON.stringify({ worker_id: w, endpoint: `http://w${w}`, block_size: BENCH_BLOCK_SIZE }));
-    });
+    await registerBenchWorkers(peer.client, o.workers);
     const originId = randomU64(mathRandom);
     const bookings = new SyntheticBookings({ origin: originId, workers: o.workers, blockSize: BENCH_BLOCK_SIZE, promptTokens: BENCH_PROMPT_TOKENS, prompts: hashedPrompts() });
     origin = await FakeOrigin.bind({ port: await freePortPair(), bookings, wallClock: wall, origin: originId, epoch: randomU64(mathRandom) });
