@@ -1,0 +1,82 @@
+/**
+ * npm run bench:scale — does a mesh of N replicas route N times the traffic of one?
+ *
+ * One origin replica (`kvmesh serve`, mesh on) routes --rate requests/s over HTTP:
+ * select_and_reserve (session id, 14,000-token prompt, block size 64) + prefill_complete + free,
+ * on --workers single-rank workers registered without KV events; --peers K passive peers (real
+ * serve processes meshed with it) only mirror. Per routed request, over a window after a warm-up,
+ * it prints the origin's and every peer's CPU on the main thread (the event loop: tid == pid in
+ * /proc/<pid>/task) and on all threads, the mesh's TCP payload bytes (ss -tin on the replicas'
+ * mesh ports, counted on the listening side), replication lag p50/p99 from the peers' lag
+ * histograms, events shed by the origin, and the modelled capacity
+ * N / (1 + (N-1) x peer_main / origin_main) for N = 2, 4, 8, 16 (scripts/lib/scale-model.ts).
+ * K = 0 is the origin alone: its main-thread time should not grow with K.
+ *
+ * --stress: a fake origin in this process publishes synthetic bookings over the real mesh
+ * sockets to one peer, raising the rate until the peer falls behind (scripts/lib/scale-stress-run.ts),
+ * and reports the highest rate kept up with (lag p99 <= --lag-target-ms, 0 gaps, 0 shed) and the
+ * peer's CPU there.
+ *
+ * --label names the build measured; --compare FILE prints and plots another run's JSON beside
+ * this one (measure the base build with --label before --json reports/bench-scale-before.json,
+ * then the new one with --compare reports/bench-scale-before.json). --help lists every flag.
+ */
+import { execFileSync } from "node:child_process";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { dirname } from "node:path";
+
+import { CLK_TCK } from "../src/bench/process-usage.js";
+import { parseBenchScaleArgs } from "./lib/bench-scale-args.js";
+import { runHttpPoints } from "./lib/scale-http-run.js";
+import { capacitySvg, parseReport, pointsTable, stressTable, type ScaleReport, type ScalePoint, type StressResult } from "./lib/scale-report.js";
+import { runStress } from "./lib/scale-stress-run.js";
+
+const METHOD: readonly string[] = [
+  "CPU: utime+stime from /proc/<pid>/task/<pid>/stat (main thread) and /proc/<pid>/stat (all threads, exited ones included), over the window, divided by the requests routed in it (stress: requests published); peers' figures are per replicated request",
+  "mesh bytes: TCP payload (bytes_acked sent, bytes_received) of established connections on every replica's mesh XPUB and control ports, from `ss -tin`, counted on the listening side; 'origin out' is what the origin's XPUB sent to all its peers",
+  "lag: kvmesh_mesh_replication_lag_seconds (publish-to-receive of batches and heartbeats) delta over the window, all peers, interpolated within buckets (1, 2, 5, 10, 25 ms ...)",
+  "capacity: N / (1 + (N-1) x r), r = mean over peers of peer main-thread us / origin main-thread us per request",
+];
+
+function gitLabel(): string {
+  try {
+    return execFileSync("git", ["describe", "--always", "--dirty"], { encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] }).trim();
+  } catch {
+    return "current";
+  }
+}
+
+const log = (line: string): void => {
+  process.stderr.write(`${line}\n`);
+};
+
+const config = parseBenchScaleArgs(process.argv.slice(2), gitLabel());
+log(`bench:scale (${config.label}): ${config.stress ? `stress, rates ${config.stressRates.join(",")}/s, ${config.stressSeconds} s each` : `rates ${config.rates.join(",")}/s, peers ${config.peerCounts.join(",")}, ${config.seconds} s per point after ${config.warmupSeconds} s warm-up`}, ${config.workers} workers, CLK_TCK ${CLK_TCK}`);
+
+const points: ScalePoint[] = [];
+let stress: StressResult | null = null;
+if (config.stress) {
+  stress = await runStress({ rates: config.stressRates, seconds: config.stressSeconds, warmupSeconds: config.warmupSeconds, workers: config.workers, lagTargetMs: config.lagTargetMs, retries: config.stressRetries, log });
+} else {
+  for (const peers of config.peerCounts) {
+    points.push(...(await runHttpPoints({ peers, rates: config.rates, seconds: config.seconds, warmupSeconds: config.warmupSeconds, workers: config.workers, sessions: config.sessions, seed: config.seed, log })));
+  }
+}
+
+const report: ScaleReport = { tool: "bench:scale", label: config.label, measuredAt: new Date().toISOString(), config: { ...config, clkTck: CLK_TCK }, method: METHOD, points, stress };
+const reports = [report];
+if (config.compare !== undefined) reports.unshift(parseReport(readFileSync(config.compare, "utf8"), config.compare));
+
+if (reports.some((r) => r.points.length > 0)) console.log(pointsTable(reports.filter((r) => r.points.length > 0)));
+for (const r of reports) for (const p of r.points) if (p.errorSample !== "") console.log(`${r.label} ${p.rate}/s K=${p.peers}: first error: ${p.errorSample}`);
+if (reports.some((r) => r.stress !== null)) console.log(stressTable(reports));
+for (const m of METHOD) console.log(`- ${m}`);
+
+mkdirSync(dirname(config.json), { recursive: true });
+writeFileSync(config.json, `${JSON.stringify(report, (_, v: unknown) => (typeof v === "number" && !Number.isFinite(v) ? null : v), 2)}\n`);
+console.log(`json: ${config.json}`);
+if (reports.some((r) => r.points.some((p) => p.ratio !== null))) {
+  mkdirSync(dirname(config.svg), { recursive: true });
+  writeFileSync(config.svg, capacitySvg(reports));
+  console.log(`plot: ${config.svg}`);
+}

@@ -1,0 +1,148 @@
+/**
+ * Command line of `npm run bench:scale` (commander; --help lists every flag with its default).
+ * Pure: parsing only, so the unit test runs it without daemons.
+ */
+import { Command, InvalidArgumentError, Option } from "commander";
+
+import { integerInRange, parseList, parseNonEmpty, parseNonNegativeNumber } from "../../cli/parsers.js";
+
+export const DEFAULT_RATES: readonly number[] = [100, 200];
+export const DEFAULT_PEER_COUNTS: readonly number[] = [0, 1, 3];
+export const DEFAULT_SECONDS = 10;
+export const DEFAULT_WARMUP_SECONDS = 2;
+export const DEFAULT_WORKERS = 1_024;
+/** Session slots of the multi-turn workload; 200 sustain ~300 turns/s (bench-workload.ts timings). */
+export const DEFAULT_SESSION_SLOTS = 200;
+export const DEFAULT_JSON = "reports/bench-scale.json";
+export const DEFAULT_STRESS_JSON = "reports/bench-scale-stress.json";
+export const DEFAULT_SVG = "reports/bench-scale.svg";
+/**
+ * Stress steps, replicated requests/s: about x1.4 apart, so the highest rate kept is within 40% of
+ * the true limit, and a design that keeps up with 10,000/s (the target) is seen to.
+ */
+export const DEFAULT_STRESS_RATES: readonly number[] = [500, 700, 1_000, 1_400, 2_000, 2_800, 4_000, 5_600, 8_000, 11_000, 16_000, 22_000, 32_000, 45_000];
+export const DEFAULT_STRESS_SECONDS = 5;
+/**
+ * A failed stress step is measured once more before the run ends: on a shared 2-core machine a
+ * neighbour's burst can hold the peer off the CPU for 10-20 ms, which alone breaks a 20 ms p99.
+ */
+export const DEFAULT_STRESS_RETRIES = 1;
+/** The keeping-up criterion: lag p99 at or under this, with 0 gaps and 0 shed. */
+export const DEFAULT_LAG_TARGET_MS = 20;
+
+/** One bench process on 2 cores: more replicas than this only measure contention. */
+const MAX_PEERS = 15;
+const MAX_WORKERS = 4_096;
+const MAX_RATE = 1_000_000;
+const MAX_SECONDS = 3_600;
+
+export interface BenchScaleConfig {
+  readonly rates: readonly number[];
+  readonly peerCounts: readonly number[];
+  readonly seconds: number;
+  readonly warmupSeconds: number;
+  readonly workers: number;
+  readonly sessions: number;
+  readonly seed: number;
+  readonly json: string;
+  readonly svg: string;
+  readonly label: string;
+  readonly compare: string | undefined;
+  readonly stress: boolean;
+  readonly stressRates: readonly number[];
+  readonly stressSeconds: number;
+  readonly stressRetries: number;
+  readonly lagTargetMs: number;
+}
+
+function intList(min: number, max: number): (value: string) => number[] {
+  const one = integerInRange(min, max);
+  return (value: string): number[] => {
+    const list = [...new Set(parseList(value).map((v) => one(v)))];
+    return list.sort((a, b) => a - b);
+  };
+}
+
+function positiveSeconds(value: string): number {
+  const n = parseNonNegativeNumber(value);
+  if (n === 0 || n > MAX_SECONDS) throw new InvalidArgumentError(`must be > 0 and <= ${MAX_SECONDS}`);
+  return n;
+}
+
+function nonNegativeSeconds(value: string): number {
+  const n = parseNonNegativeNumber(value);
+  if (n > MAX_SECONDS) throw new InvalidArgumentError(`must be <= ${MAX_SECONDS}`);
+  return n;
+}
+
+function positiveNumber(value: string): number {
+  const n = parseNonNegativeNumber(value);
+  if (n === 0) throw new InvalidArgumentError("must be > 0");
+  return n;
+}
+
+export function benchScaleCommand(): Command {
+  return new Command("bench:scale")
+    .description(
+      "Scale-out: per routed request, the origin's and each passive peer's CPU (main thread, all threads), mesh bytes, lag and shed, and the modelled capacity of N replicas; --stress: the highest replicated rate a peer keeps up with",
+    )
+    .addOption(new Option("--rate <list>", "routed requests/s, comma-separated").argParser(intList(1, MAX_RATE)).default([...DEFAULT_RATES], DEFAULT_RATES.join(",")))
+    .addOption(new Option("--peers <list>", "passive peer counts K, comma-separated (0 = the origin alone)").argParser(intList(0, MAX_PEERS)).default([...DEFAULT_PEER_COUNTS], DEFAULT_PEER_COUNTS.join(",")))
+    .addOption(new Option("--seconds <s>", "measured seconds per point").argParser(positiveSeconds).default(DEFAULT_SECONDS))
+    .addOption(new Option("--warmup <s>", "unmeasured seconds of the same traffic before each point").argParser(nonNegativeSeconds).default(DEFAULT_WARMUP_SECONDS))
+    .addOption(new Option("--workers <n>", "single-rank workers registered on every replica (block size 64, no KV events)").argParser(integerInRange(1, MAX_WORKERS)).default(DEFAULT_WORKERS))
+    .addOption(new Option("--sessions <n>", "session slots of the multi-turn workload").argParser(integerInRange(1, 100_000)).default(DEFAULT_SESSION_SLOTS))
+    .addOption(new Option("--seed <n>", "workload seed").argParser(integerInRange(1, 0x7fff_ffff)).default(1))
+    .addOption(new Option("--json <file>", `results [default: ${DEFAULT_JSON}, with --stress ${DEFAULT_STRESS_JSON}]`).argParser(parseNonEmpty))
+    .addOption(new Option("--svg <file>", "capacity against N, every measured point (and --compare's)").argParser(parseNonEmpty).default(DEFAULT_SVG))
+    .addOption(new Option("--label <name>", "names the design measured, in the table, JSON and plot [default: git describe]").argParser(parseNonEmpty))
+    .addOption(new Option("--compare <file>", "a previous run's JSON (e.g. another build's): printed beside this run and plotted with it").argParser(parseNonEmpty))
+    .addOption(new Option("--stress", "a fake origin in this process publishes synthetic bookings over the mesh sockets to one real peer, raising the rate until the peer falls behind").default(false))
+    .addOption(new Option("--stress-rates <list>", "replicated requests/s, tried in order until one fails").argParser(intList(1, MAX_RATE)).default([...DEFAULT_STRESS_RATES], "500,700,...,45000"))
+    .addOption(new Option("--stress-seconds <s>", "measured seconds per stress step").argParser(positiveSeconds).default(DEFAULT_STRESS_SECONDS))
+    .addOption(new Option("--stress-retries <n>", "a failed stress step is measured again this many times before the run ends").argParser(integerInRange(0, 10)).default(DEFAULT_STRESS_RETRIES))
+    .addOption(new Option("--lag-target-ms <ms>", "keeping up: lag p99 at or under this, 0 gaps, 0 shed").argParser(positiveNumber).default(DEFAULT_LAG_TARGET_MS));
+}
+
+interface RawOptions {
+  rate: number[];
+  peers: number[];
+  seconds: number;
+  warmup: number;
+  workers: number;
+  sessions: number;
+  seed: number;
+  json?: string;
+  svg: string;
+  label?: string;
+  compare?: string;
+  stress: boolean;
+  stressRates: number[];
+  stressSeconds: number;
+  stressRetries: number;
+  lagTargetMs: number;
+}
+
+/** `argv`: the user's arguments (no node, no script). Throws commander's error on bad input when `cmd` has exitOverride. */
+export function parseBenchScaleArgs(argv: readonly string[], defaultLabel: string, cmd: Command = benchScaleCommand()): BenchScaleConfig {
+  cmd.parse([...argv], { from: "user" });
+  const o = cmd.opts<RawOptions>();
+  return {
+    rates: o.rate,
+    peerCounts: o.peers,
+    seconds: o.seconds,
+    warmupSeconds: o.warmup,
+    workers: o.workers,
+    sessions: o.sessions,
+    seed: o.seed,
+    json: o.json ?? (o.stress ? DEFAULT_STRESS_JSON : DEFAULT_JSON),
+    svg: o.svg,
+    label: o.label ?? defaultLabel,
+    compare: o.compare,
+    stress: o.stress,
+    stressRates: o.stressRates,
+    stressSeconds: o.stressSeconds,
+    stressRetries: o.stressRetries,
+    lagTargetMs: o.lagTargetMs,
+  };
+}

@@ -1,0 +1,181 @@
+/**
+ * bench:scale over HTTP: one origin `kvmesh serve` routes the traffic, K passive peers (real
+ * serve processes in one mesh with it) only mirror. For each rate: a warm-up, then a window in
+ * which the origin gets select_and_reserve (session id, 14,000-token prompt, block size 64),
+ * prefill_complete and free at the rate, paced like bench:mesh (multi-turn sessions, think
+ * times, 20-80 ms to prefill, 200-800 ms to free). The window runs from the first request to
+ * the last free; CPU per thread, mesh TCP bytes and mesh metrics are read at its two ends.
+ */
+import { loadavg } from "node:os";
+import { setTimeout as sleep } from "node:timers/promises";
+
+import { benchPrompt } from "../bench-prompts.js";
+import { SessionWorkload, type TurnPlan } from "../bench-workload.js";
+import { ReplicaFleet, type Replica } from "../../src/bench/replica-fleet.js";
+import { registerBenchWorkers } from "./bench-workers.js";
+import { lagQuantiles, meshWindow, parseMeshMetrics, type MeshScrape } from "./mesh-scrape.js";
+import { capacityCurve, mirrorRatio, MODEL_REPLICA_COUNTS } from "./scale-model.js";
+import type { ReplicaCpu, ScalePoint } from "./scale-report.js";
+import { bytesDelta, connectionBytes } from "./tcp-bytes.js";
+import { threadCpu, threadCpuDelta, type ThreadCpu } from "./thread-cpu.js";
+import { paceTurns } from "./turn-pacer.js";
+
+/** Bindings outlive the run: turns of a session find their worker. */
+const AFFINITY_TTL_SECS = 600;
+const MAX_IN_FLIGHT = 256;
+/** Prompt groups share a 10,000-token prefix (bench-prompts.ts); variants per group. */
+const PROMPT_GROUPS = 64;
+const PROMPT_VARIANTS = 4;
+/** After warm-up, let the last frees replicate before the window opens, ms. */
+const SETTLE_MS = 500;
+
+export interface HttpRunOptions {
+  readonly peers: number;
+  readonly rates: readonly number[];
+  readonly seconds: number;
+  readonly warmupSeconds: number;
+  readonly workers: number;
+  readonly sessions: number;
+  readonly seed: number;
+  readonly log: (line: string) => void;
+}
+
+/** The 14,000-token prompts as JSON array bodies, built once (~90 KB each). */
+let promptCsvs: string[] | undefined;
+function promptCsv(plan: TurnPlan): string {
+  promptCsvs ??= Array.from({ length: PROMPT_GROUPS * PROMPT_VARIANTS }, (_, i) => benchPrompt(Math.floor(i / PROMPT_VARIANTS), i % PROMPT_VARIANTS).join(","));
+  return promptCsvs[((plan.sessionSerial % PROMPT_GROUPS) * PROMPT_VARIANTS + (plan.turn % PROMPT_VARIANTS)) % promptCsvs.length] as string;
+}
+
+interface Drive {
+  routed: number;
+  errors: number;
+  errorSample: string;
+  wallMs: number;
+  dropped: number;
+}
+
+async function drive(origin: Replica, o: HttpRunOptions, rate: number, seconds: number, prefix: string, label: string): Promise<Drive> {
+  const d: Drive = { routed: 0, errors: 0, errorSample: "", wallMs: 0, dropped: 0 };
+  const fail = (what: string): void => {
+    d.errors++;
+    if (d.errorSample === "") d.errorSample = what;
+  };
+  const c = origin.client;
+  const paced = await paceTurns({
+    workload: new SessionWorkload({ seed: o.seed, slots: o.sessions, idPrefix: prefix }),
+    ratePerS: rate,
+    seconds,
+    maxInFlight: MAX_IN_FLIGHT,
+    onError: fail,
+    runTurn: async (plan, k) => {
+      const sel = `${prefix}${k}`;
+      const rep = await c.send("POST", "/select_and_reserve", `{"token_ids":[${promptCsv(plan)}],"session_id":"${plan.sessionId}","selection_id":"${sel}"}`);
+      if (rep.status !== 200) {
+        fail(`select_and_reserve ${rep.status}: ${rep.text.slice(0, 200)}`);
+        return;
+      }
+      d.routed++;
+      await sleep(plan.prefillDelayMs);
+      const p = await c.send("POST", `/reservations/${sel}/prefill_complete`, "{}");
+      if (p.status !== 200) fail(`prefill_complete ${p.status}: ${p.text.slice(0, 200)}`);
+      await sleep(plan.durationMs - plan.prefillDelayMs);
+      const f = await c.send("DELETE", `/reservations/${sel}`);
+      if (f.status !== 200) fail(`DELETE ${f.status}: ${f.text.slice(0, 200)}`);
+    },
+    onSecond: (s, st) => {
+      o.log(`${label}: ${s}/${seconds} s, ${d.routed} routed, ${st.outstanding} in flight, ${d.errors} errors`);
+    },
+  });
+  d.wallMs = paced.wallMs;
+  d.dropped = paced.dropped;
+  return d;
+}
+
+function perRequest(delta: ThreadCpu, routed: number, wallMs: number): ReplicaCpu {
+  const n = Math.max(1, routed);
+  return { mainUs: (delta.mainMs * 1000) / n, allUs: (delta.allMs * 1000) / n, mainCores: delta.mainMs / wallMs, byThreadMs: delta.byName };
+}
+
+const scrape = async (r: Replica): Promise<MeshScrape> => parseMeshMetrics(await r.client.ok("GET", "/metrics"));
+
+/** Starts the origin and K peers, measures every rate, stops them. */
+export async function runHttpPoints(o: HttpRunOptions): Promise<ScalePoint[]> {
+  const label = `K=${o.peers}`;
+  o.log(`${label}: starting the origin and ${o.peers} peer${o.peers === 1 ? "" : "s"}`);
+  const fleet = await ReplicaFleet.start({
+    replicas: 1 + o.peers,
+    mesh: true,
+    serveArgs: ["--no-kv-events", "--session-affinity-ttl-secs", String(AFFINITY_TTL_SECS)],
+    onLog: (i, line) => {
+      o.log(`[${i === 0 ? "origin" : `peer ${i}`}] ${line}`);
+    },
+  });
+  try {
+    const [origin, ...peers] = fleet.replicas as [Replica, ...Replica[]];
+    o.log(`${label}: registering ${o.workers} workers on each replica`);
+    await Promise.all(fleet.replicas.map((r) => registerBenchWorkers(r.client, o.workers)));
+    const ports = fleet.replicas.flatMap((r) => (r.syncPort === null ? [] : [r.syncPort, r.syncPort + 1]));
+    const points: ScalePoint[] = [];
+    for (const rate of o.rates) {
+      if (o.warmupSeconds > 0) {
+        const w = await drive(origin, o, rate, o.warmupSeconds, `w${rate}-`, `${label} ${rate}/s warm-up`);
+        if (w.errors > 0) throw new Error(`${label} warm-up at ${rate}/s: ${w.errors} errors, first: ${w.errorSample}`);
+        await sleep(SETTLE_MS);
+      }
+      const m0 = await Promise.all(fleet.replicas.map(scrape));
+      const b0 = connectionBytes(ports);
+      const c0 = fleet.replicas.map((r) => threadCpu(r.pid));
+      const g0 = process.cpuUsage();
+      const d = await drive(origin, o, rate, o.seconds, `t${rate}-`, `${label} ${rate}/s`);
+      const c1 = fleet.replicas.map((r) => threadCpu(r.pid));
+      const g1 = process.cpuUsage(g0);
+      const b1 = connectionBytes(ports);
+      const m1 = await Promise.all(fleet.replicas.map(scrape));
+      const cpu = c1.map((c, i) => perRequest(threadCpuDelta(c0[i] as ThreadCpu, c), d.routed, d.wallMs));
+      const [originCpu, ...peerCpu] = cpu as [ReplicaCpu, ...ReplicaCpu[]];
+      const windows = m1.map((m, i) => meshWindow(m0[i] as MeshScrape, m));
+      const [ow, ...pw] = windows as [ReturnType<typeof meshWindow>, ...ReturnType<typeof meshWindow>[]];
+      const bytes = bytesDelta(b0, b1);
+      let all = 0;
+      for (const v of bytes.byPort.values()) all += v.sent + v.received;
+      const originSent = origin.syncPort === null ? 0 : (bytes.byPort.get(origin.syncPort)?.sent ?? 0);
+      const n = Math.max(1, d.routed);
+      const ratio = peerCpu.length === 0 ? null : peerCpu.reduce((s, c) => s + mirrorRatio(c.mainUs, originCpu.mainUs), 0) / peerCpu.length;
+      points.push({
+        rate,
+        peers: o.peers,
+        routed: d.routed,
+        achievedRatePerS: d.routed / o.seconds,
+        windowMs: d.wallMs,
+        errors: d.errors,
+        errorSample: d.errorSample,
+        droppedTicks: d.dropped,
+        origin: originCpu,
+        peerCpu,
+        ratio,
+        capacity: ratio === null ? [] : capacityCurve(ratio, MODEL_REPLICA_COUNTS).slice(1).map(([nn, x]) => ({ n: nn, x })),
+        meshBytes: {
+          originSentPerRequest: originSent / n,
+          perPeerPerRequest: peers.length === 0 ? null : originSent / n / peers.length,
+          allPerRequest: all / n,
+          connectionsOpened: bytes.opened,
+          connectionsClosed: bytes.closed,
+        },
+        lag: lagQuantiles(pw),
+        shed: ow.counters.shed,
+        shedTotal: m1[0]?.counters.shed ?? 0,
+        gaps: pw.reduce((s, w) => s + w.counters.gaps, 0),
+        snapshotsInstalled: pw.reduce((s, w) => s + w.counters.snapshotsInstalled, 0),
+        divergenceResyncs: pw.reduce((s, w) => s + w.counters.divergenceResyncs, 0),
+        batchesSent: ow.counters.batchesSent,
+        eventsSent: ow.counters.eventsSent,
+        loadGeneratorCpuMs: (g1.user + g1.system) / 1000,
+        machineLoad1m: loadavg()[0] ?? Number.NaN,
+      });
+    }
+    return points;
+  } finally {
+    await fleet.stop();
+  }
+}

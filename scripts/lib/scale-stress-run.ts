@@ -1,0 +1,264 @@
+/**
+ * bench:scale --stress: how many replicated requests/s one peer keeps up with when HTTP is not
+ * the limit. A fake origin in this process (fake-origin.ts) publishes synthetic bookings
+ * (synthetic-bookings.ts: add, prefill_complete 50 ms later, free 500 ms after the add) over the
+ * real mesh sockets to one real `kvmesh serve` peer that knows the same workers. The rate steps
+ * up; each step runs --stress-seconds, then the generator stops adding (marks still flow) and
+ * waits for the peer to apply everything published. A step is kept up with when the peer's lag
+ * p99 over it is at most the target, with 0 gaps (a ZeroMQ pipe overflow shows as one), 0
+ * snapshots, 0 shed and the backlog applied in time. A step that fails is measured again
+ * (--stress-retries, default once); one that fails every time ends the run.
+ */
+import { loadavg } from "node:os";
+import { setTimeout as sleep } from "node:timers/promises";
+
+import { benchPrompt, BENCH_BLOCK_SIZE, BENCH_PROMPT_TOKENS } from "../bench-prompts.js";
+import { freePortPair, ReplicaFleet, type Replica } from "../../src/bench/replica-fleet.js";
+import { mathRandom, type Clock } from "../../src/core/clock.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
+import { registerBenchWorkers } from "./bench-workers.js";
+import { FakeOrigin, randomU64 } from "./fake-origin.js";
+import { lagQuantiles, meshWindow, parseMeshMetrics } from "./mesh-scrape.js";
+import type { ReplicaCpu, StressResult, StressStep } from "./scale-report.js";
+import { SyntheticBookings } from "./synthetic-bookings.js";
+import { threadCpu, threadCpuDelta } from "./thread-cpu.js";
+
+/** Generator tick: the real publisher's flush interval (2 ms), so batches are sized alike. */
+const TICK_MS = 2;
+/** Distinct prompts whose hashes the bookings carry (16 x 218 hashes, hashed once). */
+const STRESS_PROMPTS = 16;
+const MESH_READY_TIMEOUT_MS = 20_000;
+/** A peer that has not applied a step's batches this long after it ended has fallen behind, ms. */
+const CATCH_UP_TIMEOUT_MS = 2_000;
+const POLL_MS = 20;
+/** A peer main thread busier than this (cores) is what falling behind looks like. */
+const BUSY_MAIN_THREAD_CORES = 0.5;
+
+export interface StressRunOptions {
+  readonly rates: readonly number[];
+  readonly seconds: number;
+  readonly warmupSeconds: number;
+  readonly workers: number;
+  readonly lagTargetMs: number;
+  /** A failed step is measured again this many times before the run ends (a shared machine stalls now and then). */
+  readonly retries: number;
+  readonly log: (line: string) => void;
+  readonly wallClock?: Clock;
+  readonly monotonic?: Clock;
+}
+
+interface PeerRow {
+  endpoint: string;
+  state: string;
+  sync: string | null;
+  last_seq: number | null;
+  lag_p99_ms: number | null;
+}
+
+/** Publishes the bookings' events every tick at the current rate until stopped. */
+class Generator {
+  rate = 0;
+  maxTickGapMs = 0;
+  readonly #bookings: SyntheticBookings;
+  readonly #origin: FakeOrigin;
+  readonly #clock: Clock;
+  #stopped = false;
+  readonly #done: Promise<void>;
+
+  constructor(bookings: SyntheticBookings, origin: FakeOrigin, clock: Clock) {
+    this.#bookings = bookings;
+    this.#origin = origin;
+    this.#clock = clock;
+    this.#done = this.#loop();
+  }
+
+  async #loop(): Promise<void> {
+    let rate = this.rate;
+    let since = this.#clock.now();
+    let base = this.#bookings.issued;
+    let last = since;
+    while (!this.#stopped) {
+      const now = this.#clock.now();
+      this.maxTickGapMs = Math.max(this.maxTickGapMs, now - last);
+      last = now;
+      if (rate !== this.rate) {
+        rate = this.rate;
+        since = now;
+        base = this.#bookings.issued;
+      }
+      const due = Math.floor(((now - since) * rate) / 1000);
+      const events = this.#bookings.step(now, due - (this.#bookings.issued - base));
+      if (events.length > 0) this.#origin.publish(events);
+      await sleep(TICK_MS);
+    }
+  }
+
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    await this.#done;
+  }
+}
+
+function hashedPrompts(): Uint32Array[] {
+  return Array.from({ length: STRESS_PROMPTS }, (_, g) => computeSequenceHashes(computeBlockHashes(benchPrompt(g, 0), BENCH_BLOCK_SIZE)));
+}
+
+async function peerRow(peer: Replica, endpoint: string): Promise<PeerRow | undefined> {
+  const rows = JSON.parse(await peer.client.ok("GET", "/replica_sync/peers")) as PeerRow[];
+  return rows.find((r) => r.endpoint === endpoint);
+}
+
+interface StepContext {
+  readonly o: StressRunOptions;
+  readonly peer: Replica;
+  readonly fake: FakeOrigin;
+  readonly gen: Generator;
+  readonly bookings: SyntheticBookings;
+  readonly endpoint: string;
+  readonly mono: Clock;
+}
+
+/** One step at `rate`: --stress-seconds of publishing, then the wait for the peer to apply it all. */
+async function measureStep(c: StepContext, rate: number, attempt: number): Promise<StressStep> {
+  const m0 = parseMeshMetrics(await c.peer.client.ok("GET", "/metrics"));
+  const c0 = threadCpu(c.peer.pid);
+  const u0 = process.cpuUsage();
+  const issued0 = c.bookings.issued;
+  const failures0 = c.fake.stats.publishFailures;
+  const batches0 = c.fake.stats.batches;
+  const events0 = c.fake.stats.events;
+  c.fake.stats.maxPendingPublishes = c.fake.stats.pendingPublishes;
+  c.gen.maxTickGapMs = 0;
+  const t0 = c.mono.now();
+  c.gen.rate = rate;
+  await sleep(c.o.seconds * 1000);
+  c.gen.rate = 0;
+  const windowMs = c.mono.now() - t0;
+  const c1 = threadCpu(c.peer.pid);
+  const u1 = process.cpuUsage(u0);
+  const requests = c.bookings.issued - issued0;
+  const maxTickGapMs = c.gen.maxTickGapMs;
+  const batches = c.fake.stats.batches - batches0;
+  const events = c.fake.stats.events - events0;
+  const machineLoad1m = loadavg()[0] ?? Number.NaN;
+  const seqEnd = c.fake.seq;
+  const tc = c.mono.now();
+  let caughtUp = false;
+  let row: PeerRow | undefined;
+  while (c.mono.now() - tc < CATCH_UP_TIMEOUT_MS) {
+    row = await peerRow(c.peer, c.endpoint);
+    if ((row?.last_seq ?? 0) >= seqEnd) {
+      caughtUp = true;
+      break;
+    }
+    await sleep(POLL_MS);
+  }
+  const catchUpMs = c.mono.now() - tc;
+  const w = meshWindow(m0, parseMeshMetrics(await c.peer.client.ok("GET", "/metrics")));
+  const delta = threadCpuDelta(c0, c1);
+  const n = Math.max(1, requests);
+  const peerCpu: ReplicaCpu = { mainUs: (delta.mainMs * 1000) / n, allUs: (delta.allMs * 1000) / n, mainCores: delta.mainMs / windowMs, byThreadMs: delta.byName };
+  const lag = lagQuantiles([w]);
+  const shed = c.fake.stats.publishFailures - failures0;
+  const why: string[] = [];
+  if (!(lag.p99Ms <= c.o.lagTargetMs)) {
+    // The peer's main thread far from busy while this process, too, went unscheduled for longer
+    // than the target: the machine stalled both (other load), not the peer's replication.
+    const stalled = peerCpu.mainCores < BUSY_MAIN_THREAD_CORES && maxTickGapMs > c.o.lagTargetMs;
+    why.push(`lag p99 ${lag.p99Ms.toFixed(1)} ms > ${c.o.lagTargetMs}${stalled ? ` (machine stalls: peer main thread ${peerCpu.mainCores.toFixed(2)} cores busy, this process unscheduled up to ${maxTickGapMs.toFixed(0)} ms, load ${machineLoad1m.toFixed(1)})` : ""}`);
+  }
+  if (w.counters.gaps > 0) why.push(`${w.counters.gaps} gaps`);
+  if (w.counters.snapshotsInstalled > 0) why.push(`${w.counters.snapshotsInstalled} snapshots`);
+  if (shed > 0) why.push(`${shed} shed`);
+  if (!caughtUp) why.push(`backlog not applied ${CATCH_UP_TIMEOUT_MS} ms after the step`);
+  const step: StressStep = {
+    rate,
+    attempt,
+    requests,
+    windowMs,
+    lag,
+    peerReservoirP99Ms: row?.lag_p99_ms ?? null,
+    gaps: w.counters.gaps,
+    snapshotsInstalled: w.counters.snapshotsInstalled,
+    divergenceResyncs: w.counters.divergenceResyncs,
+    shed,
+    caughtUp,
+    catchUpMs,
+    peer: peerCpu,
+    generator: { cores: (u1.user + u1.system) / 1000 / windowMs, maxTickGapMs, maxPendingPublishes: c.fake.stats.maxPendingPublishes },
+    batches,
+    events,
+    machineLoad1m,
+    keptUp: why.length === 0,
+    why: why.join(", "),
+  };
+  c.o.log(
+    `stress ${rate}/s${attempt > 1 ? ` (attempt ${attempt})` : ""}: ${requests} requests, lag p50/p99 ${lag.p50Ms.toFixed(2)}/${lag.p99Ms.toFixed(2)} ms, gaps ${step.gaps}, peer main ${peerCpu.mainUs.toFixed(0)} us/req (${peerCpu.mainCores.toFixed(2)} cores), ${step.keptUp ? "kept up" : `behind: ${step.why}`}`,
+  );
+  return step;
+}
+
+export async function runStress(o: StressRunOptions): Promise<StressResult> {
+  const wall = o.wallClock ?? { now: () => Date.now() };
+  const mono = o.monotonic ?? { now: () => performance.now() };
+  o.log("stress: starting one peer");
+  const fleet = await ReplicaFleet.start({
+    replicas: 1,
+    mesh: true,
+    serveArgs: ["--no-kv-events"],
+    onLog: (_i, line) => {
+      o.log(`[peer] ${line}`);
+    },
+  });
+  const peer = fleet.replicas[0] as Replica;
+  let origin: FakeOrigin | undefined;
+  let gen: Generator | undefined;
+  try {
+    o.log(`stress: registering ${o.workers} workers on the peer`);
+    await registerBenchWorkers(peer.client, o.workers);
+    const originId = randomU64(mathRandom);
+    const bookings = new SyntheticBookings({ origin: originId, workers: o.workers, blockSize: BENCH_BLOCK_SIZE, promptTokens: BENCH_PROMPT_TOKENS, prompts: hashedPrompts() });
+    origin = await FakeOrigin.bind({ port: await freePortPair(), bookings, wallClock: wall, origin: originId, epoch: randomU64(mathRandom) });
+    const endpoint = origin.publishEndpoint;
+    await peer.client.ok("POST", "/replica_sync/register_peer", JSON.stringify({ endpoint }));
+    const deadline = mono.now() + MESH_READY_TIMEOUT_MS;
+    for (;;) {
+      const row = await peerRow(peer, endpoint);
+      if (row?.state === "alive" && row.sync === "live") break;
+      if (mono.now() > deadline) throw new Error(`the peer did not sync with the fake origin within ${MESH_READY_TIMEOUT_MS} ms: ${JSON.stringify(row)}`);
+      await sleep(100);
+    }
+    o.log(`stress: peer live with the fake origin ${endpoint} (origin ${originId})`);
+    const fake = origin;
+    const g = new Generator(bookings, fake, mono);
+    gen = g;
+    const first = o.rates[0] ?? 0;
+    if (o.warmupSeconds > 0 && first > 0) {
+      o.log(`stress: warming up at ${first}/s for ${o.warmupSeconds} s`);
+      g.rate = first;
+      await sleep(o.warmupSeconds * 1000);
+      g.rate = 0;
+      await sleep(CATCH_UP_TIMEOUT_MS / 2);
+    }
+
+    const steps: StressStep[] = [];
+    const ctx: StepContext = { o, peer, fake, gen: g, bookings, endpoint, mono };
+    for (const rate of o.rates) {
+      let step: StressStep | undefined;
+      for (let attempt = 1; attempt <= 1 + o.retries && step?.keptUp !== true; attempt++) {
+        step = await measureStep(ctx, rate, attempt);
+        steps.push(step);
+        // Let the last adds' marks drain, so the next step starts from the same state.
+        await sleep(CATCH_UP_TIMEOUT_MS / 2);
+      }
+      if (step?.keptUp !== true) break;
+    }
+    const kept = steps.filter((st) => st.keptUp);
+    const atMax = kept[kept.length - 1] ?? null;
+    return { lagTargetMs: o.lagTargetMs, steps, maxRate: atMax?.rate ?? null, atMax };
+  } finally {
+    await gen?.stop();
+    await origin?.close();
+    await fleet.stop();
+  }
+}
