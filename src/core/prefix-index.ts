@@ -23,14 +23,15 @@
  *
  * Not thread-safe; the daemon is single-threaded.
  */
+import { MAX_RANK_KEYS } from "./rank-registry.js";
 import { U64Table } from "./u64-table.js";
 import { bigIntHi, bigIntLo, hashCount, pairToBigInt, toU64, type HashList } from "./hash64.js";
 
 export type StorageTier = "device" | "host" | "disk";
 export const STORAGE_TIERS: readonly StorageTier[] = ["device", "host", "disk"];
 
-/** Rank keys are interned by the caller into [0, MAX_RANK_KEYS). */
-export const MAX_RANK_KEYS = 1 << 20;
+/** Rank keys are interned by the caller (RankRegistry) into [0, MAX_RANK_KEYS). */
+export { MAX_RANK_KEYS };
 
 const DEVICE = 0;
 const HOST = 1;
