@@ -164,6 +164,22 @@ export function selectCandidate(
   checkRequest(req);
   const n = table.count;
   if (n <= 0) throw new KvmeshError("KVMESH_NOT_READY", "no eligible candidate to select from");
+  const costs = scoreRows(table, req, config, costsOut);
+  return config.temperature > 0 ? pickSoftmax(costs, n, config.temperature, random) : pickArgmin(costs, n, random);
+}
+
+/**
+ * The costs of rows [0, count) without picking (what /potential_loads reports): the same
+ * arithmetic as selectCandidate's, into `costsOut` or a module scratch buffer reused by the next
+ * call. An empty table scores nothing.
+ */
+export function scoreCandidates(table: CandidateTable, req: SelectionRequest, config: SelectorConfig, costsOut?: Float64Array): Float64Array {
+  checkRequest(req);
+  return scoreRows(table, req, config, costsOut);
+}
+
+function scoreRows(table: CandidateTable, req: SelectionRequest, config: SelectorConfig, costsOut: Float64Array | undefined): Float64Array {
+  const n = table.count;
   if (costsOut !== undefined && costsOut.length < n) throw badRequest(`costsOut holds ${costsOut.length} rows, need ${n}`, "costsOut");
   let costs: Float64Array;
   if (costsOut !== undefined) {
@@ -204,7 +220,7 @@ export function selectCandidate(
     costs[i] = cost;
     if (cost !== cost) costs[i] = Infinity;
   }
-  return config.temperature > 0 ? pickSoftmax(costs, n, config.temperature, random) : pickArgmin(costs, n, random);
+  return costs;
 }
 
 /** Argmin; the k-th tied candidate replaces the pick with probability 1/k (uniform tie-break). */

@@ -32,8 +32,6 @@ export class Metrics {
   /** `route\tstatus` -> count */
   readonly #requests = new Map<string, number>();
   readonly #durations = new Map<string, Histogram>();
-  /** Failed selections seen by the HTTP layer (the service's own counter is not incremented by it yet). */
-  #selectionErrors = 0;
   readonly #unauthorized: Record<AuthFailure, number> = { missing: 0, malformed: 0, invalid: 0 };
 
   constructor(options: MetricsOptions) {
@@ -53,11 +51,6 @@ export class Metrics {
     if (i >= 0) h.buckets[i] = (h.buckets[i] as number) + 1;
     h.sum += s;
     h.count++;
-  }
-
-  /** A select / select_and_reserve / reservation call that the service refused. */
-  observeSelectionError(): void {
-    this.#selectionErrors++;
   }
 
   /** A request refused for a missing, malformed or wrong API token (401). */
@@ -108,7 +101,7 @@ export class Metrics {
     const st = svc.stats;
     one("kvmesh_selections_total", "counter", "Workers selected (select and select_and_reserve).", st.selections);
     one("kvmesh_reservations_total", "counter", "Bookings made by this replica.", st.reservations);
-    one("kvmesh_selection_errors_total", "counter", "Selections that failed.", st.selectionErrors + this.#selectionErrors);
+    one("kvmesh_selection_errors_total", "counter", "Selections that failed.", st.selectionErrors);
     one("kvmesh_kv_events_applied_total", "counter", "Worker KV events applied to the prefix index.", st.kvEventsApplied);
     one("kvmesh_kv_events_dropped_total", "counter", "Worker KV events dropped (unknown rank, block size or parent mismatch).", st.kvEventsDropped);
     one("kvmesh_replica_events_applied_total", "counter", "Peer load events applied.", st.replicaEventsApplied);
