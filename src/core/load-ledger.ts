@@ -2,7 +2,7 @@
  * The load ledger of ONE partition: the requests this replica (and its peers) booked onto each
  * worker rank and are still in flight, and what they cost each rank right now.
  *
- * Per rank it tracks the reference's `ActiveSequences` (section 3.5): unique active blocks (a
+ * Per rank it tracks the reference's `ActiveSequences` (Dynamo's lib/kv-router/src/sequences/): unique active blocks (a
  * sequence hash shared by several in-flight requests on one rank counts once, optionally
  * down-weighted for long generations), prefill tokens still owed (FIFO, oldest request decaying
  * linearly when a duration hint exists) and the request count.

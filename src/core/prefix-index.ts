@@ -1,5 +1,6 @@
 /**
- * Prefix index (radix tree over per-block local hashes) for ONE partition (reference section 4.3).
+ * Prefix index (radix tree over per-block local hashes) for ONE partition (the
+ * role of Dynamo's lib/kv-router/src/indexer/).
  *
  * Answers: for a request's local block hashes, how many leading blocks does every worker rank hold
  * in its device tier, and how far do its host and disk tiers extend that prefix.

@@ -1,5 +1,6 @@
 /**
- * The default selector (reference section 4.5): a per-candidate cost in KV blocks and a picker.
+ * The default selector: a per-candidate cost in KV blocks and a picker (after Dynamo's
+ * lib/kv-router/src/scheduling/selector/default.rs, github.com/ai-dynamo/dynamo).
  *
  * Candidates arrive as a struct of parallel typed arrays the caller owns and reuses, so scoring
  * 1,024 ranks allocates nothing: costs go to the caller's `costsOut` or a module scratch buffer.
@@ -24,7 +25,7 @@ export interface CandidateTable {
   host: Float64Array;
   /** K: disk extension blocks beyond D + H. */
   disk: Float64Array;
-  /** S: shared-cache blocks beyond the device overlap. */
+  /** S: shared-cache blocks beyond the device overlap (always 0 in kvmesh: no shared cache tier). */
   shared: Float64Array;
   activePrefillTokens: Float64Array;
   /** Dec: blocks the rank would hold after admission (active + additional). */
@@ -75,7 +76,7 @@ function checkRequest(req: SelectionRequest): void {
 /** Blocks the prompt spans, floored at 1 so the credit-decay ratio never divides by zero. */
 const requestBlocksOf = (req: SelectionRequest): number => Math.max(1, Math.ceil(req.islTokens / req.blockSize));
 
-/** The cost formula of section 4.5 over scalars (shared by the table loop and computeCost). */
+/** The cost formula over scalars (shared by the table loop and computeCost). */
 function costOf(
   device: number,
   host: number,
