@@ -221,7 +221,7 @@ export async function startDaemon(config: DaemonConfig, logger: Logger, hooks: D
   // One registry per daemon (several run in one test process); each component adds its series.
   const registry = createMetricsRegistry();
   const metrics = new HttpMetrics(registry);
-  registerServiceMetrics(registry, service, { moreSelectionErrors: () => metrics.selectionErrors });
+  registerServiceMetrics(registry, service);
   registerIngestMetrics(registry, () => ingest.stats());
   // Bridge until the mesh registers its own series on the registry (mesh/mesh-metrics.ts).
   if (mesh !== undefined) registry.appendText(() => mesh.metricsText());

@@ -1,5 +1,6 @@
 /**
- * Session affinity, one table per partition (reference sections 3.8 and 4.9).
+ * Session affinity, one table per partition (as Dynamo's
+ * lib/kv-router/src/services/selection/affinity.rs, github.com/ai-dynamo/dynamo).
  *
  * kvmesh runs select -> book -> commit synchronously on one event loop, so the reference's
  * `Initializing` state, wait handles and join logic have no job here: a session is either vacant
@@ -342,7 +343,7 @@ export class AffinityTable {
     return true;
   }
 
-  /** Merges a peer's binding (reference 4.9 "Version merge on replica apply"). Never emits. */
+  /** Merges a peer's binding (the reference's version merge on replica apply: higher (sequence, writer_id) wins). Never emits. */
   applyReplica(binding: SessionBinding): ApplyOutcome {
     const { sessionId, target, version } = binding;
     if (!isU64(version.sequence) || !isU64(version.writerId)) return "rejected-invalid";

@@ -13,6 +13,17 @@ export interface Random {
 
 export const systemClock: Clock = { now: () => performance.now() };
 
+/** Wall-clock time in nanoseconds since the Unix epoch (not monotonic: it can step). */
+export type WallClockNs = () => bigint;
+
+const NS_PER_MS = 1_000_000n;
+
+/**
+ * Date.now() in ns. It seeds Lamport sequences that must beat the ones a writer issued before a
+ * restart or a move to another host; `process.hrtime.bigint()` counts from boot and does not.
+ */
+export const systemWallClockNs: WallClockNs = () => BigInt(Date.now()) * NS_PER_MS;
+
 export const mathRandom: Random = { next: () => Math.random() };
 
 /** A manual clock for tests and simulators. */

@@ -1,5 +1,5 @@
 /**
- * Dynamo-compatible block hashing (reference section 4.1): XXH3-64 over the little-endian u32
+ * Dynamo-compatible block hashing (Dynamo's lib/kv-router/src/protocols.rs): XXH3-64 over the little-endian u32
  * bytes of each complete block of tokens, seeded with 1337 (plus LoRA / cache-salt terms), and the
  * chained sequence hash over consecutive block hashes. Values must match Dynamo bit for bit, since
  * the index compares them with hashes computed by other routers and by the engines.

@@ -94,6 +94,8 @@ export class SelectionScratch {
   candidates: Int32Array = new Int32Array(0);
   table: CandidateTable = createCandidateTable(0);
   costs = new Float64Array(0);
+  /** Per candidate row: summed weights of the request's preferred taints the rank carries. */
+  taintWeights = new Float64Array(0);
   /** Indexed by rank key: overlap and ledger scratch, reset after each use via `touched`. */
   heldBlocks = new Int32Array(0);
   touched: number[] = [];
@@ -114,6 +116,7 @@ export class SelectionScratch {
       this.candidates = new Int32Array(n);
       this.table = createCandidateTable(n);
       this.costs = new Float64Array(n);
+      this.taintWeights = new Float64Array(n);
     }
   }
 }

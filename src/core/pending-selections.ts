@@ -1,5 +1,5 @@
 /**
- * The `/select` -> `/reservations` cache (reference section 3.7): a selection made without a
+ * The `/select` -> `/reservations` cache (Dynamo's lib/kv-router/src/services/selection/pending.rs): a selection made without a
  * booking is kept, keyed by (partition, selection id), until the caller books it or it expires.
  * Replica-local by design; the value type is the caller's.
  *

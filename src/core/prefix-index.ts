@@ -1,5 +1,6 @@
 /**
- * Prefix index (radix tree over per-block local hashes) for ONE partition (reference section 4.3).
+ * Prefix index (radix tree over per-block local hashes) for ONE partition (the
+ * role of Dynamo's lib/kv-router/src/indexer/).
  *
  * Answers: for a request's local block hashes, how many leading blocks does every worker rank hold
  * in its device tier, and how far do its host and disk tiers extend that prefix.
@@ -23,14 +24,15 @@
  *
  * Not thread-safe; the daemon is single-threaded.
  */
+import { MAX_RANK_KEYS } from "./rank-registry.js";
 import { U64Table } from "./u64-table.js";
 import { bigIntHi, bigIntLo, hashCount, pairToBigInt, toU64, type HashList } from "./hash64.js";
 
 export type StorageTier = "device" | "host" | "disk";
 export const STORAGE_TIERS: readonly StorageTier[] = ["device", "host", "disk"];
 
-/** Rank keys are interned by the caller into [0, MAX_RANK_KEYS). */
-export const MAX_RANK_KEYS = 1 << 20;
+/** Rank keys are interned by the caller (RankRegistry) into [0, MAX_RANK_KEYS). */
+export { MAX_RANK_KEYS };
 
 const DEVICE = 0;
 const HOST = 1;

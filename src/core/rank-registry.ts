@@ -6,6 +6,12 @@
 import type { WorkerId } from "./types.js";
 import { spreadKey } from "./tie-spread.js";
 
+/**
+ * Rank keys live in [0, MAX_RANK_KEYS) (exclusive bound): 2^20 ranks, far past any fleet, keeps
+ * the per-rank typed arrays of the prefix index and the load ledger addressable by small ints.
+ */
+export const MAX_RANK_KEYS = 1 << 20;
+
 export class RankRegistry {
   readonly #byPair = new Map<string, number>();
   readonly #worker: WorkerId[] = [];

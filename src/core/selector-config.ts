@@ -1,5 +1,5 @@
 /**
- * Knobs of the cost function and picker (reference sections 4.5 and 7), the per-request
+ * Knobs of the cost function and picker (Dynamo's lib/kv-router/src/scheduling/config.rs), the per-request
  * `router_config_override` and its validation. Messages name the reference's snake_case knob
  * names, because those are what operators and clients type.
  */
@@ -16,7 +16,12 @@ export interface SelectorConfig {
   readonly decodeActiveRequestWeight: number;
   readonly hostCacheHitWeight: number;
   readonly diskCacheHitWeight: number;
-  /** m: credit per shared-cache block beyond the device overlap. */
+  /**
+   * m: credit per shared-cache block beyond the device overlap. Accepted and validated for the
+   * reference's API (`shared_cache_multiplier`, also per request), but inert in kvmesh: it has no
+   * shared KV cache tier, so S = 0 for every candidate (overlap_scores says
+   * `shared_cache.enabled: false`). The selector keeps the term so a shared tier can feed it.
+   */
   readonly sharedCacheMultiplier: number;
   /** T: 0 = argmin with random tie-break; > 0 = softmax sampling over normalized costs. */
   readonly temperature: number;

@@ -1,5 +1,6 @@
 /**
- * The default selector (reference section 4.5): a per-candidate cost in KV blocks and a picker.
+ * The default selector: a per-candidate cost in KV blocks and a picker (after Dynamo's
+ * lib/kv-router/src/scheduling/selector/default.rs, github.com/ai-dynamo/dynamo).
  *
  * Candidates arrive as a struct of parallel typed arrays the caller owns and reuses, so scoring
  * 1,024 ranks allocates nothing: costs go to the caller's `costsOut` or a module scratch buffer.
@@ -24,7 +25,7 @@ export interface CandidateTable {
   host: Float64Array;
   /** K: disk extension blocks beyond D + H. */
   disk: Float64Array;
-  /** S: shared-cache blocks beyond the device overlap. */
+  /** S: shared-cache blocks beyond the device overlap (always 0 in kvmesh: no shared cache tier). */
   shared: Float64Array;
   activePrefillTokens: Float64Array;
   /** Dec: blocks the rank would hold after admission (active + additional). */
@@ -75,7 +76,7 @@ function checkRequest(req: SelectionRequest): void {
 /** Blocks the prompt spans, floored at 1 so the credit-decay ratio never divides by zero. */
 const requestBlocksOf = (req: SelectionRequest): number => Math.max(1, Math.ceil(req.islTokens / req.blockSize));
 
-/** The cost formula of section 4.5 over scalars (shared by the table loop and computeCost). */
+/** The cost formula over scalars (shared by the table loop and computeCost). */
 function costOf(
   device: number,
   host: number,
@@ -164,6 +165,22 @@ export function selectCandidate(
   checkRequest(req);
   const n = table.count;
   if (n <= 0) throw new KvmeshError("KVMESH_NOT_READY", "no eligible candidate to select from");
+  const costs = scoreRows(table, req, config, costsOut);
+  return config.temperature > 0 ? pickSoftmax(costs, n, config.temperature, random) : pickArgmin(costs, n, random);
+}
+
+/**
+ * The costs of rows [0, count) without picking (what /potential_loads reports): the same
+ * arithmetic as selectCandidate's, into `costsOut` or a module scratch buffer reused by the next
+ * call. An empty table scores nothing.
+ */
+export function scoreCandidates(table: CandidateTable, req: SelectionRequest, config: SelectorConfig, costsOut?: Float64Array): Float64Array {
+  checkRequest(req);
+  return scoreRows(table, req, config, costsOut);
+}
+
+function scoreRows(table: CandidateTable, req: SelectionRequest, config: SelectorConfig, costsOut: Float64Array | undefined): Float64Array {
+  const n = table.count;
   if (costsOut !== undefined && costsOut.length < n) throw badRequest(`costsOut holds ${costsOut.length} rows, need ${n}`, "costsOut");
   let costs: Float64Array;
   if (costsOut !== undefined) {
@@ -204,7 +221,7 @@ export function selectCandidate(
     costs[i] = cost;
     if (cost !== cost) costs[i] = Infinity;
   }
-  return config.temperature > 0 ? pickSoftmax(costs, n, config.temperature, random) : pickArgmin(costs, n, random);
+  return costs;
 }
 
 /** Argmin; the k-th tied candidate replaces the pick with probability 1/k (uniform tie-break). */

@@ -22,7 +22,6 @@ export class HttpMetrics {
   readonly #requests: Counter<"route" | "status">;
   readonly #durations: Histogram<"route">;
   readonly #unauthorized: Counter<"reason">;
-  #selectionErrors = 0;
 
   constructor(registry: MetricsRegistry) {
     this.registry = registry;
@@ -48,19 +47,6 @@ export class HttpMetrics {
   observeRequest(route: string, status: number, ms: number): void {
     this.#requests.inc({ route, status: String(status) });
     this.#durations.observe({ route }, ms / MS_PER_SECOND);
-  }
-
-  /**
-   * A select / select_and_reserve / reservation call that the service refused. Counted here and
-   * added to kvmesh_selection_errors_total (src/metrics/service-metrics.ts), as the service's own
-   * counter is not incremented yet.
-   */
-  observeSelectionError(): void {
-    this.#selectionErrors++;
-  }
-
-  get selectionErrors(): number {
-    return this.#selectionErrors;
   }
 
   /** A request refused for a missing, malformed or wrong API token (401). */

@@ -137,15 +137,6 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp): Route
     if (o.mesh === undefined) throw new KvmeshError("KVMESH_REPLICA_SYNC_DISABLED", "replica sync is disabled");
     return o.mesh;
   };
-  // Counted here because the service does not count its refusals itself.
-  const selecting = <T>(call: () => T): T => {
-    try {
-      return call();
-    } catch (err) {
-      o.metrics.observeSelectionError();
-      throw err;
-    }
-  };
   return [
     { method: "POST", pattern: "/workers", body: "required", handle: (c) => reply(201, svc.upsertWorker(parseWorkerRequest(c.body, ""))) },
     { method: "GET", pattern: "/workers", body: "none", handle: (c) => reply(200, svc.listWorkers(queryParam(c.query, "model_name"), queryParam(c.query, "routing_group"))) },
@@ -173,7 +164,7 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp): Route
       prompt: true,
       handle: (c) => {
         const r = parseSelectRequest(c.body, "");
-        return reply(200, selecting(() => svc.select(r)));
+        return reply(200, svc.select(r));
       },
     },
     {
@@ -183,7 +174,7 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp): Route
       prompt: true,
       handle: (c) => {
         const r = parseSelectAndReserveRequest(c.body, "");
-        return reply(200, selecting(() => svc.selectAndReserve(r)));
+        return reply(200, svc.selectAndReserve(r));
       },
     },
     {
@@ -193,7 +184,7 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp): Route
       prompt: true,
       handle: (c) => {
         const r = parseReservationRequest(c.body, "");
-        return reply(201, selecting(() => svc.createReservation(r)));
+        return reply(201, svc.createReservation(r));
       },
     },
     {

@@ -12,11 +12,6 @@ export type ServiceMetricsSource = Pick<SelectionService, "sizes" | "parkedBindi
   readonly stats: Readonly<ServiceStats>;
 };
 
-export interface ServiceMetricsOptions {
-  /** Failed selections counted outside the service (the HTTP layer), added to kvmesh_selection_errors_total. */
-  readonly moreSelectionErrors?: () => number;
-}
-
 type Sizes = ReturnType<SelectionService["sizes"]>;
 
 const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: keyof ServiceStats])[] = [
@@ -52,11 +47,10 @@ const SIZE_COUNTERS: readonly (readonly [name: string, help: string, key: keyof 
   ["kvmesh_reorder_state_shed_total", "Tombstones or early prefill marks shed at their bound.", "reorderShed"],
 ];
 
-export function registerServiceMetrics(registry: Registry, svc: ServiceMetricsSource, options: ServiceMetricsOptions = {}): void {
+export function registerServiceMetrics(registry: Registry, svc: ServiceMetricsSource): void {
   // svc.stats is read at each scrape, never captured: the facade may hand out a fresh view each time.
   for (const [name, help, key] of STAT_COUNTERS) collectedCounter(registry, { name, help }, () => svc.stats[key]);
-  const more = options.moreSelectionErrors;
-  collectedCounter(registry, { name: "kvmesh_selection_errors_total", help: "Selections that failed." }, () => svc.stats.selectionErrors + (more?.() ?? 0));
+  collectedCounter(registry, { name: "kvmesh_selection_errors_total", help: "Selections that failed." }, () => svc.stats.selectionErrors);
   collectedGauge(registry, { name: "kvmesh_parked_bindings", help: "Peer bindings parked now." }, () => svc.parkedBindings);
   collectedGauge(registry, { name: "kvmesh_session_bindings_subscribers", help: "Live sessionBindingUpdates() subscriptions." }, () => svc.sessionBindingSubscribers);
   collectedGauge(registry, { name: "kvmesh_reservations_active", help: "Live bookings (local and mirrored from peers)." }, () => svc.reservationCount);

@@ -74,7 +74,7 @@ export async function startTestServer(o: TestServerOptions = {}): Promise<TestSe
 export function testMetrics(svc: SelectionService, ingestStats?: () => readonly KvRankStats[]): HttpMetrics {
   const registry = createMetricsRegistry();
   const metrics = new HttpMetrics(registry);
-  registerServiceMetrics(registry, svc, { moreSelectionErrors: () => metrics.selectionErrors });
+  registerServiceMetrics(registry, svc);
   if (ingestStats !== undefined) registerIngestMetrics(registry, ingestStats);
   return metrics;
 }

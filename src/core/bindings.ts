@@ -1,0 +1,285 @@
+/**
+ * Session bindings across replicas: the affinity table each partition gets, the one builder of
+ * the `BindingEvent`s they publish, the last-writer-wins merge of peers' bindings (from the mesh
+ * or a host), parking of bindings whose worker is not known here yet, snapshots, and the host
+ * replication streams (`sessionBindingUpdates`).
+ *
+ * Versions are a Lamport clock `(sequence, writer_id)`. A new partition's table starts at the
+ * wall clock in ns, but never at or below a sequence this service already issued or merged: a
+ * writer whose clock stepped back (or moved to a host whose clock is behind) would otherwise
+ * stamp versions its peers already hold newer ones of, and they would keep the stale binding.
+ */
+import { AffinityTable, affinitySweepIntervalMs, type BindingReason, type SessionBinding } from "./affinity-table.js";
+import type { Clock, WallClockNs } from "./clock.js";
+import { KvmeshError } from "./errors.js";
+import type { Partition } from "./partition.js";
+import type { BindingEvent } from "./replica-events.js";
+import { MAX_ID_BYTES } from "./request-ids.js";
+import type { ResolvedAffinityOptions } from "./service-options.js";
+import type { ServiceCounters } from "./service-stats.js";
+import { checkSessionBinding, type SessionBindingInput, type SessionBindingOutcome, type SessionBindingOutcomeKind } from "./session-binding-input.js";
+import { SessionBindingSubscription, type SessionBindingUpdatesOptions } from "./session-binding-stream.js";
+import type { WorkerId } from "./types.js";
+import { partitionKey } from "./worker-catalog.js";
+
+/** How long a peer's binding for a worker or partition not known here yet is kept, ms. */
+export const DEFAULT_PARKED_BINDING_TTL_MS = 60_000;
+/** Bound on parked bindings; past it the oldest is shed (counted). */
+export const DEFAULT_PARKED_BINDINGS_MAX = 65_536;
+
+const U64_MAX = (1n << 64n) - 1n;
+
+/** The partitions bindings live in (the fleet). */
+export interface PartitionLookup {
+  partition(key: string): Partition | undefined;
+  partitions(): Iterable<Partition>;
+}
+
+export interface SessionBindingsOptions {
+  readonly clock: Clock;
+  readonly wallClockNs: WallClockNs;
+  /** Undefined: session affinity is off (no tables, peers' bindings are ignored). */
+  readonly affinity: ResolvedAffinityOptions | undefined;
+  readonly writerId: bigint;
+  readonly hostReplication: boolean;
+  readonly counters: ServiceCounters;
+  readonly fleet: PartitionLookup;
+}
+
+/** THE builder of binding events: what a partition's table publishes and what a snapshot carries. */
+export function bindingEvent(p: Pick<Partition, "modelName" | "routingGroup">, b: SessionBinding, reason: BindingReason): BindingEvent {
+  return {
+    model_name: p.modelName,
+    routing_group: p.routingGroup,
+    session_id: b.sessionId,
+    worker_id: b.target.workerId,
+    dp_rank: b.target.dpRank,
+    sequence: b.version.sequence,
+    writer_id: b.version.writerId,
+    reason,
+  };
+}
+
+export class SessionBindings {
+  readonly #o: SessionBindingsOptions;
+  readonly #listeners = new Set<(e: BindingEvent) => void>();
+  readonly #subscriptions = new Set<SessionBindingSubscription>();
+  /** Peer bindings waiting for their worker or partition: key partition/session, insertion = age order. */
+  readonly #parked = new Map<string, { event: BindingEvent; expiresAtMs: number }>();
+  /** Highest binding sequence issued or merged here: a new table's Lamport floor. */
+  #highestSequence = 0n;
+
+  constructor(options: SessionBindingsOptions) {
+    this.#o = options;
+  }
+
+  get enabled(): boolean {
+    return this.#o.affinity !== undefined;
+  }
+
+  /** The host-supplied writer id in host-replication mode, else undefined. */
+  get hostWriterId(): bigint | undefined {
+    return this.#o.hostReplication ? this.#o.writerId : undefined;
+  }
+
+  onBindingEvent(listener: (e: BindingEvent) => void): () => void {
+    this.#listeners.add(listener);
+    return () => this.#listeners.delete(listener);
+  }
+
+  /** The affinity table of a new partition (undefined without session affinity). */
+  createTable(p: Pick<Partition, "modelName" | "routingGroup">): AffinityTable | undefined {
+    const a = this.#o.affinity;
+    if (a === undefined) return undefined;
+    const table = new AffinityTable({
+      ttlMs: a.ttlSecs * 1000,
+      mode: a.mode,
+      maxEntries: a.maxEntries,
+      maxSessionIdBytes: a.maxSessionIdBytes,
+      writerId: this.#o.writerId,
+      clock: this.#o.clock,
+      initialSequence: this.#initialSequence(),
+    });
+    table.onBinding((b, reason) => {
+      this.#observe(b.version.sequence);
+      this.#o.counters.bindingsPublished++;
+      const ev = bindingEvent(p, b, reason);
+      for (const l of this.#listeners) l(ev);
+    });
+    return table;
+  }
+
+  /** Wall-clock ns, but above every sequence seen here (the clock may have stepped back). */
+  #initialSequence(): bigint {
+    const wall = this.#o.wallClockNs();
+    const floor = this.#highestSequence < U64_MAX ? this.#highestSequence + 1n : U64_MAX;
+    return wall > floor ? wall : floor;
+  }
+
+  #observe(sequence: bigint): void {
+    if (typeof sequence === "bigint" && sequence > this.#highestSequence && sequence <= U64_MAX) this.#highestSequence = sequence;
+  }
+
+  /** Merges a peer's session binding by `(sequence, writer_id)` (the mesh's entry point). */
+  applyBindingEvent(e: BindingEvent): string {
+    if (this.#o.affinity === undefined) {
+      this.#o.counters.bindingsIgnored++;
+      return "ignored-affinity-disabled";
+    }
+    return this.#merge(e);
+  }
+
+  /** Host replication: validates and merges each binding, saying what happened to it. */
+  applySessionBinding(input: SessionBindingInput | readonly SessionBindingInput[]): SessionBindingOutcome | SessionBindingOutcome[] {
+    this.#assertHostReplication();
+    if (Array.isArray(input)) return (input as readonly unknown[]).map((b) => this.#applyOne(b));
+    return this.#applyOne(input);
+  }
+
+  check(binding: unknown): ReturnType<typeof checkSessionBinding> {
+    return checkSessionBinding(binding, this.#o.affinity?.maxSessionIdBytes ?? MAX_ID_BYTES);
+  }
+
+  #applyOne(input: unknown): SessionBindingOutcome {
+    const checked = this.check(input);
+    if (!checked.ok) {
+      this.#o.counters.bindingsIgnored++;
+      return { outcome: "rejected-invalid", reason: checked.reason };
+    }
+    return { outcome: this.#merge(checked.binding) };
+  }
+
+  #merge(e: BindingEvent): SessionBindingOutcomeKind {
+    const c = this.#o.counters;
+    this.#observe(e.sequence);
+    const p = this.#o.fleet.partition(partitionKey(e.model_name, e.routing_group));
+    if (e.writer_id === this.#o.writerId) {
+      // Our own binding coming back. A peer's *refresh* of it means the session is in use there:
+      // extend our idle TTL. Anything else (an echo, a snapshot copy) changes nothing.
+      if (e.reason === "refresh" && p?.affinity?.refreshOwn({ sessionId: e.session_id, target: { workerId: e.worker_id, dpRank: e.dp_rank }, version: { sequence: e.sequence, writerId: e.writer_id } }) === true) {
+        c.bindingsApplied++;
+        return "refreshed";
+      }
+      c.bindingsIgnored++;
+      return "ignored-own";
+    }
+    if (p?.affinity === undefined || !p.members.has(e.worker_id)) {
+      // The binding is real; this replica just has not learned the worker (or partition) yet.
+      // Park it and apply it when the worker registers, instead of dropping it.
+      p?.affinity?.observeSequence(e.sequence);
+      this.#park(e);
+      return "parked-unknown-worker";
+    }
+    const outcome = p.affinity.applyReplica({
+      sessionId: e.session_id,
+      target: { workerId: e.worker_id, dpRank: e.dp_rank },
+      version: { sequence: e.sequence, writerId: e.writer_id },
+    });
+    if (outcome.startsWith("ignored") || outcome.startsWith("rejected")) c.bindingsIgnored++;
+    else c.bindingsApplied++;
+    return outcome;
+  }
+
+  #assertHostReplication(): void {
+    if (!this.#o.hostReplication) {
+      throw new KvmeshError("KVMESH_HOST_REPLICATION_DISABLED", "host replication is disabled: construct the service with sessionReplicationWriterId (kvmesh serve --session-replication-writer-id N)");
+    }
+  }
+
+  // ---------------------------------------------------------------- parking
+
+  #park(e: BindingEvent): void {
+    const key = `${e.model_name}:${e.routing_group}/${e.session_id}`;
+    const prev = this.#parked.get(key)?.event;
+    if (prev !== undefined && (prev.sequence > e.sequence || (prev.sequence === e.sequence && prev.writer_id >= e.writer_id))) return;
+    this.#parked.delete(key);
+    this.#parked.set(key, { event: e, expiresAtMs: this.#o.clock.now() + DEFAULT_PARKED_BINDING_TTL_MS });
+    this.#o.counters.bindingsParked++;
+    if (this.#parked.size > DEFAULT_PARKED_BINDINGS_MAX) {
+      const oldest = this.#parked.keys().next();
+      if (oldest.done !== true) {
+        this.#parked.delete(oldest.value);
+        this.#o.counters.parkedBindingsShed++;
+      }
+    }
+  }
+
+  /** Applies parked bindings whose worker just became a member of its partition. */
+  unpark(p: Partition, workerId: WorkerId): void {
+    if (this.#parked.size === 0) return;
+    for (const [k, v] of this.#parked) {
+      const e = v.event;
+      if (e.worker_id !== workerId || e.model_name !== p.modelName || e.routing_group !== p.routingGroup) continue;
+      this.#parked.delete(k);
+      this.#o.counters.bindingsUnparked++;
+      this.#merge(e);
+    }
+  }
+
+  get parkedCount(): number {
+    return this.#parked.size;
+  }
+
+  /** Runs `p`'s affinity reaper when due (idle bindings go, leased ones are re-published). */
+  sweepTable(p: Partition, now: number): void {
+    if (p.affinity !== undefined && now >= p.nextAffinitySweepMs) {
+      p.affinity.sweep();
+      p.nextAffinitySweepMs = now + affinitySweepIntervalMs(p.affinity.ttlMs);
+    }
+  }
+
+  /** Drops parked bindings past their TTL (oldest first; insertion order is age order). */
+  sweepParked(now: number): void {
+    for (const [k, v] of this.#parked) {
+      if (v.expiresAtMs > now) break;
+      this.#parked.delete(k);
+      this.#o.counters.parkedBindingsExpired++;
+    }
+  }
+
+  // ---------------------------------------------------------------- snapshots and host streams
+
+  /** Every live session binding held here (LWW merge makes re-applying them harmless). */
+  snapshot(): BindingEvent[] {
+    const out: BindingEvent[] = [];
+    for (const p of this.#o.fleet.partitions()) {
+      for (const b of p.affinity?.snapshot() ?? []) out.push(bindingEvent(p, b, "refresh"));
+    }
+    return out;
+  }
+
+  /** A host-replication stream of this service's bindings (see SelectionService.sessionBindingUpdates). */
+  subscribe(opts: SessionBindingUpdatesOptions, shuttingDown: boolean): SessionBindingSubscription {
+    this.#assertHostReplication();
+    // Filled after construction: an already-aborted signal closes the subscription inside it.
+    const ref: { sub?: SessionBindingSubscription; off?: () => void } = {};
+    const sub = new SessionBindingSubscription(opts, {
+      onClose: () => {
+        ref.off?.();
+        if (ref.sub !== undefined) this.#subscriptions.delete(ref.sub);
+      },
+      onShed: () => {
+        this.#o.counters.droppedBindings++;
+      },
+    });
+    ref.sub = sub;
+    if (sub.closed) return sub;
+    if (shuttingDown) sub.end();
+    else {
+      ref.off = this.onBindingEvent((e) => {
+        sub.push(e);
+      });
+      this.#subscriptions.add(sub);
+    }
+    return sub;
+  }
+
+  get subscriberCount(): number {
+    return this.#subscriptions.size;
+  }
+
+  /** Shutdown: streams deliver what is queued, then end (a host's relay loop finishes cleanly). */
+  endSubscriptions(): void {
+    for (const sub of this.#subscriptions) sub.end();
+  }
+}

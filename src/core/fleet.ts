@@ -1,0 +1,343 @@
+/**
+ * The fleet as this replica sees it: the worker catalogue, the partitions its schedulable
+ * workers form, and each rank's prefix index fed by the workers' own KV events. Also the fleet's
+ * read-only views: /loads, /dump, table sizes, KV-event endpoints.
+ *
+ * A partition `(model_name, routing_group)` is created with its first schedulable worker and
+ * never deleted. What else lives in a partition (bookings, bindings) is owned by other parts of
+ * the core; the fleet tells them through FleetHooks when a rank's state goes or a worker joins.
+ */
+import type { AffinityTable } from "./affinity-table.js";
+import type { Clock, Random } from "./clock.js";
+import { KvmeshError } from "./errors.js";
+import { hashCount, hashListFromBigInts } from "./hash64.js";
+import { computeBlockHashes } from "./hashing.js";
+import type { KvEventBatch } from "./kv-events.js";
+import { Partition } from "./partition.js";
+import { PromptHashCache } from "./prompt-hash-cache.js";
+import type { ServiceCounters } from "./service-stats.js";
+import {
+  DEFAULT_MODEL_NAME,
+  DEFAULT_ROUTING_GROUP,
+  type ModelLoadResponse,
+  type WorkerCatalogRecord,
+  type WorkerId,
+  type WorkerPatchRequest,
+  type WorkerRequest,
+} from "./types.js";
+import { kvEventsEndpointFor, partitionKey, validateWorkerId, WorkerCatalog } from "./worker-catalog.js";
+
+export interface WorkerChange {
+  readonly workerId: WorkerId;
+  /** The stored record, or null when the worker was deleted. */
+  readonly record: WorkerCatalogRecord | null;
+}
+
+export interface DumpEvent {
+  worker_id: WorkerId;
+  dp_rank: number;
+  tier: string;
+  parent_hash: bigint | null;
+  block_hashes: bigint[];
+  local_hashes: bigint[];
+}
+
+export interface FleetSizes {
+  partitions: number;
+  indexedBlocks: number;
+  indexNodes: number;
+  affinityEntries: number;
+  affinityFallbacks: number;
+}
+
+/** What the fleet tells the parts that keep per-partition state of their own. */
+export interface FleetHooks {
+  /** The affinity table of a new partition, or undefined without session affinity. */
+  createAffinity(p: Partition): AffinityTable | undefined;
+  /** `workerId` is now a schedulable member of `p` (bindings parked for it may apply). */
+  workerJoined(p: Partition, workerId: WorkerId): void;
+  /** These bookings left the ledger with their rank; their reservation rows must go too. */
+  bookingsGone(selectionIds: readonly string[]): void;
+}
+
+export interface FleetOptions {
+  readonly clock: Clock;
+  readonly random: Random;
+  readonly expiryMs: number;
+  readonly requireKvEventsEndpoint: boolean;
+  readonly counters: ServiceCounters;
+  readonly hooks: FleetHooks;
+}
+
+export class Fleet {
+  readonly #o: FleetOptions;
+  readonly #catalog: WorkerCatalog;
+  readonly #partitions = new Map<string, Partition>();
+  /** One prompt-hash memo per partition (its block size and Eagle mode fix the memo's layout). */
+  readonly #promptHashCaches = new Map<Partition, PromptHashCache>();
+  readonly #workerListeners = new Set<(c: WorkerChange) => void>();
+
+  constructor(options: FleetOptions) {
+    this.#o = options;
+    this.#catalog = new WorkerCatalog({
+      requireKvEventsEndpoint: options.requireKvEventsEndpoint,
+      partitionBlockSize: (key) => this.#partitions.get(key)?.blockSize,
+    });
+  }
+
+  onWorkerChange(listener: (c: WorkerChange) => void): () => void {
+    this.#workerListeners.add(listener);
+    return () => this.#workerListeners.delete(listener);
+  }
+
+  // ---------------------------------------------------------------- partitions
+
+  partition(key: string): Partition | undefined {
+    return this.#partitions.get(key);
+  }
+
+  partitions(): IterableIterator<Partition> {
+    return this.#partitions.values();
+  }
+
+  get partitionCount(): number {
+    return this.#partitions.size;
+  }
+
+  /** The request's partition, which must have a schedulable worker (503 otherwise). */
+  requirePartition(model: string | undefined, group: string | undefined): Partition {
+    const key = partitionKey(model ?? DEFAULT_MODEL_NAME, group ?? DEFAULT_ROUTING_GROUP);
+    const p = this.#partitions.get(key);
+    if (p === undefined || p.schedulable.length === 0) {
+      const any = this.#catalog.list().some((r) => r.lifecycle === "schedulable");
+      throw new KvmeshError("KVMESH_NOT_READY", any ? `no schedulable workers for ${key}` : "no schedulable workers are available");
+    }
+    return p;
+  }
+
+  promptHashCache(p: Partition): PromptHashCache | undefined {
+    return this.#promptHashCaches.get(p);
+  }
+
+  #createPartition(model: string, group: string, blockSize: number, isEagle: boolean): Partition {
+    const p = new Partition(model, group, blockSize, isEagle, this.#o.clock, this.#o.random, this.#o.expiryMs);
+    p.affinity = this.#o.hooks.createAffinity(p);
+    this.#partitions.set(p.key, p);
+    this.#promptHashCaches.set(p, new PromptHashCache({ blockSize, isEagle }));
+    return p;
+  }
+
+  // ---------------------------------------------------------------- workers
+
+  upsertWorker(req: WorkerRequest): WorkerCatalogRecord {
+    return this.#storeWorker(this.#catalog.prepareUpsert(req));
+  }
+
+  patchWorker(workerId: WorkerId, patch: WorkerPatchRequest): WorkerCatalogRecord {
+    validateWorkerId(workerId, "worker_id");
+    return this.#storeWorker(this.#catalog.preparePatch(workerId, patch));
+  }
+
+  deleteWorker(workerId: WorkerId): WorkerCatalogRecord {
+    validateWorkerId(workerId, "worker_id");
+    const removed = this.#catalog.remove(workerId);
+    for (const p of this.#partitions.values()) this.#dropMember(p, workerId);
+    this.#notifyWorker({ workerId, record: null });
+    return removed;
+  }
+
+  listWorkers(modelName?: string, routingGroup?: string): WorkerCatalogRecord[] {
+    return this.#catalog.list(modelName, routingGroup);
+  }
+
+  getWorker(workerId: WorkerId): WorkerCatalogRecord | undefined {
+    return this.#catalog.get(workerId);
+  }
+
+  /** The endpoint requests for a worker go to, if registered with one. */
+  endpointOf(workerId: WorkerId): string | null {
+    return this.#catalog.get(workerId)?.endpoint ?? null;
+  }
+
+  #storeWorker(record: WorkerCatalogRecord): WorkerCatalogRecord {
+    const key = partitionKey(record.model_name, record.routing_group);
+    let partition = this.#partitions.get(key);
+    if (partition === undefined && record.lifecycle === "schedulable" && record.block_size !== null) {
+      partition = this.#createPartition(record.model_name, record.routing_group, record.block_size, record.is_eagle);
+    }
+    // A worker that moved partitions leaves its old one entirely.
+    for (const p of this.#partitions.values()) {
+      if (p !== partition && p.members.has(record.worker_id)) this.#dropMember(p, record.worker_id);
+    }
+    if (partition !== undefined && record.block_size === partition.blockSize) {
+      for (const rank of partition.upsertMember(record)) this.#clearRank(partition, rank);
+      if (record.lifecycle !== "schedulable") partition.affinity?.dropWorker(record.worker_id);
+      else this.#o.hooks.workerJoined(partition, record.worker_id);
+    }
+    this.#catalog.store(record);
+    this.#notifyWorker({ workerId: record.worker_id, record });
+    return record;
+  }
+
+  #dropMember(p: Partition, workerId: WorkerId): void {
+    for (const rank of p.removeMember(workerId)) this.#clearRank(p, rank);
+    p.affinity?.dropWorker(workerId);
+  }
+
+  /** Removes everything a rank held: indexed blocks, bookings (and their rows), bindings, the rank key. */
+  #clearRank(p: Partition, rank: number): void {
+    p.index.removeRank(rank);
+    this.#o.hooks.bookingsGone(p.ledger.removeRank(rank));
+    p.affinity?.dropTarget(p.ranks.workerOf(rank), p.ranks.dpRankOf(rank));
+    p.ranks.release(rank);
+  }
+
+  #notifyWorker(c: WorkerChange): void {
+    for (const l of this.#workerListeners) l(c);
+  }
+
+  // ---------------------------------------------------------------- KV events from workers
+
+  /**
+   * Applies one KV-event batch of a worker rank to its partition's prefix index. Returns how
+   * many events applied and how many were dropped (unknown worker, block-size mismatch,
+   * a stored block whose parent this rank does not hold).
+   */
+  applyKvEvents(workerId: WorkerId, dpRank: number, batch: KvEventBatch): { applied: number; dropped: number } {
+    const c = this.#o.counters;
+    const located = this.locateRank(workerId, batch.dpRank ?? dpRank);
+    if (located === undefined) {
+      c.kvEventsDropped += batch.events.length;
+      return { applied: 0, dropped: batch.events.length };
+    }
+    const { partition: p, rank } = located;
+    let applied = 0;
+    let dropped = 0;
+    for (const ev of batch.events) {
+      let ok = true;
+      switch (ev.type) {
+        case "stored": {
+          if (ev.blockSize !== null && ev.blockSize !== p.blockSize) {
+            ok = false;
+            break;
+          }
+          const local = computeBlockHashes(ev.tokenIds, p.blockSize, { loraName: ev.loraName, isEagle: ev.eagle });
+          const engine = hashListFromBigInts(ev.blockHashes);
+          if (hashCount(local) !== hashCount(engine)) {
+            ok = false;
+            break;
+          }
+          ok = p.index.applyStored(rank, ev.tier, ev.parentHash, engine, local);
+          break;
+        }
+        case "removed":
+          p.index.applyRemoved(rank, ev.tier, hashListFromBigInts(ev.blockHashes));
+          break;
+        case "cleared":
+          p.index.applyCleared(rank);
+          break;
+      }
+      if (ok) applied++;
+      else dropped++;
+    }
+    c.kvEventsApplied += applied;
+    c.kvEventsDropped += dropped;
+    return { applied, dropped };
+  }
+
+  /** A rank's KV-event publisher restarted: its old blocks are gone, rebuild from new events. */
+  clearWorkerKv(workerId: WorkerId, dpRank: number): void {
+    const located = this.locateRank(workerId, dpRank);
+    if (located !== undefined) located.partition.index.applyCleared(located.rank);
+  }
+
+  /** The partition and rank key of a registered member's dp rank. */
+  locateRank(workerId: WorkerId, dpRank: number): { partition: Partition; rank: number } | undefined {
+    const r = this.#catalog.get(workerId);
+    if (r === undefined) return undefined;
+    const p = this.#partitions.get(partitionKey(r.model_name, r.routing_group));
+    if (p === undefined || !p.members.has(workerId)) return undefined;
+    const rank = p.ranks.get(workerId, dpRank);
+    return rank === undefined ? undefined : { partition: p, rank };
+  }
+
+  kvEventsEndpointsOf(workerId: WorkerId): { dpRank: number; endpoint: string }[] {
+    const r = this.#catalog.get(workerId);
+    if (r === undefined) return [];
+    const out: { dpRank: number; endpoint: string }[] = [];
+    for (let i = 0; i < r.data_parallel_size; i++) {
+      const dpRank = r.data_parallel_start_rank + i;
+      const endpoint = kvEventsEndpointFor(r, dpRank);
+      if (endpoint !== null) out.push({ dpRank, endpoint });
+    }
+    return out;
+  }
+
+  // ---------------------------------------------------------------- views
+
+  /** Whether any worker is schedulable, and the counts (GET /ready). */
+  readiness(): { schedulable: number; workers: number } {
+    const all = this.#catalog.list();
+    return { schedulable: all.filter((r) => r.lifecycle === "schedulable").length, workers: all.length };
+  }
+
+  /** Per schedulable rank, the load booked on it now (GET /loads). */
+  loads(modelName?: string, routingGroup?: string): ModelLoadResponse[] {
+    const out: ModelLoadResponse[] = [];
+    for (const p of this.#partitions.values()) {
+      if (modelName !== undefined && p.modelName !== modelName) continue;
+      if (routingGroup !== undefined && p.routingGroup !== routingGroup) continue;
+      out.push({
+        model_name: p.modelName,
+        routing_group: p.routingGroup,
+        loads: p.schedulable.map((rank) => ({
+          worker_id: p.ranks.workerOf(rank),
+          dp_rank: p.ranks.dpRankOf(rank),
+          potential_prefill_tokens: p.ledger.activePrefillTokens(rank),
+          potential_decode_blocks: p.ledger.activeBlocks(rank),
+          active_requests: p.ledger.activeRequests(rank),
+        })),
+        // The reference counts requests parked in its admission queue here. kvmesh has no queue:
+        // a selection is answered at once (or refused with 429/503), so nothing is ever pending.
+        pending_count: 0,
+        pending_isl_tokens: 0,
+      });
+    }
+    return out;
+  }
+
+  /**
+   * The prefix index as KV events per partition (GET /dump): replaying them into an empty
+   * service rebuilds the same index.
+   */
+  dump(): Record<string, { block_size: number; events: DumpEvent[] }> {
+    const out: Record<string, { block_size: number; events: DumpEvent[] }> = {};
+    for (const p of this.#partitions.values()) {
+      const events: DumpEvent[] = [];
+      for (const [workerId, m] of p.members) {
+        for (const rank of m.ranks) {
+          for (const e of p.index.dumpRank(rank)) {
+            events.push({ worker_id: workerId, dp_rank: p.ranks.dpRankOf(rank), tier: e.tier, parent_hash: e.parentHash, block_hashes: e.blockHashes, local_hashes: e.localHashes });
+          }
+        }
+      }
+      out[p.key] = { block_size: p.blockSize, events };
+    }
+    return out;
+  }
+
+  /** Index and affinity table sizes, for metrics. */
+  sizes(): FleetSizes {
+    let indexedBlocks = 0;
+    let indexNodes = 0;
+    let affinityEntries = 0;
+    let affinityFallbacks = 0;
+    for (const p of this.#partitions.values()) {
+      indexedBlocks += p.index.size;
+      indexNodes += p.index.nodeCount;
+      affinityEntries += p.affinity?.size ?? 0;
+      affinityFallbacks += p.affinity?.fallbacks ?? 0;
+    }
+    return { partitions: this.#partitions.size, indexedBlocks, indexNodes, affinityEntries, affinityFallbacks };
+  }
+}

@@ -1,0 +1,356 @@
+/**
+ * The reservation book: one row per live booking this replica holds, its own and those mirrored
+ * from peers, keyed by selection id. It books (both `createReservation` forms: an explicit
+ * worker, or the replay of a selection cached by /select), runs the lifecycle calls (prefill
+ * complete, output block, free), caps this replica's own bookings, and force-frees bookings past
+ * the expiry. Every change to an own booking is published as a LoadEvent for the peers.
+ *
+ * The ledger holds the load; a row holds what the ledger does not: the owner, the add event a
+ * snapshot carries, and the session binding's lease.
+ */
+import type { Lease } from "./affinity-table.js";
+import type { Clock, Random } from "./clock.js";
+import { badRequest, KvmeshError } from "./errors.js";
+import { effectivePrefillFor, type Chooser, type Selection } from "./choose.js";
+import type { Fleet } from "./fleet.js";
+import type { Partition } from "./partition.js";
+import { PendingSelections } from "./pending-selections.js";
+import type { NormalizedPrompt } from "./prompt.js";
+import type { LoadAddEvent, LoadEvent, PartitionRef } from "./replica-events.js";
+import { sessionIdOf, validateId } from "./request-ids.js";
+import type { ServiceCounters } from "./service-stats.js";
+import type { ReservationRequest, ReservationResponse, SelectRequest, WorkerId } from "./types.js";
+import { validateWorkerId } from "./worker-catalog.js";
+
+export interface ReservationRow {
+  readonly selectionId: string;
+  readonly partition: Partition;
+  readonly workerId: WorkerId;
+  readonly dpRank: number;
+  readonly owner: bigint;
+  /** The add event that booked it: what a snapshot of the owner carries. */
+  readonly add: LoadAddEvent;
+  lease: Lease | undefined;
+}
+
+/** What /select cached under a selection id for a later POST /reservations to book. */
+interface PendingEntry {
+  readonly workerId: WorkerId;
+  readonly dpRank: number;
+  readonly prompt: NormalizedPrompt;
+  readonly effectivePrefillTokens: number;
+  readonly trackPrefill: boolean;
+  readonly expectedOutputTokens: number | null;
+  readonly prefillDurationMs: number | null;
+  readonly sessionId: string | undefined;
+}
+
+/** What a booking carries besides its worker and prompt. */
+export interface BookingTerms {
+  readonly prefillTokens: number;
+  readonly trackPrefill: boolean;
+  readonly expectedOutputTokens: number | null;
+  readonly prefillDurationMs: number | null;
+  readonly sessionId: string | undefined;
+}
+
+export interface ReservationBookOptions {
+  readonly replicaId: bigint;
+  readonly maxLocalReservations: number;
+  readonly clock: Clock;
+  readonly selectionCache: { readonly ttlMs?: number; readonly maxEntries?: number; readonly maxBytes?: number };
+  readonly counters: ServiceCounters;
+  readonly fleet: Pick<Fleet, "requirePartition" | "partitions" | "endpointOf">;
+  readonly chooser: Pick<Chooser, "configFor" | "promptOf">;
+  readonly random: Random;
+  /** Publishes a change to a booking (to the mesh; peers mirror it). */
+  readonly emit: (e: LoadEvent) => void;
+  /** A booking was freed here: a late Add of it from a peer must not bring it back. */
+  readonly freed: (owner: bigint, selectionId: string) => void;
+}
+
+export function partitionRef(p: Partition): PartitionRef {
+  return { model_name: p.modelName, routing_group: p.routingGroup };
+}
+
+export class ReservationBook {
+  readonly #o: ReservationBookOptions;
+  readonly #rows = new Map<string, ReservationRow>();
+  /** Live rows per owner (this replica and each peer it mirrors). */
+  readonly #ownedCounts = new Map<bigint, number>();
+  readonly #pending: PendingSelections<PendingEntry>;
+
+  constructor(options: ReservationBookOptions) {
+    this.#o = options;
+    this.#pending = new PendingSelections<PendingEntry>({ clock: options.clock, ...options.selectionCache });
+  }
+
+  // ---------------------------------------------------------------- rows
+
+  get size(): number {
+    return this.#rows.size;
+  }
+
+  has(selectionId: string): boolean {
+    return this.#rows.has(selectionId);
+  }
+
+  get(selectionId: string): ReservationRow | undefined {
+    return this.#rows.get(selectionId);
+  }
+
+  rows(): IterableIterator<ReservationRow> {
+    return this.#rows.values();
+  }
+
+  /** Live bookings this replica holds that `owner` made (own or mirrored). */
+  countOwnedBy(owner: bigint): number {
+    return this.#ownedCounts.get(owner) ?? 0;
+  }
+
+  install(row: ReservationRow): void {
+    this.#rows.set(row.selectionId, row);
+    this.#ownedCounts.set(row.owner, (this.#ownedCounts.get(row.owner) ?? 0) + 1);
+  }
+
+  /** Drops a row (its ledger entry is the caller's) and releases its binding lease. */
+  drop(selectionId: string): void {
+    const row = this.#rows.get(selectionId);
+    if (row === undefined) return;
+    this.#rows.delete(selectionId);
+    const n = (this.#ownedCounts.get(row.owner) ?? 1) - 1;
+    if (n === 0) this.#ownedCounts.delete(row.owner);
+    else this.#ownedCounts.set(row.owner, n);
+    if (row.lease !== undefined) row.partition.affinity?.release(row.lease);
+  }
+
+  /** 409 when the id is live anywhere here (a row, or a ledger entry not yet rowed). */
+  assertIdFree(id: string): void {
+    if (this.#rows.has(id)) throw new KvmeshError("KVMESH_DUPLICATE_ID", `selection_id ${id} is already live`);
+    for (const p of this.#o.fleet.partitions()) {
+      if (p.ledger.has(id)) throw new KvmeshError("KVMESH_DUPLICATE_ID", `selection_id ${id} is already live`);
+    }
+  }
+
+  // ---------------------------------------------------------------- booking
+
+  /** Books what `select_and_reserve` chose. */
+  bookSelection(sel: Selection, selectionId: string, req: SelectRequest): void {
+    this.#book(sel.partition, selectionId, sel.workerId, sel.dpRank, sel.prompt, {
+      prefillTokens: sel.effectivePrefillTokens,
+      trackPrefill: sel.config.trackPrefillTokens,
+      expectedOutputTokens: req.expected_output_tokens ?? null,
+      prefillDurationMs: req.expected_prefill_duration_ms ?? null,
+      sessionId: sel.sessionId,
+    });
+  }
+
+  /** Caches what /select chose under its selection id, for a later POST /reservations. */
+  rememberSelection(sel: Selection, selectionId: string, req: SelectRequest): void {
+    const entry: PendingEntry = {
+      workerId: sel.workerId,
+      dpRank: sel.dpRank,
+      prompt: sel.prompt,
+      effectivePrefillTokens: sel.effectivePrefillTokens,
+      trackPrefill: sel.config.trackPrefillTokens,
+      expectedOutputTokens: req.expected_output_tokens ?? null,
+      prefillDurationMs: req.expected_prefill_duration_ms ?? null,
+      sessionId: sel.sessionId,
+    };
+    // The entry's size for the cache's byte bound: the hashes (8 B each), ids as UTF-16, overhead.
+    const bytes = 8 * (sel.prompt.localHashes.length + sel.prompt.seqHashes.length) + 2 * ((sel.sessionId?.length ?? 0) + selectionId.length) + 64;
+    this.#pending.insert(sel.partition.key, selectionId, entry, bytes);
+  }
+
+  /** POST /reservations (the caller has checked the service is running). */
+  createReservation(req: ReservationRequest): ReservationResponse {
+    if (typeof req.selection_id !== "string") throw new KvmeshError("KVMESH_INVALID_FIELD", "selection_id: required string", { details: { field: "selection_id" } });
+    validateId(req.selection_id, "selection_id");
+    this.assertIdFree(req.selection_id);
+    const p = this.#o.fleet.requirePartition(req.model_name, req.routing_group);
+    return req.worker_id !== undefined ? this.#createExplicit(p, req, req.worker_id) : this.#createFromPending(p, req.selection_id);
+  }
+
+  /** Explicit form: the caller names the worker; any cached selection for the id is discarded. */
+  #createExplicit(p: Partition, req: ReservationRequest, workerId: WorkerId): ReservationResponse {
+    validateWorkerId(workerId, "worker_id");
+    this.#pending.remove(p.key, req.selection_id);
+    const dpRank = req.dp_rank ?? 0;
+    const rank = p.ranks.get(workerId, dpRank);
+    if (rank === undefined || !p.isSchedulable(rank)) {
+      throw new KvmeshError("KVMESH_WORKER_NOT_SCHEDULABLE", `worker ${workerId} dp_rank ${dpRank} is not schedulable in ${p.key}`);
+    }
+    const config = this.#o.chooser.configFor(req.router_config_override);
+    const prompt = this.#o.chooser.promptOf(p, req, config);
+    let effective = req.effective_prefill_tokens;
+    if (effective !== undefined) {
+      if (!Number.isInteger(effective) || effective < 0) throw badRequest("effective_prefill_tokens must be a non-negative integer", "effective_prefill_tokens");
+      if (effective > prompt.islTokens) throw badRequest(`effective_prefill_tokens (${effective}) must not exceed isl_tokens (${prompt.islTokens})`, "effective_prefill_tokens");
+    } else {
+      effective = effectivePrefillFor(p, rank, prompt, config);
+    }
+    const trackPrefill = req.track_prefill_tokens ?? (req.effective_prefill_tokens !== undefined ? true : config.trackPrefillTokens);
+    this.#book(p, req.selection_id, workerId, dpRank, prompt, {
+      prefillTokens: effective,
+      trackPrefill,
+      expectedOutputTokens: req.expected_output_tokens ?? null,
+      prefillDurationMs: null,
+      sessionId: sessionIdOf(req),
+    });
+    return this.#response(p, req.selection_id, workerId, dpRank);
+  }
+
+  /** Replay form: book exactly what /select chose and cached under this id. */
+  #createFromPending(p: Partition, selectionId: string): ReservationResponse {
+    const cached = this.#pending.peek(p.key, selectionId);
+    if (cached === undefined) {
+      throw new KvmeshError("KVMESH_PENDING_SELECTION_NOT_FOUND", `no pending selection ${selectionId} in ${p.key} (expired, consumed, or made on another replica)`);
+    }
+    const e = cached.value;
+    const rank = p.ranks.get(e.workerId, e.dpRank);
+    if (rank === undefined || !p.isSchedulable(rank)) {
+      throw new KvmeshError("KVMESH_WORKER_NOT_SCHEDULABLE", `worker ${e.workerId} dp_rank ${e.dpRank} chosen by the selection is no longer schedulable`);
+    }
+    try {
+      this.#book(p, selectionId, e.workerId, e.dpRank, e.prompt, {
+        prefillTokens: e.effectivePrefillTokens,
+        trackPrefill: e.trackPrefill,
+        expectedOutputTokens: e.expectedOutputTokens,
+        prefillDurationMs: e.prefillDurationMs,
+        sessionId: e.sessionId,
+      });
+    } catch (err) {
+      if (err instanceof KvmeshError && err.code === "KVMESH_SESSION_CONFLICT") this.#pending.remove(p.key, selectionId, cached.generation);
+      throw err;
+    }
+    this.#pending.remove(p.key, selectionId, cached.generation);
+    return this.#response(p, selectionId, e.workerId, e.dpRank);
+  }
+
+  #response(p: Partition, selectionId: string, workerId: WorkerId, dpRank: number): ReservationResponse {
+    return {
+      selection_id: selectionId,
+      model_name: p.modelName,
+      routing_group: p.routingGroup,
+      worker_id: workerId,
+      dp_rank: dpRank,
+      endpoint: this.#o.fleet.endpointOf(workerId),
+    };
+  }
+
+  /** Books load on the rank, commits the session binding, installs the row, publishes the add. */
+  #book(p: Partition, selectionId: string, workerId: WorkerId, dpRank: number, prompt: NormalizedPrompt, o: BookingTerms): void {
+    const rank = p.ranks.get(workerId, dpRank);
+    if (rank === undefined) throw new KvmeshError("KVMESH_WORKER_NOT_SCHEDULABLE", `worker ${workerId} dp_rank ${dpRank} is not in ${p.key}`);
+    const { replicaId, maxLocalReservations, counters } = this.#o;
+    if (this.countOwnedBy(replicaId) >= maxLocalReservations) {
+      counters.reservationsRefused++;
+      throw new KvmeshError("KVMESH_OVERLOADED", `reservations: this replica holds ${maxLocalReservations} live bookings (the limit); free some or raise --max-reservations`, { details: { field: "reservations" } });
+    }
+    p.ledger.add(selectionId, rank, prompt.seqHashes, {
+      prefillTokens: o.trackPrefill ? o.prefillTokens : 0,
+      trackPrefill: o.trackPrefill,
+      expectedPrefillDurationMs: o.prefillDurationMs,
+      expectedOutputTokens: o.expectedOutputTokens,
+    });
+    let lease: Lease | undefined;
+    if (o.sessionId !== undefined && p.affinity !== undefined) {
+      try {
+        const c = p.affinity.commit(o.sessionId, { workerId, dpRank });
+        if (c.kind !== "unpinned") lease = c.lease;
+      } catch (err) {
+        p.ledger.free(selectionId);
+        throw err;
+      }
+    }
+    const add: LoadAddEvent = {
+      type: "add",
+      origin: replicaId,
+      owner: replicaId,
+      request_id: selectionId,
+      partition: partitionRef(p),
+      block_size: p.blockSize,
+      worker_id: workerId,
+      dp_rank: dpRank,
+      sequence_hashes: prompt.seqHashes,
+      prefill_tokens: o.trackPrefill ? o.prefillTokens : 0,
+      track_prefill: o.trackPrefill,
+      expected_output_tokens: o.expectedOutputTokens,
+      prefill_duration_ms: o.prefillDurationMs,
+    };
+    this.install({ selectionId, partition: p, workerId, dpRank, owner: replicaId, add, lease });
+    counters.reservations++;
+    this.#o.emit(add);
+  }
+
+  // ---------------------------------------------------------------- lifecycle
+
+  prefillComplete(selectionId: string): void {
+    const row = this.#require(selectionId);
+    if (!row.partition.ledger.markPrefillComplete(selectionId)) {
+      this.drop(selectionId);
+      throw new KvmeshError("KVMESH_RESERVATION_NOT_FOUND", `reservation ${selectionId} not found`);
+    }
+    // Re-published even when already marked, so a peer that missed it converges.
+    this.#o.emit({ type: "prefill_complete", origin: this.#o.replicaId, owner: row.owner, request_id: selectionId, partition: partitionRef(row.partition) });
+  }
+
+  addOutputBlock(selectionId: string, decayFraction?: number): void {
+    const row = this.#require(selectionId);
+    if (decayFraction !== undefined && !(typeof decayFraction === "number" && decayFraction >= 0 && decayFraction <= 1)) {
+      throw badRequest("decay_fraction must be a number in [0, 1]", "decay_fraction");
+    }
+    if (!row.partition.ledger.addOutputBlock(selectionId, decayFraction)) {
+      this.drop(selectionId);
+      throw new KvmeshError("KVMESH_RESERVATION_NOT_FOUND", `reservation ${selectionId} not found`);
+    }
+  }
+
+  free(selectionId: string): void {
+    const row = this.#require(selectionId);
+    row.partition.ledger.free(selectionId);
+    this.drop(selectionId);
+    this.#o.freed(row.owner, selectionId);
+    this.#o.emit({ type: "free", origin: this.#o.replicaId, owner: row.owner, request_id: selectionId, partition: partitionRef(row.partition) });
+  }
+
+  #require(selectionId: string): ReservationRow {
+    if (typeof selectionId !== "string" || selectionId.length === 0) throw badRequest("selection_id must be a non-empty string", "selection_id");
+    const row = this.#rows.get(selectionId);
+    if (row === undefined) throw new KvmeshError("KVMESH_RESERVATION_NOT_FOUND", `reservation ${selectionId} not found`);
+    return row;
+  }
+
+  // ---------------------------------------------------------------- upkeep
+
+  /**
+   * Force-frees `p`'s bookings past the expiry. Own ones are published as frees, so peers drop
+   * their mirror now rather than at their own expiry.
+   */
+  expire(p: Partition): void {
+    const { replicaId, counters } = this.#o;
+    const expired = p.ledger.expire();
+    counters.expiredRequests += expired.length;
+    for (const id of expired) {
+      const row = this.#rows.get(id);
+      this.drop(id);
+      if (row?.owner === replicaId) this.#o.emit({ type: "free", origin: replicaId, owner: row.owner, request_id: id, partition: partitionRef(p) });
+    }
+  }
+
+  /** Drops rows whose booking left the ledger some other way, and expires cached selections. */
+  sweep(): void {
+    for (const [id, row] of this.#rows) {
+      if (!row.partition.ledger.has(id)) this.drop(id);
+    }
+    this.#pending.sweep();
+  }
+
+  get pendingSelections(): number {
+    return this.#pending.size;
+  }
+
+  get pendingEvictions(): number {
+    return this.#pending.evictions;
+  }
+}

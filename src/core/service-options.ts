@@ -1,0 +1,187 @@
+/**
+ * The selection service's options and the one place they are checked. `resolveServiceOptions`
+ * applies the defaults and every rule, single-field and cross-field, and returns the settings the
+ * service runs with; the daemon's config module calls the same function, so a rule is written
+ * once. Errors are KVMESH_BAD_REQUEST naming the field.
+ */
+import { DEFAULT_AFFINITY_MAX_ENTRIES, type AffinityMode } from "./affinity-table.js";
+import { mathRandom, systemClock, systemWallClockNs, type Clock, type Random, type WallClockNs } from "./clock.js";
+import { badRequest } from "./errors.js";
+import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS } from "./load-ledger.js";
+import { MAX_ID_BYTES } from "./request-ids.js";
+import { DEFAULT_SELECTOR_CONFIG, validateSelectorConfig, type SelectorConfig } from "./selector-config.js";
+import type { WorkerType } from "./selector.js";
+
+/**
+ * Bound on this replica's own live bookings. A booking costs ~0.9 KiB (a flood of 20,000 never
+ * freed grew the heap 18 MiB), so the cap holds them under ~120 MiB: a client that books and never
+ * frees gets 429 instead of growing the heap for the 300 s expiry. 131,072 is 128 requests in
+ * flight on each of 1,024 workers. Peers' mirrored bookings are not capped here: refusing them
+ * would make this replica's view of the fleet wrong; each peer caps its own.
+ */
+export const DEFAULT_MAX_LOCAL_RESERVATIONS = 131_072;
+/** Bounds on session affinity TTL, seconds (reference: 1 s ..= 1 year). */
+export const MIN_AFFINITY_TTL_SECS = 1;
+export const MAX_AFFINITY_TTL_SECS = 31_536_000;
+/** The reference's default worker type: one worker does prefill and decode. */
+export const DEFAULT_WORKER_TYPE: WorkerType = "aggregated";
+const WORKER_TYPES: readonly WorkerType[] = ["aggregated", "prefill", "decode"];
+const U64_LIMIT = 1n << 64n;
+
+export interface SessionAffinityOptions {
+  readonly ttlSecs: number;
+  readonly mode?: AffinityMode;
+  readonly maxEntries?: number;
+  readonly maxSessionIdBytes?: number;
+}
+
+/**
+ * The built-in mesh's settings as the daemon passes them. The daemon starts the mesh; the
+ * service only checks them, so that a mesh and host replication are never both configured.
+ */
+export interface ReplicaSyncOptions {
+  /** Where the mesh's XPUB binds, e.g. tcp://0.0.0.0:7100 (the control ROUTER takes the next port). */
+  readonly publishBind: string;
+  readonly advertiseEndpoint?: string | undefined;
+  readonly peers?: readonly string[] | undefined;
+}
+
+export interface SelectionServiceOptions {
+  readonly clock?: Clock;
+  readonly random?: Random;
+  /**
+   * This replica's id: `owner` of its load events and `writer_id` of its bindings. Non-zero.
+   * Default: `sessionReplicationWriterId` when given, else random.
+   */
+  readonly replicaId?: bigint;
+  /**
+   * Host replication: the host carries session bindings between its replicas itself
+   * (`sessionBindingUpdates()` out, `applySessionBinding()` in). The `writer_id` stamped on this
+   * service's bindings; non-zero u64, unique per replica, supplied by the host (no random default:
+   * two replicas drawing the same id would each ignore the other's bindings as their own).
+   * Needs `sessionAffinity`; excludes `replicaSync`.
+   */
+  readonly sessionReplicationWriterId?: bigint | number;
+  /** The built-in mesh (see ReplicaSyncOptions); excludes `sessionReplicationWriterId`. */
+  readonly replicaSync?: ReplicaSyncOptions;
+  readonly selector?: Partial<SelectorConfig>;
+  /**
+   * What the fleet's workers do (the reference's service-level `worker_type`). "decode" workers
+   * with prefill tracking off are scored on the blocks their cache saves (selector.ts).
+   * Default DEFAULT_WORKER_TYPE.
+   */
+  readonly workerType?: WorkerType;
+  readonly activeRequestExpiryMs?: number;
+  /** Most live bookings this replica makes itself (429 beyond); see DEFAULT_MAX_LOCAL_RESERVATIONS. */
+  readonly maxLocalReservations?: number;
+  readonly sessionAffinity?: SessionAffinityOptions;
+  readonly selectionCache?: { readonly ttlMs?: number; readonly maxEntries?: number; readonly maxBytes?: number };
+  /** Daemon mode: a rank without a KV-events endpoint cannot be scheduled. */
+  readonly requireKvEventsEndpoint?: boolean;
+  /**
+   * Wall clock in ns since the epoch; seeds the Lamport sequence of session bindings so a restart
+   * (or a move to another host) does not go backwards. Default Date.now() in ns.
+   */
+  readonly wallClockNs?: WallClockNs;
+}
+
+/** Session affinity with every default filled in. */
+export type ResolvedAffinityOptions = Required<SessionAffinityOptions>;
+
+/** What the service runs with: every option defaulted and checked. */
+export interface ServiceSettings {
+  readonly clock: Clock;
+  readonly random: Random;
+  readonly replicaId: bigint;
+  /** `writer_id` of this service's bindings: the host's id in host replication, else replicaId. */
+  readonly writerId: bigint;
+  readonly hostReplication: boolean;
+  readonly selector: SelectorConfig;
+  readonly workerType: WorkerType;
+  readonly expiryMs: number;
+  readonly maxLocalReservations: number;
+  readonly affinity: ResolvedAffinityOptions | undefined;
+  readonly wallClockNs: WallClockNs;
+  readonly selectionCache: NonNullable<SelectionServiceOptions["selectionCache"]>;
+  readonly requireKvEventsEndpoint: boolean;
+}
+
+/** Defaults and checks every option; throws KVMESH_BAD_REQUEST naming the first bad field. */
+export function resolveServiceOptions(options: SelectionServiceOptions = {}): ServiceSettings {
+  const random = options.random ?? mathRandom;
+  const hostWriterId = checkReplicationOptions(options);
+  const replicaId = options.replicaId ?? hostWriterId ?? randomReplicaId(random);
+  if (replicaId <= 0n || replicaId >= U64_LIMIT) throw badRequest("replicaId must be a non-zero unsigned 64-bit integer", "replicaId");
+  const selector = validateSelectorConfig({ ...DEFAULT_SELECTOR_CONFIG, ...options.selector });
+  const workerType = options.workerType ?? DEFAULT_WORKER_TYPE;
+  if (!WORKER_TYPES.includes(workerType)) throw badRequest(`workerType must be one of ${WORKER_TYPES.join(", ")}`, "workerType");
+  const expiryMs = options.activeRequestExpiryMs ?? DEFAULT_ACTIVE_REQUEST_EXPIRY_MS;
+  if (!(expiryMs > 0)) throw badRequest("activeRequestExpiryMs must be > 0", "activeRequestExpiryMs");
+  const maxLocalReservations = options.maxLocalReservations ?? DEFAULT_MAX_LOCAL_RESERVATIONS;
+  if (!Number.isSafeInteger(maxLocalReservations) || maxLocalReservations < 1) throw badRequest("maxLocalReservations must be a positive integer", "maxLocalReservations");
+  return {
+    clock: options.clock ?? systemClock,
+    random,
+    replicaId,
+    writerId: hostWriterId ?? replicaId,
+    hostReplication: hostWriterId !== undefined,
+    selector,
+    workerType,
+    expiryMs,
+    maxLocalReservations,
+    affinity: resolveAffinity(options.sessionAffinity),
+    wallClockNs: options.wallClockNs ?? systemWallClockNs,
+    selectionCache: options.selectionCache ?? {},
+    requireKvEventsEndpoint: options.requireKvEventsEndpoint ?? false,
+  };
+}
+
+function resolveAffinity(sa: SessionAffinityOptions | undefined): ResolvedAffinityOptions | undefined {
+  if (sa === undefined) return undefined;
+  if (!Number.isInteger(sa.ttlSecs) || sa.ttlSecs < MIN_AFFINITY_TTL_SECS || sa.ttlSecs > MAX_AFFINITY_TTL_SECS) {
+    throw badRequest(`session_affinity_ttl_secs must be an integer in [${MIN_AFFINITY_TTL_SECS}, ${MAX_AFFINITY_TTL_SECS}]`, "session_affinity_ttl_secs");
+  }
+  return { mode: "hard", maxEntries: DEFAULT_AFFINITY_MAX_ENTRIES, maxSessionIdBytes: MAX_ID_BYTES, ...sa };
+}
+
+/**
+ * Cross-option checks of replication: host replication needs session affinity and excludes the
+ * built-in mesh. Returns the host's writer id as a bigint, or undefined without host replication.
+ */
+function checkReplicationOptions(options: SelectionServiceOptions): bigint | undefined {
+  const sync = options.replicaSync;
+  if (sync !== undefined) {
+    if (typeof sync.publishBind !== "string" || sync.publishBind.length === 0) {
+      throw badRequest("replicaSync.publishBind must be a non-empty endpoint string, e.g. tcp://0.0.0.0:7100", "replicaSync.publishBind");
+    }
+    if (sync.advertiseEndpoint !== undefined && (typeof sync.advertiseEndpoint !== "string" || sync.advertiseEndpoint.length === 0)) {
+      throw badRequest("replicaSync.advertiseEndpoint must be a non-empty endpoint string", "replicaSync.advertiseEndpoint");
+    }
+    (sync.peers ?? []).forEach((peer, i) => {
+      if (typeof peer !== "string" || peer.length === 0) throw badRequest(`replicaSync.peers[${i}] must be a non-empty endpoint string`, `replicaSync.peers[${i}]`);
+    });
+  }
+  const raw = options.sessionReplicationWriterId;
+  if (raw === undefined) return undefined;
+  const field = "sessionReplicationWriterId";
+  const id = typeof raw === "bigint" ? raw : typeof raw === "number" && Number.isSafeInteger(raw) ? BigInt(raw) : undefined;
+  if (id === undefined || id <= 0n || id >= U64_LIMIT) {
+    throw badRequest(`${field} must be a non-zero unsigned 64-bit integer (a bigint, or a number up to 2^53 - 1)`, field);
+  }
+  if (options.sessionAffinity === undefined) {
+    throw badRequest(`${field} (host replication) needs sessionAffinity: there are no session bindings to replicate without it`, field);
+  }
+  if (sync !== undefined) {
+    throw badRequest(`${field} (host replication) and replicaSync (the built-in mesh) exclude each other: bindings would travel twice, with two writer ids`, field);
+  }
+  return id;
+}
+
+function randomReplicaId(random: Random): bigint {
+  for (;;) {
+    const hi = BigInt(Math.floor(random.next() * 0x1_0000_0000));
+    const lo = BigInt(Math.floor(random.next() * 0x1_0000_0000));
+    const id = (hi << 32n) | lo;
+    if (id !== 0n) return id;
+  }
+}

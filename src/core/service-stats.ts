@@ -1,0 +1,70 @@
+/**
+ * The selection service's counters. The core bumps plain number fields (one add on the hot path,
+ * nothing else); readers (metrics scrapes, tests, logs) get a read-only view whose getters read
+ * the live values, so a scrape needs no copy and no reader can move a counter.
+ */
+
+/** What the service has counted since it started; every field only grows. */
+export interface ServiceStats {
+  /** Workers selected (select and select_and_reserve). */
+  readonly selections: number;
+  /** Bookings this replica made. */
+  readonly reservations: number;
+  /** select / selectAndReserve / createReservation calls that threw (refused or invalid). */
+  readonly selectionErrors: number;
+  readonly kvEventsApplied: number;
+  /** KV events dropped: unknown rank, block-size mismatch, or a parent this rank does not hold. */
+  readonly kvEventsDropped: number;
+  readonly replicaEventsApplied: number;
+  /** Peer load events ignored: duplicate, unknown partition or rank, tombstoned, own echo. */
+  readonly replicaEventsIgnored: number;
+  readonly bindingsApplied: number;
+  readonly bindingsIgnored: number;
+  /** Bookings force-freed after the active-request expiry. */
+  readonly expiredRequests: number;
+  readonly bindingsParked: number;
+  readonly bindingsUnparked: number;
+  readonly parkedBindingsExpired: number;
+  readonly parkedBindingsShed: number;
+  /** Bindings this service committed, rebound or refreshed (what the mesh or a host stream carries). */
+  readonly bindingsPublished: number;
+  /** Bindings shed by full `sessionBindingUpdates()` queues, all subscriptions together. */
+  readonly droppedBindings: number;
+  /** Bookings refused (429) because this replica held maxLocalReservations already. */
+  readonly reservationsRefused: number;
+}
+
+type Mutable<T> = { -readonly [K in keyof T]: T[K] };
+
+/** The writable counters the core's parts share; never handed out (see `view`). */
+export class ServiceCounters implements Mutable<ServiceStats> {
+  selections = 0;
+  reservations = 0;
+  selectionErrors = 0;
+  kvEventsApplied = 0;
+  kvEventsDropped = 0;
+  replicaEventsApplied = 0;
+  replicaEventsIgnored = 0;
+  bindingsApplied = 0;
+  bindingsIgnored = 0;
+  expiredRequests = 0;
+  bindingsParked = 0;
+  bindingsUnparked = 0;
+  parkedBindingsExpired = 0;
+  parkedBindingsShed = 0;
+  bindingsPublished = 0;
+  droppedBindings = 0;
+  reservationsRefused = 0;
+
+  /** Live, read-only: each property is a getter over the counter (enumerable, so JSON shows it). */
+  readonly view: ServiceStats;
+
+  constructor() {
+    const view: Partial<Record<keyof ServiceStats, number>> = {};
+    // Every own field but `view` itself (declared, so already an own property here).
+    for (const key of Object.keys(this).filter((k) => k !== "view") as (keyof ServiceStats)[]) {
+      Object.defineProperty(view, key, { enumerable: true, get: (): number => this[key] });
+    }
+    this.view = Object.freeze(view) as ServiceStats;
+  }
+}
