@@ -134,7 +134,9 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--replica-sync-advertise-host", "a.example"],
 ];
 
+// Fields no flag sets (the mesh's flush and heartbeat intervals) keep their defaults.
 const ALL_FLAGS_CONFIG: DaemonConfig = {
+  ...DEFAULT_DAEMON_CONFIG,
   host: "0.0.0.0",
   port: 0,
   logLevel: "debug",
