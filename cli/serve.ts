@@ -15,6 +15,7 @@ import {
   type LogLevel,
   type ResolvedDaemonConfig,
 } from "../src/config.js";
+import type { KvmeshError } from "../src/core/errors.js";
 import type { Daemon } from "../src/daemon.js";
 import { MAX_AFFINITY_TTL_SECS, MIN_AFFINITY_TTL_SECS } from "../src/core/selection-service.js";
 import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/core/selector-config.js";
@@ -178,12 +179,7 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     }
   });
   cmd.action(async function (this: Command) {
-    const label = (flag: string): string => (this.getOptionValueSource(attributeOf(flag)) === "env" ? `${flag} (from ${envNameFor(flag)})` : flag);
-    const flags = flagsByField(this);
-    const name = (field: ConfigField): string => {
-      const flag = flags.get(field);
-      return flag === undefined ? field : label(flag);
-    };
+    const name = fieldNamer(this);
     const input = serveInputFromOptions(this.opts());
     let config: ResolvedDaemonConfig;
     try {
@@ -195,17 +191,33 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
       });
     } catch (err) {
       if (!isConfigError(err)) throw err;
-      this.error(`error: ${usageMessage(err.message, configErrorField(err), name)}`);
+      this.error(`error: ${usageMessage(err, name)}`);
     }
     await runServe(config, deps);
   });
   return cmd;
 }
 
+/**
+ * How `serve`'s messages name a config field: by the flag that sets it, with the environment
+ * variable when the value came from there (`--peers (from KVMESH_PEERS)`); a field no flag sets
+ * keeps its own name.
+ */
+export function fieldNamer(serve: Command): (field: ConfigField) => string {
+  const flags = new Map<ConfigField, string>();
+  for (const o of serve.options) if (!o.negate && o.long !== undefined) flags.set(fieldOf(o.attributeName()), o.long);
+  return (field) => {
+    const flag = flags.get(field);
+    if (flag === undefined) return field;
+    return serve.getOptionValueSource(attributeOf(flag)) === "env" ? `${flag} (from ${envNameFor(flag)})` : flag;
+  };
+}
+
 /** A config error as a usage error: it names the flag that set the field, whatever the message says. */
-function usageMessage(message: string, field: ConfigField | undefined, name: (field: ConfigField) => string): string {
+export function usageMessage(err: KvmeshError, name: (field: ConfigField) => string): string {
+  const field = configErrorField(err);
   const flag = field === undefined ? undefined : name(field);
-  return flag === undefined || message.includes(flag) ? message : `${flag}: ${message}`;
+  return flag === undefined || err.message.includes(flag) ? err.message : `${flag}: ${err.message}`;
 }
 
 /** Option attributes whose config field is not the attribute itself. */
@@ -215,13 +227,6 @@ const ATTRIBUTE_FIELDS: ReadonlyMap<string, ConfigField> = new Map<string, Confi
 ]);
 
 const fieldOf = (attribute: string): ConfigField => ATTRIBUTE_FIELDS.get(attribute) ?? (attribute as ConfigField);
-
-/** Config field -> the (positive) long flag that sets it, from serve's own options. */
-function flagsByField(cmd: Command): Map<ConfigField, string> {
-  const out = new Map<ConfigField, string>();
-  for (const o of cmd.options) if (!o.negate && o.long !== undefined) out.set(fieldOf(o.attributeName()), o.long);
-  return out;
-}
 
 /** commander's parsed options for `serve` -> the config input (pure; exported for tests). Unset options stay unset. */
 export function serveInputFromOptions(opts: Readonly<Record<string, unknown>>): DaemonConfigInput {

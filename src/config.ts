@@ -105,8 +105,8 @@ export interface SecretFiles {
   readonly apiTokenFile?: string | undefined;
 }
 
-/** What a caller gives: any subset of the config (the rest from DEFAULT_DAEMON_CONFIG) and secret files. */
-export type DaemonConfigInput = Partial<DaemonConfig> & SecretFiles;
+/** What a caller gives: any subset of the config (unset or undefined: from DEFAULT_DAEMON_CONFIG) and secret files. */
+export type DaemonConfigInput = { readonly [K in keyof DaemonConfig]?: DaemonConfig[K] | undefined } & SecretFiles;
 
 /** A field a config error can name: the daemon's own, a secret file, or one selector weight. */
 export type ConfigField = keyof DaemonConfig | keyof SecretFiles | `selector.${keyof SelectorConfig}`;
