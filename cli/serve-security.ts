@@ -3,14 +3,12 @@
  * `--api-token-file` (bearer token for the HTTP API), each also from its KVMESH_* variable.
  *
  * Secrets come from files only, never from the command line (argv shows in `ps` and shell
- * history). Files are read once at startup, after the flag combination was checked; every
+ * history). src/config.ts checks the flag combination and reads the files once at startup; every
  * problem is a usage error naming the flag (and the variable, when the value came from one).
  */
 import { Option, type Command } from "commander";
 
-import { loadMeshCurveConfig } from "../mesh/curve.js";
-import type { DaemonConfig } from "../src/daemon.js";
-import { loadApiTokenFile } from "../src/http/auth.js";
+import type { SecretFiles } from "../src/config.js";
 import { envNameFor, parseList, parseNonEmpty } from "./parsers.js";
 
 /**
@@ -35,6 +33,9 @@ function accumulateFiles(value: string, previous: unknown): string[] {
   const before = Array.isArray(previous) ? (previous as string[]) : [];
   return [...new Set([...before, ...parseList(value)])];
 }
+
+/** Option attribute -> the src/config.ts field it sets (the config names files, the flags are short). */
+export const SECURITY_FLAG_FIELDS = { meshKey: "meshKeyFile", meshAllow: "meshAllowFiles", apiTokenFile: "apiTokenFile" } as const satisfies Record<string, keyof SecretFiles>;
 
 const withEnv = (o: Option): Option => o.env(envNameFor(o.long ?? ""));
 
@@ -61,42 +62,4 @@ export function addServeSecurityOptions(cmd: Command): Command {
         ),
       ),
     );
-}
-
-interface SecurityOptions {
-  readonly meshKey?: string;
-  readonly meshAllow?: readonly string[];
-  readonly apiTokenFile?: string;
-}
-
-/** Flag-combination problems (files not read yet); undefined when fine. */
-export function securityUsageProblem(opts: SecurityOptions, config: DaemonConfig, label: (flag: string) => string = (f) => f): string | undefined {
-  const key = opts.meshKey !== undefined;
-  const allow = opts.meshAllow !== undefined && opts.meshAllow.length > 0;
-  if (allow && !key) return `${label("--mesh-allow")} requires ${label("--mesh-key")} (this replica's own key pair)`;
-  if (key && !allow) return `${label("--mesh-key")} requires ${label("--mesh-allow")} (the .pub files of the replicas to accept; list this replica's own .pub if the fleet shares one key pair)`;
-  if (key && config.replicaSyncPort === undefined) return `${label("--mesh-key")} requires ${label("--replica-sync-port")} (CURVE secures the replica mesh)`;
-  return undefined;
-}
-
-/**
- * Checks the flag combination, reads the key and token files, and returns `config` with them.
- * Throws an Error whose message names the flag; `warn` receives non-fatal findings (a
- * group-readable secret file) for the log.
- */
-export function withServeSecrets(config: DaemonConfig, opts: SecurityOptions, label: (flag: string) => string, warn: (message: string) => void): DaemonConfig {
-  const problem = securityUsageProblem(opts, config, label);
-  if (problem !== undefined) throw new Error(problem);
-  let out: DaemonConfig = config;
-  if (opts.meshKey !== undefined) {
-    const curve = loadMeshCurveConfig({ keyFile: opts.meshKey, allowFiles: opts.meshAllow ?? [] }, { key: label("--mesh-key"), allow: label("--mesh-allow") });
-    for (const w of curve.warnings) warn(w);
-    out = { ...out, meshCurve: curve };
-  }
-  if (opts.apiTokenFile !== undefined) {
-    const { token, warnings } = loadApiTokenFile(opts.apiTokenFile, label("--api-token-file"));
-    for (const w of warnings) warn(w);
-    out = { ...out, apiToken: token };
-  }
-  return out;
 }

@@ -1,14 +1,26 @@
 /**
- * `kvmesh serve`: flags (each also from a KVMESH_* environment variable) -> DaemonConfig ->
- * startDaemon, with JSON logs on stdout and a clean shutdown on SIGINT/SIGTERM.
+ * `kvmesh serve`: flags (each also from a KVMESH_* environment variable) -> the config input ->
+ * resolveDaemonConfig (src/config.ts checks it) -> startDaemon, with JSON logs on stdout and a
+ * clean shutdown on SIGINT/SIGTERM. This file adds only flag names, env variables and help text.
  */
 import { Command, InvalidArgumentError, Option } from "commander";
 import { pino, type DestinationStream, type Logger } from "pino";
-import { DEFAULT_DAEMON_CONFIG, type Daemon, type DaemonConfig, type LogLevel } from "../src/daemon.js";
+import {
+  DEFAULT_DAEMON_CONFIG,
+  configErrorField,
+  isConfigError,
+  resolveDaemonConfig,
+  type ConfigField,
+  type DaemonConfigInput,
+  type LogLevel,
+  type ResolvedDaemonConfig,
+} from "../src/config.js";
+import type { KvmeshError } from "../src/core/errors.js";
+import type { Daemon } from "../src/daemon.js";
 import { MAX_AFFINITY_TTL_SECS, MIN_AFFINITY_TTL_SECS } from "../src/core/selection-service.js";
 import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/core/selector-config.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
-import { addServeSecurityOptions, LOG_REDACT_PATHS, withServeSecrets } from "./serve-security.js";
+import { addServeSecurityOptions, LOG_REDACT_PATHS, SECURITY_FLAG_FIELDS } from "./serve-security.js";
 import {
   envNameFor,
   integerInRange,
@@ -40,7 +52,7 @@ const MAX_BODY_LIMIT_BYTES = 512 * 1024 * 1024;
 
 /** The part of a running daemon the CLI uses (a test double needs nothing more). */
 export type RunningDaemon = Pick<Daemon, "host" | "port" | "close">;
-export type StartDaemonFn = (config: DaemonConfig, logger: Logger) => Promise<RunningDaemon>;
+export type StartDaemonFn = (config: ResolvedDaemonConfig, logger: Logger) => Promise<RunningDaemon>;
 
 /** process.on/off, narrowed to the signals serve handles (injectable for tests). */
 export interface SignalSource {
@@ -167,74 +179,68 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     }
   });
   cmd.action(async function (this: Command) {
-    const config = serveConfigFromOptions(this.opts());
-    const label = (flag: string): string => (this.getOptionValueSource(attributeOf(flag)) === "env" ? `${flag} (from ${envNameFor(flag)})` : flag);
-    const problem = replicaSyncUsageProblem(config, label) ?? hostReplicationUsageProblem(config, label);
-    if (problem !== undefined) this.error(`error: ${problem}`);
-    // Key and token files are read only once the flags make sense; a bad file is a usage error.
-    let secured: DaemonConfig;
+    const name = fieldNamer(this);
+    const input = serveInputFromOptions(this.opts());
+    let config: ResolvedDaemonConfig;
     try {
-      secured = withServeSecrets(config, this.opts(), label, (warning) => {
-        createLogger(config.logLevel, deps.logDestination).warn({ subsystem: "security" }, warning);
+      config = resolveDaemonConfig(input, {
+        name,
+        warn: (warning) => {
+          createLogger(input.logLevel ?? DEFAULT_DAEMON_CONFIG.logLevel, deps.logDestination).warn({ subsystem: "security" }, warning);
+        },
       });
     } catch (err) {
-      this.error(`error: ${err instanceof Error ? err.message : String(err)}`);
+      if (!isConfigError(err)) throw err;
+      this.error(`error: ${usageMessage(err, name)}`);
     }
-    await runServe(secured, deps);
+    await runServe(config, deps);
   });
   return cmd;
 }
 
-/** commander's parsed options for `serve` -> DaemonConfig (pure; exported for tests). */
-export function serveConfigFromOptions(opts: Readonly<Record<string, unknown>>, defaults: DaemonConfig = DEFAULT_DAEMON_CONFIG): DaemonConfig {
-  const selector: Partial<Record<keyof SelectorConfig, number | boolean>> = {};
-  for (const [flag, key] of [...SELECTOR_NUMBER_FLAGS, ...SELECTOR_BOOLEAN_FLAGS]) {
-    const v = opts[attributeOf(flag)];
-    if (typeof v === "number" || typeof v === "boolean") selector[key] = v;
-  }
-  const pick = <K extends keyof DaemonConfig>(key: K): DaemonConfig[K] => (opts[key] as DaemonConfig[K] | undefined) ?? defaults[key];
-  return {
-    host: pick("host"),
-    port: pick("port"),
-    logLevel: pick("logLevel"),
-    sessionAffinityTtlSecs: pick("sessionAffinityTtlSecs"),
-    sessionAffinityMode: pick("sessionAffinityMode"),
-    selector: { ...defaults.selector, ...(selector as Partial<SelectorConfig>) },
-    activeRequestExpirySecs: pick("activeRequestExpirySecs"),
-    maxReservations: pick("maxReservations"),
-    kvEvents: pick("kvEvents"),
-    replicaTieSpread: pick("replicaTieSpread"),
-    replayTimeoutMs: pick("replayTimeoutMs"),
-    selectionCacheTtlSecs: pick("selectionCacheTtlSecs"),
-    selectionCacheMaxEntries: pick("selectionCacheMaxEntries"),
-    bodyLimitBytes: pick("bodyLimitBytes"),
-    replicaSyncPort: pick("replicaSyncPort"),
-    peers: pick("peers"),
-    replicaSyncAdvertiseHost: pick("replicaSyncAdvertiseHost"),
-    sessionReplicationWriterId: pick("sessionReplicationWriterId"),
+/**
+ * How `serve`'s messages name a config field: by the flag that sets it, with the environment
+ * variable when the value came from there (`--peers (from KVMESH_PEERS)`); a field no flag sets
+ * keeps its own name.
+ */
+export function fieldNamer(serve: Command): (field: ConfigField) => string {
+  const flags = new Map<ConfigField, string>();
+  for (const o of serve.options) if (!o.negate && o.long !== undefined) flags.set(fieldOf(o.attributeName()), o.long);
+  return (field) => {
+    const flag = flags.get(field);
+    if (flag === undefined) return field;
+    return serve.getOptionValueSource(attributeOf(flag)) === "env" ? `${flag} (from ${envNameFor(flag)})` : flag;
   };
 }
 
-/**
- * Cross-flag checks of the replica-sync settings (each flag alone was checked by its parser);
- * undefined when fine. `label` names a flag, e.g. with the env variable it came from. The
- * mesh binds the publish port and the next one (control) on --host, so either colliding with
- * the HTTP port would fail at startup with a bare EADDRINUSE; here the message names the flag.
- */
-export function replicaSyncUsageProblem(config: DaemonConfig, label: (flag: string) => string = (flag) => flag): string | undefined {
-  const port = config.replicaSyncPort;
-  if (port === undefined) {
-    // The reference refuses initial peers without a port too (replica_sync_requires_port_for_initial_peers).
-    if (config.peers.length > 0) return `${label("--peers")} requires ${label("--replica-sync-port")}`;
-    if (config.replicaSyncAdvertiseHost !== undefined) return `${label("--replica-sync-advertise-host")} requires ${label("--replica-sync-port")}`;
-    return undefined;
+/** A config error as a usage error: it names the flag that set the field, whatever the message says. */
+export function usageMessage(err: KvmeshError, name: (field: ConfigField) => string): string {
+  const field = configErrorField(err);
+  const flag = field === undefined ? undefined : name(field);
+  return flag === undefined || err.message.includes(flag) ? err.message : `${flag}: ${err.message}`;
+}
+
+/** Option attributes whose config field is not the attribute itself. */
+const ATTRIBUTE_FIELDS: ReadonlyMap<string, ConfigField> = new Map<string, ConfigField>([
+  ...[...SELECTOR_NUMBER_FLAGS, ...SELECTOR_BOOLEAN_FLAGS].map(([flag, key]): [string, ConfigField] => [attributeOf(flag), `selector.${key}`]),
+  ...Object.entries(SECURITY_FLAG_FIELDS),
+]);
+
+const fieldOf = (attribute: string): ConfigField => ATTRIBUTE_FIELDS.get(attribute) ?? (attribute as ConfigField);
+
+/** commander's parsed options for `serve` -> the config input (pure; exported for tests). Unset options stay unset. */
+export function serveInputFromOptions(opts: Readonly<Record<string, unknown>>): DaemonConfigInput {
+  const input: Record<string, unknown> = {};
+  const selector: Record<string, unknown> = {};
+  for (const [attribute, value] of Object.entries(opts)) {
+    if (value === undefined) continue;
+    const field = fieldOf(attribute);
+    if (field.startsWith("selector.")) selector[field.slice("selector.".length)] = value;
+    else input[field] = value;
   }
-  const controlPort = port + CONTROL_PORT_OFFSET;
-  const flag = label("--replica-sync-port");
-  if (controlPort > MAX_TCP_PORT) return `${flag} ${port} leaves no room for the control port (${port} + ${CONTROL_PORT_OFFSET} > ${MAX_TCP_PORT})`;
-  if (port === config.port) return `${flag} ${port} is the same as ${label("--port")} ${config.port} (the HTTP port)`;
-  if (controlPort === config.port) return `${flag} ${port} puts its control port (${controlPort}) on ${label("--port")} ${config.port} (the HTTP port)`;
-  return undefined;
+  // Each value went through its flag's parser (or choices), which gives the field's type.
+  const out: DaemonConfigInput = { ...input, selector };
+  return out;
 }
 
 /** A writer id: a u64 other than 0 (the service refuses 0, so the CLI says so up front). */
@@ -242,19 +248,6 @@ function parseWriterId(value: string): bigint {
   const id = parseU64(value);
   if (id === 0n) throw new InvalidArgumentError("must be a non-zero unsigned 64-bit decimal integer");
   return id;
-}
-
-/**
- * Cross-flag checks of host replication; undefined when fine. Host replication carries session
- * bindings, so it needs affinity; with the mesh as well, bindings would travel twice under two
- * writer ids.
- */
-export function hostReplicationUsageProblem(config: DaemonConfig, label: (flag: string) => string = (flag) => flag): string | undefined {
-  if (config.sessionReplicationWriterId === undefined) return undefined;
-  const flag = label("--session-replication-writer-id");
-  if (config.replicaSyncPort !== undefined) return `${flag} (host replication) and ${label("--replica-sync-port")} (the built-in mesh) exclude each other`;
-  if (config.sessionAffinityTtlSecs === undefined) return `${flag} requires ${label("--session-affinity-ttl-secs")} (without session affinity there are no bindings to replicate)`;
-  return undefined;
 }
 
 export function createLogger(level: LogLevel, destination: DestinationStream): Logger {
@@ -269,7 +262,7 @@ export function createLogger(level: LogLevel, destination: DestinationStream): L
  * (1 if close failed). A second signal while closing: exit 130 at once, because a close stuck
  * on a wedged socket must not leave the operator without a way out.
  */
-export async function runServe(config: DaemonConfig, deps: ServeDeps): Promise<void> {
+export async function runServe(config: ResolvedDaemonConfig, deps: ServeDeps): Promise<void> {
   const logger = createLogger(config.logLevel, deps.logDestination);
   let daemon: RunningDaemon;
   try {

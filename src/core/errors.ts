@@ -24,6 +24,7 @@ interface ErrorSpec {
 /** code -> (kind, HTTP status). Documented in README "Errors"; a test keeps the two in sync. */
 export const ERROR_CODES = {
   KVMESH_BAD_REQUEST: { kind: "bad_request", status: 400, description: "invalid argument (the message names the field)" },
+  KVMESH_INVALID_OPTION: { kind: "bad_request", status: 400, description: "invalid daemon configuration (details.field names the option; the CLI names the flag that set it)" },
   KVMESH_MALFORMED_JSON: { kind: "bad_request", status: 400, description: "request body is not valid JSON" },
   KVMESH_INVALID_FIELD: { kind: "unprocessable", status: 422, description: "well-formed JSON of the wrong shape (the message names the field)" },
   KVMESH_UNSUPPORTED_MEDIA_TYPE: { kind: "bad_request", status: 415, description: "body is not application/json" },

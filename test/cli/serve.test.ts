@@ -3,8 +3,9 @@ import { CommanderError, type Command } from "commander";
 import type { Logger } from "pino";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { buildCli, type CliDeps } from "../../cli/program.js";
-import { FORCED_EXIT_CODE, type RunningDaemon, type ShutdownSignal, type SignalSource } from "../../cli/serve.js";
+import { FORCED_EXIT_CODE, fieldNamer, usageMessage, type RunningDaemon, type ShutdownSignal, type SignalSource } from "../../cli/serve.js";
 import { envNameFor } from "../../cli/parsers.js";
+import { configError } from "../../src/config.js";
 import { DEFAULT_DAEMON_CONFIG, type DaemonConfig } from "../../src/daemon.js";
 import { waitFor } from "../helpers/wait.js";
 
@@ -134,7 +135,9 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--replica-sync-advertise-host", "a.example"],
 ];
 
+// Fields no flag sets (the mesh's flush and heartbeat intervals) keep their defaults.
 const ALL_FLAGS_CONFIG: DaemonConfig = {
+  ...DEFAULT_DAEMON_CONFIG,
   host: "0.0.0.0",
   port: 0,
   logLevel: "debug",
@@ -363,6 +366,42 @@ describe("kvmesh serve: replica mesh flags", () => {
     ]) {
       expect(help).toContain(text);
     }
+  });
+});
+
+describe("kvmesh serve: config errors name the flag", () => {
+  const serveCommand = (): Command => {
+    const serve = buildCli().commands.find((c) => c.name() === "serve");
+    if (serve === undefined) throw new Error("no serve command");
+    return serve;
+  };
+
+  it("maps each config field to the flag that sets it (fields no flag sets keep their name)", () => {
+    const name = fieldNamer(serveCommand());
+    expect(name("maxReservations")).toBe("--max-reservations");
+    expect(name("sessionReplicationWriterId")).toBe("--session-replication-writer-id");
+    expect(name("selector.temperature")).toBe("--router-temperature");
+    expect(name("selector.trackPrefillTokens")).toBe("--router-track-prefill-tokens");
+    expect(name("meshKeyFile")).toBe("--mesh-key");
+    expect(name("meshAllowFiles")).toBe("--mesh-allow");
+    expect(name("apiTokenFile")).toBe("--api-token-file");
+    expect(name("meshFlushIntervalMs")).toBe("meshFlushIntervalMs");
+  });
+
+  it("turns a config error into a usage error naming the flag, even when its message does not", () => {
+    const name = fieldNamer(serveCommand());
+    expect(usageMessage(configError("maxReservations", "must be a positive integer"), name)).toBe("--max-reservations: must be a positive integer");
+    expect(usageMessage(configError("peers", "--peers requires --replica-sync-port"), name)).toBe("--peers requires --replica-sync-port");
+  });
+
+  it("reports a rule the core checks (host replication vs the mesh) as a usage error naming both flags", async () => {
+    vi.stubEnv("KVMESH_SESSION_REPLICATION_WRITER_ID", "3");
+    const h = harness();
+    expect(await h.run("serve", "--session-affinity-ttl-secs", "60", "--replica-sync-port", "7100")).toBe(1);
+    expect(h.err()).toContain(
+      "error: --session-replication-writer-id (from KVMESH_SESSION_REPLICATION_WRITER_ID) (host replication) and --replica-sync-port (the built-in mesh) exclude each other",
+    );
+    expect(h.configs).toEqual([]);
   });
 });
 

@@ -8,7 +8,8 @@ import { request } from "node:http";
 import { CommanderError, type Command } from "commander";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { buildCli, defaultCliDeps } from "../../cli/program.js";
-import { hostReplicationUsageProblem, type RunningDaemon, type ShutdownSignal } from "../../cli/serve.js";
+import { type RunningDaemon, type ShutdownSignal } from "../../cli/serve.js";
+import { hostReplicationProblem } from "../../src/config.js";
 import { DEFAULT_DAEMON_CONFIG, type DaemonConfig } from "../../src/daemon.js";
 import { spawnDaemon, stopDaemon, type DaemonProcess } from "../helpers/daemon-process.js";
 import { waitFor } from "../helpers/wait.js";
@@ -85,7 +86,7 @@ describe("kvmesh serve --session-replication-writer-id", () => {
     }
     vi.stubEnv("KVMESH_SESSION_REPLICATION_WRITER_ID", "3");
     expect((await serveWith()).err).toContain("--session-replication-writer-id (from KVMESH_SESSION_REPLICATION_WRITER_ID) requires --session-affinity-ttl-secs");
-    expect(hostReplicationUsageProblem({ ...DEFAULT_DAEMON_CONFIG, sessionAffinityTtlSecs: 60, sessionReplicationWriterId: 3n })).toBeUndefined();
+    expect(hostReplicationProblem({ ...DEFAULT_DAEMON_CONFIG, sessionAffinityTtlSecs: 60, sessionReplicationWriterId: 3n })).toBeUndefined();
   });
 });
 

@@ -1,0 +1,342 @@
+/**
+ * The daemon's whole configuration: one typed object whose defaults come from the modules that
+ * own them, and one function, resolveDaemonConfig, that checks the rules spanning several fields
+ * and returns the config the daemon runs with. `kvmesh serve` only adds flag names, environment
+ * variables and help text; startDaemon resolves a config it was not handed resolved.
+ *
+ * Rules the selection core owns (host replication vs the mesh, the affinity TTL bounds, the
+ * booking cap, selector weights) are not repeated here: the core checks the very options this
+ * config maps to, and its error comes back as a config error naming this config's field.
+ */
+import { loadMeshCurveConfig, type MeshCurveConfig } from "../mesh/curve.js";
+import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
+import { DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../mesh/replica-mesh.js";
+import { isKvmeshError, KvmeshError } from "./core/errors.js";
+import { DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "./core/pending-selections.js";
+import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS, SelectionService, type SelectionServiceOptions } from "./core/selection-service.js";
+import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "./core/selector-config.js";
+import { loadApiTokenFile, type ApiToken } from "./http/auth.js";
+import { DEFAULT_BODY_LIMIT_BYTES } from "./http/server.js";
+import { DEFAULT_REPLAY_TIMEOUT_MS } from "./ingest/kv-event-listener.js";
+
+export type LogLevel = "trace" | "debug" | "info" | "warn" | "error" | "fatal" | "silent";
+
+/** Loopback: the API is reachable from this machine only until the operator opens it. */
+export const DEFAULT_HOST = "127.0.0.1";
+/** The reference's HTTP port, so its clients find kvmesh where they found it. */
+export const DEFAULT_HTTP_PORT = 8092;
+const MS_PER_SEC = 1_000;
+
+export interface DaemonConfig {
+  readonly host: string;
+  readonly port: number;
+  readonly logLevel: LogLevel;
+  readonly sessionAffinityTtlSecs?: number | undefined;
+  readonly sessionAffinityMode: "hard" | "soft";
+  readonly selector: Partial<SelectorConfig>;
+  readonly activeRequestExpirySecs: number;
+  /** Most live bookings this replica makes itself (429 beyond). */
+  readonly maxReservations: number;
+  /** Spread argmin ties across mesh replicas by slot (on by default; off to measure the race). */
+  readonly replicaTieSpread: boolean;
+  /** With KV events on (the default) a worker rank needs a kv_events_endpoint to be schedulable. */
+  readonly kvEvents: boolean;
+  readonly replayTimeoutMs: number;
+  readonly selectionCacheTtlSecs: number;
+  readonly selectionCacheMaxEntries: number;
+  readonly bodyLimitBytes: number;
+  /** Enables the replica mesh: the XPUB binds here on `host` (the control ROUTER on the next port). */
+  readonly replicaSyncPort?: number | undefined;
+  /** Peers' replica-sync endpoints (`tcp://host:port`); needs replicaSyncPort. */
+  readonly peers: readonly string[];
+  /** Host peers use to reach this replica, when `host` is a wildcard (default: `host`, or 127.0.0.1). */
+  readonly replicaSyncAdvertiseHost?: string | undefined;
+  /** Minimum spacing between the mesh's outbound flushes, ms (mesh/replica-mesh.ts says why 2). */
+  readonly meshFlushIntervalMs: number;
+  /** How often the mesh heartbeats its peers, ms. */
+  readonly meshHeartbeatIntervalMs: number;
+  /** CURVE for the mesh (`--mesh-key`, `--mesh-allow`): this replica's key pair and the keys it accepts. Needs replicaSyncPort. */
+  readonly meshCurve?: MeshCurveConfig | undefined;
+  /** Bearer token the state-changing HTTP routes require (`--api-token-file`, src/http/auth.ts); unset: no authentication. */
+  readonly apiToken?: ApiToken | undefined;
+  /**
+   * Host replication: the writer id of this replica's session bindings, which a host relays
+   * through GET /session_bindings/updates and POST /session_bindings. Needs session affinity;
+   * excludes replicaSyncPort.
+   */
+  readonly sessionReplicationWriterId?: bigint | undefined;
+}
+
+export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
+  host: DEFAULT_HOST,
+  port: DEFAULT_HTTP_PORT,
+  logLevel: "info",
+  sessionAffinityTtlSecs: undefined,
+  sessionAffinityMode: "hard",
+  // Only what the operator set; the core fills in DEFAULT_SELECTOR_CONFIG.
+  selector: {},
+  activeRequestExpirySecs: DEFAULT_ACTIVE_REQUEST_EXPIRY_MS / MS_PER_SEC,
+  maxReservations: DEFAULT_MAX_LOCAL_RESERVATIONS,
+  replicaTieSpread: true,
+  kvEvents: true,
+  replayTimeoutMs: DEFAULT_REPLAY_TIMEOUT_MS,
+  selectionCacheTtlSecs: DEFAULT_PENDING_TTL_MS / MS_PER_SEC,
+  selectionCacheMaxEntries: DEFAULT_PENDING_MAX_ENTRIES,
+  bodyLimitBytes: DEFAULT_BODY_LIMIT_BYTES,
+  replicaSyncPort: undefined,
+  peers: [],
+  replicaSyncAdvertiseHost: undefined,
+  meshFlushIntervalMs: DEFAULT_MESH_FLUSH_INTERVAL_MS,
+  meshHeartbeatIntervalMs: DEFAULT_MESH_HEARTBEAT_INTERVAL_MS,
+  meshCurve: undefined,
+  apiToken: undefined,
+  sessionReplicationWriterId: undefined,
+});
+
+/**
+ * Where the secrets come from. Files only, never values: argv shows in `ps` and shell history.
+ * resolveDaemonConfig reads them, once the fields make sense, into meshCurve and apiToken.
+ */
+export interface SecretFiles {
+  /** This replica's CURVE secret key file (`kvmesh keys generate`); needs meshAllowFiles and replicaSyncPort. */
+  readonly meshKeyFile?: string | undefined;
+  /** Public key files of the replicas this one accepts and dials; needs meshKeyFile. */
+  readonly meshAllowFiles?: readonly string[] | undefined;
+  readonly apiTokenFile?: string | undefined;
+}
+
+/** What a caller gives: any subset of the config (unset or undefined: from DEFAULT_DAEMON_CONFIG) and secret files. */
+export type DaemonConfigInput = { readonly [K in keyof DaemonConfig]?: DaemonConfig[K] | undefined } & SecretFiles;
+
+/** A field a config error can name: the daemon's own, a secret file, or one selector weight. */
+export type ConfigField = keyof DaemonConfig | keyof SecretFiles | `selector.${keyof SelectorConfig}`;
+
+/** How a message names a field: the field itself by default; the CLI passes its flag (and env variable). */
+export type FieldNamer = (field: ConfigField) => string;
+
+declare const resolvedBrand: unique symbol;
+/** A config that resolveDaemonConfig returned: defaults filled in, every rule checked, secrets read. */
+export type ResolvedDaemonConfig = DaemonConfig & { readonly [resolvedBrand]: true };
+
+export interface ResolveOptions {
+  readonly name?: FieldNamer;
+  /** Non-fatal findings (a group-readable secret file), for the log. */
+  readonly warn?: (message: string) => void;
+}
+
+/** A config error: KVMESH_INVALID_OPTION naming the field in `details.field`. */
+export function configError(field: ConfigField, message: string, cause?: unknown): KvmeshError {
+  return new KvmeshError("KVMESH_INVALID_OPTION", message, { details: { field }, ...(cause === undefined ? {} : { cause }) });
+}
+
+export const isConfigError = (e: unknown): e is KvmeshError => isKvmeshError(e) && e.code === "KVMESH_INVALID_OPTION";
+
+/** The field a config error names (undefined for any other error). */
+export function configErrorField(e: unknown): ConfigField | undefined {
+  const field = isConfigError(e) ? e.details?.["field"] : undefined;
+  // configError is the only maker of KVMESH_INVALID_OPTION, and it takes a ConfigField.
+  return typeof field === "string" ? (field as ConfigField) : undefined;
+}
+
+const resolvedConfigs = new WeakSet<object>();
+
+/**
+ * Fills in the defaults, checks every rule spanning several fields (the daemon's here, the
+ * core's by the core), reads the secret files and returns the config to run with. Throws a
+ * KVMESH_INVALID_OPTION error naming the first field at fault. A config it returned comes back
+ * as it is, so the CLI's check is not repeated by startDaemon.
+ */
+export function resolveDaemonConfig(input: DaemonConfigInput = {}, options: ResolveOptions = {}): ResolvedDaemonConfig {
+  if (resolvedConfigs.has(input)) return input as ResolvedDaemonConfig;
+  const name: FieldNamer = options.name ?? ((field) => field);
+  const { meshKeyFile, meshAllowFiles, apiTokenFile, ...given } = input;
+  const set = Object.fromEntries(Object.entries(given).filter(([, v]) => v !== undefined)) as Partial<DaemonConfig>;
+  const config: DaemonConfig = { ...DEFAULT_DAEMON_CONFIG, ...set, selector: { ...DEFAULT_DAEMON_CONFIG.selector, ...set.selector } };
+  const files: SecretFiles = { meshKeyFile, meshAllowFiles, apiTokenFile };
+  const problem = replicaSyncProblem(config, name) ?? hostReplicationProblem(config, name) ?? meshSecurityProblem(config, files, name);
+  if (problem !== undefined) throw configError(problem.field, problem.message);
+  checkCoreOptions(serviceOptionsOf(config), name);
+  const resolved = Object.freeze(withSecrets(config, files, name, options.warn ?? (() => undefined)));
+  resolvedConfigs.add(resolved);
+  return resolved as ResolvedDaemonConfig;
+}
+
+export interface ConfigProblem {
+  readonly field: ConfigField;
+  readonly message: string;
+}
+
+/**
+ * The replica-sync fields; undefined when fine. The mesh binds the publish port and the next one
+ * (control) on `host`, so either on the HTTP port would fail at startup with a bare EADDRINUSE;
+ * here the message names the field.
+ */
+export function replicaSyncProblem(config: DaemonConfig, name: FieldNamer = (f) => f): ConfigProblem | undefined {
+  const port = config.replicaSyncPort;
+  if (port === undefined) {
+    // The reference refuses initial peers without a port too (replica_sync_requires_port_for_initial_peers).
+    if (config.peers.length > 0) return { field: "peers", message: `${name("peers")} requires ${name("replicaSyncPort")}` };
+    if (config.replicaSyncAdvertiseHost !== undefined) {
+      return { field: "replicaSyncAdvertiseHost", message: `${name("replicaSyncAdvertiseHost")} requires ${name("replicaSyncPort")}` };
+    }
+    return undefined;
+  }
+  const controlPort = port + CONTROL_PORT_OFFSET;
+  const field = "replicaSyncPort";
+  const sync = name(field);
+  if (controlPort > MAX_TCP_PORT) return { field, message: `${sync} ${port} leaves no room for the control port (${port} + ${CONTROL_PORT_OFFSET} > ${MAX_TCP_PORT})` };
+  if (port === config.port) return { field, message: `${sync} ${port} is the same as ${name("port")} ${config.port} (the HTTP port)` };
+  if (controlPort === config.port) return { field, message: `${sync} ${port} puts its control port (${controlPort}) on ${name("port")} ${config.port} (the HTTP port)` };
+  return undefined;
+}
+
+/**
+ * Host replication carries session bindings, so it needs affinity. The core refuses this too
+ * (sessionAffinity); the daemon states it as the flag to add, like --peers needing a port. That
+ * it excludes the mesh is left to the core.
+ */
+export function hostReplicationProblem(config: DaemonConfig, name: FieldNamer = (f) => f): ConfigProblem | undefined {
+  if (config.sessionReplicationWriterId === undefined || config.sessionAffinityTtlSecs !== undefined) return undefined;
+  const field = "sessionReplicationWriterId";
+  return { field, message: `${name(field)} requires ${name("sessionAffinityTtlSecs")} (without session affinity there are no bindings to replicate)` };
+}
+
+/** CURVE needs a key pair, the keys to accept, and a mesh to secure; checked before any file is read. */
+export function meshSecurityProblem(config: DaemonConfig, files: SecretFiles, name: FieldNamer = (f) => f): ConfigProblem | undefined {
+  const key = files.meshKeyFile !== undefined;
+  const allow = files.meshAllowFiles !== undefined && files.meshAllowFiles.length > 0;
+  if (allow && !key) return { field: "meshAllowFiles", message: `${name("meshAllowFiles")} requires ${name("meshKeyFile")} (this replica's own key pair)` };
+  if (key && !allow) {
+    return {
+      field: "meshKeyFile",
+      message: `${name("meshKeyFile")} requires ${name("meshAllowFiles")} (the .pub files of the replicas to accept; list this replica's own .pub if the fleet shares one key pair)`,
+    };
+  }
+  const field = key ? "meshKeyFile" : "meshCurve";
+  if ((key || config.meshCurve !== undefined) && config.replicaSyncPort === undefined) {
+    return { field, message: `${name(field)} requires ${name("replicaSyncPort")} (CURVE secures the replica mesh)` };
+  }
+  return undefined;
+}
+
+const WILDCARD_HOSTS: ReadonlySet<string> = new Set(["0.0.0.0", "::", "*"]);
+
+/** The replica-sync endpoints: where the XPUB binds, and how peers reach it. */
+export function replicaSyncEndpoints(config: DaemonConfig): { bind: string; advertise: string } | undefined {
+  if (config.replicaSyncPort === undefined) return undefined;
+  const wild = WILDCARD_HOSTS.has(config.host);
+  const bracket = (h: string): string => (h.includes(":") ? `[${h}]` : h);
+  const bindHost = wild ? "*" : bracket(config.host);
+  const adv = config.replicaSyncAdvertiseHost ?? (wild ? "127.0.0.1" : config.host);
+  return { bind: `tcp://${bindHost}:${config.replicaSyncPort}`, advertise: `tcp://${bracket(adv)}:${config.replicaSyncPort}` };
+}
+
+/** The selection core's options for this config (what startDaemon constructs the service with). */
+export function serviceOptionsOf(config: DaemonConfig): SelectionServiceOptions {
+  const sync = replicaSyncEndpoints(config);
+  return {
+    ...(sync === undefined ? {} : { replicaSync: { publishBind: sync.bind, advertiseEndpoint: sync.advertise, peers: config.peers } }),
+    ...(config.sessionReplicationWriterId === undefined ? {} : { sessionReplicationWriterId: config.sessionReplicationWriterId }),
+    selector: config.selector,
+    activeRequestExpiryMs: config.activeRequestExpirySecs * MS_PER_SEC,
+    maxLocalReservations: config.maxReservations,
+    requireKvEventsEndpoint: config.kvEvents,
+    selectionCache: { ttlMs: config.selectionCacheTtlSecs * MS_PER_SEC, maxEntries: config.selectionCacheMaxEntries },
+    ...(config.sessionAffinityTtlSecs === undefined
+      ? {}
+      : { sessionAffinity: { ttlSecs: config.sessionAffinityTtlSecs, mode: config.sessionAffinityMode } }),
+  };
+}
+
+const snakeCase = (key: string): string => key.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
+
+/**
+ * The core's option names (its errors' `details.field`, and words in their messages) -> the
+ * config field that sets them. Selector weights appear as their snake_case knob, some with the
+ * reference's `router_` prefix.
+ */
+const CORE_FIELDS: ReadonlyMap<string, ConfigField> = new Map<string, ConfigField>([
+  ["sessionReplicationWriterId", "sessionReplicationWriterId"],
+  ["sessionAffinity", "sessionAffinityTtlSecs"],
+  ["session_affinity_ttl_secs", "sessionAffinityTtlSecs"],
+  ["replicaSync.publishBind", "replicaSyncPort"],
+  ["replicaSync.advertiseEndpoint", "replicaSyncAdvertiseHost"],
+  ["replicaSync.peers", "peers"],
+  ["replicaSync", "replicaSyncPort"],
+  ["activeRequestExpiryMs", "activeRequestExpirySecs"],
+  ["maxLocalReservations", "maxReservations"],
+  ...Object.keys(DEFAULT_SELECTOR_CONFIG).flatMap((key): [string, ConfigField][] => {
+    const field = `selector.${key as keyof SelectorConfig}` as const;
+    return [
+      [snakeCase(key), field],
+      [`router_${snakeCase(key)}`, field],
+    ];
+  }),
+]);
+
+const escapeRegExp = (s: string): string => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+/** Longest first, so `replicaSync.publishBind` is one name, not `replicaSync` and a tail. */
+const CORE_NAME = new RegExp(
+  `(?<![\\w.])(${[...CORE_FIELDS.keys()]
+    .sort((a, b) => b.length - a.length)
+    .map(escapeRegExp)
+    .join("|")})(?![\\w])`,
+  "g",
+);
+
+/**
+ * Runs the core's own checks on exactly the options startDaemon will construct it with, and turns
+ * a refusal into a config error: the field becomes this config's, and the core's option names in
+ * the message become `name`'s (for the CLI: the flags). Constructing a SelectionService runs every
+ * check and starts nothing (no timers, sockets or listeners); src/core's standalone options check
+ * replaces it here once src/core exports one.
+ */
+function checkCoreOptions(options: SelectionServiceOptions, name: FieldNamer): void {
+  try {
+    new SelectionService(options);
+  } catch (err) {
+    const coreField = isKvmeshError(err) ? err.details?.["field"] : undefined;
+    if (typeof coreField !== "string") throw err;
+    const field = CORE_FIELDS.get(coreField.replace(/\[\d+\]$/, ""));
+    if (field === undefined) throw err;
+    const message = (err as KvmeshError).message.replace(CORE_NAME, (word: string) => {
+      const mapped = CORE_FIELDS.get(word);
+      return mapped === undefined ? word : name(mapped);
+    });
+    throw configError(field, message, err);
+  }
+}
+
+/**
+ * Reads the key and token files into the config. A file that cannot be used is a config error
+ * naming its field; the loaders' messages already name it (with `name`) and the file.
+ */
+function withSecrets(config: DaemonConfig, files: SecretFiles, name: FieldNamer, warn: (message: string) => void): DaemonConfig {
+  let out = config;
+  if (files.meshKeyFile !== undefined) {
+    const keyFile = files.meshKeyFile;
+    const curve = loadingAs(["meshKeyFile", "meshAllowFiles"], name, () =>
+      loadMeshCurveConfig({ keyFile, allowFiles: files.meshAllowFiles ?? [] }, { key: name("meshKeyFile"), allow: name("meshAllowFiles") }),
+    );
+    for (const w of curve.warnings) warn(w);
+    out = { ...out, meshCurve: curve };
+  }
+  if (files.apiTokenFile !== undefined) {
+    const file = files.apiTokenFile;
+    const { token, warnings } = loadingAs(["apiTokenFile"], name, () => loadApiTokenFile(file, name("apiTokenFile")));
+    for (const w of warnings) warn(w);
+    out = { ...out, apiToken: token };
+  }
+  return out;
+}
+
+/** Runs a loader; its error becomes a config error for whichever of `fields` it named. */
+function loadingAs<T>(fields: readonly [ConfigField, ...ConfigField[]], name: FieldNamer, load: () => T): T {
+  try {
+    return load();
+  } catch (err) {
+    const named = isKvmeshError(err) ? err.details?.["field"] : undefined;
+    const field = fields.find((f) => name(f) === named) ?? fields[0];
+    throw configError(field, err instanceof Error ? err.message : String(err), err);
+  }
+}
