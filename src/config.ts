@@ -13,7 +13,8 @@ import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
 import { DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../mesh/replica-mesh.js";
 import { isKvmeshError, KvmeshError } from "./core/errors.js";
 import { DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "./core/pending-selections.js";
-import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS, SelectionService, type SelectionServiceOptions } from "./core/selection-service.js";
+import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS, type SelectionServiceOptions } from "./core/selection-service.js";
+import { resolveServiceOptions } from "./core/service-options.js";
 import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "./core/selector-config.js";
 import { loadApiTokenFile, type ApiToken } from "./http/auth.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "./http/server.js";
@@ -287,13 +288,12 @@ const CORE_NAME = new RegExp(
 /**
  * Runs the core's own checks on exactly the options startDaemon will construct it with, and turns
  * a refusal into a config error: the field becomes this config's, and the core's option names in
- * the message become `name`'s (for the CLI: the flags). Constructing a SelectionService runs every
- * check and starts nothing (no timers, sockets or listeners); src/core's standalone options check
- * replaces it here once src/core exports one.
+ * the message become `name`'s (for the CLI: the flags). resolveServiceOptions is the core's one
+ * check of its options, the one SelectionService's constructor runs.
  */
 function checkCoreOptions(options: SelectionServiceOptions, name: FieldNamer): void {
   try {
-    new SelectionService(options);
+    resolveServiceOptions(options);
   } catch (err) {
     const coreField = isKvmeshError(err) ? err.details?.["field"] : undefined;
     if (typeof coreField !== "string") throw err;
