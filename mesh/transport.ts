@@ -28,6 +28,7 @@ import { CurvePeerSubscribers, type CurveSubscriberStats } from "./curve-subscri
 import { controlEndpointFor, isIpv6Endpoint, parseBindEndpoint, parsePeerEndpoint } from "./endpoints.js";
 import { HANDSHAKE_REJECT_REASONS, MESH_ZAP_DOMAIN, newHandshakeCounters, watchServerHandshakes, ZapHandler, type HandshakeCounters, type HandshakeWatcher, type ZapStats } from "./zap-handler.js";
 import { TOPIC_BATCH, TOPIC_HEARTBEAT } from "./types.js";
+import { MeshAuthError, MeshClosedError, MeshRemoteError, MeshRequestTimeoutError, type MeshAuthFailure } from "./errors.js";
 
 /** ZMTP heartbeats: a frozen peer is noticed about 3 s after it stops answering. */
 export const DEFAULT_HEARTBEAT_INTERVAL_MS = 1_000;
@@ -107,54 +108,7 @@ export type MessageHandler = (topic: string, payload: Buffer, frames: number) =>
 export type SubscriptionHandler = (subscribed: boolean, topic: string) => void;
 export type ControlHandler = (request: Buffer) => Promise<Buffer> | Buffer;
 
-/** The transport was closed before the operation completed. */
-export class MeshClosedError extends Error {
-  constructor(what: string) {
-    super(`mesh transport closed: ${what}`);
-    this.name = "MeshClosedError";
-  }
-}
-
-export class MeshRequestTimeoutError extends Error {
-  readonly endpoint: string;
-  readonly timeoutMs: number;
-  constructor(endpoint: string, timeoutMs: number) {
-    super(`control request to ${endpoint} got no reply within ${timeoutMs} ms`);
-    this.name = "MeshRequestTimeoutError";
-    this.endpoint = endpoint;
-    this.timeoutMs = timeoutMs;
-  }
-}
-
-/** The peer's control handler failed (an ERR reply), or its reply was malformed. */
-export class MeshRemoteError extends Error {
-  readonly endpoint: string;
-  constructor(endpoint: string, message: string) {
-    super(message);
-    this.name = "MeshRemoteError";
-    this.endpoint = endpoint;
-  }
-}
-
-/** Why a CURVE request or connection could not be made (see curve-key-directory.ts). */
-export type MeshAuthFailure = Exclude<KeyLookupOutcome, "found" | "unreachable">;
-
-/** A CURVE peer refused our key, holds no key we list, or runs without CURVE. */
-export class MeshAuthError extends Error {
-  readonly endpoint: string;
-  readonly reason: MeshAuthFailure;
-  constructor(endpoint: string, reason: MeshAuthFailure) {
-    const why: Record<MeshAuthFailure, string> = {
-      rejected: "refuses our CURVE key (our .pub is not in its --mesh-allow)",
-      not_listed: "holds no CURVE key listed in --mesh-allow",
-      no_curve: "runs without CURVE",
-    };
-    super(`mesh peer ${endpoint} ${why[reason]}`);
-    this.name = "MeshAuthError";
-    this.endpoint = endpoint;
-    this.reason = reason;
-  }
-}
+export { MeshAuthError, MeshClosedError, MeshRemoteError, MeshRequestTimeoutError, type MeshAuthFailure };
 
 /** What a CURVE transport holds besides its sockets. */
 interface CurveRuntime {
