@@ -393,8 +393,6 @@ export class ReplicaMesh implements MeshControl {
       controlEndpoint: controlEndpointFor(this.#advertise),
       publishEndpoint: this.#advertise,
       bookings: this.#service.countOwnedBy(this.#origin),
-      bindings: 0,
-      digest: "",
     };
     this.#transport.publish(TOPIC_HEARTBEAT, encodeHeartbeat(hb)).then(
       () => {

@@ -40,10 +40,11 @@ export interface Heartbeat {
   readonly controlEndpoint: string;
   /** The XPUB endpoint peers connect their SUB to. */
   readonly publishEndpoint: string;
-  /** Bookings this origin owns and bindings it wrote, as counted and digested at `seq`. */
+  /**
+   * Bookings this origin owns at `seq`: a receiver that applied every batch up to `seq` must
+   * mirror exactly this many, or it re-snapshots (the divergence check, mesh/inbound.ts).
+   */
   readonly bookings: number;
-  readonly bindings: number;
-  readonly digest: string;
 }
 
 /** A booking as carried in a snapshot: the add, and whether its prefill already completed. */
