@@ -23,7 +23,7 @@ import { pino, type Logger } from "pino";
 import { Context, Dealer, Router, Subscriber, XPublisher, type MessageLike } from "zeromq";
 
 import type { MeshCurveConfig } from "./curve.js";
-import { KEY_LOOKUP_OUTCOMES, ServerKeyDirectory, type KeyDirectoryStats, type KeyLookupOutcome } from "./curve-key-directory.js";
+import { KEY_LOOKUP_OUTCOMES, ServerKeyDirectory, type KeyDirectoryStats } from "./curve-key-directory.js";
 import { CurvePeerSubscribers, type CurveSubscriberStats } from "./curve-subscribers.js";
 import { controlEndpointFor, isIpv6Endpoint, parseBindEndpoint, parsePeerEndpoint } from "./endpoints.js";
 import { HANDSHAKE_REJECT_REASONS, MESH_ZAP_DOMAIN, newHandshakeCounters, watchServerHandshakes, ZapHandler, type HandshakeCounters, type HandshakeWatcher, type ZapStats } from "./zap-handler.js";
