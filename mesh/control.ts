@@ -48,7 +48,7 @@ export class ControlClient {
 
 /** What the control server asks membership to do for a peer's request. */
 export interface PeeringRequests {
-  /** "Connect your SUB to my XPUB at `publishEndpoint`" from the process `from`. */
+  /** "Connect your SUB to my PUB at `publishEndpoint`" from the process `from`. */
   onPeerRequest(publishEndpoint: string, from: bigint): void;
   /** "Stop receiving from me". */
   onUnpeerRequest(publishEndpoint: string, from: bigint): void;

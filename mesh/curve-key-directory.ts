@@ -207,7 +207,7 @@ export class ServerKeyDirectory {
 
   /**
    * The server key of `endpoint`: cached, or probed (concurrent lookups of one endpoint share
-   * one probe). `socket` must suit the server: "sub" for an XPUB, "dealer" for a ROUTER.
+   * one probe). `socket` must suit the server: "sub" for a PUB, "dealer" for a ROUTER.
    */
   lookup(endpoint: string, socket: ProbeSocketKind): Promise<KeyLookup> {
     const key = this.#keys.get(endpoint);

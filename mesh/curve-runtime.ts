@@ -2,7 +2,7 @@
  * What a CURVE mesh transport holds besides its sockets: a private zmq Context whose ZAP handler
  * admits only the listed public keys (zap-handler.ts), the directory of peers' server keys
  * (curve-key-directory.ts), one SUB per peer (curve-subscribers.ts), and the watchers counting
- * inbound handshakes on our XPUB and ROUTER. The transport (sockets only) asks it for socket
+ * inbound handshakes on our PUB and ROUTER. The transport (sockets only) asks it for socket
  * options and for the key of a control server.
  *
  * Two phases, because of an ordering rule: the ZAP handler must be bound before any CURVE server
@@ -20,7 +20,7 @@ import { MESH_ZAP_DOMAIN, newHandshakeCounters, watchServerHandshakes, ZapHandle
 
 /** CURVE counters (null without CURVE): inbound handshakes, ZAP decisions, key lookups. */
 export interface MeshCurveStats {
-  /** Inbound handshakes on the XPUB and ROUTER, accepted and rejected by reason. */
+  /** Inbound handshakes on the PUB and ROUTER, accepted and rejected by reason. */
   readonly inbound: HandshakeCounters;
   readonly zap: ZapStats;
   readonly keyLookups: KeyDirectoryStats;
@@ -46,7 +46,7 @@ export interface CurveClientOptions {
 }
 
 export interface CurveAttachOptions {
-  /** The bound XPUB and ROUTER: their inbound handshakes are counted. */
+  /** The bound PUB and ROUTER: their inbound handshakes are counted. */
   readonly publish: Socket;
   readonly control: Socket;
   /** Options for the per-peer SUBs (heartbeats, reconnect, HWM). */

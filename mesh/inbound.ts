@@ -42,7 +42,7 @@ export const DIVERGENT_HEARTBEATS_FOR_RESYNC = 2;
 
 /** What inbound tells membership, and asks it. */
 export interface InboundMembership {
-  /** A heartbeat from `origin`, whose XPUB is `publishEndpoint` (registered or not). */
+  /** A heartbeat from `origin`, whose PUB is `publishEndpoint` (registered or not). */
   peerHeard(publishEndpoint: string, origin: bigint): void;
   /** A snapshot of `origin` came from `controlEndpoint`: the registered peer there is `origin`. */
   snapshotFrom(controlEndpoint: string, origin: bigint): void;
@@ -133,7 +133,7 @@ export class MeshInbound {
     return this.#membership;
   }
 
-  /** One message from a peer's XPUB (MeshTransport.onMessage). */
+  /** One message from a peer's PUB (MeshTransport.onMessage). */
   onMessage(topic: string, payload: Buffer, frames: number): void {
     if (frames !== 2) {
       this.stats.malformed++;

@@ -47,7 +47,7 @@ export interface MembershipStats {
 
 export interface MembershipOptions {
   readonly origin: bigint;
-  /** Our XPUB endpoint as peers reach it. */
+  /** Our PUB endpoint as peers reach it. */
   readonly advertise: string;
   readonly links: PeerLinks;
   readonly control: Pick<ControlClient, "request">;

@@ -31,7 +31,7 @@ export const DEFAULT_MESH_HEARTBEAT_INTERVAL_MS = 500;
  */
 export const DEFAULT_MESH_FLUSH_INTERVAL_MS = 2;
 
-/** Where published frames go (MeshTransport's XPUB in production). */
+/** Where published frames go (MeshTransport's PUB in production). */
 export interface PublishLink {
   publish(topic: string, payload: Buffer): Promise<void>;
 }
@@ -45,7 +45,7 @@ export interface PublisherStats {
 export interface MeshPublisherOptions {
   readonly origin: bigint;
   readonly epoch: bigint;
-  /** Our XPUB endpoint as peers reach it (heartbeats carry it and the control endpoint after it). */
+  /** Our PUB endpoint as peers reach it (heartbeats carry it and the control endpoint after it). */
   readonly advertise: string;
   readonly link: PublishLink;
   /** Bookings this origin owns now (ReplicaPort.countOwnedBy(origin)). */

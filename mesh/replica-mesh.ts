@@ -38,9 +38,9 @@ const systemWallClock: Clock = { now: () => Date.now() };
 
 export interface ReplicaMeshOptions {
   readonly service: ReplicaPort;
-  /** Where the XPUB binds, e.g. tcp://0.0.0.0:7100; the control ROUTER binds on the next port. */
+  /** Where the PUB binds, e.g. tcp://0.0.0.0:7100; the control ROUTER binds on the next port. */
   readonly publishBind: string;
-  /** How peers reach this replica's XPUB (needed when publishBind is a wildcard). */
+  /** How peers reach this replica's PUB (needed when publishBind is a wildcard). */
   readonly advertiseEndpoint?: string | undefined;
   readonly peers?: readonly string[];
   readonly logger: Logger;

@@ -78,7 +78,7 @@ export interface MeshTransportOptions {
 }
 
 export interface MeshTransportStats {
-  /** Messages handed to the XPUB (libzmq may still drop them per peer at the HWM). */
+  /** Messages handed to the PUB (libzmq may still drop them per peer at the HWM). */
   published: number;
   publishErrors: number;
   /** Messages read from the SUB, well-formed or not. */
