@@ -20,7 +20,7 @@
  *
  * Only keys from our own allow list are ever tried, so a replica we do not list can never become
  * a server we subscribe to or send control requests to, whatever it claims. All candidates are
- * tried at once (bounded by MAX_PARALLEL_KEY_PROBES) so a lookup costs about one round trip;
+ * tried at once (a p-queue bounded by MAX_PARALLEL_KEY_PROBES) so a lookup costs about one round trip;
  * the server counts each wrong candidate as a `wrong_server_key` handshake failure.
  *
  * Found keys are cached per endpoint. A cached key goes stale when the peer restarts with another
@@ -28,6 +28,7 @@
  * Negative outcomes are cached briefly (NEGATIVE_KEY_CACHE_MS) so a burst of requests to a peer
  * that refuses us costs one round of probes, not one per request.
  */
+import PQueue from "p-queue";
 import type { Logger } from "pino";
 import { Dealer, Subscriber, type Context, type Event, type Observer, type Socket } from "zeromq";
 
@@ -129,22 +130,26 @@ async function probeOne(endpoint: string, candidate: string, o: ProbeOptions): P
  */
 export async function probeServerKey(endpoint: string, o: ProbeOptions): Promise<KeyLookup> {
   const results: { key: string; r: CandidateResult }[] = [];
-  const queue = [...o.candidates];
   const done = new AbortController();
   const stopAll = (): void => {
     done.abort();
   };
   o.signal?.addEventListener("abort", stopAll, { once: true });
   const each: ProbeOptions = { ...o, signal: done.signal };
-  const worker = async (): Promise<void> => {
-    for (let key = queue.shift(); key !== undefined && !done.signal.aborted; key = queue.shift()) {
-      const r = await probeOne(endpoint, key, each);
-      results.push({ key, r });
-      if (r === "ok" || r === "auth") stopAll();
-    }
-  };
+  const probes = new PQueue({ concurrency: MAX_PARALLEL_KEY_PROBES });
   try {
-    await Promise.all(Array.from({ length: Math.min(MAX_PARALLEL_KEY_PROBES, queue.length) }, worker));
+    // Candidates still queued when one is decisive (or the transport closes) are not probed:
+    // the lookup's outcome is known, nothing is lost.
+    await Promise.all(
+      o.candidates.map((key) =>
+        probes.add(async () => {
+          if (done.signal.aborted) return;
+          const r = await probeOne(endpoint, key, each);
+          results.push({ key, r });
+          if (r === "ok" || r === "auth") stopAll();
+        }),
+      ),
+    );
   } finally {
     o.signal?.removeEventListener("abort", stopAll);
   }
@@ -202,7 +207,7 @@ export class ServerKeyDirectory {
 
   /**
    * The server key of `endpoint`: cached, or probed (concurrent lookups of one endpoint share
-   * one probe). `socket` must suit the server: "sub" for an XPUB, "dealer" for a ROUTER.
+   * one probe). `socket` must suit the server: "sub" for a PUB, "dealer" for a ROUTER.
    */
   lookup(endpoint: string, socket: ProbeSocketKind): Promise<KeyLookup> {
     const key = this.#keys.get(endpoint);

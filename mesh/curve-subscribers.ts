@@ -76,7 +76,7 @@ export interface CurveSubscriberStats {
 export class CurvePeerSubscribers {
   readonly #o: CurveSubscribersOptions;
   readonly #peers = new Map<string, Peer>();
-  readonly #topics: string[];
+  readonly #topics: readonly string[];
   readonly #loops = new Set<Promise<void>>();
   readonly #retryMinMs: number;
   readonly #retryMaxMs: number;
@@ -124,13 +124,6 @@ export class CurvePeerSubscribers {
     this.#peers.delete(endpoint);
     this.#drop(peer);
     return true;
-  }
-
-  /** Subscribes every current and future peer socket to `topic`. */
-  subscribe(topic: string): void {
-    if (this.#topics.includes(topic)) return;
-    this.#topics.push(topic);
-    for (const p of this.#peers.values()) p.sub?.subscribe(topic);
   }
 
   #lookup(peer: Peer): void {

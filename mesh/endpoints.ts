@@ -10,7 +10,7 @@ import { KvmeshError } from "../src/core/errors.js";
 
 export const MIN_TCP_PORT = 1;
 export const MAX_TCP_PORT = 65_535;
-/** The control ROUTER sits on the port after the XPUB's; ipc/inproc names get this suffix. */
+/** The control ROUTER sits on the port after the PUB's; ipc/inproc names get this suffix. */
 export const CONTROL_PORT_OFFSET = 1;
 export const CONTROL_NAME_SUFFIX = ".ctl";
 /**
@@ -126,7 +126,7 @@ export function isIpv6Endpoint(s: string): boolean {
 }
 
 /**
- * Where a replica's control ROUTER lives given its publish (XPUB) endpoint: the next port, or
+ * Where a replica's control ROUTER lives given its publish (PUB) endpoint: the next port, or
  * the same ipc/inproc name plus ".ctl". A wildcard publish port gives a wildcard control port.
  */
 export function controlEndpointFor(publishEndpoint: string): string {

@@ -142,6 +142,11 @@ export class LagReservoir {
 export interface OriginTrackerOptions {
   /** Wall clock, ms since the Unix epoch: lag is measured against the publisher's sentAtMs. */
   readonly clock: Clock;
+  /**
+   * Monotonic clock, ms: when an origin was last heard (eviction by idleness). Default `clock`;
+   * the mesh passes a monotonic one, so a wall-clock step does not make live origins look idle.
+   */
+  readonly idleClock?: Clock;
   readonly snapshotTimeoutMs?: number;
   readonly snapshotTimeoutMaxMs?: number;
   readonly resyncBufferMaxBatches?: number;
@@ -173,6 +178,7 @@ export interface OriginStats {
 
 interface Resolved {
   readonly clock: Clock;
+  readonly idleClock: Clock;
   readonly snapshotTimeoutMs: number;
   readonly snapshotTimeoutMaxMs: number;
   readonly resyncBufferMaxBatches: number;
@@ -183,6 +189,7 @@ interface Resolved {
 function resolve(o: OriginTrackerOptions): Resolved {
   const r: Resolved = {
     clock: o.clock,
+    idleClock: o.idleClock ?? o.clock,
     snapshotTimeoutMs: o.snapshotTimeoutMs ?? DEFAULT_SNAPSHOT_TIMEOUT_MS,
     snapshotTimeoutMaxMs: o.snapshotTimeoutMaxMs ?? DEFAULT_SNAPSHOT_TIMEOUT_MAX_MS,
     resyncBufferMaxBatches: o.resyncBufferMaxBatches ?? DEFAULT_RESYNC_BUFFER_MAX_BATCHES,
@@ -227,7 +234,7 @@ export class OriginTracker {
   #snapshotRetries = 0;
   #bufferOverflows = 0;
   #staleDropped = 0;
-  /** Clock time of the last batch, heartbeat or snapshot of this origin (eviction order). */
+  /** idleClock time of the last batch, heartbeat or snapshot of this origin (eviction order). */
   #lastHeardMs: number;
 
   constructor(origin: bigint, options: OriginTrackerOptions, aggregateLag?: LagHistogram) {
@@ -236,7 +243,7 @@ export class OriginTracker {
     this.#lag = new LagReservoir(this.#o.lagSamples);
     this.lagHistogram = new LagHistogram();
     this.#aggregateLag = aggregateLag;
-    this.#lastHeardMs = this.#o.clock.now();
+    this.#lastHeardMs = this.#o.idleClock.now();
   }
 
   /** When this origin was last heard from (clock ms). */
@@ -264,7 +271,7 @@ export class OriginTracker {
 
   onBatch(batch: MeshBatch): BatchAction {
     this.#checkOrigin(batch.origin);
-    this.#lastHeardMs = this.#o.clock.now();
+    this.#lastHeardMs = this.#o.idleClock.now();
     this.#recordLag(batch.sentAtMs);
     if (this.#retired.includes(batch.epoch)) return this.#stale();
     this.#latestSeenEpoch = batch.epoch;
@@ -293,7 +300,7 @@ export class OriginTracker {
   /** A heartbeat's seq is the last batch published: ahead of what was applied means a loss. */
   onHeartbeat(hb: Heartbeat): HeartbeatAction {
     this.#checkOrigin(hb.origin);
-    this.#lastHeardMs = this.#o.clock.now();
+    this.#lastHeardMs = this.#o.idleClock.now();
     this.#recordLag(hb.sentAtMs);
     if (this.#retired.includes(hb.epoch)) {
       this.#staleDropped++;
@@ -349,7 +356,7 @@ export class OriginTracker {
    */
   onSnapshot(s: Snapshot): MeshBatch[] {
     this.#checkOrigin(s.origin);
-    this.#lastHeardMs = this.#o.clock.now();
+    this.#lastHeardMs = this.#o.idleClock.now();
     this.#snapshots++;
     if (this.#outstanding > 0) this.#outstanding--;
     const confirmed = !this.#retired.includes(s.epoch) && (this.#latestSeenEpoch === null || s.epoch === this.#latestSeenEpoch);
@@ -586,7 +593,7 @@ export class MeshReceiver {
 
   /** Evicts the least recently heard origin that never synced or is idle; false if none may go. */
   #evictOne(): boolean {
-    const now = this.#options.clock.now();
+    const now = (this.#options.idleClock ?? this.#options.clock).now();
     let victim: OriginTracker | undefined;
     for (const t of this.#trackers.values()) {
       if (t.synced && now - t.lastHeardMs < this.#evictIdleMs) continue;

@@ -1,33 +1,36 @@
 /**
- * The replica mesh's socket layer. Payloads are opaque Buffers: encoding, sequencing, snapshots
- * and membership decisions belong to the codec and the glue.
+ * The replica mesh's socket layer, sockets only. Payloads are opaque Buffers: encoding,
+ * sequencing, snapshots and membership decisions belong to the codec and the mesh components.
  *
- *   XPUB   bind  publishBind      [topic, payload]; subscription notifications -> onSubscription
+ *   PUB    bind  publishBind      [topic, payload]
  *   ROUTER bind  controlBind      [identity, "", request] -> [identity, "", "OK"|"ERR", body]
  *   SUB    connect to every peer  [topic, payload] -> onMessage
  *   DEALER one per request()      ["", request] -> ["", "OK"|"ERR", body]
  *
  * zeromq.js allows one send and one receive in flight per socket and throws EBUSY synchronously
- * on a second, so every socket has exactly one reader loop and one writer (a FIFO for the XPUB,
+ * on a second, so every socket has exactly one reader loop and one writer (a FIFO for the PUB,
  * a promise chain for ROUTER replies).
  *
  * With `curve` set, every socket lives in a private zmq Context whose ZAP handler admits only
- * the listed public keys (zap-handler.ts); the XPUB and ROUTER are CURVE servers with this
- * replica's key. Peers are still plain endpoints, so the connecting side looks up which listed
- * key the peer at an endpoint holds (curve-key-directory.ts) and connects with it: one SUB per
- * peer (curve-subscribers.ts) and one DEALER per request, as without CURVE. An unlisted replica
- * can therefore neither subscribe to our XPUB nor reach our ROUTER (ZAP refuses its key), and we
- * never subscribe to or query a server whose key we do not list.
+ * the listed public keys, and the PUB and ROUTER are CURVE servers with this replica's key; the
+ * CURVE runtime (curve-runtime.ts) holds that context, the ZAP handler, the directory of peers'
+ * keys and the per-peer SUBs. Peers are still plain endpoints, so the connecting side looks up
+ * which listed key the peer at an endpoint holds (curve-key-directory.ts) and connects with it:
+ * one SUB per peer (curve-subscribers.ts) and one DEALER per request, as without CURVE. An
+ * unlisted replica can therefore neither subscribe to our PUB nor reach our ROUTER (ZAP refuses
+ * its key), and we never subscribe to or query a server whose key we do not list.
  */
+import PQueue from "p-queue";
 import { pino, type Logger } from "pino";
-import { Context, Dealer, Router, Subscriber, XPublisher, type MessageLike } from "zeromq";
+import { Dealer, Publisher, Router, Subscriber, type MessageLike } from "zeromq";
 
 import type { MeshCurveConfig } from "./curve.js";
-import { KEY_LOOKUP_OUTCOMES, ServerKeyDirectory, type KeyDirectoryStats, type KeyLookupOutcome } from "./curve-key-directory.js";
-import { CurvePeerSubscribers, type CurveSubscriberStats } from "./curve-subscribers.js";
+import { CurveRuntime, type MeshCurveStats } from "./curve-runtime.js";
 import { controlEndpointFor, isIpv6Endpoint, parseBindEndpoint, parsePeerEndpoint } from "./endpoints.js";
-import { HANDSHAKE_REJECT_REASONS, MESH_ZAP_DOMAIN, newHandshakeCounters, watchServerHandshakes, ZapHandler, type HandshakeCounters, type HandshakeWatcher, type ZapStats } from "./zap-handler.js";
+import { MeshAuthError, MeshClosedError, MeshRemoteError, MeshRequestTimeoutError, type MeshAuthFailure } from "./errors.js";
 import { TOPIC_BATCH, TOPIC_HEARTBEAT } from "./types.js";
+
+export { MeshAuthError, MeshClosedError, MeshRemoteError, MeshRequestTimeoutError, type MeshAuthFailure, type MeshCurveStats };
 
 /** ZMTP heartbeats: a frozen peer is noticed about 3 s after it stops answering. */
 export const DEFAULT_HEARTBEAT_INTERVAL_MS = 1_000;
@@ -41,18 +44,16 @@ export const DEFAULT_SEND_HWM_MESSAGES = 10_000;
 export const DEFAULT_RECONNECT_INTERVAL_MS = 100;
 /** libzmq's default 0 means a fixed 100 ms retry forever against a dead peer; back off to 5 s. */
 export const DEFAULT_RECONNECT_MAX_INTERVAL_MS = 5_000;
-/** Control handlers run concurrently (a slow snapshot must not stall a peering request) up to this. */
+/**
+ * Control handlers run concurrently (a slow snapshot must not stall a peering request) up to this.
+ * Past it the ROUTER is not read until one ends: later requests wait in libzmq's queue (and the
+ * peer's DEALER times out), nothing is dropped here.
+ */
 export const MAX_CONCURRENT_CONTROL_REQUESTS = 64;
-/** A peer subscribes to `J.<its id>` so our XPUB can tell which replica just started receiving. */
-export const JOIN_TOPIC_PREFIX = "J.";
 export const DEFAULT_MESH_TOPICS: readonly string[] = [TOPIC_BATCH, TOPIC_HEARTBEAT];
 
 const REPLY_OK = "OK";
 const REPLY_ERR = "ERR";
-const XPUB_UNSUBSCRIBE = 0;
-const XPUB_SUBSCRIBE = 1;
-
-export const joinTopic = (id: string): string => `${JOIN_TOPIC_PREFIX}${id}`;
 
 export interface MeshTransportOptions {
   /** e.g. tcp://0.0.0.0:7100; tcp://127.0.0.1:* or ipc://* bind an ephemeral endpoint (read publishEndpoint). */
@@ -65,7 +66,7 @@ export interface MeshTransportOptions {
   readonly sendHighWaterMark?: number;
   readonly reconnectIntervalMs?: number;
   readonly reconnectMaxIntervalMs?: number;
-  /** Topics the SUB subscribes to (besides join topics). Default DEFAULT_MESH_TOPICS. */
+  /** Topics the SUB subscribes to. Default DEFAULT_MESH_TOPICS. */
   readonly topics?: readonly string[];
   /**
    * CURVE: encrypt the mesh and accept only the listed replicas' keys (see the module comment).
@@ -76,19 +77,8 @@ export interface MeshTransportOptions {
   readonly keyProbeTimeoutMs?: number;
 }
 
-/** CURVE counters (null without CURVE): inbound handshakes, ZAP decisions, key lookups. */
-export interface MeshCurveStats {
-  /** Inbound handshakes on the XPUB and ROUTER, accepted and rejected by reason. */
-  readonly inbound: HandshakeCounters;
-  readonly zap: ZapStats;
-  readonly keyLookups: KeyDirectoryStats;
-  readonly subscribers: CurveSubscriberStats;
-  /** Control requests that failed because the peer refused us or holds no key we list. */
-  readonly requestAuthFailures: number;
-}
-
 export interface MeshTransportStats {
-  /** Messages handed to the XPUB (libzmq may still drop them per peer at the HWM). */
+  /** Messages handed to the PUB (libzmq may still drop them per peer at the HWM). */
   published: number;
   publishErrors: number;
   /** Messages read from the SUB, well-formed or not. */
@@ -104,69 +94,7 @@ export interface MeshTransportStats {
 }
 
 export type MessageHandler = (topic: string, payload: Buffer, frames: number) => void;
-export type SubscriptionHandler = (subscribed: boolean, topic: string) => void;
 export type ControlHandler = (request: Buffer) => Promise<Buffer> | Buffer;
-
-/** The transport was closed before the operation completed. */
-export class MeshClosedError extends Error {
-  constructor(what: string) {
-    super(`mesh transport closed: ${what}`);
-    this.name = "MeshClosedError";
-  }
-}
-
-export class MeshRequestTimeoutError extends Error {
-  readonly endpoint: string;
-  readonly timeoutMs: number;
-  constructor(endpoint: string, timeoutMs: number) {
-    super(`control request to ${endpoint} got no reply within ${timeoutMs} ms`);
-    this.name = "MeshRequestTimeoutError";
-    this.endpoint = endpoint;
-    this.timeoutMs = timeoutMs;
-  }
-}
-
-/** The peer's control handler failed (an ERR reply), or its reply was malformed. */
-export class MeshRemoteError extends Error {
-  readonly endpoint: string;
-  constructor(endpoint: string, message: string) {
-    super(message);
-    this.name = "MeshRemoteError";
-    this.endpoint = endpoint;
-  }
-}
-
-/** Why a CURVE request or connection could not be made (see curve-key-directory.ts). */
-export type MeshAuthFailure = Exclude<KeyLookupOutcome, "found" | "unreachable">;
-
-/** A CURVE peer refused our key, holds no key we list, or runs without CURVE. */
-export class MeshAuthError extends Error {
-  readonly endpoint: string;
-  readonly reason: MeshAuthFailure;
-  constructor(endpoint: string, reason: MeshAuthFailure) {
-    const why: Record<MeshAuthFailure, string> = {
-      rejected: "refuses our CURVE key (our .pub is not in its --mesh-allow)",
-      not_listed: "holds no CURVE key listed in --mesh-allow",
-      no_curve: "runs without CURVE",
-    };
-    super(`mesh peer ${endpoint} ${why[reason]}`);
-    this.name = "MeshAuthError";
-    this.endpoint = endpoint;
-    this.reason = reason;
-  }
-}
-
-/** What a CURVE transport holds besides its sockets. */
-interface CurveRuntime {
-  readonly context: Context;
-  readonly config: MeshCurveConfig;
-  readonly zap: ZapHandler;
-  readonly keys: ServerKeyDirectory;
-  readonly subs: CurvePeerSubscribers;
-  readonly inbound: HandshakeCounters;
-  readonly watchers: HandshakeWatcher[];
-  requestAuthFailures: number;
-}
 
 interface QueuedSend {
   readonly frames: MessageLike[];
@@ -197,16 +125,16 @@ export class MeshTransport {
   readonly publishEndpoint: string;
   readonly controlEndpoint: string;
 
-  readonly #xpub: XPublisher;
+  readonly #pub: Publisher;
   readonly #router: Router;
-  /** The one SUB of a plain mesh; null with CURVE (one SUB per peer in #curve.subs). */
+  /** The one SUB of a plain mesh; null with CURVE (one SUB per peer in the CURVE runtime). */
   readonly #sub: Subscriber | null;
   readonly #curve: CurveRuntime | null;
   readonly #common: CommonSocketOptions;
   readonly #log: Logger;
   readonly #peers = new Set<string>();
   readonly #dealers = new Set<Dealer>();
-  readonly #controlInFlight = new Set<Promise<void>>();
+  readonly #controlQueue = new PQueue({ concurrency: MAX_CONCURRENT_CONTROL_REQUESTS });
   readonly #stats: MeshTransportStats = {
     published: 0,
     publishErrors: 0,
@@ -221,15 +149,14 @@ export class MeshTransport {
   #draining: Promise<void> | null = null;
   #replyTail: Promise<void> = Promise.resolve();
   #onMessage: MessageHandler | null = null;
-  #onSubscription: SubscriptionHandler | null = null;
   #onControl: ControlHandler | null = null;
   readonly #loops: Promise<void>[] = [];
-  readonly #started = new Set<"sub" | "xpub" | "router">();
+  readonly #started = new Set<"sub" | "router">();
   #closed = false;
   #closing: Promise<void> | null = null;
 
   private constructor(
-    xpub: XPublisher,
+    pub: Publisher,
     router: Router,
     sub: Subscriber | null,
     endpoints: { publish: string; control: string },
@@ -237,7 +164,7 @@ export class MeshTransport {
     log: Logger,
     curve: CurveRuntime | null,
   ) {
-    this.#xpub = xpub;
+    this.#pub = pub;
     this.#router = router;
     this.#sub = sub;
     this.#curve = curve;
@@ -247,7 +174,7 @@ export class MeshTransport {
     this.#log = log;
   }
 
-  /** Binds the XPUB and the control ROUTER; rejects (with every socket closed) if either bind fails. */
+  /** Binds the PUB and the control ROUTER; rejects (with every socket closed) if either bind fails. */
   static async bind(o: MeshTransportOptions): Promise<MeshTransport> {
     const publishBind = parseBindEndpoint(o.publishBind);
     const controlBind = o.controlBind === undefined ? controlEndpointFor(publishBind) : parseBindEndpoint(o.controlBind);
@@ -264,60 +191,42 @@ export class MeshTransport {
       tcpKeepalive: 1,
     };
     const hwm = positiveInt("sendHighWaterMark", o.sendHighWaterMark, DEFAULT_SEND_HWM_MESSAGES);
+    const keyProbeTimeoutMs = o.keyProbeTimeoutMs === undefined || o.curve === undefined ? undefined : positiveInt("keyProbeTimeoutMs", o.keyProbeTimeoutMs, o.keyProbeTimeoutMs);
     const topics = o.topics ?? DEFAULT_MESH_TOPICS;
     const log = o.logger ?? pino({ enabled: false });
 
-    // CURVE: a private context whose ZAP handler is bound before any CURVE socket binds (a
-    // server bound first would admit every client key until the handler appears).
-    const curve = o.curve;
-    const context = curve === undefined ? undefined : new Context();
-    const zap = curve === undefined || context === undefined ? null : await ZapHandler.start({ context, allow: curve.allow, logger: log });
-    const server = curve === undefined || context === undefined ? {} : { context, curveServer: true, curveSecretKey: curve.keyPair.secretKey, zapDomain: MESH_ZAP_DOMAIN };
-    const xpub = new XPublisher({ ...common, ...server, sendHighWaterMark: hwm, ipv6: isIpv6Endpoint(publishBind) });
-    // Default XPUB verbosity reports only the first subscriber per topic, hiding later joiners.
-    xpub.verbosity = "allSubsUnsubs";
+    // CURVE: the runtime's ZAP handler is bound before any CURVE socket binds (curve-runtime.ts).
+    const curve = o.curve === undefined ? null : await CurveRuntime.start(o.curve, log);
+    const server = curve?.serverOptions ?? {};
+    const pub = new Publisher({ ...common, ...server, sendHighWaterMark: hwm, ipv6: isIpv6Endpoint(publishBind) });
     const router = new Router({ ...common, ...server, ipv6: isIpv6Endpoint(controlBind) });
-    const sub = curve === undefined ? new Subscriber({ ...common, receiveHighWaterMark: hwm }) : null;
+    const sub = curve === null ? new Subscriber({ ...common, receiveHighWaterMark: hwm }) : null;
     try {
       if (sub !== null) for (const t of topics) sub.subscribe(t);
-      await xpub.bind(publishBind);
+      await pub.bind(publishBind);
       await router.bind(controlBind);
-      const endpoints = { publish: xpub.lastEndpoint ?? publishBind, control: router.lastEndpoint ?? controlBind };
+      const endpoints = { publish: pub.lastEndpoint ?? publishBind, control: router.lastEndpoint ?? controlBind };
       // The per-peer SUBs deliver to the transport built below (nothing arrives before onMessage).
       const built: { transport: MeshTransport | undefined } = { transport: undefined };
-      let runtime: CurveRuntime | null = null;
-      if (curve !== undefined && context !== undefined && zap !== null) {
-        const inbound = newHandshakeCounters();
-        const keys = new ServerKeyDirectory({
-          context,
-          keyPair: curve.keyPair,
-          allow: curve.allow,
-          logger: log,
-          ...(o.keyProbeTimeoutMs === undefined ? {} : { probeTimeoutMs: positiveInt("keyProbeTimeoutMs", o.keyProbeTimeoutMs, o.keyProbeTimeoutMs) }),
-        });
-        const subs = new CurvePeerSubscribers({
-          context,
-          keyPair: curve.keyPair,
-          directory: keys,
-          socketOptions: { ...common, receiveHighWaterMark: hwm },
-          topics,
-          onFrames: (frames) => {
-            if (built.transport !== undefined) built.transport.#deliver(frames);
-          },
-          logger: log,
-        });
-        const watchers = [watchServerHandshakes(xpub, "publish", inbound, log), watchServerHandshakes(router, "control", inbound, log)];
-        runtime = { context, config: curve, zap, keys, subs, inbound, watchers, requestAuthFailures: 0 };
-      }
-      const transport = new MeshTransport(xpub, router, sub, endpoints, common, log, runtime);
+      curve?.attach({
+        publish: pub,
+        control: router,
+        subscriberOptions: { ...common, receiveHighWaterMark: hwm },
+        topics,
+        onFrames: (frames) => {
+          if (built.transport !== undefined) built.transport.#deliver(frames);
+        },
+        ...(keyProbeTimeoutMs === undefined ? {} : { keyProbeTimeoutMs }),
+      });
+      const transport = new MeshTransport(pub, router, sub, endpoints, common, log, curve);
       built.transport = transport;
-      log.info({ ...endpoints, curve: curve === undefined ? false : { public_key: curve.keyPair.publicKey, allowed_keys: curve.allow.length } }, "mesh transport bound");
+      log.info({ ...endpoints, curve: curve === null ? false : { public_key: curve.config.keyPair.publicKey, allowed_keys: curve.config.allow.length } }, "mesh transport bound");
       return transport;
     } catch (err) {
-      xpub.close();
+      pub.close();
       router.close();
       sub?.close();
-      await zap?.close();
+      await curve?.closeZap();
       throw toError(err);
     }
   }
@@ -327,55 +236,14 @@ export class MeshTransport {
     return this.#curve?.config.keyPair.publicKey ?? null;
   }
 
-  /** CURVE counters, or null without CURVE. */
+  /** CURVE counters, or null without CURVE (mesh-metrics.ts writes them). */
   get curveStats(): MeshCurveStats | null {
-    const c = this.#curve;
-    if (c === null) return null;
-    return {
-      inbound: { accepted: c.inbound.accepted, rejected: { ...c.inbound.rejected } },
-      zap: c.zap.stats,
-      keyLookups: c.keys.stats,
-      subscribers: c.subs.stats,
-      requestAuthFailures: c.requestAuthFailures,
-    };
+    return this.#curve?.stats ?? null;
   }
 
   /** Per-peer CURVE connection states (endpoint -> state); empty without CURVE. */
   curvePeerStates(): Map<string, string> {
-    return this.#curve?.subs.states() ?? new Map<string, string>();
-  }
-
-  /** Prometheus text for the transport's own counters (CURVE only; "" without it). */
-  metricsText(): string {
-    const s = this.curveStats;
-    if (s === null) return "";
-    const lines: string[] = [];
-    const family = (name: string, type: "counter" | "gauge", help: string, samples: readonly string[]): void => {
-      lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`, ...samples);
-    };
-    family("kvmesh_mesh_curve_enabled", "gauge", "1 when the mesh uses CURVE (encrypted, listed keys only).", ["kvmesh_mesh_curve_enabled 1"]);
-    family("kvmesh_mesh_handshakes_accepted_total", "counter", "Inbound CURVE handshakes accepted (publish and control sockets).", [`kvmesh_mesh_handshakes_accepted_total ${s.inbound.accepted}`]);
-    family(
-      "kvmesh_mesh_handshakes_rejected_total",
-      "counter",
-      "Inbound handshakes rejected: unlisted_key (ZAP refused the key), no_curve (a plain peer), wrong_server_key (a stale key, or a peer probing the listed keys for ours), other.",
-      HANDSHAKE_REJECT_REASONS.map((r) => `kvmesh_mesh_handshakes_rejected_total{reason="${r}"} ${s.inbound.rejected[r]}`),
-    );
-    family("kvmesh_mesh_zap_denied_total", "counter", "ZAP requests denied (public key not in --mesh-allow).", [`kvmesh_mesh_zap_denied_total ${s.zap.denied}`]);
-    family(
-      "kvmesh_mesh_key_lookups_total",
-      "counter",
-      "Lookups of a peer endpoint's CURVE key by probing the listed keys, by outcome.",
-      KEY_LOOKUP_OUTCOMES.map((r) => `kvmesh_mesh_key_lookups_total{outcome="${r}"} ${s.keyLookups.lookups[r]}`),
-    );
-    family("kvmesh_mesh_key_rekeys_total", "counter", "Peer connections re-keyed after their cached key stopped working.", [`kvmesh_mesh_key_rekeys_total ${s.subscribers.rekeys}`]);
-    family(
-      "kvmesh_mesh_refused_by_peer_total",
-      "counter",
-      "Outbound connections and control requests a peer refused or could not authenticate (our key not in its allow list, or no listed key).",
-      [`kvmesh_mesh_refused_by_peer_total ${s.subscribers.refusedByPeer + s.requestAuthFailures}`],
-    );
-    return lines.join("\n") + "\n";
+    return this.#curve?.subscribers.states() ?? new Map<string, string>();
   }
 
   get stats(): MeshTransportStats {
@@ -409,7 +277,7 @@ export class MeshTransport {
             continue;
           }
           try {
-            await this.#xpub.send(item.frames);
+            await this.#pub.send(item.frames);
             this.#stats.published++;
             item.resolve();
           } catch (err) {
@@ -429,37 +297,30 @@ export class MeshTransport {
     this.#startLoop("sub");
   }
 
-  /** Sets the handler for XPUB (un)subscription notifications; starts the XPUB reader on the first call. */
-  onSubscription(handler: SubscriptionHandler): void {
-    this.#onSubscription = handler;
-    this.#startLoop("xpub");
-  }
-
   /** Sets the control request handler; starts the ROUTER loop on the first call. */
   onControl(handler: ControlHandler): void {
     this.#onControl = handler;
     this.#startLoop("router");
   }
 
-  #startLoop(which: "sub" | "xpub" | "router"): void {
+  #startLoop(which: "sub" | "router"): void {
     if (this.#closed || this.#started.has(which)) return;
     this.#started.add(which);
     if (which === "sub" && this.#curve !== null) {
-      this.#curve.subs.start();
+      this.#curve.subscribers.start();
       return;
     }
-    const loop = which === "sub" ? this.#subLoop() : which === "xpub" ? this.#xpubLoop() : this.#routerLoop();
-    this.#loops.push(loop);
+    this.#loops.push(which === "sub" ? this.#subLoop() : this.#routerLoop());
   }
 
-  /** Connects the SUB to a peer's XPUB (all mesh topics and join topics apply); false if already connected. */
+  /** Connects the SUB to a peer's PUB (all mesh topics); false if already connected. */
   connectPeer(publishEndpoint: string): boolean {
     if (this.#closed) throw new MeshClosedError("connectPeer");
     const ep = parsePeerEndpoint(publishEndpoint);
     if (this.#peers.has(ep)) return false;
     if (this.#sub === null) {
       // CURVE: the peer's SUB is opened once its key is known (curve-subscribers.ts).
-      this.#curve?.subs.connect(ep);
+      this.#curve?.subscribers.connect(ep);
       this.#peers.add(ep);
       this.#log.info({ peer: ep }, "mesh peer added (looking up its CURVE key)");
       return true;
@@ -475,13 +336,13 @@ export class MeshTransport {
     return true;
   }
 
-  /** Disconnects from a peer's XPUB; false if it was not connected. */
+  /** Disconnects from a peer's PUB; false if it was not connected. */
   disconnectPeer(publishEndpoint: string): boolean {
     const ep = parsePeerEndpoint(publishEndpoint);
     if (!this.#peers.delete(ep)) return false;
     if (this.#closed) return true;
     if (this.#sub === null) {
-      this.#curve?.subs.disconnect(ep);
+      this.#curve?.subscribers.disconnect(ep);
       this.#log.info({ peer: ep }, "mesh peer disconnected");
       return true;
     }
@@ -497,14 +358,6 @@ export class MeshTransport {
 
   peers(): string[] {
     return [...this.#peers].sort();
-  }
-
-  /** Subscribes the SUB to `J.<id>` on every peer (current and future): their XPUBs see us join. */
-  subscribeJoinTopic(id: string): void {
-    if (this.#closed) throw new MeshClosedError("subscribeJoinTopic");
-    if (id.length === 0) throw new RangeError("join topic id must be non-empty");
-    if (this.#sub === null) this.#curve?.subs.subscribe(joinTopic(id));
-    else this.#sub.subscribe(joinTopic(id));
   }
 
   async #subLoop(): Promise<void> {
@@ -530,34 +383,14 @@ export class MeshTransport {
     }
   }
 
-  async #xpubLoop(): Promise<void> {
-    try {
-      for await (const [frame] of this.#xpub) {
-        const kind = frame?.[0];
-        if (frame === undefined || (kind !== XPUB_SUBSCRIBE && kind !== XPUB_UNSUBSCRIBE)) {
-          this.#log.debug({ bytes: frame?.length ?? 0 }, "unexpected message on the mesh XPUB ignored");
-          continue;
-        }
-        const topic = frame.toString("utf8", 1);
-        try {
-          this.#onSubscription?.(kind === XPUB_SUBSCRIBE, topic);
-        } catch (err) {
-          this.#log.error({ err, topic }, "mesh subscription handler threw");
-        }
-      }
-    } catch (err) {
-      if (!this.#closed) this.#log.error({ err }, "mesh XPUB loop stopped");
-    }
-  }
-
   async #routerLoop(): Promise<void> {
     try {
       for await (const frames of this.#router) {
         this.#stats.controlRequests++;
-        const task = this.#serveControl(frames);
-        this.#controlInFlight.add(task);
-        void task.finally(() => this.#controlInFlight.delete(task));
-        if (this.#controlInFlight.size >= MAX_CONCURRENT_CONTROL_REQUESTS) await Promise.race(this.#controlInFlight);
+        void this.#controlQueue.add(() => this.#serveControl(frames));
+        // With every slot busy the request just added waits in the queue: stop reading until it
+        // starts, so at most one waits here and the rest stay in libzmq's queue.
+        await this.#controlQueue.onSizeLessThan(1);
       }
     } catch (err) {
       if (!this.#closed) this.#log.error({ err }, "mesh ROUTER loop stopped");
@@ -610,12 +443,9 @@ export class MeshTransport {
     const ep = parsePeerEndpoint(controlEndpoint);
     if (!Number.isFinite(timeoutMs) || timeoutMs <= 0) throw new RangeError(`timeoutMs must be positive, got ${timeoutMs}`);
     const startedMs = performance.now();
-    const serverKey = this.#curve === null ? null : await this.#controlServerKey(ep, timeoutMs);
+    const serverKey = this.#curve === null ? null : await this.#controlServerKey(this.#curve, ep, timeoutMs);
     if (this.#closed) throw new MeshClosedError("request");
-    const curveClient =
-      serverKey === null || this.#curve === null
-        ? {}
-        : { context: this.#curve.context, curveServerKey: serverKey, curvePublicKey: this.#curve.config.keyPair.publicKey, curveSecretKey: this.#curve.config.keyPair.secretKey };
+    const curveClient = serverKey === null || this.#curve === null ? {} : this.#curve.clientOptions(serverKey);
     const dealer = new Dealer({ ...this.#common, ...curveClient, ipv6: isIpv6Endpoint(ep) });
     this.#dealers.add(dealer);
     let timedOut = false;
@@ -646,7 +476,7 @@ export class MeshTransport {
         // No per-request observer tells a stale key from a slow peer (observers are costly and
         // fragile, see zmq-observers.ts): after a timeout the key is looked up again next time,
         // which finds a new key, or reports that the peer now refuses us, within one round trip.
-        if (serverKey !== null) this.#curve?.keys.forget(ep, serverKey);
+        if (serverKey !== null) this.#curve?.forgetKey(ep, serverKey);
         throw new MeshRequestTimeoutError(ep, timeoutMs);
       }
       if (this.#closed) throw new MeshClosedError("request");
@@ -659,26 +489,14 @@ export class MeshTransport {
   }
 
   /** The server key for a control request to `ep` (CURVE); throws when there is none to use. */
-  async #controlServerKey(ep: string, timeoutMs: number): Promise<string> {
-    const curve = this.#curve;
-    if (curve === null) throw new Error("not a CURVE transport");
-    let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<null>((resolve) => {
-      timer = setTimeout(() => {
-        resolve(null);
-      }, timeoutMs);
-    });
-    const lookup = await Promise.race([curve.keys.lookup(ep, "dealer"), timeout]).finally(() => {
-      clearTimeout(timer);
-    });
+  async #controlServerKey(curve: CurveRuntime, ep: string, timeoutMs: number): Promise<string> {
+    const key = await curve.controlServerKey(ep, timeoutMs);
     if (this.#closed) throw new MeshClosedError("request");
-    if (lookup === null || lookup.outcome === "unreachable") {
+    if (key === null) {
       this.#stats.requestTimeouts++;
       throw new MeshRequestTimeoutError(ep, timeoutMs);
     }
-    if (lookup.outcome === "found") return lookup.key;
-    curve.requestAuthFailures++;
-    throw new MeshAuthError(ep, lookup.outcome);
+    return key;
   }
 
   /**
@@ -696,15 +514,14 @@ export class MeshTransport {
     this.#outbox = [];
     for (const item of queued) item.reject(new MeshClosedError("publish"));
     for (const dealer of this.#dealers) dealer.close();
-    this.#curve?.keys.close();
-    const curveSubs = this.#curve?.subs.close();
-    this.#xpub.close();
+    const curveClients = this.#curve?.closeClients();
+    this.#pub.close();
     this.#router.close();
     this.#sub?.close();
-    for (const w of this.#curve?.watchers ?? []) w.stop();
-    await Promise.all([...this.#loops, this.#draining, curveSubs, ...(this.#curve?.watchers ?? []).map((w) => w.done)]);
+    const watchers = this.#curve?.closeWatchers();
+    await Promise.all([...this.#loops, this.#draining, curveClients, watchers]);
     // Last: the ZAP handler serves the CURVE sockets closed above.
-    await this.#curve?.zap.close();
+    await this.#curve?.closeZap();
     this.#log.info({ publish: this.publishEndpoint }, "mesh transport closed");
   }
 }

@@ -1,8 +1,8 @@
 /**
  * The replica mesh's vocabulary (protocol v1, ours; not byte-compatible with Dynamo's).
  *
- * Each replica binds one XPUB (`--replica-sync-port`) and one ROUTER for control (the port
- * after it) and connects one SUB to every peer's XPUB. Publishers number their batches per
+ * Each replica binds one PUB (`--replica-sync-port`) and one ROUTER for control (the port
+ * after it) and connects one SUB to every peer's PUB. Publishers number their batches per
  * `(origin, epoch)`; a receiver that sees a gap, a new epoch or a peer it just connected to asks
  * that peer's ROUTER for a snapshot and replaces what it mirrors of that origin (the ZeroMQ
  * Guide's Clone pattern).
@@ -38,12 +38,13 @@ export interface Heartbeat {
   readonly sentAtMs: number;
   /** Where to ask this replica for snapshots and peering (its ROUTER), e.g. tcp://10.0.0.5:7101. */
   readonly controlEndpoint: string;
-  /** The XPUB endpoint peers connect their SUB to. */
+  /** The PUB endpoint peers connect their SUB to. */
   readonly publishEndpoint: string;
-  /** Bookings this origin owns and bindings it wrote, as counted and digested at `seq`. */
+  /**
+   * Bookings this origin owns at `seq`: a receiver that applied every batch up to `seq` must
+   * mirror exactly this many, or it re-snapshots (the divergence check, mesh/inbound.ts).
+   */
   readonly bookings: number;
-  readonly bindings: number;
-  readonly digest: string;
 }
 
 /** A booking as carried in a snapshot: the add, and whether its prefill already completed. */
@@ -65,7 +66,7 @@ export interface Snapshot {
 /** Requests on the control channel (DEALER -> ROUTER), and their replies. */
 export type ControlRequest =
   | { readonly type: "snapshot"; readonly from: bigint }
-  /** "Connect your SUB to my XPUB at `publishEndpoint`" (symmetric peering). */
+  /** "Connect your SUB to my PUB at `publishEndpoint`" (symmetric peering). */
   | { readonly type: "peer"; readonly from: bigint; readonly publishEndpoint: string }
   /** "Stop receiving from me" (deregistration both ways). */
   | { readonly type: "unpeer"; readonly from: bigint; readonly publishEndpoint: string };

@@ -25,8 +25,8 @@
  *              pd prefill_duration_ms|nil
  *   binding    m, g, sid session_id, wk worker_id(u64), dp dp_rank|nil, sq sequence(u64),
  *              wr writer_id(u64), rs reason
- *   heartbeat  v, o, e, s, t, ce controlEndpoint, pe publishEndpoint, nb bookings,
- *              nn bindings, d digest
+ *   heartbeat  v, o, e, s, t, ce controlEndpoint, pe publishEndpoint, nb bookings
+ *              (+ nn 0, d "": legacy, see encodeHeartbeat)
  *   snapshot   v, o, e, s, bk [{a: add event map, c: prefillDone}], bn [binding map]
  *   control    v, ty "snapshot"|"peer"|"unpeer", f from(u64), pe publishEndpoint
  *   reply      v, ty "snapshot"|"ok"|"error", sn snapshot map, msg message
@@ -37,6 +37,7 @@ import type { HashList } from "../src/core/hash64.js";
 import type { BindingEvent, LoadAddEvent, LoadMarkEvent, PartitionRef } from "../src/core/replica-events.js";
 import { PROTOCOL_VERSION } from "./types.js";
 import type { ControlReply, ControlRequest, Heartbeat, MeshBatch, MeshEvent, Snapshot, SnapshotBooking } from "./types.js";
+import { MeshWireError } from "./errors.js";
 
 /** Events in one batch frame; the publisher's default is 256 (outbound-queue.ts). */
 export const MAX_EVENTS_PER_BATCH = 16_384;
@@ -47,7 +48,6 @@ export const MAX_SNAPSHOT_BINDINGS = 1_000_000;
 /** request_id, session_id, model_name, routing_group, UTF-8 bytes. */
 export const MAX_ID_BYTES = 256;
 export const MAX_ENDPOINT_BYTES = 1_024;
-export const MAX_DIGEST_BYTES = 64;
 export const MAX_ERROR_MESSAGE_BYTES = 4_096;
 /** A full batch of 256 add events of 219 hashes is ~470 KiB; 64 MiB leaves room for big prompts. */
 export const MAX_BATCH_FRAME_BYTES = 64 * 1024 * 1024;
@@ -61,15 +61,7 @@ const U64_MAX = (1n << 64n) - 1n;
 const MAX_SAFE_BIG = BigInt(Number.MAX_SAFE_INTEGER);
 const BYTES_PER_HASH = 8;
 
-export class MeshWireError extends Error {
-  /** Path of the offending field in the TS shape, e.g. `events[3].event.sequence_hashes`. */
-  readonly field: string;
-  constructor(field: string, problem: string, options?: { cause?: unknown }) {
-    super(`${field}: ${problem}`, options?.cause === undefined ? undefined : { cause: options.cause });
-    this.name = "MeshWireError";
-    this.field = field;
-  }
-}
+export { MeshWireError };
 
 // Explicit options everywhere: `new Packr()` defaults to records ON (ecosystem.md §4.1).
 const packr = new Packr({ useRecords: false, encodeUndefinedAsNil: true });
@@ -192,8 +184,11 @@ export function encodeHeartbeat(hb: Heartbeat): Buffer {
     ce: hb.controlEndpoint,
     pe: hb.publishEndpoint,
     nb: hb.bookings,
-    nn: hb.bindings,
-    d: hb.digest,
+    // Legacy: v1 decoders before the binding count and digest were dropped require these two
+    // keys (they were always 0 and ""), so a mixed-version mesh keeps its heartbeats. Decoders
+    // ignore them; stop writing them with protocol v2.
+    nn: 0,
+    d: "",
   });
 }
 
@@ -484,8 +479,6 @@ export function decodeHeartbeat(buf: Uint8Array): Heartbeat {
     controlEndpoint: str(m.ce, "controlEndpoint", MAX_ENDPOINT_BYTES, false),
     publishEndpoint: str(m.pe, "publishEndpoint", MAX_ENDPOINT_BYTES, false),
     bookings: uint(m.nb, "bookings", Number.MAX_SAFE_INTEGER),
-    bindings: uint(m.nn, "bindings", Number.MAX_SAFE_INTEGER),
-    digest: str(m.d, "digest", MAX_DIGEST_BYTES, true),
   };
 }
 

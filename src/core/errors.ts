@@ -49,6 +49,12 @@ export const ERROR_CODES = {
   KVMESH_CURSOR_EXPIRED: { kind: "not_found", status: 410, description: "the stream cursor is older than the replay ring or from another process" },
   KVMESH_TRACE_INVALID: { kind: "bad_request", status: 400, description: "a trace line is malformed (the message names the line number and the field)" },
   KVMESH_UNAUTHORIZED: { kind: "unauthorized", status: 401, description: "missing or invalid API token (Authorization: Bearer, see --api-token-file)" },
+  KVMESH_MESH_OPTION_INVALID: { kind: "bad_request", status: 400, description: "a replica mesh option is out of range (the message names the field)" },
+  KVMESH_MESH_WIRE_INVALID: { kind: "bad_request", status: 400, description: "a mesh frame or control message failed to decode (the message names the field)" },
+  KVMESH_MESH_REMOTE: { kind: "internal", status: 502, description: "a mesh peer's control handler failed, or its reply was malformed" },
+  KVMESH_MESH_TIMEOUT: { kind: "not_ready", status: 504, description: "a mesh control request got no reply in time" },
+  KVMESH_MESH_AUTH: { kind: "unauthorized", status: 502, description: "a CURVE mesh peer refuses our key, holds no key we list, or runs without CURVE" },
+  KVMESH_MESH_CLOSED: { kind: "not_ready", status: 503, description: "the mesh transport was closed before the operation completed" },
   KVMESH_INTERNAL: { kind: "internal", status: 500, description: "internal error" },
 } as const satisfies Record<string, ErrorSpec>;
 

@@ -21,6 +21,10 @@ import { JsonDepthError, parseJsonBytes, stringifyJson } from "./json.js";
 import type { HttpMetrics } from "./metrics.js";
 import { authFailureOf, checkBearer, requiresApiToken, wwwAuthenticateFor, type ApiToken } from "./auth.js";
 import { SessionBindingsHttp } from "./session-bindings.js";
+import type { MeshControl } from "../../mesh/replica-port.js";
+
+/** The mesh as this server drives it; defined on the mesh side (mesh/replica-port.ts). */
+export type { MeshControl };
 import {
   parseEmptyRequest,
   parseOutputBlockRequest,
@@ -55,12 +59,6 @@ export interface HttpTimeouts {
   readonly requestMs?: number;
   readonly keepAliveMs?: number;
   readonly checkIntervalMs?: number;
-}
-
-export interface MeshControl {
-  registerPeer(endpoint: string): Promise<boolean>;
-  deregisterPeer(endpoint: string): Promise<boolean>;
-  listPeers(): unknown[];
 }
 
 export interface HttpServerOptions {

@@ -102,8 +102,6 @@ const randomHeartbeat = (f: Fuzz, origin: bigint, control: string): Heartbeat =>
   controlEndpoint: control,
   publishEndpoint: "tcp://127.0.0.1:9",
   bookings: f.int(10),
-  bindings: 0,
-  digest: "",
 });
 const randomSnapshot = (f: Fuzz, origin: bigint): Snapshot => ({
   v: 1,

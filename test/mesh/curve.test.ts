@@ -22,6 +22,7 @@ import {
   z85Decode,
   z85Encode,
 } from "../../mesh/curve.js";
+import { curveMetricsText } from "../../mesh/mesh-metrics.js";
 import { MeshAuthError, MeshTransport, type MeshCurveStats } from "../../mesh/transport.js";
 import { rejectReasonOf } from "../../mesh/zap-handler.js";
 import { LogThrottle } from "../../src/util/log-throttle.js";
@@ -210,7 +211,7 @@ describe("MeshTransport with CURVE", () => {
     const p = await node(null, []);
     expect(a.t.curvePublicKey).toBe(ka.publicKey);
     expect(p.t.curveStats).toBeNull();
-    expect(p.t.metricsText()).toBe("");
+    expect(curveMetricsText(p.t.curveStats)).toBe("");
 
     a.t.connectPeer(b.t.publishEndpoint);
     b.t.connectPeer(a.t.publishEndpoint);
@@ -268,7 +269,7 @@ describe("MeshTransport with CURVE", () => {
     expect(a.got.filter((m) => m.includes("inject"))).toEqual([]);
     expect(curve(u).subscribers.refusedByPeer + curve(u).requestAuthFailures).toBeGreaterThan(0);
     expect(curve(a).keyLookups.lookups.not_listed).toBeGreaterThanOrEqual(1);
-    const text = a.t.metricsText();
+    const text = curveMetricsText(a.t.curveStats);
     expect(text).toMatch(/^kvmesh_mesh_zap_denied_total [1-9]/m);
     expect(text).toMatch(/^kvmesh_mesh_handshakes_rejected_total\{reason="no_curve"\} [1-9]/m);
     expect(text).toMatch(/^kvmesh_mesh_key_lookups_total\{outcome="found"\} [1-9]/m);

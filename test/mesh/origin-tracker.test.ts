@@ -27,8 +27,6 @@ const hb = (seq: number, epoch = E1, origin = A): Heartbeat => ({
   controlEndpoint: "tcp://a:2",
   publishEndpoint: "tcp://a:1",
   bookings: 0,
-  bindings: 0,
-  digest: "",
 });
 const snap = (seq: number, epoch = E1, origin = A): Snapshot => ({ v: 1, origin, epoch, seq, bookings: [], bindings: [] });
 

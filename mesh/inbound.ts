@@ -1,0 +1,323 @@
+/**
+ * The mesh's inbound side: peers' batches and heartbeats, snapshot pulls and installs, peer
+ * liveness and the divergence check.
+ *
+ * Batches from peers apply synchronously, one batch (<= 256 events from our publishers) per
+ * message, idempotent in the core. A gap, a new epoch or first contact with an origin triggers a
+ * snapshot request over the control channel; the snapshot replaces what this replica mirrors of
+ * that origin, then buffered batches after it apply (the ZeroMQ Guide's Clone pattern; the
+ * per-origin decisions are origin-tracker.ts's). A heartbeat whose booking count disagrees with
+ * what we mirror at the same seq, twice in a row, forces a snapshot.
+ *
+ * Everything here reads the monotonic clock except the lag histograms (publisher's wall-clock
+ * `sentAtMs` against ours). This is the part to move off the main thread: it talks to the core
+ * through ReplicaPort's apply members and to membership through InboundMembership only.
+ */
+import PQueue from "p-queue";
+import type { Logger } from "pino";
+import type { Clock } from "../src/core/clock.js";
+import type { ControlClient } from "./control.js";
+import { MeshWireError } from "./errors.js";
+import { MeshReceiver, type OriginStats } from "./origin-tracker.js";
+import { PeerHealth, type PeerState } from "./peer-health.js";
+import type { ReplicaPort } from "./replica-port.js";
+import type { TimerHandle, Timers } from "./timers.js";
+import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type Snapshot } from "./types.js";
+import { decodeBatch, decodeHeartbeat } from "./wire.js";
+
+/** Debounce between a worker (re)registration and re-pulling peers' snapshots, ms. */
+export const WORKER_CHANGE_RESNAPSHOT_DELAY_MS = 50;
+/**
+ * Snapshot requests in flight at once. Each holds a DEALER socket for up to the control timeout;
+ * unbounded, heartbeats with forged origin ids pointing at a silent endpoint had one open per
+ * tracked origin (1,023 measured) and exhausted libzmq's socket limit, so KV listeners and real
+ * snapshot requests failed with "Too many open file descriptors". A mesh has tens of peers;
+ * an origin over the bound stays due and is asked on a later housekeeping tick (100 ms), and
+ * is counted (`snapshotPullsDeferred`). Pulls by endpoint (first contact, origin unknown) wait
+ * in the queue instead: nothing else would retry them.
+ */
+export const MAX_CONCURRENT_SNAPSHOT_PULLS = 16;
+/** Consecutive heartbeats with a booking count unlike ours (at the same seq) that force a snapshot. */
+export const DIVERGENT_HEARTBEATS_FOR_RESYNC = 2;
+
+/** What inbound tells membership, and asks it. */
+export interface InboundMembership {
+  /** A heartbeat from `origin`, whose PUB is `publishEndpoint` (registered or not). */
+  peerHeard(publishEndpoint: string, origin: bigint): void;
+  /** A snapshot of `origin` came from `controlEndpoint`: the registered peer there is `origin`. */
+  snapshotFrom(controlEndpoint: string, origin: bigint): void;
+  /** Origins of registered peers: their snapshots go first. */
+  registeredOrigins(): ReadonlySet<bigint | null>;
+}
+
+export interface InboundStats {
+  batchesApplied: number;
+  eventsApplied: number;
+  /** Frames that failed to decode or had the wrong shape. */
+  malformed: number;
+  snapshotsInstalled: number;
+  snapshotFailures: number;
+  divergenceResyncs: number;
+  /** Snapshot pulls for known origins not sent because MAX_CONCURRENT_SNAPSHOT_PULLS were in flight (retried). */
+  snapshotPullsDeferred: number;
+}
+
+export interface MeshInboundOptions {
+  /** This replica's origin: its own frames (looped back by a misconfigured peer) are ignored. */
+  readonly origin: bigint;
+  readonly port: Pick<ReplicaPort, "applyLoadEvent" | "applyBindingEvent" | "replaceOrigin" | "countOwnedBy">;
+  readonly control: Pick<ControlClient, "snapshot">;
+  readonly logger: Logger;
+  /** Monotonic, ms: peer health, snapshot timeouts and retries, origin idleness. */
+  readonly clock: Clock;
+  /** Wall clock, ms since the Unix epoch: lag against the publishers' `sentAtMs`. */
+  readonly wallClock: Clock;
+  readonly timers: Timers;
+  /** Origin-tracker and peer-health tuning (tests shorten them). */
+  readonly snapshotTimeoutMs?: number;
+  readonly suspectAfterMs?: number;
+  readonly downAfterMs?: number;
+}
+
+export class MeshInbound {
+  readonly stats: InboundStats = {
+    batchesApplied: 0,
+    eventsApplied: 0,
+    malformed: 0,
+    snapshotsInstalled: 0,
+    snapshotFailures: 0,
+    divergenceResyncs: 0,
+    snapshotPullsDeferred: 0,
+  };
+  readonly receiver: MeshReceiver;
+  readonly health: PeerHealth;
+  readonly #o: MeshInboundOptions;
+  readonly #log: Logger;
+  #membership: InboundMembership | undefined;
+  /** origin -> its control endpoint, learned from heartbeats and snapshot replies. */
+  readonly #control = new Map<bigint, string>();
+  /** Consecutive heartbeats whose counts disagreed with what we mirror, per origin. */
+  readonly #mismatch = new Map<bigint, number>();
+  readonly #inflight = new Set<bigint>();
+  readonly #pulls = new PQueue({ concurrency: MAX_CONCURRENT_SNAPSHOT_PULLS });
+  #refreshTimer: TimerHandle | undefined;
+  #closed = false;
+
+  constructor(o: MeshInboundOptions) {
+    this.#o = o;
+    this.#log = o.logger;
+    this.health = new PeerHealth({
+      ...(o.suspectAfterMs === undefined ? {} : { suspectAfterMs: o.suspectAfterMs }),
+      ...(o.downAfterMs === undefined ? {} : { downAfterMs: o.downAfterMs }),
+    });
+    // An origin evicted from the bounded tracker table takes its per-origin state with it.
+    this.receiver = new MeshReceiver({
+      clock: o.wallClock,
+      idleClock: o.clock,
+      ...(o.snapshotTimeoutMs === undefined ? {} : { snapshotTimeoutMs: o.snapshotTimeoutMs }),
+      onEvict: (origin) => {
+        this.health.remove(origin);
+        this.#control.delete(origin);
+        this.#mismatch.delete(origin);
+      },
+    });
+  }
+
+  /** Set once, before any message arrives (membership and inbound refer to each other). */
+  bindMembership(m: InboundMembership): void {
+    this.#membership = m;
+  }
+
+  get #members(): InboundMembership {
+    if (this.#membership === undefined) throw new Error("MeshInbound: bindMembership() was not called");
+    return this.#membership;
+  }
+
+  /** One message from a peer's PUB (MeshTransport.onMessage). */
+  onMessage(topic: string, payload: Buffer, frames: number): void {
+    if (frames !== 2) {
+      this.stats.malformed++;
+      return;
+    }
+    try {
+      if (topic === TOPIC_BATCH) this.onBatch(decodeBatch(payload));
+      else if (topic === TOPIC_HEARTBEAT) this.onHeartbeat(decodeHeartbeat(payload));
+      else this.stats.malformed++;
+    } catch (err) {
+      this.stats.malformed++;
+      if (err instanceof MeshWireError) this.#log.debug({ field: err.field, topic }, `malformed mesh frame: ${err.message}`);
+      else this.#log.error({ err, topic }, "mesh frame handling failed");
+    }
+  }
+
+  onBatch(b: MeshBatch): void {
+    if (b.origin === this.#o.origin) return;
+    // The receiver first: an origin it refuses (table full) leaves no state here either.
+    const action = this.receiver.onBatch(b);
+    if (action.action === "refused") return;
+    this.health.observe(b.origin, this.#o.clock.now());
+    if (action.action === "apply") this.#apply(b);
+    else if (action.action === "resync") this.#resync(b.origin, action.reason);
+  }
+
+  onHeartbeat(hb: Heartbeat): void {
+    if (hb.origin === this.#o.origin) return;
+    const action = this.receiver.onHeartbeat(hb);
+    // Refused (origin table full) or from a dead epoch (a late or replayed frame): it says
+    // nothing about the origin's current process, so it changes no liveness, endpoint or peering.
+    if (action.action === "refused" || action.action === "drop-stale") return;
+    this.health.observe(hb.origin, this.#o.clock.now());
+    this.#control.set(hb.origin, hb.controlEndpoint);
+    this.#members.peerHeard(hb.publishEndpoint, hb.origin);
+    if (action.action === "resync") {
+      this.#resync(hb.origin, action.reason);
+      return;
+    }
+    this.#checkDivergence(hb);
+  }
+
+  /**
+   * With every batch up to hb.seq applied, we must mirror exactly the bookings the origin owns.
+   * DIVERGENT_HEARTBEATS_FOR_RESYNC disagreeing heartbeats in a row force a snapshot (one may
+   * race a batch in flight).
+   */
+  #checkDivergence(hb: Heartbeat): void {
+    const t = this.receiver.tracker(hb.origin);
+    if (t?.state !== "live" || t.lastAppliedSeq !== hb.seq) return;
+    const mirrored = this.#o.port.countOwnedBy(hb.origin);
+    const n = mirrored === hb.bookings ? 0 : (this.#mismatch.get(hb.origin) ?? 0) + 1;
+    this.#mismatch.set(hb.origin, n);
+    if (n >= DIVERGENT_HEARTBEATS_FOR_RESYNC) {
+      this.stats.divergenceResyncs++;
+      this.#mismatch.set(hb.origin, 0);
+      this.#log.info({ origin: hb.origin.toString(), mirrored, theirs: hb.bookings }, "mirrored bookings diverged: re-snapshotting");
+      this.pullSnapshot(hb.controlEndpoint, hb.origin, true);
+    }
+  }
+
+  #apply(b: MeshBatch): void {
+    const port = this.#o.port;
+    for (const e of b.events) {
+      if (e.kind === "load") port.applyLoadEvent(e.event);
+      else port.applyBindingEvent(e.event);
+    }
+    this.stats.batchesApplied++;
+    this.stats.eventsApplied += b.events.length;
+  }
+
+  #resync(origin: bigint, reason: string): void {
+    const control = this.#control.get(origin);
+    this.#log.debug({ origin: origin.toString(), reason }, "mesh resync");
+    // Without a control endpoint yet, the origin's next heartbeat (<= 500 ms) brings one and
+    // housekeeping sends the request then.
+    if (control !== undefined) this.pullSnapshot(control, origin);
+  }
+
+  /** Due snapshot retries (registered peers first) and peer-health transitions; on a timer. */
+  housekeeping(nowMs: number): void {
+    if (this.#closed) return;
+    // Registered peers' origins first: they must not queue behind origins nobody registered.
+    const registered = this.#members.registeredOrigins();
+    const due = this.receiver.snapshotsDue(nowMs).sort((x, y) => Number(registered.has(y)) - Number(registered.has(x)));
+    for (const origin of due) {
+      const control = this.#control.get(origin);
+      if (control !== undefined) this.pullSnapshot(control, origin);
+    }
+    for (const t of this.health.tick(nowMs)) {
+      this.#log.info({ origin: t.origin.toString(), from: t.from, to: t.to }, "mesh peer state changed");
+    }
+  }
+
+  /**
+   * Requests a snapshot; `origin` null when it is not known yet (first contact by endpoint).
+   * `refresh`: a live origin's state is re-read (divergence, or workers that registered since),
+   * outside the tracker's resync protocol.
+   */
+  pullSnapshot(controlEndpoint: string, origin: bigint | null, refresh = false): void {
+    if (this.#closed) return;
+    if (origin !== null) {
+      if (this.#inflight.has(origin)) return;
+      if (this.#pulls.pending + this.#pulls.size >= MAX_CONCURRENT_SNAPSHOT_PULLS) {
+        const n = ++this.stats.snapshotPullsDeferred;
+        if (n === 1 || n % 1000 === 0) this.#log.warn({ deferred_total: n, in_flight: this.#pulls.pending }, "snapshot pulls at their bound: deferred (retried by housekeeping)");
+        return;
+      }
+      this.#inflight.add(origin);
+      if (!refresh) this.receiver.snapshotRequested(origin, this.#o.clock.now());
+    }
+    void this.#pulls
+      .add(async () => {
+        const snapshot = await this.#o.control.snapshot(controlEndpoint, this.#o.origin);
+        this.#install(snapshot, controlEndpoint, refresh);
+      })
+      .catch((err: unknown) => {
+        this.stats.snapshotFailures++;
+        if (!this.#closed) this.#log.debug({ err, control: controlEndpoint }, "snapshot request failed (retried)");
+      })
+      .finally(() => {
+        if (origin !== null) this.#inflight.delete(origin);
+      });
+  }
+
+  #install(s: Snapshot, controlEndpoint: string, refresh: boolean): void {
+    if (this.#closed || s.origin === this.#o.origin) return;
+    this.#control.set(s.origin, controlEndpoint);
+    this.#members.snapshotFrom(controlEndpoint, s.origin);
+    const port = this.#o.port;
+    const t = this.receiver.tracker(s.origin);
+    if (refresh && t?.state === "live" && t.epoch === s.epoch) {
+      // Only a snapshot at least as new as what was applied may replace it; batches after it
+      // re-apply idempotently.
+      if (s.seq < t.lastAppliedSeq) return;
+      port.replaceOrigin(s.origin, s.bookings);
+      for (const b of s.bindings) port.applyBindingEvent(b);
+      this.stats.snapshotsInstalled++;
+      return;
+    }
+    if (!this.receiver.wantsSnapshot(s)) return;
+    port.replaceOrigin(s.origin, s.bookings);
+    for (const b of s.bindings) port.applyBindingEvent(b);
+    this.stats.snapshotsInstalled++;
+    this.health.observe(s.origin, this.#o.clock.now());
+    for (const b of this.receiver.onSnapshot(s)) this.#apply(b);
+  }
+
+  /**
+   * Peers' bookings for a worker this replica did not know were ignored when they arrived; once
+   * workers register, pull fresh snapshots (debounced: a fleet registers in a burst).
+   */
+  refreshSoon(): void {
+    if (this.#refreshTimer !== undefined || this.#closed) return;
+    this.#refreshTimer = this.#o.timers.setTimeout(() => {
+      this.#refreshTimer = undefined;
+      for (const [origin, control] of this.#control) this.pullSnapshot(control, origin, true);
+    }, WORKER_CHANGE_RESNAPSHOT_DELAY_MS);
+  }
+
+  /** Drops everything kept about `origin` (the core's mirror is membership's to drop). */
+  forget(origin: bigint): void {
+    this.receiver.forget(origin);
+    this.health.remove(origin);
+    this.#control.delete(origin);
+    this.#mismatch.delete(origin);
+  }
+
+  peerStates(): Map<bigint, PeerState> {
+    return this.health.states();
+  }
+
+  originStats(origin: bigint): OriginStats | undefined {
+    return this.receiver.tracker(origin)?.stats();
+  }
+
+  /** Snapshot pulls running now. */
+  get pullsInFlight(): number {
+    return this.#pulls.pending;
+  }
+
+  close(): void {
+    this.#closed = true;
+    this.#refreshTimer?.cancel();
+    this.#pulls.clear();
+  }
+}

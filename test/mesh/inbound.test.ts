@@ -1,0 +1,214 @@
+import { pino } from "pino";
+import { describe, expect, it } from "vitest";
+import { ManualClock } from "../../src/core/clock.js";
+import type { LoadEvent } from "../../src/core/replica-events.js";
+import { MeshInbound, MAX_CONCURRENT_SNAPSHOT_PULLS, WORKER_CHANGE_RESNAPSHOT_DELAY_MS, type InboundMembership } from "../../mesh/inbound.js";
+import { DEFAULT_SNAPSHOT_TIMEOUT_MS } from "../../mesh/origin-tracker.js";
+import { DEFAULT_DOWN_AFTER_MS, DEFAULT_SUSPECT_AFTER_MS } from "../../mesh/peer-health.js";
+import { ManualTimers } from "../../mesh/timers.js";
+import { TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type Snapshot } from "../../mesh/types.js";
+import { encodeHeartbeat } from "../../mesh/wire.js";
+import { FakeReplicaPort } from "./fake-replica-port.js";
+
+const SELF = 7n;
+const A = 0xa1n;
+const EPOCH = 0xe1n;
+const CONTROL_A = "tcp://10.0.0.1:7101";
+const WALL_T0 = 1_764_000_000_000;
+
+const hb = (seq: number, bookings = 0, origin = A, control = CONTROL_A): Heartbeat => ({
+  v: 1,
+  origin,
+  epoch: EPOCH,
+  seq,
+  sentAtMs: WALL_T0,
+  controlEndpoint: control,
+  publishEndpoint: control.replace(/1$/, "0"),
+  bookings,
+});
+const free = (i: number, origin = A): LoadEvent => ({ type: "free", origin, owner: origin, request_id: `r${i}`, partition: { model_name: "m", routing_group: "g" } });
+const batch = (seq: number, origin = A): MeshBatch => ({ v: 1, origin, epoch: EPOCH, seq, sentAtMs: WALL_T0, events: [{ kind: "load", event: free(seq, origin) }] });
+const snapshot = (seq: number, origin = A): Snapshot => ({ v: 1, origin, epoch: EPOCH, seq, bookings: [], bindings: [] });
+
+/** Membership as inbound sees it, recording what it is told. */
+function fakeMembership(): InboundMembership & { heard: [string, bigint][]; snapshotsFrom: [string, bigint][] } {
+  const heard: [string, bigint][] = [];
+  const snapshotsFrom: [string, bigint][] = [];
+  return {
+    heard,
+    snapshotsFrom,
+    peerHeard: (ep, origin) => heard.push([ep, origin]),
+    snapshotFrom: (ep, origin) => snapshotsFrom.push([ep, origin]),
+    registeredOrigins: () => new Set(),
+  };
+}
+
+type SnapshotAnswer = (endpoint: string) => Promise<Snapshot>;
+
+/** Inbound on a manual monotonic clock, a separate wall clock, and a scripted control client. */
+function setup(answer: SnapshotAnswer = () => new Promise<Snapshot>(() => undefined)) {
+  const timers = new ManualTimers(new ManualClock(5_000));
+  const wall = new ManualClock(WALL_T0);
+  const port = new FakeReplicaPort(SELF);
+  const requests: { endpoint: string; atMs: number }[] = [];
+  const inbound = new MeshInbound({
+    origin: SELF,
+    port,
+    control: {
+      snapshot: (endpoint) => {
+        requests.push({ endpoint, atMs: timers.clock.now() });
+        return answer(endpoint);
+      },
+    },
+    logger: pino({ enabled: false }),
+    clock: timers.clock,
+    wallClock: wall,
+    timers,
+  });
+  const membership = fakeMembership();
+  inbound.bindMembership(membership);
+  /** Advances both clocks by `ms` and runs housekeeping, as the mesh's 100 ms timer does. */
+  const tick = async (ms: number): Promise<void> => {
+    wall.advance(ms);
+    timers.advance(ms);
+    inbound.housekeeping(timers.clock.now());
+    await new Promise<void>((resolve) => setImmediate(resolve));
+  };
+  return { inbound, port, timers, wall, requests, membership, tick };
+}
+
+/** Takes A live at `seq` through a snapshot. */
+async function liveAt(s: ReturnType<typeof setup>, seq: number, resolveWith: (snap: Snapshot) => void): Promise<void> {
+  s.inbound.onHeartbeat(hb(seq));
+  resolveWith(snapshot(seq));
+  await s.tick(0);
+  expect(s.inbound.receiver.tracker(A)?.state).toBe("live");
+}
+
+describe("MeshInbound: peer health on the monotonic clock", () => {
+  it("goes suspect after 3 s and down after 10 s of silence, and alive on the next message", async () => {
+    const s = setup();
+    s.inbound.onHeartbeat(hb(0));
+    expect(s.inbound.peerStates().get(A)).toBe("alive");
+    expect(s.membership.heard).toEqual([["tcp://10.0.0.1:7100", A]]);
+    await s.tick(DEFAULT_SUSPECT_AFTER_MS - 1);
+    expect(s.inbound.peerStates().get(A)).toBe("alive");
+    await s.tick(1);
+    expect(s.inbound.peerStates().get(A)).toBe("suspect");
+    await s.tick(DEFAULT_DOWN_AFTER_MS - DEFAULT_SUSPECT_AFTER_MS);
+    expect(s.inbound.peerStates().get(A)).toBe("down");
+    s.inbound.onHeartbeat(hb(0));
+    expect(s.inbound.peerStates().get(A)).toBe("alive");
+  });
+
+  it("does not take a wall-clock step back for silence", async () => {
+    const s = setup();
+    s.inbound.onHeartbeat(hb(0));
+    s.wall.advance(-60_000);
+    await s.tick(100);
+    s.inbound.onHeartbeat(hb(0));
+    await s.tick(DEFAULT_SUSPECT_AFTER_MS - 1);
+    expect(s.inbound.peerStates().get(A)).toBe("alive");
+  });
+});
+
+describe("MeshInbound: snapshots", () => {
+  it("retries a failed snapshot request after the tracker's timeout, doubling it", async () => {
+    const s = setup(() => Promise.reject(new Error("peer not answering")));
+    const t0 = s.timers.clock.now();
+    s.inbound.onHeartbeat(hb(3)); // first contact: resync
+    await s.tick(0);
+    expect(s.requests.map((r) => r.atMs - t0)).toEqual([0]);
+    expect(s.inbound.stats.snapshotFailures).toBe(1);
+    await s.tick(DEFAULT_SNAPSHOT_TIMEOUT_MS - 1);
+    expect(s.requests).toHaveLength(1);
+    await s.tick(1);
+    expect(s.requests.map((r) => r.atMs - t0)).toEqual([0, DEFAULT_SNAPSHOT_TIMEOUT_MS]);
+    await s.tick(2 * DEFAULT_SNAPSHOT_TIMEOUT_MS - 1);
+    expect(s.requests).toHaveLength(2);
+    await s.tick(1);
+    expect(s.requests.map((r) => r.atMs - t0)).toEqual([0, DEFAULT_SNAPSHOT_TIMEOUT_MS, 3 * DEFAULT_SNAPSHOT_TIMEOUT_MS]);
+    expect(s.requests.every((r) => r.endpoint === CONTROL_A)).toBe(true);
+    expect(s.inbound.stats.snapshotFailures).toBe(3);
+  });
+
+  it("installs a snapshot, then applies the batches buffered after it in order", async () => {
+    let resolve: (snap: Snapshot) => void = () => undefined;
+    const s = setup(() => new Promise<Snapshot>((r) => (resolve = r)));
+    s.inbound.onHeartbeat(hb(2));
+    s.inbound.onBatch(batch(4));
+    s.inbound.onBatch(batch(3));
+    expect(s.port.applied).toEqual([]);
+    resolve(snapshot(2));
+    await s.tick(0);
+    expect(s.port.replaced).toEqual([{ origin: A, bookings: [] }]);
+    expect(s.port.applied).toEqual([free(3), free(4)]);
+    expect(s.membership.snapshotsFrom).toEqual([[CONTROL_A, A]]);
+    expect(s.inbound.stats).toMatchObject({ snapshotsInstalled: 1, batchesApplied: 2, eventsApplied: 2 });
+    s.inbound.onBatch(batch(5));
+    expect(s.port.applied).toHaveLength(3);
+  });
+
+  it("re-snapshots after two heartbeats whose booking count disagrees with the mirror", async () => {
+    let resolveNext: (snap: Snapshot) => void = () => undefined;
+    const s = setup(() => new Promise<Snapshot>((r) => (resolveNext = r)));
+    await liveAt(s, 1, (snap) => {
+      resolveNext(snap);
+    });
+    s.port.owned.set(A, 2);
+    s.inbound.onHeartbeat(hb(1, 2));
+    s.inbound.onHeartbeat(hb(1, 3));
+    expect(s.requests).toHaveLength(1);
+    s.inbound.onHeartbeat(hb(1, 3));
+    expect(s.inbound.stats.divergenceResyncs).toBe(1);
+    expect(s.requests).toHaveLength(2);
+    resolveNext(snapshot(1));
+    await s.tick(0);
+    expect(s.port.replaced).toHaveLength(2);
+  });
+
+  it(`keeps at most ${MAX_CONCURRENT_SNAPSHOT_PULLS} pulls in flight and counts the ones it defers`, async () => {
+    const s = setup();
+    const origins = Array.from({ length: MAX_CONCURRENT_SNAPSHOT_PULLS + 3 }, (_, i) => 0x100n + BigInt(i));
+    for (const o of origins) s.inbound.onHeartbeat(hb(1, 0, o, `tcp://10.0.1.${o}:7101`));
+    await s.tick(0);
+    expect(s.requests).toHaveLength(MAX_CONCURRENT_SNAPSHOT_PULLS);
+    expect(s.inbound.pullsInFlight).toBe(MAX_CONCURRENT_SNAPSHOT_PULLS);
+    expect(s.inbound.stats.snapshotPullsDeferred).toBeGreaterThanOrEqual(3);
+  });
+
+  it("re-pulls live origins' snapshots once, debounced, after workers change", async () => {
+    let resolveNext: (snap: Snapshot) => void = () => undefined;
+    const s = setup(() => new Promise<Snapshot>((r) => (resolveNext = r)));
+    await liveAt(s, 1, (snap) => {
+      resolveNext(snap);
+    });
+    s.inbound.refreshSoon();
+    s.inbound.refreshSoon();
+    await s.tick(WORKER_CHANGE_RESNAPSHOT_DELAY_MS - 1);
+    expect(s.requests).toHaveLength(1);
+    await s.tick(1);
+    expect(s.requests).toHaveLength(2);
+  });
+});
+
+describe("MeshInbound: frames", () => {
+  it("counts frames with the wrong frame count, unknown topics and undecodable payloads as malformed", () => {
+    const s = setup();
+    s.inbound.onMessage(TOPIC_HEARTBEAT, encodeHeartbeat(hb(0)), 3);
+    s.inbound.onMessage("kvmesh.other", encodeHeartbeat(hb(0)), 2);
+    s.inbound.onMessage(TOPIC_HEARTBEAT, Buffer.from("junk"), 2);
+    expect(s.inbound.stats.malformed).toBe(3);
+    s.inbound.onMessage(TOPIC_HEARTBEAT, encodeHeartbeat(hb(0)), 2);
+    expect(s.inbound.stats.malformed).toBe(3);
+    expect(s.inbound.peerStates().get(A)).toBe("alive");
+  });
+
+  it("ignores its own origin's frames", () => {
+    const s = setup();
+    s.inbound.onHeartbeat(hb(0, 0, SELF));
+    s.inbound.onBatch(batch(1, SELF));
+    expect(s.inbound.peerStates().size).toBe(0);
+    expect(s.port.applied).toEqual([]);
+  });
+});

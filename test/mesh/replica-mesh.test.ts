@@ -1,0 +1,78 @@
+import { pino } from "pino";
+import { afterEach, describe, expect, expectTypeOf, it } from "vitest";
+import type { LoadEvent } from "../../src/core/replica-events.js";
+import type { SelectionService } from "../../src/core/selection-service.js";
+import { ReplicaMesh } from "../../mesh/replica-mesh.js";
+import type { ReplicaPort } from "../../mesh/replica-port.js";
+import { makeService } from "../helpers/core-fixtures.js";
+import { freePortPair } from "../helpers/ports.js";
+import { waitFor } from "../helpers/wait.js";
+import { FakeReplicaPort } from "./fake-replica-port.js";
+
+const PORT_MEMBERS = [
+  "onLoadEvent",
+  "onBindingEvent",
+  "onWorkerChange",
+  "setReplicaSlot",
+  "applyLoadEvent",
+  "applyBindingEvent",
+  "replaceOrigin",
+  "dropOrigin",
+  "countOwnedBy",
+  "bookingsSnapshot",
+  "bindingsSnapshot",
+] as const satisfies readonly (keyof ReplicaPort)[];
+
+describe("ReplicaPort", () => {
+  it("is satisfied by SelectionService", () => {
+    expectTypeOf<SelectionService>().toExtend<ReplicaPort>();
+    const { svc } = makeService();
+    const port: ReplicaPort = svc;
+    expect(typeof port.replicaId).toBe("bigint");
+    for (const m of PORT_MEMBERS) expect(typeof port[m], m).toBe("function");
+  });
+});
+
+describe("ReplicaMesh over fake ports", () => {
+  const open: ReplicaMesh[] = [];
+  afterEach(async () => {
+    await Promise.all(open.splice(0).map((m) => m.close()));
+  });
+
+  async function start(id: bigint): Promise<{ mesh: ReplicaMesh; port: FakeReplicaPort }> {
+    const port = new FakeReplicaPort(id);
+    const mesh = await ReplicaMesh.start({ service: port, publishBind: `tcp://127.0.0.1:${await freePortPair()}`, logger: pino({ enabled: false }), heartbeatIntervalMs: 50 });
+    open.push(mesh);
+    return { mesh, port };
+  }
+
+  it("peers both ways from one registration and replicates local events to the peer's port", async () => {
+    const a = await start(0xa1n);
+    const b = await start(0xb2n);
+    expect(a.port.slot?.()).toEqual({ index: 0, count: 1 });
+    expect(await a.mesh.registerPeer(b.mesh.publishEndpoint)).toBe(true);
+    await waitFor(() => a.mesh.listPeers()[0]?.sync === "live" && b.mesh.listPeers()[0]?.sync === "live", 5_000, "both directions live");
+    expect(b.mesh.listPeers().map((p) => [p.endpoint, p.origin])).toEqual([[a.mesh.publishEndpoint, (0xa1n).toString()]]);
+    expect(b.port.replaced.map((r) => r.origin)).toContain(0xa1n);
+
+    const free: LoadEvent = { type: "free", origin: 0xa1n, owner: 0xa1n, request_id: "r1", partition: { model_name: "m", routing_group: "g" } };
+    a.port.emitLoad(free);
+    await waitFor(() => b.port.applied.length === 1, 5_000, "the event on B");
+    expect(b.port.applied).toEqual([free]);
+    expect(a.mesh.stats).toMatchObject({ batchesSent: 1, eventsSent: 1 });
+    expect(b.mesh.stats).toMatchObject({ batchesApplied: 1, eventsApplied: 1, malformed: 0 });
+    expect(b.mesh.metricsText()).toMatch(/^kvmesh_mesh_events_applied_total 1$/m);
+
+    expect(await b.mesh.deregisterPeer(a.mesh.publishEndpoint)).toBe(true);
+    await waitFor(() => a.mesh.listPeers().length === 0, 5_000, "A dropped B on unpeer");
+    expect(a.port.dropped).toContain(0xb2n);
+    expect(b.port.dropped).toContain(0xa1n);
+  });
+
+  it("clears the replica slot on close", async () => {
+    const a = await start(0xa1n);
+    expect(a.port.slot).not.toBeNull();
+    await a.mesh.close();
+    expect(a.port.slot).toBeNull();
+  });
+});
