@@ -142,8 +142,6 @@ export class FakeOrigin {
         controlEndpoint: this.#transport.controlEndpoint,
         publishEndpoint: this.#transport.publishEndpoint,
         bookings: this.#o.bookings.live,
-        bindings: 0,
-        digest: "",
       }),
     );
   }
