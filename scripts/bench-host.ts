@@ -42,13 +42,14 @@ import { dirname } from "node:path";
 import { fileURLToPath } from "node:url";
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
-import { freePortPair } from "../test/helpers/ports.js";
+import { freePortPair } from "../src/bench/ports.js";
 import { summarize } from "./bench-stats.js";
 import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
-import { stopAll } from "../src/bench/replica-fleet.js";
+import { stopAll } from "../src/bench/serve-process.js";
+import { mapLimited } from "../src/bench/bounded.js";
 import { waitForListening } from "../src/bench/listening.js";
 import { paceTurns } from "./lib/turn-pacer.js";
-import { cpuMs, pool } from "../src/bench/process-usage.js";
+import { cpuMs } from "../src/bench/process-usage.js";
 import { metricSum, RouterClient, type RouterReply } from "../src/bench/router-client.js";
 import { histogramQuantile } from "../src/bench/stats.js";
 
@@ -532,7 +533,7 @@ async function runMode(mode: Mode): Promise<RunResult> {
       await waitForMesh(services);
     }
     const ids = Array.from({ length: WORKERS }, (_, i) => i + 1);
-    await Promise.all(services.map((s) => pool(ids, ADMIN_CONCURRENCY, async (w) => {
+    await Promise.all(services.map((s) => mapLimited(ids, ADMIN_CONCURRENCY, async (w) => {
           await sendOk(s, "POST", "/workers", JSON.stringify({ worker_id: w, endpoint: `http://w${w}`, block_size: BLOCK_SIZE }));
         })));
     if (mode === "host") {
@@ -559,7 +560,7 @@ async function runMode(mode: Mode): Promise<RunResult> {
 
     process.stderr.write(`${mode}: probing sessions on every service\n`);
     const div = { sessionsProbed: 0, sessionsDisagreeing: 0, probeErrors: 0, example: "" };
-    await pool(wl.sessionIds().slice(0, MAX_PROBED_SESSIONS), ADMIN_CONCURRENCY, async (sid) => {
+    await mapLimited(wl.sessionIds().slice(0, MAX_PROBED_SESSIONS), ADMIN_CONCURRENCY, async (sid) => {
       const body = JSON.stringify({ token_ids: wl.probeTokens(sid).slice(0, PROMPT_TOKENS), session_id: sid });
       const answers = await Promise.all(
         services.map(async (s) => {

@@ -38,14 +38,15 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
-import { freePortPair } from "../test/helpers/ports.js";
+import { freePortPair } from "../src/bench/ports.js";
 import { summarize } from "./bench-stats.js";
 import { lineChart } from "./svg-plot.js";
 import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
-import { stopAll } from "../src/bench/replica-fleet.js";
+import { stopAll } from "../src/bench/serve-process.js";
+import { mapLimited } from "../src/bench/bounded.js";
 import { waitForListening } from "../src/bench/listening.js";
 import { paceTurns } from "./lib/turn-pacer.js";
-import { CLK_TCK, cpuMs, pool } from "../src/bench/process-usage.js";
+import { CLK_TCK, cpuMs } from "../src/bench/process-usage.js";
 import { metricSum, RouterClient, type RouterReply } from "../src/bench/router-client.js";
 import { histogramQuantile } from "../src/bench/stats.js";
 
@@ -375,7 +376,7 @@ async function runOne(n: number): Promise<RunResult> {
     if (!NO_MESH) await waitForMesh(replicas);
     process.stderr.write(`${label}: mesh up; registering ${WORKERS} workers on each\n`);
     const ids = Array.from({ length: WORKERS }, (_, i) => i + 1);
-    await Promise.all(replicas.map((r) => pool(ids, ADMIN_CONCURRENCY, async (w) => {
+    await Promise.all(replicas.map((r) => mapLimited(ids, ADMIN_CONCURRENCY, async (w) => {
           await sendOk(r, "POST", "/workers", JSON.stringify({ worker_id: w, endpoint: `http://w${w}`, block_size: BLOCK_SIZE }));
         })));
 
@@ -408,7 +409,7 @@ async function runOne(n: number): Promise<RunResult> {
     await sleep(SETTLE_MS);
     const idleCpuMs = replicas.reduce((s, r, i) => s + cpuMs(r.pid) - (idle0[i] ?? 0), 0);
     const div = { sessionsProbed: 0, sessionsDisagreeing: 0, probeErrors: 0, example: "" };
-    await pool(wl.sessionIds(), ADMIN_CONCURRENCY, async (sid) => {
+    await mapLimited(wl.sessionIds(), ADMIN_CONCURRENCY, async (sid) => {
       const body = JSON.stringify({ token_ids: wl.probeTokens(sid), session_id: sid });
       const answers = await Promise.all(
         replicas.map(async (r) => {

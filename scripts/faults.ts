@@ -1,7 +1,7 @@
 /**
  * npm run faults — the mesh fault scenarios, long versions, with a report table.
  *
- * Runs, one after another, each on fresh replica processes (test/helpers/fault-scenarios.ts):
+ * Runs, one after another, each on fresh replica processes (scripts/lib/fault-scenarios.ts):
  *   1. SIGKILL a replica under load (restart convergence, stickiness through the kill)
  *   2. a network partition: two namespaces joined by a veth pair, cut and healed (root only;
  *      reported as skipped, with the reason, elsewhere)
@@ -50,9 +50,9 @@ import {
   type Check,
   type PhaseResult,
   type ScenarioRow,
-} from "../test/helpers/fault-scenarios.js";
-import { MeshLoad } from "../test/helpers/mesh-load.js";
-import { bindingDisagreements, loadsAgree, meshCounters, rssOf, sleep, timeUntil } from "../test/helpers/replica-cluster.js";
+} from "./lib/fault-scenarios.js";
+import { MeshLoad } from "./lib/mesh-load.js";
+import { bindingDisagreements, loadsAgree, meshCounters, rssOf, sleep, timeUntil } from "./lib/replica-cluster.js";
 
 const { values: args } = parseArgs({
   options: {

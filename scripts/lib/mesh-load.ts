@@ -15,7 +15,7 @@
  * Everything else that is not a 2xx is a failure. Every selection id's fate is kept, so a
  * scenario can check what the replicas hold against what the client was told.
  */
-import { SessionWorkload, type TurnPlan } from "../../scripts/bench-workload.js";
+import { SessionWorkload, type TurnPlan } from "../bench-workload.js";
 import { errorCode, failedBeforeResponse, httpCall, type HttpReply, type Replica } from "./replica-cluster.js";
 
 /** Pacing tick, ms: at 50 req/s one turn is due every 20 ms. */
