@@ -13,7 +13,8 @@ import { hashListToBigInts } from "../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../src/core/hashing.js";
 import type { KvEventBatch } from "../src/ingest/kv-event-decoder.js";
 import { SelectionService } from "../src/core/selection-service.js";
-import { fmtMs, progress, summarize } from "./bench-stats.js";
+import { fmtMs, progress } from "./lib/console-report.js";
+import { summarize } from "../src/bench/stats.js";
 
 const { values: args } = parseArgs({
   options: {

@@ -10,7 +10,7 @@
  *   only the load it booked itself.
  * mesh: four `kvmesh serve --replica-sync-port` processes in a full mesh (bindings and load).
  *
- * Both are driven by scripts/bench-workload.ts sessions (prompts capped at --prompt-tokens:
+ * Both are driven by scripts/lib/bench-workload.ts sessions (prompts capped at --prompt-tokens:
  * without KV events the prompt only sizes the booking, and short prompts let two cores reach
  * the rate), turn k to service k mod 4: select_and_reserve with the session id, prefill_complete
  * 20-80 ms later, DELETE 200-800 ms after the reserve. Every turn publishes two bindings (the
@@ -43,8 +43,8 @@ import { fileURLToPath } from "node:url";
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
 import { freePortPair } from "../src/bench/ports.js";
-import { summarize } from "./bench-stats.js";
-import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
+import { summarize } from "../src/bench/stats.js";
+import { SessionWorkload, type TurnPlan } from "./lib/bench-workload.js";
 import { stopAll } from "../src/bench/serve-process.js";
 import { mapLimited } from "../src/bench/bounded.js";
 import { waitForListening } from "../src/bench/listening.js";

@@ -10,7 +10,7 @@ import { pino } from "pino";
 import { DEFAULT_DAEMON_CONFIG, startDaemon } from "../src/daemon.js";
 import { hashListToBigInts } from "../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../src/core/hashing.js";
-import { benchPrompt, BENCH_BLOCK_SIZE } from "./bench-prompts.js";
+import { benchPrompt, BENCH_BLOCK_SIZE } from "./lib/bench-prompts.js";
 
 const [mode = "daemon", workersArg = "1024", groupsArg = "64"] = process.argv.slice(2);
 

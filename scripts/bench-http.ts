@@ -17,9 +17,10 @@ import { Agent, request } from "node:http";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { cpuMs } from "../src/bench/process-usage.js";
-import { benchPrompt } from "./bench-prompts.js";
-import { fmtMs, summarize } from "./bench-stats.js";
-import { cdf, lineChart } from "./svg-plot.js";
+import { benchPrompt } from "./lib/bench-prompts.js";
+import { fmtMs } from "./lib/console-report.js";
+import { summarize } from "../src/bench/stats.js";
+import { cdf, lineChart } from "./lib/svg-plot.js";
 
 const { values: args } = parseArgs({
   options: {

@@ -13,7 +13,8 @@
 import { parseArgs } from "node:util";
 import { ManualClock, seededRandom } from "../src/core/clock.js";
 import { LoadLedger } from "../src/core/load-ledger.js";
-import { fmtMs, summarize } from "./bench-stats.js";
+import { fmtMs } from "./lib/console-report.js";
+import { summarize } from "../src/bench/stats.js";
 
 const { values: args } = parseArgs({
   options: {

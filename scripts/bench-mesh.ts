@@ -5,7 +5,7 @@
  * For each replica count (--replicas, default 1,2,4) starts that many `kvmesh serve` processes
  * as a full mesh (each lists the ones already started in --peers; peering is symmetric),
  * registers the same --workers ranks on each (block size 64, no KV events), then drives
- * multi-turn chat sessions (scripts/bench-workload.ts) at a fixed --rate, request k going to
+ * multi-turn chat sessions (scripts/lib/bench-workload.ts) at a fixed --rate, request k going to
  * replica k mod N: select_and_reserve with the session id and its whole history, prefill_complete
  * 20-80 ms later, DELETE 200-800 ms after the reserve. Per replica count it reports:
  *  - replication lag p50/p99: from the kvmesh_mesh_replication_lag_seconds histogram of every
@@ -39,9 +39,9 @@ import { dirname } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
 import { freePortPair } from "../src/bench/ports.js";
-import { summarize } from "./bench-stats.js";
-import { lineChart } from "./svg-plot.js";
-import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
+import { summarize } from "../src/bench/stats.js";
+import { lineChart } from "./lib/svg-plot.js";
+import { SessionWorkload, type TurnPlan } from "./lib/bench-workload.js";
 import { stopAll } from "../src/bench/serve-process.js";
 import { mapLimited } from "../src/bench/bounded.js";
 import { waitForListening } from "../src/bench/listening.js";
