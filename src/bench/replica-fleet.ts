@@ -23,6 +23,11 @@ export interface ReplicaFleetOptions {
   readonly replicas: number;
   /** Join the replicas into one mesh (each gets --replica-sync-port and the others as --peers). */
   readonly mesh: boolean;
+  /**
+   * With `mesh`, false gives each replica its mesh ports but no peers: the same processes, each
+   * publishing to nobody (a baseline that isolates what mirroring costs). Default true.
+   */
+  readonly peer?: boolean;
   /** Extra `serve` flags for every replica. */
   readonly serveArgs?: readonly string[];
   /** Extra `serve` flags for replica `index` only (after serveArgs). */
@@ -94,7 +99,7 @@ export class ReplicaFleet {
         if (syncPort !== null) {
           args.push("--replica-sync-port", String(syncPort));
           const peers = syncPorts.filter((p, k) => k !== i && p !== null).map((p) => `tcp://127.0.0.1:${String(p)}`);
-          if (peers.length > 0) args.push("--peers", peers.join(","));
+          if (peers.length > 0 && opts.peer !== false) args.push("--peers", peers.join(","));
         }
         const onLog = opts.onLog;
         return spawnServe({
@@ -115,7 +120,7 @@ export class ReplicaFleet {
     const replicas = processes.map((p, index) => ({ index, pid: p.pid, port: p.port, syncPort: syncPorts[index] ?? null, client: new RouterClient(p.port, opts.client) }));
     const fleet = new ReplicaFleet(replicas, processes, stopGraceMs);
     try {
-      if (opts.mesh && opts.replicas > 1) await waitForMesh(fleet.clients());
+      if (opts.mesh && opts.peer !== false && opts.replicas > 1) await waitForMesh(fleet.clients());
     } catch (err) {
       await fleet.stop();
       throw err;

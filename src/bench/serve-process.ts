@@ -54,18 +54,23 @@ export function cliCommand(): string[] {
 }
 
 /** Every child still running: killed if this process exits first (a crash, Ctrl-C), so no daemon keeps its ports. */
-const liveChildren = new Set<ChildProcess>();
+const live = new Set<ChildProcess>();
 let exitHookInstalled = false;
 
 /** Kills `child` when this process exits, unless it ended first. */
 export function killOnExit(child: ChildProcess): void {
-  liveChildren.add(child);
-  child.once("exit", () => liveChildren.delete(child));
+  live.add(child);
+  child.once("exit", () => live.delete(child));
   if (exitHookInstalled) return;
   exitHookInstalled = true;
   process.on("exit", () => {
-    for (const c of liveChildren) c.kill("SIGKILL");
+    for (const c of live) c.kill("SIGKILL");
   });
+}
+
+/** The children spawned here that are still running (a script's Ctrl-C handler stops them with grace). */
+export function liveChildren(): ChildProcess[] {
+  return [...live];
 }
 
 /** Splits a stream's chunks into lines (the last, partial one waits for its newline). */
