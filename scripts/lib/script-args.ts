@@ -22,6 +22,13 @@ export function positiveInt(value: string): number {
   return n;
 }
 
+/** A decimal integer >= 0. */
+export function nonNegativeInt(value: string): number {
+  const n = DIGITS.test(value) ? Number(value) : Number.NaN;
+  if (!Number.isSafeInteger(n)) throw new InvalidArgumentError("must be an integer >= 0");
+  return n;
+}
+
 /** A decimal number in [min, max]; `minExclusive` makes it (min, max]. */
 export function numberIn(min: number, max: number, minExclusive = false): (value: string) => number {
   return (value: string): number => {
@@ -58,4 +65,12 @@ export function listOf<T extends string>(allowed: readonly T[]): (value: string)
       if (!(allowed as readonly string[]).includes(t)) throw new InvalidArgumentError(`takes ${allowed.join(" and/or ")} (comma-separated), got ${JSON.stringify(t)}`);
       return t as T;
     });
+}
+
+/** One of `allowed`, e.g. "daemon". */
+export function oneOf<T extends string>(allowed: readonly T[]): (value: string) => T {
+  return (value: string): T => {
+    if (!(allowed as readonly string[]).includes(value)) throw new InvalidArgumentError(`must be one of ${allowed.join(", ")}, got ${JSON.stringify(value)}`);
+    return value as T;
+  };
 }
