@@ -18,7 +18,3 @@ export function cpuMs(pid: number): number {
   return ((Number(f[11]) + Number(f[12])) * 1000) / CLK_TCK;
 }
 
-/** Total CPU time of several processes so far, ms. */
-export function totalCpuMs(pids: readonly number[]): number {
-  return pids.reduce((s, pid) => s + cpuMs(pid), 0);
-}
