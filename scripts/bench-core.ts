@@ -5,30 +5,30 @@
  * prefixes; the index is warmed through KV events until every rank holds 4,096 blocks
  * (4.2 M indexed pairs). Prints select and select-and-reserve latency (p50/p99), selections per
  * second on one core, heap bytes per indexed (rank, block) pair, and the cost of hashing a
- * 14,000-token prompt on its own. Flags: --workers N --blocks-per-worker N --groups N --iters N.
+ * 14,000-token prompt on its own. Flags: see --help.
  */
-import { parseArgs } from "node:util";
 import { seededRandom } from "../src/core/clock.js";
 import { hashListToBigInts } from "../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../src/core/hashing.js";
 import type { KvEventBatch } from "../src/ingest/kv-event-decoder.js";
 import { SelectionService } from "../src/core/selection-service.js";
-import { fmtMs, progress, summarize } from "./bench-stats.js";
+import { fmtMs, progress } from "./lib/console-report.js";
+import { summarize } from "../src/bench/stats.js";
+import { positiveInt, scriptProgram } from "./lib/script-args.js";
 
-const { values: args } = parseArgs({
-  options: {
-    workers: { type: "string", default: "1024" },
-    "blocks-per-worker": { type: "string", default: "4096" },
-    groups: { type: "string", default: "300" },
-    variants: { type: "string", default: "8" },
-    iters: { type: "string", default: "20000" },
-  },
-});
-const WORKERS = Number(args.workers);
-const BLOCKS_PER_WORKER = Number(args["blocks-per-worker"]);
-const GROUPS = Number(args.groups);
-const VARIANTS = Number(args.variants);
-const ITERS = Number(args.iters);
+const args = scriptProgram("bench:core", "The selection core in process, no sockets: select latency, selections per second, heap per indexed pair.")
+  .option("--workers <n>", "worker ranks", positiveInt, 1024)
+  .option("--blocks-per-worker <n>", "blocks each rank holds once warmed", positiveInt, 4096)
+  .option("--groups <n>", "shared prompt prefixes", positiveInt, 300)
+  .option("--variants <n>", "prompts per prefix", positiveInt, 8)
+  .option("--iters <n>", "timed selections", positiveInt, 20000)
+  .parse()
+  .opts<{ workers: number; blocksPerWorker: number; groups: number; variants: number; iters: number }>();
+const WORKERS = args.workers;
+const BLOCKS_PER_WORKER = args.blocksPerWorker;
+const GROUPS = args.groups;
+const VARIANTS = args.variants;
+const ITERS = args.iters;
 const BLOCK_SIZE = 64;
 const PROMPT_TOKENS = 14_000;
 const PREFIX_TOKENS = 10_048; // 157 shared blocks per group, the rest unique per variant

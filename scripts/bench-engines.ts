@@ -10,12 +10,17 @@ import { seededRandom } from "../src/core/clock.js";
 import { KvIngest } from "../src/ingest/kv-ingest.js";
 import { raiseZmqSocketLimit } from "../src/ingest/zmq-socket-limit.js";
 import { EngineHostGroup, promptTokensFor, readTrace } from "../src/mock/index.js";
+import { positiveInt, positiveNumber, scriptProgram } from "./lib/script-args.js";
 
-const HOSTS = Number(process.argv[2] ?? 4);
-const ENGINES = Number(process.argv[3] ?? 1024);
-const SPEEDUP = Number(process.argv[4] ?? 10);
-const LOAD_SECONDS = Number(process.argv[5] ?? 60);
-const TRACE = process.argv[6] ?? "../shared/traces/mooncake-synthetic.jsonl";
+const DEFAULT_TRACE = "../shared/traces/mooncake-synthetic.jsonl";
+const program = scriptProgram("bench:engines", "What mock engines cost: RSS and CPU of engine host processes, idle and under a Mooncake replay.")
+  .argument("[hosts]", "engine host processes", positiveInt, 4)
+  .argument("[engines]", "engines in all", positiveInt, 1024)
+  .argument("[speedup]", "trace time compression", positiveNumber, 10)
+  .argument("[seconds]", "seconds of replay", positiveNumber, 60)
+  .argument("[trace]", "Mooncake-format JSONL trace", DEFAULT_TRACE)
+  .parse();
+const [HOSTS, ENGINES, SPEEDUP, LOAD_SECONDS, TRACE] = program.processedArgs as [number, number, number, number, string];
 const TICKS_PER_S = 100;
 
 // The measuring process subscribes to every engine: more than libzmq's default 1,023 sockets.

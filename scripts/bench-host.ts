@@ -10,7 +10,7 @@
  *   only the load it booked itself.
  * mesh: four `kvmesh serve --replica-sync-port` processes in a full mesh (bindings and load).
  *
- * Both are driven by scripts/bench-workload.ts sessions (prompts capped at --prompt-tokens:
+ * Both are driven by scripts/lib/bench-workload.ts sessions (prompts capped at --prompt-tokens:
  * without KV events the prompt only sizes the booking, and short prompts let two cores reach
  * the rate), turn k to service k mod 4: select_and_reserve with the session id, prefill_complete
  * 20-80 ms later, DELETE 200-800 ms after the reserve. Every turn publishes two bindings (the
@@ -32,84 +32,88 @@
  *    counting sessions the services place on different workers (target 0);
  *  - CPU per routed turn: the four services, and (host) the relay, which runs in a process of
  *    its own so that the load generator's event loop does not skew the lag it measures.
- * Flags: --mode host,mesh --seconds 10 --rate 200 --sessions 400 --workers 64 --prompt-tokens 128
- *        --warmup-seconds 1 --seed 1 --max-in-flight 1024 --json reports/bench-host.json.
+ * Flags: see --help. The fleet, the paced load, the probes and the report are shared with
+ * bench:mesh (scripts/lib/session-*.ts, bench-report.ts); this file keeps what bench:host adds:
+ * the host relay, the binding counters and both modes' lag.
  */
-import { fork, spawn, type ChildProcess } from "node:child_process";
-import { mkdirSync, writeFileSync } from "node:fs";
+import { fork, type ChildProcess } from "node:child_process";
 import { Agent, request, type ClientRequest } from "node:http";
-import { dirname } from "node:path";
 import { fileURLToPath } from "node:url";
 import { setTimeout as sleep } from "node:timers/promises";
-import { parseArgs } from "node:util";
-import { freePortPair } from "../test/helpers/ports.js";
-import { summarize } from "./bench-stats.js";
-import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
-import { stopAll } from "../src/bench/replica-fleet.js";
-import { waitForListening } from "../src/bench/listening.js";
-import { paceTurns } from "./lib/turn-pacer.js";
-import { cpuMs, pool } from "../src/bench/process-usage.js";
-import { metricSum, RouterClient, type RouterReply } from "../src/bench/router-client.js";
-import { histogramQuantile } from "../src/bench/stats.js";
+import { Option } from "commander";
+import { cpuMs } from "../src/bench/process-usage.js";
+import { metricSum, RouterClient } from "../src/bench/router-client.js";
+import { killOnExit, stopAll } from "../src/bench/serve-process.js";
+import { histogramGrowth, histogramQuantile, scrapeHistogram, summarize, type Histogram } from "../src/bench/stats.js";
+import { fixed, renderTable, writeJsonReport, type TableRow } from "./lib/bench-report.js";
+import { SessionWorkload } from "./lib/bench-workload.js";
+import { listOf, numberIn, positiveInt, scriptProgram } from "./lib/script-args.js";
+import { driveSessions, warmUp } from "./lib/session-drive.js";
+import { cpuSpentMs, exitOnSignals, FLEET_START_TIMEOUT_MS, FLEET_STOP_GRACE_MS, fleetCpuMs, REQUEST_TIMEOUT_MS, startSessionFleet } from "./lib/session-fleet.js";
+import { probeDivergence, stickiness, type Divergence, type Stickiness } from "./lib/session-figures.js";
 
-const { values: args } = parseArgs({
-  options: {
-    mode: { type: "string", default: "host,mesh" },
-    seconds: { type: "string", default: "10" },
-    rate: { type: "string", default: "200" },
-    sessions: { type: "string", default: "400" },
-    workers: { type: "string", default: "64" },
-    "prompt-tokens": { type: "string", default: "128" },
-    "warmup-seconds": { type: "string", default: "1" },
-    seed: { type: "string", default: "1" },
-    "max-in-flight": { type: "string", default: "1024" },
-    json: { type: "string", default: "reports/bench-host.json" },
-    /** Internal: run as the host relay process for services on these HTTP ports. */
-    "relay-ports": { type: "string" },
-  },
-});
-
-function positiveInt(name: string, raw: string): number {
-  const n = Number(raw);
-  if (!Number.isInteger(n) || n < 1) throw new Error(`--${name} must be a positive integer, got ${JSON.stringify(raw)}`);
-  return n;
-}
 type Mode = "host" | "mesh";
-const MODES = args.mode.split(",").map((m) => {
-  const t = m.trim();
-  if (t !== "host" && t !== "mesh") throw new Error(`--mode takes host and/or mesh, got ${JSON.stringify(m)}`);
-  return t;
-});
-const SECONDS = Number(args.seconds);
-if (!(SECONDS > 0 && SECONDS <= 600)) throw new Error(`--seconds must be in (0, 600], got ${args.seconds}`);
-const RATE_PER_S = positiveInt("rate", args.rate);
-const SESSIONS = positiveInt("sessions", args.sessions);
-const WORKERS = positiveInt("workers", args.workers);
-const PROMPT_TOKENS = positiveInt("prompt-tokens", args["prompt-tokens"]);
-const WARMUP_SECONDS = Number(args["warmup-seconds"]);
-if (!(WARMUP_SECONDS >= 0 && WARMUP_SECONDS <= 60)) throw new Error(`--warmup-seconds must be in [0, 60], got ${args["warmup-seconds"]}`);
-const SEED = positiveInt("seed", args.seed);
-const MAX_IN_FLIGHT = positiveInt("max-in-flight", args["max-in-flight"]);
+
+interface Args {
+  mode: Mode[];
+  seconds: number;
+  rate: number;
+  sessions: number;
+  workers: number;
+  promptTokens: number;
+  warmupSeconds: number;
+  seed: number;
+  maxInFlight: number;
+  json: string;
+  relayPorts?: string;
+}
+
+/** Longest run and warm-up the flags accept, s. */
+const MAX_SECONDS = 600;
+const MAX_WARMUP_SECONDS = 60;
+
+const args = scriptProgram("bench:host", "Host replication (an embedding host relays session bindings) beside the built-in mesh, on one session workload.")
+  .addOption(new Option("--mode <list>", "modes to run, comma-separated: host and/or mesh").argParser(listOf<Mode>(["host", "mesh"])).default(["host", "mesh"], "host,mesh"))
+  .option("--seconds <s>", `seconds of issuing per mode, in (0, ${String(MAX_SECONDS)}]`, numberIn(0, MAX_SECONDS, true), 10)
+  .option("--rate <n>", "turns issued per second", positiveInt, 200)
+  .option("--sessions <n>", "session slots (concurrent sessions)", positiveInt, 400)
+  .option("--workers <n>", "worker ranks registered on every service", positiveInt, 64)
+  .option("--prompt-tokens <n>", "prompts are cut to this many tokens", positiveInt, 128)
+  .option("--warmup-seconds <s>", `unmeasured warm-up per mode, in [0, ${String(MAX_WARMUP_SECONDS)}]`, numberIn(0, MAX_WARMUP_SECONDS), 1)
+  .option("--seed <n>", "workload seed", positiveInt, 1)
+  .option("--max-in-flight <n>", "turns in flight at most", positiveInt, 1024)
+  .option("--json <file>", "JSON report", "reports/bench-host.json")
+  // Internal: run as the host relay process for services on these HTTP ports.
+  .addOption(new Option("--relay-ports <ports>").hideHelp())
+  .parse()
+  .opts<Args>();
+
+const MODES = args.mode;
+const SECONDS = args.seconds;
+const RATE_PER_S = args.rate;
+const SESSIONS = args.sessions;
+const WORKERS = args.workers;
+const PROMPT_TOKENS = args.promptTokens;
+const WARMUP_SECONDS = args.warmupSeconds;
+const SEED = args.seed;
+const MAX_IN_FLIGHT = args.maxInFlight;
 
 const SERVICES = 4;
 const BLOCK_SIZE = 16;
-const AFFINITY_TTL_SECS = 600;
 /** The reference frontend's binding channel (AFFINITY_EVENT_CHANNEL_CAPACITY), for the comparison line. */
 const REFERENCE_CHANNEL_BINDINGS = 4_096;
-const STARTUP_TIMEOUT_MS = 30_000;
-const MESH_READY_TIMEOUT_MS = 20_000;
 const STREAMS_READY_TIMEOUT_MS = 10_000;
-const STOP_GRACE_MS = 2_000;
-const REQUEST_TIMEOUT_MS = 30_000;
 const SETTLE_MS = 1_000;
 const SOCKETS_PER_SERVICE = 64;
 /** The relay process's connections per service: a POST of bindings at a time is all it sends. */
 const RELAY_SOCKETS_PER_SERVICE = 4;
-const ADMIN_CONCURRENCY = 16;
 /** Divergence probes per run at most (each is one /select per service). */
 const MAX_PROBED_SESSIONS = 1_000;
+/** The table's columns are at least this wide. */
+const MIN_COLUMN_WIDTH = 24;
 
-// ------------------------------------------------------------------ processes
+// (The relay process handles SIGTERM itself: it has no children.)
+if (args.relayPorts === undefined) exitOnSignals("bench:host");
 
 /** Where a service's HTTP API is, and the keep-alive sockets to it. */
 interface Endpoint {
@@ -118,81 +122,25 @@ interface Endpoint {
   readonly client: RouterClient;
 }
 
-interface Service extends Endpoint {
-  readonly child: ChildProcess;
-  readonly pid: number;
-  readonly syncPort: number | undefined;
-}
-
-const children = new Set<ChildProcess>();
-
-function startService(index: number, extraArgs: readonly string[], syncPort: number | undefined): Promise<Service> {
-  const argv = ["--import", "tsx", "cli/main.ts", "serve", "--port", "0", "--no-kv-events", "--session-affinity-ttl-secs", String(AFFINITY_TTL_SECS), "--log-level", "info", ...extraArgs];
-  const child = spawn(process.execPath, argv, { stdio: ["ignore", "pipe", "pipe"] });
-  children.add(child);
-  child.on("exit", () => children.delete(child));
-  child.stderr?.on("data", (d: Buffer) => {
-    process.stderr.write(`[service ${index}] ${d.toString()}`);
-  });
-  return waitForListening(child, { label: `service ${index}`, timeoutMs: STARTUP_TIMEOUT_MS, onLine: (line) => process.stderr.write(`[service ${index}] ${line}\n`) }).then((port) => {
-    const pid = child.pid;
-    if (pid === undefined) throw new Error(`service ${index} has no pid`);
-    return { index, child, pid, port, syncPort, client: new RouterClient(port, { sockets: SOCKETS_PER_SERVICE, timeoutMs: REQUEST_TIMEOUT_MS }) };
-  });
-}
-
-const stopChildren = (list: readonly ChildProcess[]): Promise<void> => stopAll(list, STOP_GRACE_MS);
-
-// A crash or Ctrl-C of the benchmark must not leave daemons holding ports.
-process.on("exit", () => {
-  for (const c of children) c.kill("SIGKILL");
-});
-// (The relay process handles SIGTERM itself: it has no children.)
-for (const sig of args["relay-ports"] === undefined ? (["SIGINT", "SIGTERM"] as const) : []) {
-  process.once(sig, () => {
-    process.stderr.write(`bench:host: ${sig}, stopping services\n`);
-    void stopChildren([...children]).then(() => process.exit(130));
-  });
-}
-
-// ------------------------------------------------------------------ HTTP
-
-const send = (r: Endpoint, method: string, path: string, body?: string): Promise<RouterReply> => r.client.send(method, path, body);
-const sendOk = (r: Endpoint, method: string, path: string, body?: string): Promise<string> => r.client.ok(method, path, body);
+// ------------------------------------------------------------------ metrics scraping
 
 interface Scrape {
   published: number;
   dropped: number;
   meshShed: number;
-  lagLeMs: number[];
-  lagCum: number[];
-  /** The service's own select_and_reserve latency histogram (parse to answer), cumulative. */
-  selLeMs: number[];
-  selCum: number[];
+  lag: Histogram;
+  /** The service's own select_and_reserve latency histogram (parse to answer). */
+  select: Histogram;
 }
 
-async function scrape(s: Service): Promise<Scrape> {
-  const text = await sendOk(s, "GET", "/metrics");
-  const lagLeMs: number[] = [];
-  const lagCum: number[] = [];
-  for (const m of text.matchAll(/^kvmesh_mesh_replication_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$/gm)) {
-    lagLeMs.push(m[1] === "+Inf" ? Infinity : Number(m[1]) * 1000);
-    lagCum.push(Number(m[2]));
-  }
-  const selLeMs: number[] = [];
-  const selCum: number[] = [];
-  for (const m of text.matchAll(/^kvmesh_http_request_duration_seconds_bucket\{le="([^"]+)",route="\/select_and_reserve"\} (\S+)$/gm)) {
-    selLeMs.push(m[1] === "+Inf" ? Infinity : Number(m[1]) * 1000);
-    selCum.push(Number(m[2]));
-  }
+async function scrape(c: RouterClient): Promise<Scrape> {
+  const text = await c.ok("GET", "/metrics");
   return {
-    selLeMs,
-    selCum,
     published: metricSum(text, "kvmesh_session_bindings_published_total"),
     dropped: metricSum(text, "kvmesh_session_bindings_dropped_total"),
     meshShed: metricSum(text, "kvmesh_mesh_events_shed_total"),
-    lagLeMs,
-    lagCum,
+    lag: scrapeHistogram(text, "kvmesh_mesh_replication_lag_seconds"),
+    select: scrapeHistogram(text, "kvmesh_http_request_duration_seconds", { route: "/select_and_reserve" }),
   };
 }
 
@@ -317,7 +265,8 @@ class HostRelay {
     this.#posting.add(to.index);
     this.stats.posts++;
     const body = `{"bindings":[${lines.map((l) => l.bindingsText).join(",")}]}`;
-    send(to, "POST", "/session_bindings", body)
+    to.client
+      .send("POST", "/session_bindings", body)
       .then((r) => {
         const now = Date.now();
         if (r.status !== 200) {
@@ -353,15 +302,14 @@ class RelayProcess {
   readonly #ready: Promise<void>;
   #nextId = 1;
 
-  constructor(services: readonly Service[]) {
+  constructor(services: readonly Endpoint[]) {
     const ports = services.map((s) => s.port).join(",");
     this.#child = fork(fileURLToPath(import.meta.url), ["--relay-ports", ports], { execArgv: ["--import", "tsx"], stdio: ["ignore", "inherit", "inherit", "ipc"] });
-    children.add(this.#child);
-    this.#child.on("exit", () => children.delete(this.#child));
+    killOnExit(this.#child);
     this.#ready = new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => {
-        reject(new Error(`relay process not ready within ${STARTUP_TIMEOUT_MS} ms`));
-      }, STARTUP_TIMEOUT_MS);
+        reject(new Error(`relay process not ready within ${FLEET_START_TIMEOUT_MS} ms`));
+      }, FLEET_START_TIMEOUT_MS);
       this.#child.on("message", (m: RelayReply) => {
         if ("type" in m) {
           clearTimeout(timer);
@@ -397,14 +345,14 @@ class RelayProcess {
   }
 
   async stop(): Promise<void> {
-    await stopChildren([this.#child]);
+    await stopAll([this.#child], FLEET_STOP_GRACE_MS);
   }
 }
 
 /** `--relay-ports p1,p2,...`: this process is the host relay; the benchmark asks it over IPC. */
 async function runRelayChild(portsArg: string): Promise<void> {
   const endpoints: Endpoint[] = portsArg.split(",").map((p, index) => {
-    const port = positiveInt("relay-ports", p);
+    const port = positiveInt(p);
     return { index, port, client: new RouterClient(port, { sockets: RELAY_SOCKETS_PER_SERVICE, timeoutMs: REQUEST_TIMEOUT_MS }) };
   });
   const relay = new HostRelay(endpoints);
@@ -419,23 +367,8 @@ async function runRelayChild(portsArg: string): Promise<void> {
   process.send?.({ type: "ready" } satisfies RelayReply);
 }
 
+
 // ------------------------------------------------------------------ the workload
-
-interface TurnRecord {
-  readonly sessionSerial: number;
-  readonly turn: number;
-  readonly worker: number;
-}
-
-interface DriveResult {
-  wallMs: number;
-  ticks: number;
-  dropped: number;
-  records: TurnRecord[];
-  latencyMs: number[];
-  errors: number;
-  errorSample: string;
-}
 
 /** The first `n` token ids of a comma-separated list. */
 function headCsv(csv: string, n: number): string {
@@ -447,49 +380,6 @@ function headCsv(csv: string, n: number): string {
   return csv.slice(0, at);
 }
 
-async function drive(services: readonly Service[], wl: SessionWorkload, label: string, seconds: number, selPrefix: string): Promise<DriveResult> {
-  const n = services.length;
-  const res: DriveResult = { wallMs: 0, ticks: 0, dropped: 0, records: [], latencyMs: [], errors: 0, errorSample: "" };
-  const fail = (what: string): void => {
-    res.errors++;
-    if (res.errorSample === "") res.errorSample = what;
-  };
-  const runTurn = async (plan: TurnPlan, k: number): Promise<void> => {
-    const s = services[k % n] as Service;
-    const sel = `${selPrefix}${k}`;
-    const body = `{"token_ids":[${headCsv(plan.tokenIdsCsv, PROMPT_TOKENS)}],"session_id":"${plan.sessionId}","selection_id":"${sel}"}`;
-    const t0 = performance.now();
-    const rep = await send(s, "POST", "/select_and_reserve", body);
-    const t1 = performance.now();
-    const m = /"worker_id":(\d+)/.exec(rep.text);
-    if (rep.status !== 200 || m?.[1] === undefined) {
-      fail(`select_and_reserve ${rep.status}: ${rep.text.slice(0, 200)}`);
-      return;
-    }
-    res.latencyMs.push(t1 - t0);
-    res.records.push({ sessionSerial: plan.sessionSerial, turn: plan.turn, worker: Number(m[1]) });
-    await sleep(plan.prefillDelayMs);
-    const p = await send(s, "POST", `/reservations/${sel}/prefill_complete`, "{}");
-    if (p.status !== 200) fail(`prefill_complete ${p.status}: ${p.text.slice(0, 200)}`);
-    await sleep(plan.durationMs - plan.prefillDelayMs);
-    const d = await send(s, "DELETE", `/reservations/${sel}`);
-    if (d.status !== 200) fail(`DELETE ${d.status}: ${d.text.slice(0, 200)}`);
-  };
-
-  const paced = await paceTurns({
-    workload: wl,
-    ratePerS: RATE_PER_S,
-    seconds,
-    maxInFlight: MAX_IN_FLIGHT,
-    runTurn,
-    onError: fail,
-    onSecond: (elapsedS, st) => {
-      process.stderr.write(`${label}: ${elapsedS}/${seconds} s, ${res.records.length} routed, ${st.outstanding} in flight, ${res.errors} errors, ${st.dropped} ticks dropped\n`);
-    },
-  });
-  Object.assign(res, paced);
-  return res;
-}
 
 // ------------------------------------------------------------------ one mode
 
@@ -511,90 +401,47 @@ interface RunResult {
   shedSource: string;
   lag: { source: string; samples: number; p50Ms: number; p99Ms: number };
   relay: Omit<RelayStats, "lagMs"> | null;
-  stickiness: { multiTurnSessions: number; turnShareOnFirstWorker: number; sessionsThatMoved: number };
-  divergence: { sessionsProbed: number; sessionsDisagreeing: number; probeErrors: number; example: string };
+  stickiness: Stickiness;
+  divergence: Divergence;
   cpu: { windowMs: number; serviceCpuMs: number; perRequestUs: number; relayPerRequestUs: number };
 }
 
 async function runMode(mode: Mode): Promise<RunResult> {
-  const services: Service[] = [];
+  process.stderr.write(`${mode}: starting ${String(SERVICES)} services\n`);
+  // host: each service on its own, with a writer id for its bindings; mesh: a full mesh.
+  const fleet = await startSessionFleet({
+    name: "service",
+    replicas: SERVICES,
+    mesh: mode === "mesh",
+    workers: WORKERS,
+    blockSize: BLOCK_SIZE,
+    sockets: SOCKETS_PER_SERVICE,
+    ...(mode === "host" ? { serveArgsOf: (i: number) => ["--session-replication-writer-id", String(i + 1)] } : {}),
+  });
   let relay: RelayProcess | undefined;
   try {
-    process.stderr.write(`${mode}: starting ${SERVICES} services\n`);
     if (mode === "host") {
-      services.push(...(await Promise.all(Array.from({ length: SERVICES }, (_, i) => startService(i, ["--session-replication-writer-id", String(i + 1)], undefined)))));
-    } else {
-      for (let i = 0; i < SERVICES; i++) {
-        const syncPort = await freePortPair();
-        const peers = services.map((s) => `tcp://127.0.0.1:${s.syncPort}`);
-        services.push(await startService(i, ["--replica-sync-port", String(syncPort), ...(peers.length > 0 ? ["--peers", peers.join(",")] : [])], syncPort));
-      }
-      await waitForMesh(services);
-    }
-    const ids = Array.from({ length: WORKERS }, (_, i) => i + 1);
-    await Promise.all(services.map((s) => pool(ids, ADMIN_CONCURRENCY, async (w) => {
-          await sendOk(s, "POST", "/workers", JSON.stringify({ worker_id: w, endpoint: `http://w${w}`, block_size: BLOCK_SIZE }));
-        })));
-    if (mode === "host") {
-      relay = new RelayProcess(services);
+      relay = new RelayProcess(fleet.replicas);
       await relay.ready();
     }
-    if (WARMUP_SECONDS > 0) {
-      process.stderr.write(`${mode}: warming up for ${WARMUP_SECONDS} s\n`);
-      const warm = await drive(services, new SessionWorkload({ seed: SEED + 1, slots: SESSIONS, idPrefix: "warm-" }), `${mode} warm-up`, WARMUP_SECONDS, "w");
-      if (warm.errors > 0) throw new Error(`warm-up: ${warm.errors} errors, first: ${warm.errorSample}`);
-    }
+    const clients = fleet.clients();
+    const pace = { clients, ratePerS: RATE_PER_S, maxInFlight: MAX_IN_FLIGHT, tokenIdsCsv: (plan: { tokenIdsCsv: string }) => headCsv(plan.tokenIdsCsv, PROMPT_TOKENS) };
+    await warmUp({ ...pace, label: mode, seconds: WARMUP_SECONDS, seed: SEED, slots: SESSIONS });
     const relayBefore = await relay?.ask("idle");
-    const before = await Promise.all(services.map(scrape));
-    const cpu0 = services.map((s) => cpuMs(s.pid));
+    const before = await Promise.all(clients.map(scrape));
+    const cpu0 = fleetCpuMs(fleet);
     const relayCpu0 = relay === undefined ? 0 : cpuMs(relay.pid);
     const wl = new SessionWorkload({ seed: SEED, slots: SESSIONS });
-    process.stderr.write(`${mode}: driving ${RATE_PER_S} turns/s for ${SECONDS} s over ${SESSIONS} session slots\n`);
-    const d = await drive(services, wl, mode, SECONDS, "t");
-    const cpu1 = services.map((s) => cpuMs(s.pid));
+    process.stderr.write(`${mode}: driving ${String(RATE_PER_S)} turns/s for ${String(SECONDS)} s over ${String(SESSIONS)} session slots\n`);
+    const d = await driveSessions({ ...pace, workload: wl, label: mode, seconds: SECONDS, selectionPrefix: "t" });
+    const cpu1 = fleetCpuMs(fleet);
     const relayCpuMs = relay === undefined ? 0 : cpuMs(relay.pid) - relayCpu0;
     await sleep(SETTLE_MS);
     const relayAfter = await relay?.ask("idle");
-    const after = await Promise.all(services.map(scrape));
+    const after = await Promise.all(clients.map(scrape));
 
     process.stderr.write(`${mode}: probing sessions on every service\n`);
-    const div = { sessionsProbed: 0, sessionsDisagreeing: 0, probeErrors: 0, example: "" };
-    await pool(wl.sessionIds().slice(0, MAX_PROBED_SESSIONS), ADMIN_CONCURRENCY, async (sid) => {
-      const body = JSON.stringify({ token_ids: wl.probeTokens(sid).slice(0, PROMPT_TOKENS), session_id: sid });
-      const answers = await Promise.all(
-        services.map(async (s) => {
-          const rep = await send(s, "POST", "/select", body);
-          return rep.status === 200 ? (/"worker_id":(\d+)/.exec(rep.text)?.[1] ?? "?") : `HTTP ${rep.status}`;
-        }),
-      );
-      div.sessionsProbed++;
-      if (answers.some((a) => a.startsWith("HTTP") || a === "?")) div.probeErrors++;
-      if (new Set(answers).size > 1) {
-        div.sessionsDisagreeing++;
-        if (div.example === "") div.example = `${sid}: ${answers.join(" / ")}`;
-      }
-    });
-
-    const bySession = new Map<number, TurnRecord[]>();
-    for (const rec of d.records) {
-      let l = bySession.get(rec.sessionSerial);
-      if (l === undefined) bySession.set(rec.sessionSerial, (l = []));
-      l.push(rec);
-    }
-    let multi = 0;
-    let turns = 0;
-    let sticky = 0;
-    let moved = 0;
-    for (const l of bySession.values()) {
-      if (l.length < 2) continue;
-      l.sort((a, b) => a.turn - b.turn);
-      const first = l[0]?.worker;
-      const same = l.filter((x) => x.worker === first).length;
-      multi++;
-      turns += l.length;
-      sticky += same;
-      if (same !== l.length) moved++;
-    }
+    const div = await probeDivergence(clients, wl.sessionIds().slice(0, MAX_PROBED_SESSIONS), (sid) => wl.probeTokens(sid).slice(0, PROMPT_TOKENS));
 
     const delta = (k: "published" | "dropped" | "meshShed"): number => after.reduce((s, a, i) => s + a[k] - (before[i]?.[k] ?? 0), 0);
     const published = delta("published");
@@ -605,9 +452,11 @@ async function runMode(mode: Mode): Promise<RunResult> {
       const s = summarize(samples);
       lag = { source: "host relay: sent_at_ms (origin's ring) to the peer's POST answer, per binding and peer", samples: s.n, p50Ms: s.p50, p99Ms: s.p99 };
     } else {
-      const leMs = after[0]?.lagLeMs ?? [];
-      const cum = leMs.map((_, i) => after.reduce((s, a, j) => s + (a.lagCum[i] ?? 0) - (before[j]?.lagCum[i] ?? 0), 0));
-      lag = { source: "kvmesh_mesh_replication_lag_seconds delta (publish to receive per batch, heartbeats included)", samples: cum[cum.length - 1] ?? 0, p50Ms: histogramQuantile(leMs, cum, 0.5), p99Ms: histogramQuantile(leMs, cum, 0.99) };
+      const h = histogramGrowth(
+        before.map((b) => b.lag),
+        after.map((a) => a.lag),
+      );
+      lag = { source: "kvmesh_mesh_replication_lag_seconds delta (publish to receive per batch, heartbeats included)", samples: h.cum[h.cum.length - 1] ?? 0, p50Ms: histogramQuantile(h.leMs, h.cum, 0.5), p99Ms: histogramQuantile(h.leMs, h.cum, 0.99) };
     }
     let relayOut: RunResult["relay"] = null;
     if (relayAfter !== undefined && relayBefore !== undefined) {
@@ -625,10 +474,12 @@ async function runMode(mode: Mode): Promise<RunResult> {
         streamsLost: r.streamsLost,
       };
     }
-    const selLe = after[0]?.selLeMs ?? [];
-    const selCum = selLe.map((_, i) => after.reduce((s, a, j) => s + (a.selCum[i] ?? 0) - (before[j]?.selCum[i] ?? 0), 0));
-    const serviceSelect = { p50: histogramQuantile(selLe, selCum, 0.5), p99: histogramQuantile(selLe, selCum, 0.99) };
-    const serviceCpuMs = cpu1.reduce((s, c, i) => s + c - (cpu0[i] ?? 0), 0);
+    const sel = histogramGrowth(
+      before.map((b) => b.select),
+      after.map((a) => a.select),
+    );
+    const serviceSelect = { p50: histogramQuantile(sel.leMs, sel.cum, 0.5), p99: histogramQuantile(sel.leMs, sel.cum, 0.99) };
+    const serviceCpuMs = cpuSpentMs(cpu0, cpu1);
     const lat = summarize(d.latencyMs);
     return {
       mode,
@@ -646,32 +497,21 @@ async function runMode(mode: Mode): Promise<RunResult> {
       shedSource: mode === "host" ? "kvmesh_session_bindings_dropped_total" : "kvmesh_mesh_events_shed_total (load + bindings)",
       lag,
       relay: relayOut,
-      stickiness: { multiTurnSessions: multi, turnShareOnFirstWorker: turns === 0 ? Number.NaN : sticky / turns, sessionsThatMoved: moved },
+      stickiness: stickiness(d.records),
       divergence: div,
       cpu: { windowMs: d.wallMs, serviceCpuMs, perRequestUs: (serviceCpuMs * 1000) / Math.max(1, d.records.length), relayPerRequestUs: (relayCpuMs * 1000) / Math.max(1, d.records.length) },
     };
   } finally {
     await relay?.stop();
-    for (const s of services) s.client.close();
-    await stopChildren(services.map((s) => s.child));
-  }
-}
-
-async function waitForMesh(services: readonly Service[]): Promise<void> {
-  const deadline = performance.now() + MESH_READY_TIMEOUT_MS;
-  for (;;) {
-    const views = await Promise.all(services.map(async (s) => JSON.parse(await sendOk(s, "GET", "/replica_sync/peers")) as { state: string; sync: string | null }[]));
-    if (views.every((v) => v.length === services.length - 1 && v.every((p) => p.state === "alive" && p.sync === "live"))) return;
-    if (performance.now() > deadline) throw new Error(`mesh not fully connected after ${MESH_READY_TIMEOUT_MS} ms: ${JSON.stringify(views)}`);
-    await sleep(100);
+    await fleet.stop();
   }
 }
 
 // ------------------------------------------------------------------ main
 
 function table(results: readonly RunResult[]): string {
-  const f = (v: number, digits = 2): string => (Number.isFinite(v) ? v.toFixed(digits) : "n/a");
-  const rows: [string, (r: RunResult) => string][] = [
+  const f = fixed;
+  const rows: TableRow<RunResult>[] = [
     ["routed turns", (r) => String(r.routed)],
     ["achieved rate (turns/s)", (r) => f(r.achievedRatePerS, 1)],
     ["errors / dropped ticks", (r) => `${r.errors} / ${r.droppedTicks}`],
@@ -690,15 +530,11 @@ function table(results: readonly RunResult[]): string {
     ["service CPU per turn (us)", (r) => f(r.cpu.perRequestUs, 0)],
     ["host relay CPU per turn (us)", (r) => (r.relay === null ? "-" : f(r.cpu.relayPerRequestUs, 0))],
   ];
-  const w0 = Math.max(...rows.map(([name]) => name.length));
-  const cols = results.map((r) => Math.max(24, ...rows.map(([, g]) => g(r).length)));
-  const out = [`${"".padEnd(w0)}  ${results.map((r, i) => r.mode.padStart(cols[i] ?? 0)).join("  ")}`];
-  for (const [name, get] of rows) out.push(`${name.padEnd(w0)}  ${results.map((r, i) => get(r).padStart(cols[i] ?? 0)).join("  ")}`);
-  return out.join("\n");
+  return renderTable("", results, (r) => r.mode, rows, MIN_COLUMN_WIDTH);
 }
 
 async function main(): Promise<void> {
-  process.stderr.write(`bench:host: modes ${MODES.join(",")}, ${SERVICES} services, ${WORKERS} workers, ${RATE_PER_S} turns/s for ${SECONDS} s, ${SESSIONS} session slots, prompts <= ${PROMPT_TOKENS} tokens, seed ${SEED}\n`);
+  process.stderr.write(`bench:host: modes ${MODES.join(",")}, ${String(SERVICES)} services, ${String(WORKERS)} workers, ${String(RATE_PER_S)} turns/s for ${String(SECONDS)} s, ${String(SESSIONS)} session slots, prompts <= ${String(PROMPT_TOKENS)} tokens, seed ${String(SEED)}\n`);
   const results: RunResult[] = [];
   for (const mode of MODES) results.push(await runMode(mode));
   console.log(table(results));
@@ -711,18 +547,9 @@ async function main(): Promise<void> {
     }
     console.log(`${r.mode}: lag = ${r.lag.source}; shed = ${r.shedSource}`);
   }
-  mkdirSync(dirname(args.json), { recursive: true });
   const config = { modes: MODES, services: SERVICES, workers: WORKERS, ratePerS: RATE_PER_S, seconds: SECONDS, warmupSeconds: WARMUP_SECONDS, sessions: SESSIONS, promptTokens: PROMPT_TOKENS, seed: SEED, maxInFlight: MAX_IN_FLIGHT };
-  writeFileSync(args.json, `${JSON.stringify({ config, results }, (_, v: unknown) => (typeof v === "number" && !Number.isFinite(v) ? null : v), 2)}\n`);
+  writeJsonReport(args.json, { config, results });
   console.log(`json: ${args.json}`);
 }
 
-if (args["relay-ports"] !== undefined) {
-  await runRelayChild(args["relay-ports"]);
-} else {
-  try {
-    await main();
-  } finally {
-    await stopChildren([...children]);
-  }
-}
+await (args.relayPorts === undefined ? main() : runRelayChild(args.relayPorts));

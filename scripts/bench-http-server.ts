@@ -10,9 +10,15 @@ import { pino } from "pino";
 import { DEFAULT_DAEMON_CONFIG, startDaemon } from "../src/daemon.js";
 import { hashListToBigInts } from "../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../src/core/hashing.js";
-import { benchPrompt, BENCH_BLOCK_SIZE } from "./bench-prompts.js";
+import { benchPrompt, BENCH_BLOCK_SIZE } from "./lib/bench-prompts.js";
+import { oneOf, positiveInt, scriptProgram } from "./lib/script-args.js";
 
-const [mode = "daemon", workersArg = "1024", groupsArg = "64"] = process.argv.slice(2);
+const program = scriptProgram("bench-http-server", "Server side of bench:http (started by it): prints READY <port> when listening.")
+  .argument("[mode]", "daemon (kvmesh with a warmed index) or ceiling (bare node:http)", oneOf(["daemon", "ceiling"] as const), "daemon")
+  .argument("[workers]", "worker ranks (daemon)", positiveInt, 1024)
+  .argument("[groups]", "prefix groups cached across the workers (daemon)", positiveInt, 64)
+  .parse();
+const [mode, workers, groups] = program.processedArgs as ["daemon" | "ceiling", number, number];
 
 if (mode === "ceiling") {
   const body = JSON.stringify({ worker_id: 1, dp_rank: 0, endpoint: "http://w1", selection_id: "x" });
@@ -30,8 +36,6 @@ if (mode === "ceiling") {
   });
 } else {
   const daemon = await startDaemon({ ...DEFAULT_DAEMON_CONFIG, port: 0, kvEvents: false, logLevel: "silent" }, pino({ level: "silent" }));
-  const workers = Number(workersArg);
-  const groups = Number(groupsArg);
   for (let w = 0; w < workers; w++) daemon.service.upsertWorker({ worker_id: BigInt(w + 1), endpoint: `http://w${w + 1}`, block_size: BENCH_BLOCK_SIZE });
   // Each worker caches the prompts of a few prefix groups, as KV-aware routing leaves them.
   for (let w = 0; w < workers; w++) {

@@ -9,34 +9,35 @@
  * hits both alike; throughput is pooled over each server's slices. Prints requests/s, latency
  * p50/p99 per request kind, the ratio of select_and_reserve throughput to the ceiling (pooled, and
  * the range of the per-slice-pair ratios), and writes a latency CDF plot.
- * Flags: --seconds N --slices N --concurrency N --workers N --out DIR.
+ * Flags: see --help.
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { Agent, request } from "node:http";
 import { join } from "node:path";
-import { parseArgs } from "node:util";
+import { fileURLToPath } from "node:url";
 import { cpuMs } from "../src/bench/process-usage.js";
-import { benchPrompt } from "./bench-prompts.js";
-import { fmtMs, summarize } from "./bench-stats.js";
-import { cdf, lineChart } from "./svg-plot.js";
+import { benchPrompt } from "./lib/bench-prompts.js";
+import { fmtMs } from "./lib/console-report.js";
+import { summarize } from "../src/bench/stats.js";
+import { positiveInt, positiveNumber, scriptProgram } from "./lib/script-args.js";
+import { cdf, lineChart } from "./lib/svg-plot.js";
 
-const { values: args } = parseArgs({
-  options: {
-    seconds: { type: "string", default: "10" },
-    slices: { type: "string", default: "5" },
-    concurrency: { type: "string", default: "16" },
-    workers: { type: "string", default: "1024" },
-    out: { type: "string", default: "reports" },
-  },
-});
-const SECONDS = Number(args.seconds);
-const CONCURRENCY = Number(args.concurrency);
-const SLICES = Number(args.slices);
-if (!(SECONDS > 0)) throw new Error(`--seconds must be > 0, got ${args.seconds}`);
-if (!Number.isInteger(SLICES) || SLICES < 1) throw new Error(`--slices must be a positive integer, got ${args.slices}`);
-if (!Number.isInteger(CONCURRENCY) || CONCURRENCY < 1) throw new Error(`--concurrency must be a positive integer, got ${args.concurrency}`);
+const args = scriptProgram("bench:http", "The daemon's HTTP throughput against the ceiling of node:http here.")
+  .option("--seconds <s>", "seconds driven per server, in all slices", positiveNumber, 10)
+  .option("--slices <n>", "alternating slices per server", positiveInt, 5)
+  .option("--concurrency <n>", "keep-alive connections (flows in flight)", positiveInt, 16)
+  .option("--workers <n>", "worker ranks in the daemon", positiveInt, 1024)
+  .option("--out <dir>", "directory for the latency CDF plot", "reports")
+  .addHelpText("after", '\nEnv: KVMESH_BENCH_NODE_ARGS="--cpu-prof" passes node flags to the server process.')
+  .parse()
+  .opts<{ seconds: number; slices: number; concurrency: number; workers: number; out: string }>();
+const SECONDS = args.seconds;
+const CONCURRENCY = args.concurrency;
+const SLICES = args.slices;
 const WARMUP_MS = 2_000;
+/** The server side, beside this file (the run no longer depends on the working directory). */
+const BENCH_HTTP_SERVER = fileURLToPath(new URL("./bench-http-server.ts", import.meta.url));
 
 interface Run {
   flows: number;
@@ -50,7 +51,7 @@ interface Run {
 async function startServer(mode: "daemon" | "ceiling"): Promise<{ child: ChildProcess; port: number }> {
   // KVMESH_BENCH_NODE_ARGS (e.g. "--cpu-prof") lets a profile be taken of the server alone.
   const extra = (process.env.KVMESH_BENCH_NODE_ARGS ?? "").split(" ").filter((a) => a !== "");
-  const child = spawn(process.execPath, [...extra, "--import", "tsx", "scripts/bench-http-server.ts", mode, args.workers], { stdio: ["ignore", "pipe", "inherit"] });
+  const child = spawn(process.execPath, [...extra, "--import", "tsx", BENCH_HTTP_SERVER, mode, String(args.workers)], { stdio: ["ignore", "pipe", "inherit"] });
   const port = await new Promise<number>((resolve, reject) => {
     let buf = "";
     child.stdout?.on("data", (d: Buffer) => {

@@ -10,36 +10,36 @@
  * ranks (where the prefix is cached), otherwise on any rank. Prints add + free time per request
  * (p50 / p99), markPrefillComplete, and newBlocksFor for a prompt of a random group.
  */
-import { parseArgs } from "node:util";
 import { ManualClock, seededRandom } from "../src/core/clock.js";
 import { LoadLedger } from "../src/core/load-ledger.js";
-import { fmtMs, summarize } from "./bench-stats.js";
+import { fmtMs } from "./lib/console-report.js";
+import { summarize } from "../src/bench/stats.js";
+import { nonNegativeInt, numberIn, positiveInt, scriptProgram } from "./lib/script-args.js";
 
-const { values: args } = parseArgs({
-  options: {
-    ranks: { type: "string", default: "1024" },
-    groups: { type: "string", default: "300" },
-    "group-ranks": { type: "string", default: "4" },
-    affinity: { type: "string", default: "0.8" },
-    live: { type: "string", default: "2000" },
-    blocks: { type: "string", default: "219" },
-    prefix: { type: "string", default: "157" },
-    iters: { type: "string", default: "20000" },
-    seed: { type: "string", default: "7" },
-  },
-});
-const RANKS = Number(args.ranks);
-const GROUPS = Number(args.groups);
-const GROUP_RANKS = Number(args["group-ranks"]);
-const AFFINITY = Number(args.affinity);
-const LIVE = Number(args.live);
-const BLOCKS = Number(args.blocks);
-const PREFIX = Math.min(BLOCKS, Number(args.prefix));
-const ITERS = Number(args.iters);
+const args = scriptProgram("bench:ledger", "The load ledger on its own: add + free per request, markPrefillComplete, newBlocksFor.")
+  .option("--ranks <n>", "worker ranks in the partition", positiveInt, 1024)
+  .option("--groups <n>", "shared prompt groups", positiveInt, 300)
+  .option("--group-ranks <n>", "preferred ranks per group", positiveInt, 4)
+  .option("--affinity <p>", "probability a request lands on a preferred rank, in [0, 1]", numberIn(0, 1), 0.8)
+  .option("--live <n>", "requests in flight", positiveInt, 2000)
+  .option("--blocks <n>", "sequence hashes per prompt", positiveInt, 219)
+  .option("--prefix <n>", "of those, the group's shared prefix (at most --blocks)", nonNegativeInt, 157)
+  .option("--iters <n>", "timed iterations", positiveInt, 20000)
+  .option("--seed <n>", "PRNG seed", positiveInt, 7)
+  .parse()
+  .opts<{ ranks: number; groups: number; groupRanks: number; affinity: number; live: number; blocks: number; prefix: number; iters: number; seed: number }>();
+const RANKS = args.ranks;
+const GROUPS = args.groups;
+const GROUP_RANKS = args.groupRanks;
+const AFFINITY = args.affinity;
+const LIVE = args.live;
+const BLOCKS = args.blocks;
+const PREFIX = Math.min(BLOCKS, args.prefix);
+const ITERS = args.iters;
 const WARMUP_ITERS = 5_000;
 const TWO_POW_32 = 4294967296;
 
-const rnd = seededRandom(Number(args.seed));
+const rnd = seededRandom(args.seed);
 const int = (n: number): number => Math.floor(rnd.next() * n);
 /** Sequence hashes are XXH3 output: uniform 64-bit values. */
 const randomPairs = (n: number): Uint32Array => {

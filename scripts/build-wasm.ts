@@ -5,7 +5,10 @@
  * committed bytes are what the .wat assembles to.
  */
 import { readFileSync, writeFileSync } from "node:fs";
+import { scriptProgram } from "./lib/script-args.js";
 import { assembleU32ArrayWat, U32_ARRAY_WAT_PATH, U32_ARRAY_WASM_TS_PATH, renderWasmModule } from "./lib/wasm-assemble.js";
+
+scriptProgram("build:wasm", `Assembles ${U32_ARRAY_WAT_PATH} into ${U32_ARRAY_WASM_TS_PATH} (the module's bytes as base64).`).parse();
 
 const bytes = await assembleU32ArrayWat(readFileSync(U32_ARRAY_WAT_PATH, "utf8"));
 writeFileSync(U32_ARRAY_WASM_TS_PATH, renderWasmModule(bytes));

@@ -1,7 +1,7 @@
 /**
  * npm run faults — the mesh fault scenarios, long versions, with a report table.
  *
- * Runs, one after another, each on fresh replica processes (test/helpers/fault-scenarios.ts):
+ * Runs, one after another, each on fresh replica processes (scripts/lib/fault-scenarios.ts):
  *   1. SIGKILL a replica under load (restart convergence, stickiness through the kill)
  *   2. a network partition: two namespaces joined by a veth pair, cut and healed (root only;
  *      reported as skipped, with the reason, elsewhere)
@@ -17,13 +17,11 @@
  * load for N minutes, sampling each replica's RSS and V8 heap, reporting memory over time and
  * whether it stays flat (see SOAK_* below).
  *
- * Flags: --short (the test-suite sizes, ~1.5 min), --only 1,3,5 (scenario numbers),
- *        --soak-minutes N, --soak-rate N (req/s, default 40), --json FILE (default reports/faults.json).
+ * Flags: see --help (--short, --only 1,3,5, --soak-minutes N, --soak-rate N, --json FILE).
  * Exit code 1 when a check failed (a skipped scenario is not a failure, but is shown).
  */
-import { mkdirSync, writeFileSync } from "node:fs";
-import { dirname } from "node:path";
-import { parseArgs } from "node:util";
+import { writeJsonReport } from "./lib/bench-report.js";
+import { positiveIntList, positiveNumber, scriptProgram } from "./lib/script-args.js";
 
 import {
   KILL_LONG,
@@ -50,19 +48,18 @@ import {
   type Check,
   type PhaseResult,
   type ScenarioRow,
-} from "../test/helpers/fault-scenarios.js";
-import { MeshLoad } from "../test/helpers/mesh-load.js";
-import { bindingDisagreements, loadsAgree, meshCounters, rssOf, sleep, timeUntil } from "../test/helpers/replica-cluster.js";
+} from "./lib/fault-scenarios.js";
+import { MeshLoad } from "./lib/mesh-load.js";
+import { bindingDisagreements, loadsAgree, meshCounters, rssOf, sleep, timeUntil } from "./lib/replica-cluster.js";
 
-const { values: args } = parseArgs({
-  options: {
-    short: { type: "boolean", default: false },
-    only: { type: "string" },
-    "soak-minutes": { type: "string" },
-    "soak-rate": { type: "string", default: "40" },
-    json: { type: "string", default: "reports/faults.json" },
-  },
-});
+const args = scriptProgram("faults", "The mesh fault scenarios, long versions, with a report table (exit 1 when a check failed).")
+  .option("--short", "the test-suite sizes (~1.5 min)", false)
+  .option("--only <list>", "scenario numbers to run, comma-separated (1 kill, 2 partition, 3 link faults, 4 stalled peer, 5 publisher restart, 6 shutdown)", positiveIntList)
+  .option("--soak-minutes <m>", "also (or, without --only, only) a soak of this many minutes (>= 10 for the real one)", positiveNumber)
+  .option("--soak-rate <n>", "soak load, requests/s", positiveNumber, 40)
+  .option("--json <file>", "JSON report", "reports/faults.json")
+  .parse()
+  .opts<{ short: boolean; only?: number[]; soakMinutes?: number; soakRate: number; json: string }>();
 
 /** A scenario that runs longer than this is reported as failed (and the run goes on). */
 const SCENARIO_TIMEOUT_MS = 5 * 60_000;
@@ -259,11 +256,9 @@ function soakTable(row: ScenarioRow): string {
 // ------------------------------------------------------------------ main
 
 async function main(): Promise<number> {
-  const only = args.only === undefined ? null : new Set(args.only.split(",").map((s) => Number(s.trim())));
-  const soakMinutes = args["soak-minutes"] === undefined ? null : Number(args["soak-minutes"]);
-  if (soakMinutes !== null && !(soakMinutes > 0)) throw new Error(`--soak-minutes must be > 0, got ${args["soak-minutes"]}`);
-  const soakRate = Number(args["soak-rate"]);
-  if (!(soakRate > 0)) throw new Error(`--soak-rate must be > 0, got ${args["soak-rate"]}`);
+  const only = args.only === undefined ? null : new Set(args.only);
+  const soakMinutes = args.soakMinutes ?? null;
+  const soakRate = args.soakRate;
   const rows: ScenarioRow[] = [];
   const started = performance.now();
   // With only a soak asked for, skip the scenarios.
@@ -290,8 +285,7 @@ async function main(): Promise<number> {
   if (soakRow !== undefined) console.log(soakTable(soakRow));
   console.log(`total ${((performance.now() - started) / 1000).toFixed(0)} s; converge = each scenario's convergence figure (see the scenario); shed = events shed by outbound queues + chunks destroyed by the proxies`);
 
-  mkdirSync(dirname(args.json), { recursive: true });
-  writeFileSync(args.json, `${JSON.stringify({ short: args.short, rows }, (_, v: unknown) => (typeof v === "number" && !Number.isFinite(v) ? null : v), 2)}\n`);
+  writeJsonReport(args.json, { short: args.short, rows });
   console.log(`json: ${args.json}`);
   return rows.every((r) => r.skipped !== undefined || rowPassed(r)) ? 0 : 1;
 }

@@ -9,8 +9,8 @@
 import { loadavg } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 
-import { benchPrompt } from "../bench-prompts.js";
-import { SessionWorkload, type TurnPlan } from "../bench-workload.js";
+import { benchPrompt } from "./bench-prompts.js";
+import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { ReplicaFleet, type Replica } from "../../src/bench/replica-fleet.js";
 import { registerBenchWorkers } from "./bench-workers.js";
 import { lagQuantiles, meshWindow, parseMeshMetrics, type MeshScrape } from "./mesh-scrape.js";

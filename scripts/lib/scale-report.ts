@@ -3,7 +3,7 @@
  * (`label` names the build measured); `--compare` loads another run's JSON and shows it beside.
  */
 import { capacityCurve, MODEL_REPLICA_COUNTS, modelledCapacity } from "./scale-model.js";
-import { lineChart, type Series } from "../svg-plot.js";
+import { lineChart, type Series } from "./svg-plot.js";
 
 export interface ReplicaCpu {
   /** Main thread (event loop) CPU per routed request, us. */

@@ -12,8 +12,9 @@
 import { loadavg } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 
-import { benchPrompt, BENCH_BLOCK_SIZE, BENCH_PROMPT_TOKENS } from "../bench-prompts.js";
-import { freePortPair, ReplicaFleet, type Replica } from "../../src/bench/replica-fleet.js";
+import { benchPrompt, BENCH_BLOCK_SIZE, BENCH_PROMPT_TOKENS } from "./bench-prompts.js";
+import { freePortPair } from "../../src/bench/ports.js";
+import { ReplicaFleet, type Replica } from "../../src/bench/replica-fleet.js";
 import { mathRandom, type Clock } from "../../src/core/clock.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import { registerBenchWorkers } from "./bench-workers.js";

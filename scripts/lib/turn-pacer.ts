@@ -1,5 +1,5 @@
 /**
- * Paces a multi-turn session workload (scripts/bench-workload.ts) at a fixed rate, as
+ * Paces a multi-turn session workload (scripts/lib/bench-workload.ts) at a fixed rate, as
  * bench:mesh and bench:host drive their replicas: every scheduler tick, as many turns as are
  * due start, each on a session slot that is free (its previous turn answered and its think time
  * over), with at most `maxInFlight` turns running. Ticks owed for longer than a second are
@@ -8,7 +8,7 @@
  */
 import { setTimeout as sleep } from "node:timers/promises";
 
-import type { SessionWorkload, TurnPlan } from "../bench-workload.js";
+import type { SessionWorkload, TurnPlan } from "./bench-workload.js";
 
 /** Scheduler tick: at 200 req/s one request is due every 5 ms, so 2 ms keeps the pacing even. */
 export const SCHED_TICK_MS = 2;

@@ -6,8 +6,8 @@ import { seededRandom } from "../core/clock.js";
 import { descriptorsToWorkerRequests, type EngineFleetHandle } from "../mock/engine-fleet.js";
 import type { TraceRecord } from "../mock/trace.js";
 import { stringifyJson } from "../http/json.js";
-import { pool } from "./process-usage.js";
-import { ReplicaFleet } from "./replica-fleet.js";
+import { mapLimited } from "./bounded.js";
+import { DEFAULT_REGISTER_CONCURRENCY, ReplicaFleet } from "./replica-fleet.js";
 import { replay, StickinessCounter, type ReplayProgress, type ReplayResult, type RequestSample } from "./replay-run.js";
 import { metricSum } from "./router-client.js";
 import { KvmeshPolicy, RandomPolicy, RoundRobinPolicy, workerKey, type PolicyName, type RoutingPolicy } from "./routing-policy.js";
@@ -81,7 +81,7 @@ export function defaultPlan(replicaCounts: readonly number[], policies: readonly
 export async function registerEngines(fleet: ReplicaFleet, engines: EngineFleetHandle, blockSize: number): Promise<void> {
   const bodies = descriptorsToWorkerRequests(engines.descriptors, { blockSize }).map((w) => stringifyJson(w));
   for (const r of fleet.replicas) {
-    await pool(bodies, 16, async (body) => {
+    await mapLimited(bodies, DEFAULT_REGISTER_CONCURRENCY, async (body) => {
       await r.client.ok("POST", "/workers", body);
     });
   }

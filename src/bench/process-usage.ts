@@ -1,4 +1,4 @@
-/** CPU time of processes from /proc, and a bounded-concurrency loop: shared by the benchmarks. */
+/** CPU time of processes from /proc: shared by the benchmarks. */
 import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 
@@ -18,12 +18,3 @@ export function cpuMs(pid: number): number {
   return ((Number(f[11]) + Number(f[12])) * 1000) / CLK_TCK;
 }
 
-/** Runs fn over items with at most `limit` at once. */
-export async function pool<T>(items: readonly T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: Math.min(limit, items.length) }, async () => {
-      while (next < items.length) await fn(items[next++] as T);
-    }),
-  );
-}

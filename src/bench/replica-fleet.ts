@@ -1,29 +1,44 @@
 /**
- * N `kvmesh serve` processes on loopback, meshed or each alone: what `kvmesh bench` and
- * `kvmesh demo` route through. Real processes (not in-process daemons) so replicas contend for the
- * cores and talk over real sockets exactly as a deployment does.
+ * N `kvmesh serve` processes on loopback, meshed or each alone: the fleet harness `kvmesh bench`,
+ * `kvmesh demo`, bench:mesh and bench:host route through. Each replica is a real process
+ * (serve-process.ts); the fleet allocates the mesh ports, waits until every replica sees every
+ * other alive and live, registers mock workers, and stops them all.
  */
-import { type ChildProcess, spawn } from "node:child_process";
-import { createServer } from "node:net";
-import { fileURLToPath } from "node:url";
-import { waitForListening } from "./listening.js";
+import { mapLimited } from "./bounded.js";
+import { freePortPair } from "./ports.js";
 import { RouterClient } from "./router-client.js";
+import { DEFAULT_SERVE_START_TIMEOUT_MS, DEFAULT_SERVE_STOP_GRACE_MS, spawnServe, stopAll, type ServeProcess } from "./serve-process.js";
 
 /** A replica that has not logged "listening" in this long failed to start (tsx compile ~2 s here). */
-export const DEFAULT_REPLICA_STARTUP_TIMEOUT_MS = 30_000;
+export const DEFAULT_REPLICA_STARTUP_TIMEOUT_MS = DEFAULT_SERVE_START_TIMEOUT_MS;
 /** Peers alive and live within this long of start, or the mesh failed to form. */
 export const DEFAULT_MESH_READY_TIMEOUT_MS = 20_000;
 /** SIGTERM, then SIGKILL this long later. */
-export const REPLICA_STOP_GRACE_MS = 3_000;
+export const REPLICA_STOP_GRACE_MS = DEFAULT_SERVE_STOP_GRACE_MS;
+/** Worker registrations in flight per replica: POST /workers is cheap, 16 keeps a replica busy without queueing. */
+export const DEFAULT_REGISTER_CONCURRENCY = 16;
 const MESH_POLL_MS = 100;
 
 export interface ReplicaFleetOptions {
   readonly replicas: number;
   /** Join the replicas into one mesh (each gets --replica-sync-port and the others as --peers). */
   readonly mesh: boolean;
+  /**
+   * With `mesh`, false gives each replica its mesh ports but no peers: the same processes, each
+   * publishing to nobody (a baseline that isolates what mirroring costs). Default true.
+   */
+  readonly peer?: boolean;
   /** Extra `serve` flags for every replica. */
   readonly serveArgs?: readonly string[];
-  /** Warnings and errors the replicas log (pino level >= 40), one line each. */
+  /** Extra `serve` flags for replica `index` only (after serveArgs). */
+  readonly serveArgsOf?: (index: number) => readonly string[];
+  /** Node flags for every replica, e.g. ["--cpu-prof", "--cpu-prof-dir=DIR"]. */
+  readonly nodeArgs?: readonly string[];
+  /** The keep-alive client each replica gets (sockets, request timeout). */
+  readonly client?: { readonly sockets?: number; readonly timeoutMs?: number };
+  readonly startTimeoutMs?: number;
+  readonly stopGraceMs?: number;
+  /** Stderr, and warnings and errors the replicas log (pino level >= 40), one line each. */
   readonly onLog?: (replica: number, line: string) => void;
 }
 
@@ -40,83 +55,81 @@ interface PeerRow {
   sync: string | null;
 }
 
-/** The CLI entry point beside this file: cli/main.ts through tsx from source, dist/cli/main.js when built. */
-function cliCommand(): string[] {
-  const fromSource = import.meta.url.endsWith(".ts");
-  const main = fileURLToPath(new URL(`../../cli/main.${fromSource ? "ts" : "js"}`, import.meta.url));
-  return fromSource ? ["--import", "tsx", main] : [main];
-}
-
-function listenOnce(port: number): Promise<number | null> {
-  return new Promise((resolve) => {
-    const s = createServer();
-    s.once("error", () => {
-      resolve(null);
-    });
-    s.listen(port, "127.0.0.1", () => {
-      const addr = s.address();
-      const got = typeof addr === "object" && addr !== null ? addr.port : null;
-      s.close(() => {
-        resolve(got);
-      });
-    });
-  });
-}
-
-/** A port p with p and p + 1 free right now (the mesh's control port is its sync port + 1). */
-export async function freePortPair(): Promise<number> {
-  for (let attempt = 0; attempt < 50; attempt++) {
-    const p = await listenOnce(0);
-    if (p !== null && p < 65_535 && (await listenOnce(p + 1)) !== null) return p;
+/**
+ * Resolves once every replica lists every other one as a peer that is alive and live; rejects,
+ * with what each saw, after `timeoutMs`.
+ */
+export async function waitForMesh(clients: readonly RouterClient[], timeoutMs = DEFAULT_MESH_READY_TIMEOUT_MS): Promise<void> {
+  const deadline = performance.now() + timeoutMs;
+  const n = clients.length;
+  for (;;) {
+    const views = await Promise.all(clients.map(async (c) => JSON.parse(await c.ok("GET", "/replica_sync/peers")) as PeerRow[]));
+    if (views.every((v) => v.length === n - 1 && v.every((p) => p.state === "alive" && p.sync === "live"))) return;
+    if (performance.now() > deadline) throw new Error(`mesh not formed after ${timeoutMs} ms: ${JSON.stringify(views)}`);
+    await new Promise((r) => setTimeout(r, MESH_POLL_MS));
   }
-  throw new Error("no free loopback port pair found");
+}
+
+/** Registers workers 1..count (mock endpoints, no KV events) on one replica, `concurrency` at a time. */
+export async function registerWorkers(client: RouterClient, count: number, blockSize: number, concurrency = DEFAULT_REGISTER_CONCURRENCY): Promise<void> {
+  const ids = Array.from({ length: count }, (_, i) => i + 1);
+  await mapLimited(ids, concurrency, async (w) => {
+    await client.ok("POST", "/workers", JSON.stringify({ worker_id: w, endpoint: `http://w${String(w)}`, block_size: blockSize }));
+  });
 }
 
 export class ReplicaFleet {
   readonly replicas: readonly Replica[];
-  readonly #children: readonly ChildProcess[];
+  readonly #processes: readonly ServeProcess[];
+  readonly #stopGraceMs: number;
 
-  private constructor(replicas: Replica[], children: ChildProcess[]) {
+  private constructor(replicas: Replica[], processes: ServeProcess[], stopGraceMs: number) {
     this.replicas = replicas;
-    this.#children = children;
+    this.#processes = processes;
+    this.#stopGraceMs = stopGraceMs;
   }
 
   static async start(opts: ReplicaFleetOptions): Promise<ReplicaFleet> {
     const syncPorts: (number | null)[] = [];
     for (let i = 0; i < opts.replicas; i++) syncPorts.push(opts.mesh ? await freePortPair() : null);
-    const children: ChildProcess[] = [];
+    const stopGraceMs = opts.stopGraceMs ?? REPLICA_STOP_GRACE_MS;
+    const started = await Promise.allSettled(
+      syncPorts.map((syncPort, i) => {
+        const args = [...(opts.serveArgs ?? []), ...(opts.serveArgsOf?.(i) ?? [])];
+        if (syncPort !== null) {
+          args.push("--replica-sync-port", String(syncPort));
+          const peers = syncPorts.filter((p, k) => k !== i && p !== null).map((p) => `tcp://127.0.0.1:${String(p)}`);
+          if (peers.length > 0 && opts.peer !== false) args.push("--peers", peers.join(","));
+        }
+        const onLog = opts.onLog;
+        return spawnServe({
+          label: `replica ${String(i)}`,
+          args,
+          startTimeoutMs: opts.startTimeoutMs ?? DEFAULT_REPLICA_STARTUP_TIMEOUT_MS,
+          ...(opts.nodeArgs === undefined ? {} : { nodeArgs: opts.nodeArgs }),
+          ...(onLog === undefined ? {} : { onLine: (line: string) => { onLog(i, line); } }),
+        });
+      }),
+    );
+    const processes = started.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
+    const failed = started.find((s): s is PromiseRejectedResult => s.status === "rejected");
+    if (failed !== undefined) {
+      await stopAll(processes.map((p) => p.child), stopGraceMs);
+      throw failed.reason;
+    }
+    const replicas = processes.map((p, index) => ({ index, pid: p.pid, port: p.port, syncPort: syncPorts[index] ?? null, client: new RouterClient(p.port, opts.client) }));
+    const fleet = new ReplicaFleet(replicas, processes, stopGraceMs);
     try {
-      const replicas = await Promise.all(
-        syncPorts.map((syncPort, i) => {
-          const args = ["serve", "--port", "0", "--log-level", "info", ...(opts.serveArgs ?? [])];
-          if (syncPort !== null) {
-            args.push("--replica-sync-port", String(syncPort));
-            const peers = syncPorts.filter((p, k) => k !== i && p !== null).map((p) => `tcp://127.0.0.1:${String(p)}`);
-            if (peers.length > 0) args.push("--peers", peers.join(","));
-          }
-          const child = spawn(process.execPath, [...cliCommand(), ...args], { stdio: ["ignore", "pipe", "pipe"] });
-          children.push(child);
-          return waitListening(child, i, syncPort, opts.onLog);
-        }),
-      );
-      const fleet = new ReplicaFleet(replicas, children);
-      if (opts.mesh && opts.replicas > 1) await fleet.#waitForMesh();
-      return fleet;
+      if (opts.mesh && opts.peer !== false && opts.replicas > 1) await waitForMesh(fleet.clients());
     } catch (err) {
-      await stopAll(children);
+      await fleet.stop();
       throw err;
     }
+    return fleet;
   }
 
-  async #waitForMesh(): Promise<void> {
-    const deadline = performance.now() + DEFAULT_MESH_READY_TIMEOUT_MS;
-    const n = this.replicas.length;
-    for (;;) {
-      const views = await Promise.all(this.replicas.map(async (r) => JSON.parse(await r.client.ok("GET", "/replica_sync/peers")) as PeerRow[]));
-      if (views.every((v) => v.length === n - 1 && v.every((p) => p.state === "alive" && p.sync === "live"))) return;
-      if (performance.now() > deadline) throw new Error(`mesh not formed after ${DEFAULT_MESH_READY_TIMEOUT_MS} ms: ${JSON.stringify(views)}`);
-      await new Promise((r) => setTimeout(r, MESH_POLL_MS));
-    }
+  clients(): RouterClient[] {
+    return this.replicas.map((r) => r.client);
   }
 
   /** The replicas' process ids (for CPU and memory sampling from /proc). */
@@ -124,42 +137,16 @@ export class ReplicaFleet {
     return this.replicas.map((r) => r.pid);
   }
 
+  /** Workers 1..count registered on every replica, each on its own. */
+  async registerWorkers(count: number, blockSize: number, concurrency = DEFAULT_REGISTER_CONCURRENCY): Promise<void> {
+    await Promise.all(this.replicas.map((r) => registerWorkers(r.client, count, blockSize, concurrency)));
+  }
+
   async stop(): Promise<void> {
     for (const r of this.replicas) r.client.close();
-    await stopAll(this.#children);
+    await stopAll(
+      this.#processes.map((p) => p.child),
+      this.#stopGraceMs,
+    );
   }
-}
-
-async function waitListening(child: ChildProcess, index: number, syncPort: number | null, onLog?: (replica: number, line: string) => void): Promise<Replica> {
-  child.stderr?.on("data", (d: Buffer) => {
-    onLog?.(index, d.toString().trimEnd());
-  });
-  const port = await waitForListening(child, {
-    label: `replica ${String(index)}`,
-    timeoutMs: DEFAULT_REPLICA_STARTUP_TIMEOUT_MS,
-    ...(onLog === undefined ? {} : { onLine: (line: string) => { onLog(index, line); } }),
-  });
-  if (child.pid === undefined) throw new Error(`replica ${String(index)} has no pid`);
-  return { index, pid: child.pid, port, syncPort, client: new RouterClient(port) };
-}
-
-/** SIGTERM, then SIGKILL for any child still running `graceMs` later; resolves when all exited. */
-export async function stopAll(children: readonly ChildProcess[], graceMs = REPLICA_STOP_GRACE_MS): Promise<void> {
-  await Promise.all(
-    children.map(
-      (child) =>
-        new Promise<void>((resolve) => {
-          if (child.exitCode !== null || child.signalCode !== null) {
-            resolve();
-            return;
-          }
-          const kill = setTimeout(() => child.kill("SIGKILL"), graceMs);
-          child.once("exit", () => {
-            clearTimeout(kill);
-            resolve();
-          });
-          child.kill("SIGTERM");
-        }),
-    ),
-  );
 }

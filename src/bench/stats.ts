@@ -42,21 +42,47 @@ export function histogramQuantile(leMs: readonly number[], cum: readonly number[
   return leMs[leMs.length - 2] ?? Number.NaN;
 }
 
-/** The buckets of one histogram in a /metrics text, summed over label sets other than `le`. */
-export function scrapeHistogram(text: string, name: string): { leMs: number[]; cum: number[] } {
+/** A Prometheus histogram's cumulative buckets: upper bounds in ms (+Inf last) and counts. */
+export interface Histogram {
+  leMs: number[];
+  cum: number[];
+}
+
+const LABEL = /(\w+)="((?:[^"\\]|\\.)*)"/g;
+
+/**
+ * The buckets of one histogram in a /metrics text, summed over label sets other than `le`; with
+ * `labels`, only the series that carry every one of them (e.g. { route: "/select_and_reserve" }),
+ * in whatever order the exposition lists labels.
+ */
+export function scrapeHistogram(text: string, name: string, labels: Readonly<Record<string, string>> = {}): Histogram {
   const byLe = new Map<number, number>();
-  const re = new RegExp(`^${name}_bucket\\{(?:[^}]*,)?le="([^"]+)"[^}]*\\} (\\S+)$`, "gm");
+  const want = Object.entries(labels);
+  const re = new RegExp(`^${name}_bucket\\{([^}]*)\\} (\\S+)$`, "gm");
   for (const m of text.matchAll(re)) {
-    const le = m[1] === "+Inf" ? Infinity : Number(m[1]) * 1000;
-    byLe.set(le, (byLe.get(le) ?? 0) + Number(m[2]));
+    const set = new Map([...(m[1] ?? "").matchAll(LABEL)].map((l) => [l[1] ?? "", l[2] ?? ""]));
+    const le = set.get("le");
+    if (le === undefined || want.some(([k, v]) => set.get(k) !== v)) continue;
+    const leMs = le === "+Inf" ? Infinity : Number(le) * 1000;
+    byLe.set(leMs, (byLe.get(leMs) ?? 0) + Number(m[2]));
   }
   const les = [...byLe.keys()].sort((a, b) => a - b);
   return { leMs: les, cum: les.map((le) => byLe.get(le) ?? 0) };
 }
 
 /** Adds histogram b into a (same bucket bounds, as every replica of one build has). */
-export function mergeHistograms(a: { leMs: number[]; cum: number[] }, b: { leMs: number[]; cum: number[] }): { leMs: number[]; cum: number[] } {
+export function mergeHistograms(a: Histogram, b: Histogram): Histogram {
   if (a.leMs.length === 0) return b;
   if (b.leMs.length === 0) return a;
   return { leMs: a.leMs, cum: a.cum.map((c, i) => c + (b.cum[i] ?? 0)) };
+}
+
+/**
+ * What a fleet's histograms gained over a window: the sum over replicas of after minus before
+ * (replica i's scrapes at both ends; every replica shares the bucket bounds).
+ */
+export function histogramGrowth(before: readonly Histogram[], after: readonly Histogram[]): Histogram {
+  const leMs = after[0]?.leMs ?? [];
+  const cum = leMs.map((_, i) => after.reduce((s, a, j) => s + (a.cum[i] ?? 0) - (before[j]?.cum[i] ?? 0), 0));
+  return { leMs, cum };
 }

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { defaultPlan, type BenchRow } from "../../src/bench/fleet-bench.js";
 import { benchSvg, benchTable, benchVerdict } from "../../src/bench/report.js";
-import { histogramQuantile, mergeHistograms, scrapeHistogram } from "../../src/bench/stats.js";
+import { histogramGrowth, histogramQuantile, mergeHistograms, scrapeHistogram } from "../../src/bench/stats.js";
 
 const row = (policy: BenchRow["policy"], replicas: number, hit: number, sticky: number | null): BenchRow => ({
   policy,
@@ -77,5 +77,30 @@ describe("Prometheus histogram scraping", () => {
     expect(two.cum).toEqual([20, 180, 200]);
     expect(mergeHistograms(two, two).cum).toEqual([40, 360, 400]);
     expect(mergeHistograms({ leMs: [], cum: [] }, two)).toEqual(two);
+  });
+
+  it("keeps only the series that carry the asked labels, in any label order", () => {
+    const http = [
+      'kvmesh_http_request_duration_seconds_bucket{route="/select",le="0.001"} 5',
+      'kvmesh_http_request_duration_seconds_bucket{route="/select",le="+Inf"} 6',
+      'kvmesh_http_request_duration_seconds_bucket{route="/select_and_reserve",le="0.001"} 3',
+      'kvmesh_http_request_duration_seconds_bucket{le="+Inf",route="/select_and_reserve"} 4',
+    ].join("\n");
+    expect(scrapeHistogram(http, "kvmesh_http_request_duration_seconds", { route: "/select_and_reserve" })).toEqual({ leMs: [1, Infinity], cum: [3, 4] });
+    expect(scrapeHistogram(http, "kvmesh_http_request_duration_seconds").cum).toEqual([8, 10]);
+    expect(scrapeHistogram(http, "kvmesh_http_request_duration_seconds", { route: "/nope" })).toEqual({ leMs: [], cum: [] });
+  });
+
+  it("sums a window's growth over replicas", () => {
+    const before = [
+      { leMs: [1, Infinity], cum: [1, 2] },
+      { leMs: [1, Infinity], cum: [0, 0] },
+    ];
+    const after = [
+      { leMs: [1, Infinity], cum: [4, 6] },
+      { leMs: [1, Infinity], cum: [2, 3] },
+    ];
+    expect(histogramGrowth(before, after)).toEqual({ leMs: [1, Infinity], cum: [5, 7] });
+    expect(histogramGrowth([], [])).toEqual({ leMs: [], cum: [] });
   });
 });

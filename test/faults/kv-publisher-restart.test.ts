@@ -12,9 +12,9 @@ import { afterEach, describe, expect, it } from "vitest";
 
 import { KvEventListener } from "../../src/ingest/kv-event-listener.js";
 import type { KvEventBatch } from "../../src/ingest/kv-event-decoder.js";
-import { PUBLISHER_SHORT, scenarioPublisherRestart } from "../helpers/fault-scenarios.js";
+import { PUBLISHER_SHORT, scenarioPublisherRestart } from "../../scripts/lib/fault-scenarios.js";
 import { freePortPair } from "../helpers/ports.js";
-import { RestartableKvPublisher } from "../helpers/restartable-kv-publisher.js";
+import { RestartableKvPublisher } from "../../scripts/lib/restartable-kv-publisher.js";
 import { waitFor } from "../helpers/wait.js";
 
 const cleanups: (() => Promise<void>)[] = [];

@@ -5,7 +5,7 @@
  * fail; after each fault the mesh must agree again.
  */
 import { describe, expect, it } from "vitest";
-import { PROXY_SHORT, scenarioProxyFaults, type PhaseResult } from "../helpers/fault-scenarios.js";
+import { PROXY_SHORT, scenarioProxyFaults, type PhaseResult } from "../../scripts/lib/fault-scenarios.js";
 
 describe("fault: delay, loss and stalls on the mesh links", () => {
   it("keeps routing, shows the lag, repairs losses by snapshot and recovers after each fault", async () => {

@@ -3,8 +3,8 @@
  * `ip link set down`). Skipped, with the reason printed, where namespaces are unavailable.
  */
 import { describe, expect, it } from "vitest";
-import { PARTITION_SHORT, scenarioPartition } from "../helpers/fault-scenarios.js";
-import { netnsUnavailableReason } from "../helpers/netns-partition.js";
+import { PARTITION_SHORT, scenarioPartition } from "../../scripts/lib/fault-scenarios.js";
+import { netnsUnavailableReason } from "../../scripts/lib/netns-partition.js";
 
 const unavailable = netnsUnavailableReason();
 if (unavailable !== null) console.warn(`partition fault test skipped: ${unavailable}`);

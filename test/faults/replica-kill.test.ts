@@ -4,7 +4,7 @@
  * and sessions keep their workers. (test/integration/mesh-restart.test.ts covers the idle case.)
  */
 import { describe, expect, it } from "vitest";
-import { KILL_SHORT, scenarioKill } from "../helpers/fault-scenarios.js";
+import { KILL_SHORT, scenarioKill } from "../../scripts/lib/fault-scenarios.js";
 
 describe("fault: replica killed under load", () => {
   it("keeps routing, restarts into the fleet's state within 1 s, sessions stay put", async () => {

@@ -3,7 +3,7 @@
  * or are refused cleanly, the process exits 0 quickly, and the survivor holds no partial state.
  */
 import { describe, expect, it } from "vitest";
-import { SHUTDOWN_SHORT, scenarioShutdown } from "../helpers/fault-scenarios.js";
+import { SHUTDOWN_SHORT, scenarioShutdown } from "../../scripts/lib/fault-scenarios.js";
 
 describe("fault: shutdown under load", () => {
   it("completes or cleanly refuses in-flight requests and publishes no partial state", async () => {

@@ -4,7 +4,7 @@
  * runs again.
  */
 import { describe, expect, it } from "vitest";
-import { STALLED_SHORT, scenarioStalledPeer } from "../helpers/fault-scenarios.js";
+import { STALLED_SHORT, scenarioStalledPeer } from "../../scripts/lib/fault-scenarios.js";
 
 describe("fault: a stalled peer", () => {
   it("does not stall the others or grow their memory; the peer catches up by snapshot", async () => {

@@ -10,7 +10,7 @@
  */
 import { Router, XPublisher } from "zeromq";
 
-import { DEFAULT_TOPIC, encodeKvEventBatch, encodeSeqFrame, type MockKvEvent } from "./kv-publisher.js";
+import { DEFAULT_TOPIC, encodeKvEventBatch, encodeSeqFrame, type MockKvEvent } from "../../src/mock/kv-event-publisher.js";
 
 const REPLAY_END_FRAME = Buffer.alloc(8, 0xff);
 /** libzmq may need a moment to release a just-closed port. */

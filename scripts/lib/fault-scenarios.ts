@@ -8,14 +8,14 @@
  * finally, and a figure that could not be measured is reported (null / a failed check), never
  * waited for forever.
  */
-import { FaultProxy, startMeshPeerProxy, type FaultProxyCounters, type FaultSettings } from "../../scripts/lib/fault-proxy.js";
+import { FaultProxy, startMeshPeerProxy, type FaultProxyCounters, type FaultSettings } from "./fault-proxy.js";
 import { seededRandom } from "../../src/core/clock.js";
 import { hashListToBigInts } from "../../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
-import type { MockKvEvent } from "./kv-publisher.js";
+import type { MockKvEvent } from "../../src/mock/kv-event-publisher.js";
 import { MeshLoad, type LoadReport } from "./mesh-load.js";
 import { createPartitionTopology, netnsUnavailableReason } from "./netns-partition.js";
-import { freePortPair } from "./ports.js";
+import { freePortPair } from "../../src/bench/ports.js";
 import { RestartableKvPublisher } from "./restartable-kv-publisher.js";
 import {
   bindingDisagreements,

@@ -1,5 +1,5 @@
 /**
- * A steady load of multi-turn chat sessions (scripts/bench-workload.ts) against a set of
+ * A steady load of multi-turn chat sessions (scripts/lib/bench-workload.ts) against a set of
  * replicas, as a frontend would send it, for the fault scenarios: select_and_reserve with the
  * session id and its whole history, prefill_complete and DELETE later, at the replica that
  * booked the request.
@@ -15,7 +15,7 @@
  * Everything else that is not a 2xx is a failure. Every selection id's fate is kept, so a
  * scenario can check what the replicas hold against what the client was told.
  */
-import { SessionWorkload, type TurnPlan } from "../../scripts/bench-workload.js";
+import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { errorCode, failedBeforeResponse, httpCall, type HttpReply, type Replica } from "./replica-cluster.js";
 
 /** Pacing tick, ms: at 50 req/s one turn is due every 20 ms. */

@@ -2,24 +2,25 @@
  * Real `kvmesh serve` replica processes for the fault scenarios (test/faults and scripts/faults.ts),
  * and the HTTP and metrics probes those scenarios share.
  *
- * Differs from daemon-process.ts spawnDaemon where the fault scenarios need it: a command prefix
- * (`ip netns exec NS` for partitions), a bind host other than loopback with a separate host to
- * reach it on, a pid for RSS and SIGSTOP, and stdout drained line by line into a bounded tail
- * (a long soak logs for many minutes; an ever-growing buffer would be the leak).
+ * A replica is the shared harness's serve process (src/bench/serve-process.ts) with what the
+ * fault scenarios need on top: a command prefix (`ip netns exec NS` for partitions), a bind host
+ * other than loopback with a separate host to reach it on, and its warnings kept in a bounded
+ * tail (a long soak logs for many minutes; an ever-growing buffer would be the leak).
  */
-import { spawn, type ChildProcess } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { Agent, request } from "node:http";
-import { fileURLToPath } from "node:url";
-import { waitForListening } from "../../src/bench/listening.js";
+import { mapLimited } from "../../src/bench/bounded.js";
 import { metricSum } from "../../src/bench/router-client.js";
+import { isRunning as childRunning, spawnServe, stopServe } from "../../src/bench/serve-process.js";
 
-const CLI = fileURLToPath(new URL("../../cli/main.ts", import.meta.url));
 export const REPLICA_START_TIMEOUT_MS = 20_000;
 export const REPLICA_STOP_GRACE_MS = 4_000;
 export const DEFAULT_HTTP_TIMEOUT_MS = 10_000;
 /** Log lines at warn or above kept per replica (for failure messages). */
 const LOG_TAIL_LINES = 50;
+/** A kept log line is cut to this many characters. */
+const LOG_LINE_MAX_CHARS = 600;
 export const DEFAULT_AFFINITY_TTL_SECS = 600;
 
 export interface ReplicaSpec {
@@ -56,57 +57,28 @@ export interface Replica {
 
 export const DEFAULT_REPLICA_ARGS: readonly string[] = ["--no-kv-events", "--session-affinity-ttl-secs", String(DEFAULT_AFFINITY_TTL_SECS)];
 
-/** Every replica process still running: killed if the harness exits first (a crash, Ctrl-C). */
-const liveChildren = new Set<ChildProcess>();
-let exitHookInstalled = false;
-function track(child: ChildProcess): void {
-  liveChildren.add(child);
-  child.on("exit", () => liveChildren.delete(child));
-  if (exitHookInstalled) return;
-  exitHookInstalled = true;
-  process.on("exit", () => {
-    for (const c of liveChildren) c.kill("SIGKILL");
-  });
-}
-
 export async function startReplica(spec: ReplicaSpec): Promise<Replica> {
   const host = spec.host ?? "127.0.0.1";
-  const argv = [
-    "--import",
-    "tsx",
-    CLI,
-    "serve",
-    "--host",
-    host,
-    "--port",
-    "0",
-    "--replica-sync-port",
-    String(spec.syncPort),
-    "--log-level",
-    spec.logLevel ?? "info",
-    ...(spec.peers === undefined || spec.peers.length === 0 ? [] : ["--peers", spec.peers.join(",")]),
-    ...(spec.advertiseHost === undefined ? [] : ["--replica-sync-advertise-host", spec.advertiseHost]),
-    ...(spec.args ?? DEFAULT_REPLICA_ARGS),
-  ];
-  const [cmd, ...pre] = spec.prefix !== undefined && spec.prefix.length > 0 ? [...spec.prefix, process.execPath] : [process.execPath];
-  const child = spawn(cmd, [...pre, ...argv], { stdio: ["ignore", "pipe", "pipe"] });
-  track(child);
-  const exited = new Promise<number | string>((resolve) => {
-    child.on("exit", (code, signal) => {
-      resolve(code ?? signal ?? "unknown");
-    });
-  });
   const logTail: string[] = [];
   const keep = (line: string): void => {
-    logTail.push(line.length > 600 ? `${line.slice(0, 600)}...` : line);
+    logTail.push(line.length > LOG_LINE_MAX_CHARS ? `${line.slice(0, LOG_LINE_MAX_CHARS)}...` : line);
     if (logTail.length > LOG_TAIL_LINES) logTail.shift();
   };
-  child.stderr?.on("data", (d: Buffer) => {
-    for (const l of d.toString().split("\n")) if (l.trim() !== "") keep(l);
+  const { child, pid, port, exited } = await spawnServe({
+    label: `replica ${spec.name}`,
+    host,
+    logLevel: spec.logLevel ?? "info",
+    startTimeoutMs: REPLICA_START_TIMEOUT_MS,
+    onLine: keep,
+    ...(spec.prefix === undefined ? {} : { prefix: spec.prefix }),
+    args: [
+      "--replica-sync-port",
+      String(spec.syncPort),
+      ...(spec.peers === undefined || spec.peers.length === 0 ? [] : ["--peers", spec.peers.join(",")]),
+      ...(spec.advertiseHost === undefined ? [] : ["--replica-sync-advertise-host", spec.advertiseHost]),
+      ...(spec.args ?? DEFAULT_REPLICA_ARGS),
+    ],
   });
-  const port = await waitForListening(child, { label: `replica ${spec.name}`, timeoutMs: REPLICA_START_TIMEOUT_MS, onLine: keep });
-  const pid = child.pid;
-  if (pid === undefined) throw new Error(`replica ${spec.name} has no pid`);
   const httpHost = spec.httpHost ?? (host === "0.0.0.0" ? "127.0.0.1" : host);
   const adv = spec.advertiseHost ?? (host === "0.0.0.0" ? "127.0.0.1" : host);
   return {
@@ -123,20 +95,13 @@ export async function startReplica(spec: ReplicaSpec): Promise<Replica> {
   };
 }
 
-export const isRunning = (r: Replica): boolean => r.child.exitCode === null && r.child.signalCode === null;
+export const isRunning = (r: Replica): boolean => childRunning(r.child);
 
 /** SIGTERM (or `signal`), then SIGKILL after the grace; resolves when the process is gone. */
 export async function stopReplica(r: Replica | undefined, signal: NodeJS.Signals = "SIGTERM", graceMs = REPLICA_STOP_GRACE_MS): Promise<number | string | undefined> {
   if (r === undefined) return undefined;
   r.agent.destroy();
-  if (!isRunning(r)) return r.exited;
-  // A stopped (SIGSTOP) process must be continued to handle SIGTERM.
-  r.child.kill("SIGCONT");
-  r.child.kill(signal);
-  const t = setTimeout(() => r.child.kill("SIGKILL"), graceMs);
-  const code = await r.exited;
-  clearTimeout(t);
-  return code;
+  return stopServe(r, signal, graceMs);
 }
 
 // ------------------------------------------------------------------ HTTP
@@ -190,18 +155,16 @@ export async function httpJson<T>(r: Pick<Replica, "url" | "agent" | "name">, me
 
 export const errorCode = (err: unknown): string => (typeof err === "object" && err !== null && "code" in err ? String(err.code) : err instanceof Error ? err.message : String(err));
 
+/** Registrations and probes in flight per replica: enough to keep it busy without queueing behind load. */
+const ADMIN_CONCURRENCY = 8;
+
 /** Registers workers 1..n (block size `blockSize`, no KV events) on `r`, 8 at a time. */
 export async function registerWorkers(r: Replica, n: number, blockSize: number): Promise<void> {
-  let next = 1;
-  await Promise.all(
-    Array.from({ length: Math.min(8, n) }, async () => {
-      while (next <= n) {
-        const w = next++;
-        const res = await httpCall(r, "POST", "/workers", { worker_id: w, endpoint: `http://w${w}`, block_size: blockSize });
-        if (res.status !== 201 && res.status !== 200) throw new Error(`POST /workers ${w} on ${r.name}: ${res.status} ${res.text}`);
-      }
-    }),
-  );
+  const ids = Array.from({ length: n }, (_, i) => i + 1);
+  await mapLimited(ids, ADMIN_CONCURRENCY, async (w) => {
+    const res = await httpCall(r, "POST", "/workers", { worker_id: w, endpoint: `http://w${w}`, block_size: blockSize });
+    if (res.status !== 201 && res.status !== 200) throw new Error(`POST /workers ${w} on ${r.name}: ${res.status} ${res.text}`);
+  });
 }
 
 // ------------------------------------------------------------------ probes
@@ -282,27 +245,20 @@ export async function meshLive(replicas: readonly Replica[], expectPeers = repli
  */
 export async function bindingDisagreements(replicas: readonly Replica[], sessions: readonly string[], probeTokens: (s: string) => readonly number[]): Promise<{ session: string; answers: string[] }[]> {
   const out: { session: string; answers: string[] }[] = [];
-  const CONCURRENCY = 8;
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: CONCURRENCY }, async () => {
-      while (next < sessions.length) {
-        const s = sessions[next++] as string;
-        const body = { token_ids: probeTokens(s), session_id: s };
-        const answers = await Promise.all(
-          replicas.map(async (r) => {
-            try {
-              const res = await httpCall(r, "POST", "/select", body);
-              return res.status === 200 ? (/"worker_id":(\d+)/.exec(res.text)?.[1] ?? "?") : `HTTP ${res.status}`;
-            } catch (err) {
-              return `error ${errorCode(err)}`;
-            }
-          }),
-        );
-        if (new Set(answers).size > 1 || answers.some((a) => !/^\d+$/.test(a))) out.push({ session: s, answers });
-      }
-    }),
-  );
+  await mapLimited(sessions, ADMIN_CONCURRENCY, async (s) => {
+    const body = { token_ids: probeTokens(s), session_id: s };
+    const answers = await Promise.all(
+      replicas.map(async (r) => {
+        try {
+          const res = await httpCall(r, "POST", "/select", body);
+          return res.status === 200 ? (/"worker_id":(\d+)/.exec(res.text)?.[1] ?? "?") : `HTTP ${res.status}`;
+        } catch (err) {
+          return `error ${errorCode(err)}`;
+        }
+      }),
+    );
+    if (new Set(answers).size > 1 || answers.some((a) => !/^\d+$/.test(a))) out.push({ session: s, answers });
+  });
   return out;
 }
 
