@@ -246,7 +246,7 @@ export class Chooser {
       t.host[i] = s.host[rank] as number;
       t.disk[i] = s.disk[rank] as number;
     }
-    p.ledger.fillCandidateLoads(s.candidates, n, blocks, s.heldBlocks, t.activePrefillTokens, t.potentialDecodeBlocks, t.activeRequests);
+    p.fillCandidateLoads(s.candidates, n, blocks, s.heldBlocks, t.activePrefillTokens, t.potentialDecodeBlocks, t.activeRequests);
     t.preferredTaintWeight = this.#fillTaintWeights(p, req, n) ? s.taintWeights : null;
     return { islTokens: prompt.islTokens, blockSize: p.blockSize, workerType: this.#o.workerType };
   }

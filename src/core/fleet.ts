@@ -57,7 +57,11 @@ export interface FleetHooks {
   /** `workerId` is now a schedulable member of `p` (bindings parked for it may apply). */
   workerJoined(p: Partition, workerId: WorkerId): void;
   /** These bookings left the ledger with their rank; their reservation rows must go too. */
-  bookingsGone(selectionIds: readonly string[]): void;
+  bookingsGone(p: Partition, selectionIds: readonly string[]): void;
+  /** A partition was created (before any worker joins it). */
+  partitionCreated(p: Partition): void;
+  /** A rank is leaving `p` (its worker was removed or shrank); its key is still interned. */
+  rankLeaving(p: Partition, rank: number): void;
 }
 
 export interface FleetOptions {
@@ -122,6 +126,7 @@ export class Fleet {
   #createPartition(model: string, group: string, blockSize: number, isEagle: boolean): Partition {
     const p = new Partition(model, group, blockSize, isEagle, this.#o.clock, this.#o.random, this.#o.expiryMs);
     p.affinity = this.#o.hooks.createAffinity(p);
+    this.#o.hooks.partitionCreated(p);
     this.#partitions.set(p.key, p);
     this.#promptHashCaches.set(p, new PromptHashCache({ blockSize, isEagle }));
     return p;
@@ -186,8 +191,9 @@ export class Fleet {
 
   /** Removes everything a rank held: indexed blocks, bookings (and their rows), bindings, the rank key. */
   #clearRank(p: Partition, rank: number): void {
+    this.#o.hooks.rankLeaving(p, rank);
     p.index.removeRank(rank);
-    this.#o.hooks.bookingsGone(p.ledger.removeRank(rank));
+    this.#o.hooks.bookingsGone(p, p.ledger.removeRank(rank));
     p.affinity?.dropTarget(p.ranks.workerOf(rank), p.ranks.dpRankOf(rank));
     p.ranks.release(rank);
   }
@@ -293,9 +299,9 @@ export class Fleet {
         loads: p.schedulable.map((rank) => ({
           worker_id: p.ranks.workerOf(rank),
           dp_rank: p.ranks.dpRankOf(rank),
-          potential_prefill_tokens: p.ledger.activePrefillTokens(rank),
-          potential_decode_blocks: p.ledger.activeBlocks(rank),
-          active_requests: p.ledger.activeRequests(rank),
+          potential_prefill_tokens: p.activePrefillTokens(rank),
+          potential_decode_blocks: p.activeBlocks(rank),
+          active_requests: p.activeRequests(rank),
         })),
         // The reference counts requests parked in its admission queue here. kvmesh has no queue:
         // a selection is answered at once (or refused with 429/503), so nothing is ever pending.

@@ -123,6 +123,13 @@ export class LoadLedger {
    */
   #requestCounts = new Int32Array(INITIAL_RANK_SLOTS);
   readonly #index = new ActiveBlockIndex();
+  /**
+   * Ranks whose load changed since the last `takeChanged` (aggregate replication only: see
+   * src/core/mirrored-load.ts). A flag per rank plus the list of flagged ranks, so marking costs
+   * one typed-array read on every add/free and taking costs O(changed ranks).
+   */
+  #changed: Uint8Array | undefined;
+  #changedList: number[] = [];
 
   constructor(options: LoadLedgerOptions) {
     const expiryMs = options.expiryMs ?? DEFAULT_ACTIVE_REQUEST_EXPIRY_MS;
@@ -130,6 +137,47 @@ export class LoadLedger {
     this.#clock = options.clock;
     this.#random = options.random;
     this.#expiryMs = expiryMs;
+  }
+
+  /** Starts recording which ranks' load changes (for `takeChanged`). */
+  trackChanges(): void {
+    this.#changed ??= new Uint8Array(INITIAL_RANK_SLOTS);
+  }
+
+  /** Appends the ranks whose load changed since the last call to `out`, and forgets them. */
+  takeChanged(out: number[]): void {
+    const flags = this.#changed;
+    if (flags === undefined) return;
+    for (const rank of this.#changedList) {
+      flags[rank] = 0;
+      out.push(rank);
+    }
+    this.#changedList.length = 0;
+  }
+
+  /**
+   * Whether the rank's prefill estimate is decaying with time right now (its oldest request in
+   * prefill has a duration hint and has not run it out): a copy of the value goes stale as it ages.
+   */
+  prefillDecaying(rank: number): boolean {
+    const st = this.#ranks[rank];
+    if (st === undefined || st.prefillHead >= st.prefillQueue.length) return false;
+    const duration = (st.prefillQueue[st.prefillHead] as ActiveRequest).expectedPrefillDurationMs;
+    return duration !== null && duration > 0 && this.#clock.now() - st.prefillAnchorMs < duration;
+  }
+
+  #markChanged(rank: number): void {
+    let flags = this.#changed;
+    if (flags === undefined) return;
+    if (rank >= flags.length) {
+      const grown = new Uint8Array(Math.max(rank + 1, flags.length * 2));
+      grown.set(flags);
+      this.#changed = flags = grown;
+    }
+    if (flags[rank] === 0) {
+      flags[rank] = 1;
+      this.#changedList.push(rank);
+    }
   }
 
   /** Number of live requests in the partition. */
@@ -185,6 +233,7 @@ export class LoadLedger {
       st.prefillQueue.push(req);
       st.prefillSum += req.prefillTokens;
     }
+    this.#markChanged(rank);
   }
 
   /** False if the id is unknown; true (idempotently) otherwise. */
@@ -193,6 +242,7 @@ export class LoadLedger {
     if (req === undefined) return false;
     req.prefillDone = true;
     this.#leavePrefill(req, this.#rankState(req.rank));
+    this.#markChanged(req.rank);
     return true;
   }
 
@@ -201,6 +251,7 @@ export class LoadLedger {
     if (req === undefined) return false;
     this.#requests.delete(requestId);
     this.#release(req, this.#rankState(req.rank));
+    this.#markChanged(req.rank);
     return true;
   }
 
@@ -241,6 +292,7 @@ export class LoadLedger {
       this.#weighExclusive(req.hashes, req.rank, st, decayFraction);
       this.#weighExclusive(req.output, req.rank, st, decayFraction);
     }
+    this.#markChanged(req.rank);
     return true;
   }
 

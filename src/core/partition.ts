@@ -6,6 +6,7 @@
 import type { AffinityTable } from "./affinity-table.js";
 import type { Clock, Random } from "./clock.js";
 import { LoadLedger } from "./load-ledger.js";
+import { MirroredLoad } from "./mirrored-load.js";
 import { PrefixIndex } from "./prefix-index.js";
 import { RankRegistry } from "./rank-registry.js";
 import { createCandidateTable, type CandidateTable } from "./selector.js";
@@ -25,7 +26,10 @@ export class Partition {
   readonly blockSize: number;
   readonly isEagle: boolean;
   readonly index = new PrefixIndex();
+  /** This replica's bookings (and, in exact replication, its peers' mirrored bookings). */
   readonly ledger: LoadLedger;
+  /** Peers' load as per-(origin, rank) aggregates (aggregate replication; empty in exact mode). */
+  readonly mirrored = new MirroredLoad();
   readonly ranks = new RankRegistry();
   readonly members = new Map<WorkerId, PartitionMember>();
   affinity: AffinityTable | undefined;
@@ -44,6 +48,37 @@ export class Partition {
     this.blockSize = blockSize;
     this.isEagle = isEagle;
     this.ledger = new LoadLedger({ clock, random, expiryMs });
+  }
+
+  /** A rank's prefill tokens still owed, booked here and by peers. */
+  activePrefillTokens(rank: number): number {
+    return this.ledger.activePrefillTokens(rank) + this.mirrored.prefillTokens(rank);
+  }
+
+  /** A rank's active blocks, booked here and by peers. */
+  activeBlocks(rank: number): number {
+    return this.ledger.activeBlocks(rank) + this.mirrored.blocks(rank);
+  }
+
+  /** A rank's requests in flight, booked here and by peers. */
+  activeRequests(rank: number): number {
+    return this.ledger.activeRequests(rank) + this.mirrored.requests(rank);
+  }
+
+  /**
+   * LoadLedger.fillCandidateLoads plus peers' aggregates. Peers' blocks are added whole: which
+   * of the prompt's blocks they hold is not known here (the exactness trade-off, mirrored-load.ts).
+   */
+  fillCandidateLoads(candidates: Int32Array, n: number, promptBlocks: number, held: Int32Array, prefillOut: Float64Array, decodeOut: Float64Array, requestsOut: Float64Array): void {
+    this.ledger.fillCandidateLoads(candidates, n, promptBlocks, held, prefillOut, decodeOut, requestsOut);
+    const m = this.mirrored;
+    if (m.loadedRanks === 0) return;
+    for (let i = 0; i < n; i++) {
+      const rank = candidates[i] as number;
+      prefillOut[i] = (prefillOut[i] as number) + m.prefillTokens(rank);
+      decodeOut[i] = (decodeOut[i] as number) + m.blocks(rank);
+      requestsOut[i] = (requestsOut[i] as number) + m.requests(rank);
+    }
   }
 
   isSchedulable(rank: number): boolean {

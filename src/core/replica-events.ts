@@ -43,6 +43,39 @@ export interface LoadMarkEvent {
 
 export type LoadEvent = LoadAddEvent | LoadMarkEvent;
 
+/**
+ * How a replica shares the load it books: "exact" emits every booking's add (with its sequence
+ * hashes), prefill-complete and free, and peers mirror each booking; "aggregate" publishes, per
+ * rank, the absolute totals of what this replica has booked there, and peers sum them (see
+ * mirrored-load.ts for why and what it costs). Every replica of one mesh must use the same mode.
+ */
+export type LoadReplication = "exact" | "aggregate";
+export const LOAD_REPLICATION_MODES: readonly LoadReplication[] = ["exact", "aggregate"];
+
+/** One rank's totals of what the origin booked there (absolute values, not deltas). */
+export interface LoadAggregateRow {
+  readonly worker_id: bigint;
+  readonly dp_rank: number;
+  readonly prefill_tokens: number;
+  readonly blocks: number;
+  readonly requests: number;
+}
+
+/** An origin's totals for the ranks of one partition that changed (or all of them, in a snapshot). */
+export interface LoadAggregates {
+  readonly partition: PartitionRef;
+  readonly block_size: number;
+  readonly rows: readonly LoadAggregateRow[];
+  /**
+   * Ids of the bookings the origin made (`added`) and ended (`removed`) in this partition since
+   * its last publish; a snapshot lists every live one as added. Peers index them, so that a
+   * lifecycle call for the booking resolves on any replica (it is forwarded to the owner), as in
+   * exact mode and the reference.
+   */
+  readonly added: readonly string[];
+  readonly removed: readonly string[];
+}
+
 /** A booking as a snapshot carries it: its add event, and whether its prefill completed. */
 export interface BookingSnapshot {
   readonly add: LoadAddEvent;

@@ -1,13 +1,20 @@
 /**
  * Peers' load as this replica mirrors it: the one place that knows how a peer's bookings get
- * into the ledgers. Load events apply idempotently by `(owner, request_id)`, with tombstones and
- * early prefill marks for events that overtook each other; a peer's snapshot replaces what is
- * mirrored of it; a departed peer's bookings are dropped. Mirrored bookings are ordinary ledger
- * entries with a reservation row whose owner is the peer, so selection reads them like its own.
+ * into this replica's view, in either LoadReplication mode.
+ *
+ * Exact: load events apply idempotently by `(owner, request_id)`, with tombstones and early
+ * prefill marks for events that overtook each other; a peer's snapshot replaces what is mirrored
+ * of it; a departed peer's bookings are dropped. Mirrored bookings are ordinary ledger entries
+ * with a reservation row whose owner is the peer, so selection reads them like its own.
+ *
+ * Aggregate: peers' per-rank totals go into each partition's MirroredLoad (load-aggregates.ts);
+ * the ledger keeps only this replica's bookings, and its changed ranks are what it publishes.
  */
 import type { Clock } from "./clock.js";
 import type { Fleet } from "./fleet.js";
-import { ReorderState, type BookingSnapshot, type LoadEvent } from "./replica-events.js";
+import { LoadAggregation } from "./load-aggregates.js";
+import type { Partition } from "./partition.js";
+import { ReorderState, type BookingSnapshot, type LoadAggregates, type LoadEvent, type LoadReplication } from "./replica-events.js";
 import type { ReservationBook } from "./reservations.js";
 import type { ServiceCounters } from "./service-stats.js";
 import { partitionKey } from "./worker-catalog.js";
@@ -16,16 +23,26 @@ export interface ReplicaStateOptions {
   readonly replicaId: bigint;
   readonly clock: Clock;
   readonly counters: ServiceCounters;
-  readonly fleet: Pick<Fleet, "partition">;
+  readonly fleet: Pick<Fleet, "partition" | "partitions">;
   readonly book: ReservationBook;
+  readonly mode: LoadReplication;
+  /** Booking expiry, ms: how long a silent peer's aggregates are kept. */
+  readonly expiryMs: number;
 }
 
 export class ReplicaState {
   readonly #o: ReplicaStateOptions;
   readonly #reorder = new ReorderState();
+  /** Aggregate mode's state; undefined in exact mode. */
+  readonly #agg: LoadAggregation | undefined;
 
   constructor(options: ReplicaStateOptions) {
     this.#o = options;
+    this.#agg = options.mode === "aggregate" ? new LoadAggregation(options) : undefined;
+  }
+
+  get mode(): LoadReplication {
+    return this.#o.mode;
   }
 
   /**
@@ -36,6 +53,16 @@ export class ReplicaState {
   applyLoadEvent(e: LoadEvent): boolean {
     const { replicaId, clock, counters, fleet, book } = this.#o;
     if (e.origin === replicaId) return this.#ignored();
+    // In aggregate mode the ledger holds only our own bookings (they are what we publish): a peer
+    // only ever tells us of a lifecycle call it took for one of them.
+    if (this.#agg !== undefined) {
+      if (e.type === "add" || e.owner !== replicaId || !book.has(e.request_id)) return this.#ignored();
+      // Through the book, as a call made here: the change is published with our next totals.
+      if (e.type === "free") book.free(e.request_id);
+      else book.prefillComplete(e.request_id);
+      counters.replicaEventsApplied++;
+      return true;
+    }
     const now = clock.now();
     const key = ReorderState.key(e.owner, e.request_id);
     const p = fleet.partition(partitionKey(e.partition.model_name, e.partition.routing_group));
@@ -101,9 +128,14 @@ export class ReplicaState {
     return out;
   }
 
-  /** Live bookings this replica holds that `owner` made (own or mirrored). */
+  /**
+   * Live bookings this replica holds that `owner` made (own or mirrored). In aggregate mode: for
+   * this replica, the requests its published totals add up to; for a peer, its applied totals'.
+   */
   countOwnedBy(owner: bigint): number {
-    return this.#o.book.countOwnedBy(owner);
+    const agg = this.#agg;
+    if (agg === undefined) return this.#o.book.countOwnedBy(owner);
+    return owner === this.#o.replicaId ? agg.publishedRequests : agg.mirroredRequestsOf(owner);
   }
 
   /**
@@ -134,15 +166,98 @@ export class ReplicaState {
     return { added, removed };
   }
 
-  /** Frees every booking mirrored from `owner` (a deregistered peer). Returns how many. */
+  /** Frees every booking (or total) mirrored from `owner` (a deregistered peer). Returns how many. */
   dropOrigin(owner: bigint): number {
     if (owner === this.#o.replicaId) return 0;
-    return this.replaceOrigin(owner, []).removed;
+    return this.replaceOrigin(owner, []).removed + (this.#agg?.dropOrigin(owner) ?? 0);
   }
 
-  /** Expires old tombstones and early marks. */
+  // ------------------------------------------------------------------ aggregate mode
+
+  /** A new partition (aggregate mode records which of its ranks change). */
+  partitionCreated(p: Partition): void {
+    this.#agg?.track(p);
+  }
+
+  /** A rank is leaving `p`: peers' totals for it go, and ours is published as zero. */
+  rankLeaving(p: Partition, rank: number): void {
+    p.mirrored.dropRank(rank);
+    this.#agg?.rankLeaving(p, rank);
+  }
+
+  /** This replica's totals for the ranks that changed since the last call (aggregate mode; else empty). */
+  takeLoadAggregates(): LoadAggregates[] {
+    return this.#agg?.take() ?? [];
+  }
+
+  /** Whether some rank's prefill estimate is still decaying (publish again after an interval). */
+  get loadAggregatesDecaying(): boolean {
+    return this.#agg?.decaying ?? false;
+  }
+
+  /** This replica's totals on every rank it has load on, and its live booking ids (a snapshot). */
+  loadAggregatesSnapshot(): LoadAggregates[] {
+    const { book, replicaId } = this.#o;
+    return (
+      this.#agg?.snapshot((p) => {
+        const ids: string[] = [];
+        for (const row of book.rows()) if (row.partition === p && row.owner === replicaId) ids.push(row.selectionId);
+        return ids;
+      }) ?? []
+    );
+  }
+
+  /**
+   * Aggregate mode's record of this replica's own booking changes (the book's load events): ids
+   * that peers index so lifecycle calls resolve anywhere.
+   */
+  noteOwnLoadEvent(e: LoadEvent): void {
+    const agg = this.#agg;
+    if (agg === undefined || e.owner !== this.#o.replicaId || e.type === "prefill_complete") return;
+    const p = this.#o.fleet.partition(partitionKey(e.partition.model_name, e.partition.routing_group));
+    if (p === undefined) return;
+    if (e.type === "add") agg.ownBooked(p, e.request_id);
+    else agg.ownEnded(p, e.request_id);
+  }
+
+  /** Own bookings that left with their rank (no free event was emitted for them). */
+  ownBookingsGone(p: Partition, ids: readonly string[]): void {
+    const agg = this.#agg;
+    if (agg !== undefined) for (const id of ids) agg.ownEnded(p, id);
+  }
+
+  /**
+   * Aggregate mode: a lifecycle call for a booking a peer made. Returns the event to send its
+   * owner (who applies it and republishes its totals), or undefined when no peer's booking has
+   * that id here. A free forgets the id at once, so a repeated free answers 404 as it would on
+   * the owner.
+   */
+  peerLifecycle(type: "prefill_complete" | "free", id: string): LoadEvent | undefined {
+    const b = this.#agg?.mirroredBooking(id);
+    if (b === undefined) return undefined;
+    if (type === "free") this.#agg?.forgetBooking(id);
+    return { type, origin: this.#o.replicaId, owner: b.owner, request_id: id, partition: b.partition };
+  }
+
+  /** Applies a peer's totals (aggregate mode; ignored and counted in exact mode). */
+  applyLoadAggregates(origin: bigint, a: LoadAggregates): number {
+    if (this.#agg === undefined || origin === this.#o.replicaId) {
+      this.#o.counters.replicaEventsIgnored += a.rows.length;
+      return 0;
+    }
+    return this.#agg.apply(origin, a);
+  }
+
+  /** Installs a peer's totals snapshot; returns the requests it holds here now. */
+  replaceOriginAggregates(origin: bigint, snapshot: readonly LoadAggregates[]): number {
+    if (this.#agg === undefined || origin === this.#o.replicaId) return 0;
+    return this.#agg.replaceOrigin(origin, snapshot);
+  }
+
+  /** Expires old tombstones and early marks, and silent peers' totals. */
   sweep(now: number): void {
     this.#reorder.sweep(now);
+    this.#agg?.sweep(now);
   }
 
   get reorderEntries(): number {

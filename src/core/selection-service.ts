@@ -21,7 +21,7 @@ import { Fleet, type DumpEvent, type WorkerChange } from "./fleet.js";
 import { hashCount } from "./hash64.js";
 import type { KvEventBatch } from "./kv-events.js";
 import { ReplicaState } from "./replica-state.js";
-import type { BindingEvent, BookingSnapshot, LoadEvent } from "./replica-events.js";
+import type { BindingEvent, BookingSnapshot, LoadAggregates, LoadEvent, LoadReplication } from "./replica-events.js";
 import { randomUuid, validateId } from "./request-ids.js";
 import { ReservationBook } from "./reservations.js";
 import { resolveServiceOptions, type SelectionServiceOptions } from "./service-options.js";
@@ -70,6 +70,8 @@ export class SelectionService {
   readonly #replica: ReplicaState;
   readonly #bindings: SessionBindings;
   readonly #loadListeners = new Set<(e: LoadEvent) => void>();
+  readonly #loadChangeListeners = new Set<() => void>();
+  readonly #exactLoadEvents: boolean;
   #shuttingDown = false;
 
   constructor(options: SelectionServiceOptions = {}) {
@@ -77,6 +79,7 @@ export class SelectionService {
     this.replicaId = o.replicaId;
     this.#clock = o.clock;
     this.#random = o.random;
+    this.#exactLoadEvents = o.loadReplication === "exact";
     const counters = this.#counters;
     // The fleet's hooks reach parts built after it; they only run once workers register.
     this.#fleet = new Fleet({
@@ -90,8 +93,15 @@ export class SelectionService {
         workerJoined: (p, workerId) => {
           this.#bindings.unpark(p, workerId);
         },
-        bookingsGone: (ids) => {
+        bookingsGone: (p, ids) => {
+          this.#replica.ownBookingsGone(p, ids);
           for (const id of ids) this.#book.drop(id);
+        },
+        partitionCreated: (p) => {
+          this.#replica.partitionCreated(p);
+        },
+        rankLeaving: (p, rank) => {
+          this.#replica.rankLeaving(p, rank);
         },
       },
     });
@@ -115,13 +125,15 @@ export class SelectionService {
       chooser: this.#chooser,
       random: o.random,
       emit: (e) => {
-        for (const l of this.#loadListeners) l(e);
+        if (this.#exactLoadEvents) this.#emitLoad(e);
+        else this.#replica.noteOwnLoadEvent(e);
+        this.#loadChanged();
       },
       freed: (owner, id) => {
         this.#replica.noteFreed(owner, id);
       },
     });
-    this.#replica = new ReplicaState({ replicaId: o.replicaId, clock: o.clock, counters, fleet: this.#fleet, book: this.#book });
+    this.#replica = new ReplicaState({ replicaId: o.replicaId, clock: o.clock, counters, fleet: this.#fleet, book: this.#book, mode: o.loadReplication, expiryMs: o.expiryMs });
   }
 
   /** What the service has counted (live, read-only; cheap to read at every scrape). */
@@ -131,9 +143,32 @@ export class SelectionService {
 
   // ---------------------------------------------------------------- observers (the replica seam)
 
+  /** Every change of this replica's own bookings as a load event (exact load replication only). */
   onLoadEvent(listener: (e: LoadEvent) => void): () => void {
     this.#loadListeners.add(listener);
     return () => this.#loadListeners.delete(listener);
+  }
+
+  /**
+   * Called after any change of this replica's own bookings, in either mode: in aggregate mode the
+   * replicator then takes the changed totals (takeLoadAggregates) when its pacing allows.
+   */
+  onLoadChange(listener: () => void): () => void {
+    this.#loadChangeListeners.add(listener);
+    return () => this.#loadChangeListeners.delete(listener);
+  }
+
+  /** How this replica shares its bookings with peers (service option loadReplication). */
+  get loadReplication(): LoadReplication {
+    return this.#replica.mode;
+  }
+
+  #emitLoad(e: LoadEvent): void {
+    for (const l of this.#loadListeners) l(e);
+  }
+
+  #loadChanged(): void {
+    for (const l of this.#loadChangeListeners) l();
   }
 
   onBindingEvent(listener: (e: BindingEvent) => void): () => void {
@@ -210,7 +245,7 @@ export class SelectionService {
       if (req.advisory === true) {
         const rec = this.#fleet.getWorker(sel.workerId);
         resp.worker_load = {
-          active_prefill_tokens: sel.partition.ledger.activePrefillTokens(sel.rank),
+          active_prefill_tokens: sel.partition.activePrefillTokens(sel.rank),
           prefill_token_capacity: rec?.max_num_batched_tokens ?? null,
           total_kv_blocks: rec?.total_kv_blocks ?? null,
         };
@@ -248,19 +283,34 @@ export class SelectionService {
   }
 
   prefillComplete(selectionId: string): void {
-    this.#book.prefillComplete(selectionId);
+    if (!this.#forwardedToOwner("prefill_complete", selectionId)) this.#book.prefillComplete(selectionId);
   }
 
   addOutputBlock(selectionId: string, decayFraction?: number): void {
     this.#book.addOutputBlock(selectionId, decayFraction);
+    // Exact replication does not carry output blocks (peers count the prompt's); totals do.
+    this.#loadChanged();
   }
 
   freeReservation(selectionId: string): void {
-    this.#book.free(selectionId);
+    if (!this.#forwardedToOwner("free", selectionId)) this.#book.free(selectionId);
   }
 
   hasReservation(selectionId: string): boolean {
     return this.#book.has(selectionId);
+  }
+
+  /**
+   * Aggregate replication keeps no copy of a peer's booking, only its id and owner: a lifecycle
+   * call for it is sent to the owner as a load event (the mesh carries it), as a call on the
+   * owner itself would be. Exact replication resolves it here (the mirrored row).
+   */
+  #forwardedToOwner(type: "prefill_complete" | "free", selectionId: string): boolean {
+    if (this.#exactLoadEvents || this.#book.has(selectionId)) return false;
+    const e = this.#replica.peerLifecycle(type, selectionId);
+    if (e === undefined) return false;
+    this.#emitLoad(e);
+    return true;
   }
 
   get reservationCount(): number {
@@ -375,6 +425,31 @@ export class SelectionService {
   /** Frees every booking mirrored from `owner` (a deregistered peer). Returns how many. */
   dropOrigin(owner: bigint): number {
     return this.#replica.dropOrigin(owner);
+  }
+
+  /** Aggregate mode: this replica's totals for the ranks whose load changed since the last call. */
+  takeLoadAggregates(): LoadAggregates[] {
+    return this.#replica.takeLoadAggregates();
+  }
+
+  /** Aggregate mode: a rank's prefill estimate still decays, so take again after an interval. */
+  get loadAggregatesDecaying(): boolean {
+    return this.#replica.loadAggregatesDecaying;
+  }
+
+  /** Aggregate mode: this replica's totals on every rank it has load on (for snapshots). */
+  loadAggregatesSnapshot(): LoadAggregates[] {
+    return this.#replica.loadAggregatesSnapshot();
+  }
+
+  /** Aggregate mode: applies a peer's totals; returns the rows applied (unknown workers are ignored). */
+  applyLoadAggregates(origin: bigint, a: LoadAggregates): number {
+    return this.#replica.applyLoadAggregates(origin, a);
+  }
+
+  /** Aggregate mode: installs a peer's totals snapshot; returns the requests it holds here now. */
+  replaceOriginAggregates(origin: bigint, snapshot: readonly LoadAggregates[]): number {
+    return this.#replica.replaceOriginAggregates(origin, snapshot);
   }
 
   // ---------------------------------------------------------------- host replication

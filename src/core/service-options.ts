@@ -4,6 +4,7 @@
  * service runs with; the daemon's config module calls the same function, so a rule is written
  * once. Errors are KVMESH_BAD_REQUEST naming the field.
  */
+import { LOAD_REPLICATION_MODES, type LoadReplication } from "./replica-events.js";
 import { DEFAULT_AFFINITY_MAX_ENTRIES, type AffinityMode } from "./affinity-table.js";
 import { mathRandom, systemClock, systemWallClockNs, type Clock, type Random, type WallClockNs } from "./clock.js";
 import { badRequest } from "./errors.js";
@@ -72,6 +73,12 @@ export interface SelectionServiceOptions {
    */
   readonly workerType?: WorkerType;
   readonly activeRequestExpiryMs?: number;
+  /**
+   * How this replica shares its bookings with peers (replica-events.ts LoadReplication). Default
+   * "exact", which emits every booking change through onLoadEvent as embedding hosts expect; the
+   * daemon's default is its own (src/config.ts).
+   */
+  readonly loadReplication?: LoadReplication;
   /** Most live bookings this replica makes itself (429 beyond); see DEFAULT_MAX_LOCAL_RESERVATIONS. */
   readonly maxLocalReservations?: number;
   readonly sessionAffinity?: SessionAffinityOptions;
@@ -99,6 +106,7 @@ export interface ServiceSettings {
   readonly selector: SelectorConfig;
   readonly workerType: WorkerType;
   readonly expiryMs: number;
+  readonly loadReplication: LoadReplication;
   readonly maxLocalReservations: number;
   readonly affinity: ResolvedAffinityOptions | undefined;
   readonly wallClockNs: WallClockNs;
@@ -117,6 +125,8 @@ export function resolveServiceOptions(options: SelectionServiceOptions = {}): Se
   if (!WORKER_TYPES.includes(workerType)) throw badRequest(`workerType must be one of ${WORKER_TYPES.join(", ")}`, "workerType");
   const expiryMs = options.activeRequestExpiryMs ?? DEFAULT_ACTIVE_REQUEST_EXPIRY_MS;
   if (!(expiryMs > 0)) throw badRequest("activeRequestExpiryMs must be > 0", "activeRequestExpiryMs");
+  const loadReplication = options.loadReplication ?? "exact";
+  if (!LOAD_REPLICATION_MODES.includes(loadReplication)) throw badRequest(`loadReplication must be one of ${LOAD_REPLICATION_MODES.join(", ")}`, "loadReplication");
   const maxLocalReservations = options.maxLocalReservations ?? DEFAULT_MAX_LOCAL_RESERVATIONS;
   if (!Number.isSafeInteger(maxLocalReservations) || maxLocalReservations < 1) throw badRequest("maxLocalReservations must be a positive integer", "maxLocalReservations");
   return {
@@ -128,6 +138,7 @@ export function resolveServiceOptions(options: SelectionServiceOptions = {}): Se
     selector,
     workerType,
     expiryMs,
+    loadReplication,
     maxLocalReservations,
     affinity: resolveAffinity(options.sessionAffinity),
     wallClockNs: options.wallClockNs ?? systemWallClockNs,

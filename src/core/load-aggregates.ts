@@ -1,0 +1,287 @@
+/**
+ * Aggregate load replication (replica-events.ts LoadReplication "aggregate"), both directions:
+ * - out: which of this replica's ranks changed since the last publish, and their absolute totals
+ *   (prefill tokens owed, unique active blocks, requests) read from its own ledger;
+ * - in: a peer's totals into each partition's MirroredLoad, by (worker_id, dp_rank).
+ *
+ * In this mode a partition's ledger holds only this replica's own bookings, so its totals are
+ * exactly what this replica contributes to the fleet's load.
+ */
+import type { Clock } from "./clock.js";
+import type { Partition } from "./partition.js";
+import type { LoadAggregateRow, LoadAggregates, PartitionRef } from "./replica-events.js";
+import type { ServiceCounters } from "./service-stats.js";
+import { partitionKey } from "./worker-catalog.js";
+
+export interface LoadAggregatesOptions {
+  readonly clock: Clock;
+  readonly counters: ServiceCounters;
+  /** A peer whose totals have not changed for this long is forgotten, ms (the booking expiry). */
+  readonly expiryMs: number;
+  readonly fleet: {
+    partition(key: string): Partition | undefined;
+    partitions(): IterableIterator<Partition>;
+  };
+}
+
+/** Per partition: what was last published per rank key (requests), for the heartbeat's count. */
+interface Published {
+  readonly requests: Map<number, number>;
+  /** Ranks whose prefill estimate decays: re-published on every take until it stops. */
+  decaying: number[];
+  /** Ranks that left the partition since the last take: published as zero, by worker id. */
+  gone: LoadAggregateRow[];
+  /** Own bookings made and ended since the last take (one made and ended in between is in neither). */
+  readonly added: Set<string>;
+  readonly removed: Set<string>;
+}
+
+/** A peer's live booking as indexed here: whom to forward a lifecycle call for it to. */
+export interface MirroredBooking {
+  readonly owner: bigint;
+  readonly partition: PartitionRef;
+}
+
+export class LoadAggregation {
+  readonly #o: LoadAggregatesOptions;
+  readonly #published = new Map<Partition, Published>();
+  #publishedRequests = 0;
+  /** Peer origin -> when its totals last changed here, clock ms. */
+  readonly #heardAt = new Map<bigint, number>();
+  readonly #scratch: number[] = [];
+  /** Peers' live bookings by id, and each peer's ids (for snapshots and departures). */
+  readonly #bookings = new Map<string, MirroredBooking>();
+  readonly #idsByOrigin = new Map<bigint, Set<string>>();
+
+  constructor(options: LoadAggregatesOptions) {
+    this.#o = options;
+  }
+
+  // ------------------------------------------------------------------ out (this replica's totals)
+
+  /** A new partition: start recording which of its ranks change. */
+  track(p: Partition): void {
+    p.ledger.trackChanges();
+  }
+
+  /** A rank is leaving `p` (its worker went): peers get a zero row for it at the next take. */
+  rankLeaving(p: Partition, rank: number): void {
+    const pub = this.#published.get(p);
+    const last = pub?.requests.get(rank);
+    if (pub === undefined || last === undefined) return;
+    pub.requests.delete(rank);
+    this.#publishedRequests -= last;
+    pub.gone.push({ worker_id: p.ranks.workerOf(rank), dp_rank: p.ranks.dpRankOf(rank), prefill_tokens: 0, blocks: 0, requests: 0 });
+  }
+
+  /** This replica booked `id` in `p`. */
+  ownBooked(p: Partition, id: string): void {
+    this.#pub(p).added.add(id);
+  }
+
+  /** This replica's booking `id` in `p` ended (freed, expired, or its worker left). */
+  ownEnded(p: Partition, id: string): void {
+    const pub = this.#pub(p);
+    if (!pub.added.delete(id)) pub.removed.add(id);
+  }
+
+  /**
+   * The totals of every rank whose load changed since the last call (and of ranks whose prefill
+   * estimate is still decaying), per partition; empty when nothing changed.
+   */
+  take(): LoadAggregates[] {
+    const out: LoadAggregates[] = [];
+    for (const p of this.#o.fleet.partitions()) {
+      const pub = this.#pub(p);
+      const ranks = this.#scratch;
+      ranks.length = 0;
+      p.ledger.takeChanged(ranks);
+      if (ranks.length === 0 && pub.decaying.length === 0 && pub.gone.length === 0 && pub.added.size === 0 && pub.removed.size === 0) continue;
+      const rows: LoadAggregateRow[] = pub.gone;
+      pub.gone = [];
+      const seen = new Set<number>();
+      const decaying: number[] = [];
+      for (const rank of [...ranks, ...pub.decaying]) {
+        if (seen.has(rank)) continue;
+        seen.add(rank);
+        const workerId = p.ranks.workerOf(rank);
+        const dpRank = p.ranks.dpRankOf(rank);
+        // A rank key released (and maybe reused) since it changed: rankLeaving covered it.
+        if (p.ranks.get(workerId, dpRank) !== rank) continue;
+        const requests = p.ledger.activeRequests(rank);
+        rows.push({ worker_id: workerId, dp_rank: dpRank, prefill_tokens: p.ledger.activePrefillTokens(rank), blocks: p.ledger.activeBlocks(rank), requests });
+        this.#publishedRequests += requests - (pub.requests.get(rank) ?? 0);
+        if (requests === 0) pub.requests.delete(rank);
+        else pub.requests.set(rank, requests);
+        if (p.ledger.prefillDecaying(rank)) decaying.push(rank);
+      }
+      pub.decaying = decaying;
+      const added = [...pub.added];
+      const removed = [...pub.removed];
+      pub.added.clear();
+      pub.removed.clear();
+      out.push({ partition: refOf(p), block_size: p.blockSize, rows, added, removed });
+    }
+    return out;
+  }
+
+  /** Whether a take now would publish anything that a change has not already announced (decay). */
+  get decaying(): boolean {
+    for (const pub of this.#published.values()) if (pub.decaying.length > 0) return true;
+    return false;
+  }
+
+  /** Requests this replica's published totals add up to: what peers mirror once they applied them. */
+  get publishedRequests(): number {
+    return this.#publishedRequests;
+  }
+
+  /** Every rank this replica has load on, per partition (what a snapshot of it carries). */
+  snapshot(ownIds: (p: Partition) => string[]): LoadAggregates[] {
+    const out: LoadAggregates[] = [];
+    for (const p of this.#o.fleet.partitions()) {
+      const rows = p.ledger.loads().map((l) => ({
+        worker_id: p.ranks.workerOf(l.rank),
+        dp_rank: p.ranks.dpRankOf(l.rank),
+        prefill_tokens: l.activePrefillTokens,
+        blocks: l.activeBlocks,
+        requests: l.activeRequests,
+      }));
+      const added = ownIds(p);
+      if (rows.length > 0 || added.length > 0) out.push({ partition: refOf(p), block_size: p.blockSize, rows, added, removed: [] });
+    }
+    return out;
+  }
+
+  // ------------------------------------------------------------------ in (peers' totals)
+
+  /** Applies a peer's totals; rows for partitions, block sizes or workers unknown here are ignored. */
+  apply(origin: bigint, a: LoadAggregates): number {
+    this.#indexIds(origin, a);
+    const p = this.#o.fleet.partition(partitionKey(a.partition.model_name, a.partition.routing_group));
+    const { counters } = this.#o;
+    if (p === undefined || p.blockSize !== a.block_size) {
+      counters.replicaEventsIgnored += a.rows.length;
+      return 0;
+    }
+    let applied = 0;
+    for (const r of a.rows) {
+      const rank = p.ranks.get(r.worker_id, r.dp_rank);
+      if (rank === undefined) {
+        counters.replicaEventsIgnored++;
+        continue;
+      }
+      p.mirrored.set(origin, rank, r.prefill_tokens, r.blocks, r.requests);
+      applied++;
+    }
+    counters.replicaEventsApplied += applied;
+    this.#heardAt.set(origin, this.#o.clock.now());
+    return applied;
+  }
+
+  /** Installs a peer's snapshot: its totals replace what is mirrored of it, partition by partition. */
+  replaceOrigin(origin: bigint, snapshot: readonly LoadAggregates[]): number {
+    this.#dropIds(origin);
+    for (const a of snapshot) this.#indexIds(origin, a);
+    const byPartition = new Map<Partition, [number, { prefillTokens: number; blocks: number; requests: number }][]>();
+    for (const a of snapshot) {
+      const p = this.#o.fleet.partition(partitionKey(a.partition.model_name, a.partition.routing_group));
+      if (p === undefined || p.blockSize !== a.block_size) continue;
+      const rows = byPartition.get(p) ?? [];
+      byPartition.set(p, rows);
+      for (const r of a.rows) {
+        const rank = p.ranks.get(r.worker_id, r.dp_rank);
+        if (rank !== undefined) rows.push([rank, { prefillTokens: r.prefill_tokens, blocks: r.blocks, requests: r.requests }]);
+      }
+    }
+    let requests = 0;
+    for (const p of this.#o.fleet.partitions()) {
+      p.mirrored.replaceOrigin(origin, byPartition.get(p) ?? []);
+      requests += p.mirrored.requestsOf(origin);
+    }
+    this.#heardAt.set(origin, this.#o.clock.now());
+    return requests;
+  }
+
+  /** Forgets a peer's totals everywhere; returns the requests they held. */
+  dropOrigin(origin: bigint): number {
+    let requests = 0;
+    for (const p of this.#o.fleet.partitions()) requests += p.mirrored.dropOrigin(origin);
+    this.#heardAt.delete(origin);
+    this.#dropIds(origin);
+    return requests;
+  }
+
+  /** A peer's live booking, if it is indexed here. */
+  mirroredBooking(id: string): MirroredBooking | undefined {
+    return this.#bookings.get(id);
+  }
+
+  /** A lifecycle call ended a peer's booking here (the owner is told): forget it now. */
+  forgetBooking(id: string): void {
+    const b = this.#bookings.get(id);
+    if (b === undefined) return;
+    this.#bookings.delete(id);
+    this.#idsByOrigin.get(b.owner)?.delete(id);
+  }
+
+  get mirroredBookings(): number {
+    return this.#bookings.size;
+  }
+
+  #indexIds(origin: bigint, a: LoadAggregates): void {
+    if (a.added.length === 0 && a.removed.length === 0) return;
+    let ids = this.#idsByOrigin.get(origin);
+    if (ids === undefined) {
+      ids = new Set();
+      this.#idsByOrigin.set(origin, ids);
+    }
+    for (const id of a.removed) {
+      if (this.#bookings.get(id)?.owner !== origin) continue;
+      this.#bookings.delete(id);
+      ids.delete(id);
+    }
+    const partition = a.partition;
+    for (const id of a.added) {
+      this.#bookings.set(id, { owner: origin, partition });
+      ids.add(id);
+    }
+  }
+
+  #dropIds(origin: bigint): void {
+    const ids = this.#idsByOrigin.get(origin);
+    if (ids === undefined) return;
+    for (const id of ids) if (this.#bookings.get(id)?.owner === origin) this.#bookings.delete(id);
+    this.#idsByOrigin.delete(origin);
+  }
+
+  /** Requests a peer's applied totals add up to (the heartbeat divergence check). */
+  mirroredRequestsOf(origin: bigint): number {
+    let n = 0;
+    for (const p of this.#o.fleet.partitions()) n += p.mirrored.requestsOf(origin);
+    return n;
+  }
+
+  /**
+   * Forgets peers whose totals have not changed for the booking expiry: their own ledgers would
+   * have expired those bookings by now (and published zeros, had they been alive to).
+   */
+  sweep(now: number): void {
+    for (const [origin, at] of this.#heardAt) {
+      if (now - at >= this.#o.expiryMs) this.dropOrigin(origin);
+    }
+  }
+
+  #pub(p: Partition): Published {
+    let pub = this.#published.get(p);
+    if (pub === undefined) {
+      pub = { requests: new Map(), decaying: [], gone: [], added: new Set(), removed: new Set() };
+      this.#published.set(p, pub);
+    }
+    return pub;
+  }
+}
+
+function refOf(p: Partition): PartitionRef {
+  return { model_name: p.modelName, routing_group: p.routingGroup };
+}
