@@ -19,6 +19,7 @@ import type { KvmeshError } from "../src/core/errors.js";
 import type { Daemon } from "../src/daemon.js";
 import { MAX_AFFINITY_TTL_SECS, MIN_AFFINITY_TTL_SECS } from "../src/core/selection-service.js";
 import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/core/selector-config.js";
+import { LOAD_REPLICATION_MODES } from "../src/core/replica-events.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
 import { addServeSecurityOptions, LOG_REDACT_PATHS, SECURITY_FLAG_FIELDS } from "./serve-security.js";
 import {
@@ -49,6 +50,8 @@ const MAX_REPLAY_TIMEOUT_MS = 600_000;
 const MAX_SELECTION_CACHE_ENTRIES = 10_000_000;
 /** Node cannot hold a string much larger than 512 MiB. */
 const MAX_BODY_LIMIT_BYTES = 512 * 1024 * 1024;
+/** Mesh flush spacing ceiling, ms: a second between batches is already past any useful lag. */
+const MAX_MESH_INTERVAL_MS = 1_000;
 
 /** The part of a running daemon the CLI uses (a test double needs nothing more). */
 export type RunningDaemon = Pick<Daemon, "host" | "port" | "close">;
@@ -170,6 +173,21 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     );
 
   addBooleanPair(cmd, "--replica-tie-spread", "spread argmin ties across mesh replicas by slot, against the select-to-book race (off only to measure the race)", d.replicaTieSpread);
+  cmd
+    .addOption(
+      withEnv(
+        new Option(
+          "--load-replication <mode>",
+          "how replicas share their load: aggregate (per-rank totals; a peer's cost does not grow with the request rate) or exact (every booking, with its sequence hashes); the same on every replica",
+        )
+          .choices(LOAD_REPLICATION_MODES)
+          .default(d.loadReplication),
+      ),
+    )
+    .addOption(valueOption("--mesh-flush-interval-ms <ms>", "exact load replication: minimum spacing of the mesh's outbound batches", integerInRange(0, MAX_MESH_INTERVAL_MS), d.meshFlushIntervalMs))
+    .addOption(
+      valueOption("--mesh-aggregate-interval-ms <ms>", "aggregate load replication: minimum spacing of the mesh's outbound batches (each carries the totals that changed)", integerInRange(0, MAX_MESH_INTERVAL_MS), d.meshAggregateIntervalMs),
+    );
   addServeSecurityOptions(cmd);
 
   cmd.hook("preAction", (thisCommand) => {

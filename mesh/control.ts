@@ -55,7 +55,7 @@ export interface PeeringRequests {
 }
 
 export interface ControlServerOptions {
-  readonly port: Pick<ReplicaPort, "bookingsSnapshot" | "bindingsSnapshot">;
+  readonly port: Pick<ReplicaPort, "bookingsSnapshot" | "bindingsSnapshot" | "loadAggregatesSnapshot" | "mirroredAggregatesSnapshot">;
   readonly publisher: Pick<MeshPublisher, "origin" | "epoch" | "seq" | "settled">;
   readonly peering: PeeringRequests;
 }
@@ -96,6 +96,8 @@ export class ControlServer {
           seq: p.seq,
           bookings: this.#o.port.bookingsSnapshot(),
           bindings: this.#o.port.bindingsSnapshot(),
+          aggregates: this.#o.port.loadAggregatesSnapshot(),
+          mirrored: this.#o.port.mirroredAggregatesSnapshot(),
         };
         return encodeControlReply({ type: "snapshot", snapshot });
       }

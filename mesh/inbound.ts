@@ -65,7 +65,7 @@ export interface InboundStats {
 export interface MeshInboundOptions {
   /** This replica's origin: its own frames (looped back by a misconfigured peer) are ignored. */
   readonly origin: bigint;
-  readonly port: Pick<ReplicaPort, "applyLoadEvent" | "applyBindingEvent" | "replaceOrigin" | "countOwnedBy">;
+  readonly port: Pick<ReplicaPort, "applyLoadEvent" | "applyBindingEvent" | "applyLoadAggregates" | "replaceOrigin" | "replaceOriginAggregates" | "adoptMirroredAggregates" | "countOwnedBy">;
   readonly control: Pick<ControlClient, "snapshot">;
   readonly logger: Logger;
   /** Monotonic, ms: peer health, snapshot timeouts and retries, origin idleness. */
@@ -199,6 +199,7 @@ export class MeshInbound {
     const port = this.#o.port;
     for (const e of b.events) {
       if (e.kind === "load") port.applyLoadEvent(e.event);
+      else if (e.kind === "loads") port.applyLoadAggregates(b.origin, e.event);
       else port.applyBindingEvent(e.event);
     }
     this.stats.batchesApplied++;
@@ -263,23 +264,29 @@ export class MeshInbound {
     if (this.#closed || s.origin === this.#o.origin) return;
     this.#control.set(s.origin, controlEndpoint);
     this.#members.snapshotFrom(controlEndpoint, s.origin);
-    const port = this.#o.port;
     const t = this.receiver.tracker(s.origin);
     if (refresh && t?.state === "live" && t.epoch === s.epoch) {
       // Only a snapshot at least as new as what was applied may replace it; batches after it
       // re-apply idempotently.
       if (s.seq < t.lastAppliedSeq) return;
-      port.replaceOrigin(s.origin, s.bookings);
-      for (const b of s.bindings) port.applyBindingEvent(b);
+      this.#replace(s);
       this.stats.snapshotsInstalled++;
       return;
     }
     if (!this.receiver.wantsSnapshot(s)) return;
-    port.replaceOrigin(s.origin, s.bookings);
-    for (const b of s.bindings) port.applyBindingEvent(b);
+    this.#replace(s);
     this.stats.snapshotsInstalled++;
     this.health.observe(s.origin, this.#o.clock.now());
     for (const b of this.receiver.onSnapshot(s)) this.#apply(b);
+  }
+
+  /** What a snapshot replaces: the origin's bookings (exact) or totals (aggregate), then its bindings. */
+  #replace(s: Snapshot): void {
+    const port = this.#o.port;
+    port.replaceOrigin(s.origin, s.bookings);
+    port.replaceOriginAggregates(s.origin, s.aggregates ?? []);
+    port.adoptMirroredAggregates(s.origin, s.mirrored ?? []);
+    for (const b of s.bindings) port.applyBindingEvent(b);
   }
 
   /**

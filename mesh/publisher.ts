@@ -4,11 +4,17 @@
  * per (origin, epoch)) and publishes them; a heartbeat every heartbeatIntervalMs carries the last
  * seq and the bookings this origin owns, so an idle receiver still sees gaps and divergence.
  *
+ * In aggregate load replication there are no per-booking events: a change of our bookings only
+ * schedules a flush (`loadChanged`), and each flush takes the changed ranks' totals from the core
+ * and publishes them with the queued bindings, so peers receive at most one batch per flush
+ * interval whatever the request rate.
+ *
  * Flush pacing reads the injected monotonic clock; only the lag stamps (`sentAtMs`) read the wall
  * clock, as receivers on other hosts compare them with theirs.
  */
 import type { Logger } from "pino";
 import type { Clock } from "../src/core/clock.js";
+import type { LoadAggregates } from "../src/core/replica-events.js";
 import { controlEndpointFor } from "./endpoints.js";
 import { MeshOptionError } from "./errors.js";
 import { OutboundQueue, type OutboundQueueOptions } from "./outbound-queue.js";
@@ -30,6 +36,18 @@ export const DEFAULT_MESH_HEARTBEAT_INTERVAL_MS = 500;
  * per 10 s), too much lag for the race. 2 ms only merges what arrives in bursts.
  */
 export const DEFAULT_MESH_FLUSH_INTERVAL_MS = 2;
+/**
+ * The same spacing in aggregate load replication, ms: a peer's cost per origin is then at most
+ * one batch per interval, independent of the request rate. MEASURED_BELOW.
+ */
+export const DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS = 10;
+
+/** Where a flush takes this replica's changed totals from (aggregate load replication). */
+export interface AggregateSource {
+  takeLoadAggregates(): LoadAggregates[];
+  /** Some rank's prefill estimate still decays: flush again after an interval even if nothing else changes. */
+  readonly loadAggregatesDecaying: boolean;
+}
 
 /** Where published frames go (MeshTransport's PUB in production). */
 export interface PublishLink {
@@ -59,11 +77,13 @@ export interface MeshPublisherOptions {
   readonly flushIntervalMs?: number;
   readonly heartbeatIntervalMs?: number;
   readonly queue?: OutboundQueueOptions;
+  /** Aggregate load replication: where each flush takes our changed totals from. */
+  readonly aggregates?: AggregateSource;
 }
 
 /** Validates a flush interval (ms) before anything binds; throws MeshOptionError naming the field. */
-export function flushIntervalOf(ms: number | undefined): number {
-  const v = ms ?? DEFAULT_MESH_FLUSH_INTERVAL_MS;
+export function flushIntervalOf(ms: number | undefined, aggregate = false): number {
+  const v = ms ?? (aggregate ? DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS : DEFAULT_MESH_FLUSH_INTERVAL_MS);
   if (!Number.isFinite(v) || v < 0) throw new MeshOptionError("flushIntervalMs", `must be a finite number >= 0, got ${v}`);
   return v;
 }
@@ -85,13 +105,15 @@ export class MeshPublisher {
   #flushing: Promise<void> | undefined;
   #heartbeat: TimerHandle | undefined;
   #closed = false;
+  /** Aggregate mode: our totals changed since the last flush took them. */
+  #loadDirty = false;
 
   constructor(o: MeshPublisherOptions) {
     this.#o = o;
     this.origin = o.origin;
     this.epoch = o.epoch;
     this.#log = o.logger;
-    this.#flushIntervalMs = flushIntervalOf(o.flushIntervalMs);
+    this.#flushIntervalMs = flushIntervalOf(o.flushIntervalMs, o.aggregates !== undefined);
     this.#heartbeatIntervalMs = o.heartbeatIntervalMs ?? DEFAULT_MESH_HEARTBEAT_INTERVAL_MS;
     this.#controlEndpoint = controlEndpointFor(o.advertise);
     this.#queue = new OutboundQueue({
@@ -128,6 +150,17 @@ export class MeshPublisher {
   enqueue(e: MeshEvent): void {
     if (this.#closed) return;
     this.#queue.push(e);
+    this.#schedule();
+  }
+
+  /** Aggregate mode: our bookings changed; the next flush takes the changed totals. */
+  loadChanged(): void {
+    if (this.#closed) return;
+    this.#loadDirty = true;
+    this.#schedule();
+  }
+
+  #schedule(): void {
     if (this.#scheduled !== undefined) return;
     const waitMs = this.#lastFlushAtMs + this.#flushIntervalMs - this.#o.clock.now();
     // An immediate, not a microtask: a burst of selections in one tick coalesces into one batch;
@@ -157,8 +190,18 @@ export class MeshPublisher {
     });
   };
 
+  /** Queues our changed totals (aggregate mode) ahead of the drain that publishes them. */
+  #takeAggregates(): void {
+    const src = this.#o.aggregates;
+    if (src === undefined || !(this.#loadDirty || src.loadAggregatesDecaying)) return;
+    this.#loadDirty = false;
+    for (const event of src.takeLoadAggregates()) this.#queue.push({ kind: "loads", event });
+  }
+
   async #flush(): Promise<void> {
-    while (this.#queue.size > 0 && !this.#closed) {
+    for (;;) {
+      this.#takeAggregates();
+      if (this.#queue.size === 0 || this.#closed) break;
       const batches = this.#queue.drainBatches();
       // A shed event is repaired by snapshot: skipping a seq makes every receiver see a gap.
       if (this.#queue.takeShedSinceLastDrain() > 0) this.#seq++;
@@ -174,6 +217,8 @@ export class MeshPublisher {
         }
       }
     }
+    // A decaying prefill estimate goes stale on peers as it ages: publish it again next interval.
+    if (!this.#closed && this.#o.aggregates?.loadAggregatesDecaying === true) this.#schedule();
   }
 
   sendHeartbeat(): void {
@@ -203,7 +248,7 @@ export class MeshPublisher {
     if (this.#closed) return;
     this.#cancelScheduled();
     await this.#flushing;
-    if (this.#queue.size > 0) {
+    if (this.#queue.size > 0 || this.#loadDirty) {
       this.#startFlush();
       await this.#flushing;
     }

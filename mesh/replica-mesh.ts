@@ -28,7 +28,7 @@ export { DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
 export { MAX_CONCURRENT_SNAPSHOT_PULLS, WORKER_CHANGE_RESNAPSHOT_DELAY_MS } from "./inbound.js";
 export type { MeshStats } from "./mesh-metrics.js";
 export { SILENT_PEER_REDIAL_MAX_MS, SILENT_PEER_REDIAL_MS, type PeerView } from "./membership.js";
-export { DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "./publisher.js";
+export { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "./publisher.js";
 
 /** How often due snapshot retries, peer-health transitions and silent-peer redials are checked, ms. */
 export const MESH_HOUSEKEEPING_INTERVAL_MS = 100;
@@ -98,6 +98,7 @@ export class ReplicaMesh implements MeshControl {
       timers,
       ...(o.flushIntervalMs === undefined ? {} : { flushIntervalMs: o.flushIntervalMs }),
       ...(o.heartbeatIntervalMs === undefined ? {} : { heartbeatIntervalMs: o.heartbeatIntervalMs }),
+      ...(service.loadReplication === "aggregate" ? { aggregates: service } : {}),
     });
     this.#inbound = new MeshInbound({ origin, port: service, control: client, logger, clock, wallClock, timers });
     this.#membership = new Membership({ origin, advertise: this.#advertise, links: transport, control: client, inbound: this.#inbound, port: service, logger, clock });
@@ -110,6 +111,11 @@ export class ReplicaMesh implements MeshControl {
     service.onBindingEvent((event) => {
       this.#publisher.enqueue({ kind: "binding", event });
     });
+    if (service.loadReplication === "aggregate") {
+      service.onLoadChange(() => {
+        this.#publisher.loadChanged();
+      });
+    }
     service.onWorkerChange(() => {
       this.#inbound.refreshSoon();
     });
@@ -128,7 +134,7 @@ export class ReplicaMesh implements MeshControl {
 
   static async start(o: ReplicaMeshOptions): Promise<ReplicaMesh> {
     // Before binding: a throw after it would leave the sockets open.
-    flushIntervalOf(o.flushIntervalMs);
+    flushIntervalOf(o.flushIntervalMs, o.service.loadReplication === "aggregate");
     const transport = await MeshTransport.bind({ publishBind: o.publishBind, logger: o.logger, ...(o.curve === undefined ? {} : { curve: o.curve }) });
     const mesh = new ReplicaMesh(o, transport);
     for (const p of o.peers ?? []) await mesh.registerPeer(p);

@@ -3,7 +3,7 @@
  * calls, no more (SelectionService satisfies it structurally; tests drive the mesh with a fake).
  * `MeshControl` is all the HTTP layer sees of the mesh (register, deregister, list peers).
  */
-import type { BindingEvent, LoadEvent } from "../src/core/replica-events.js";
+import type { BindingEvent, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates } from "../src/core/replica-events.js";
 import type { SnapshotBooking } from "./types.js";
 
 /** This replica's position among itself and its live peers, for spreading argmin ties. */
@@ -16,8 +16,18 @@ export interface ReplicaPort {
   /** This replica's id: the origin of what it publishes. */
   readonly replicaId: bigint;
 
+  /** How this replica shares its load (every replica of a mesh must use the same). */
+  readonly loadReplication: LoadReplication;
+
   // Outbound: local changes to replicate.
+  /** Per booking change (exact mode), and lifecycle calls forwarded to a peer's booking (both modes). */
   onLoadEvent(listener: (e: LoadEvent) => void): void;
+  /** Any change of our own bookings: in aggregate mode, changed totals wait in takeLoadAggregates. */
+  onLoadChange(listener: () => void): void;
+  /** Aggregate mode: our totals for the ranks that changed since the last call (empty otherwise). */
+  takeLoadAggregates(): LoadAggregates[];
+  /** Aggregate mode: a rank's prefill estimate still decays, so take again after an interval. */
+  readonly loadAggregatesDecaying: boolean;
   onBindingEvent(listener: (e: BindingEvent) => void): void;
   /** A worker registered or changed: peers' bookings for it may have been ignored before. */
   onWorkerChange(listener: () => void): void;
@@ -27,6 +37,12 @@ export interface ReplicaPort {
   // Inbound: peers' changes, idempotent.
   applyLoadEvent(e: LoadEvent): void;
   applyBindingEvent(e: BindingEvent): void;
+  /** Aggregate mode: a peer's changed totals. */
+  applyLoadAggregates(origin: bigint, a: LoadAggregates): void;
+  /** Aggregate mode: replaces everything mirrored of `origin` with a snapshot's totals. */
+  replaceOriginAggregates(origin: bigint, snapshot: readonly LoadAggregates[]): void;
+  /** Aggregate mode: a snapshot's totals of other origins, for those this replica has not heard from. */
+  adoptMirroredAggregates(sender: bigint, mirrored: readonly OriginAggregates[]): void;
   /** Replaces everything mirrored of `origin` with a snapshot's bookings. */
   replaceOrigin(origin: bigint, bookings: readonly SnapshotBooking[]): void;
   /** Drops what is mirrored of `origin` (deregistered); returns how many bookings went. */
@@ -37,6 +53,8 @@ export interface ReplicaPort {
   // Snapshots served to peers.
   bookingsSnapshot(): SnapshotBooking[];
   bindingsSnapshot(): BindingEvent[];
+  loadAggregatesSnapshot(): LoadAggregates[];
+  mirroredAggregatesSnapshot(): OriginAggregates[];
 }
 
 /** The mesh as the HTTP layer drives it (src/http/server.ts). */

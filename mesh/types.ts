@@ -7,14 +7,21 @@
  * that peer's ROUTER for a snapshot and replaces what it mirrors of that origin (the ZeroMQ
  * Guide's Clone pattern).
  */
-import type { BindingEvent, LoadAddEvent, LoadEvent } from "../src/core/replica-events.js";
+import type { BindingEvent, LoadAddEvent, LoadAggregates, LoadEvent, OriginAggregates } from "../src/core/replica-events.js";
 
 export const TOPIC_BATCH = "kvmesh.batch.v1";
 export const TOPIC_HEARTBEAT = "kvmesh.hb.v1";
 export const PROTOCOL_VERSION = 1;
 
-/** One replicated change: a load event or a session binding. */
-export type MeshEvent = { readonly kind: "load"; readonly event: LoadEvent } | { readonly kind: "binding"; readonly event: BindingEvent };
+/**
+ * One replicated change: a load event (exact load replication, or a lifecycle call forwarded to a
+ * booking's owner), a session binding, or an origin's changed per-rank totals (aggregate load
+ * replication, src/core/load-aggregates.ts).
+ */
+export type MeshEvent =
+  | { readonly kind: "load"; readonly event: LoadEvent }
+  | { readonly kind: "binding"; readonly event: BindingEvent }
+  | { readonly kind: "loads"; readonly event: LoadAggregates };
 
 export interface MeshBatch {
   readonly v: typeof PROTOCOL_VERSION;
@@ -61,6 +68,10 @@ export interface Snapshot {
   readonly seq: number;
   readonly bookings: readonly SnapshotBooking[];
   readonly bindings: readonly BindingEvent[];
+  /** Aggregate load replication: the origin's totals on every rank it has load on, and its booking ids. */
+  readonly aggregates?: readonly LoadAggregates[];
+  /** Aggregate load replication: the totals the origin mirrors of other origins (for joiners). */
+  readonly mirrored?: readonly OriginAggregates[];
 }
 
 /** Requests on the control channel (DEALER -> ROUTER), and their replies. */

@@ -25,16 +25,21 @@
  *              pd prefill_duration_ms|nil
  *   binding    m, g, sid session_id, wk worker_id(u64), dp dp_rank|nil, sq sequence(u64),
  *              wr writer_id(u64), rs reason
+ *   loads      k "l", m, g, bs block_size, columns of equal length: wk worker_ids(u64[]),
+ *              dp dp_ranks[], pt prefill_tokens[], bl blocks[], rq requests[]; added bookings as
+ *              columns ad ids[], aw worker_ids(u64[]), ap dp_ranks[]; rm removed ids[]
  *   heartbeat  v, o, e, s, t, ce controlEndpoint, pe publishEndpoint, nb bookings
  *              (+ nn 0, d "": legacy, see encodeHeartbeat)
- *   snapshot   v, o, e, s, bk [{a: add event map, c: prefillDone}], bn [binding map]
+ *   snapshot   v, o, e, s, bk [{a: add event map, c: prefillDone}], bn [binding map],
+ *              ag [loads map], mg [{o origin(u64), ag [loads map]}] (both optional: absent in
+ *              exact load replication and from older replicas)
  *   control    v, ty "snapshot"|"peer"|"unpeer", f from(u64), pe publishEndpoint
  *   reply      v, ty "snapshot"|"ok"|"error", sn snapshot map, msg message
  */
 import { Packr, Unpackr } from "msgpackr";
 
 import type { HashList } from "../src/core/hash64.js";
-import type { BindingEvent, LoadAddEvent, LoadMarkEvent, PartitionRef } from "../src/core/replica-events.js";
+import type { BindingEvent, LoadAddEvent, LoadAggregateRow, LoadAggregates, LoadMarkEvent, PartitionRef } from "../src/core/replica-events.js";
 import { PROTOCOL_VERSION } from "./types.js";
 import type { ControlReply, ControlRequest, Heartbeat, MeshBatch, MeshEvent, Snapshot, SnapshotBooking } from "./types.js";
 import { MeshWireError } from "./errors.js";
@@ -45,6 +50,14 @@ export const MAX_EVENTS_PER_BATCH = 16_384;
 export const MAX_HASHES_PER_EVENT = 131_072;
 export const MAX_SNAPSHOT_BOOKINGS = 1_000_000;
 export const MAX_SNAPSHOT_BINDINGS = 1_000_000;
+/** Rank rows in one loads event: every rank of a partition (MAX_RANK_KEYS, src/core/rank-registry.ts). */
+export const MAX_AGGREGATE_ROWS = 1 << 20;
+/** Booking ids in one loads event's added or removed list (a snapshot lists every live booking). */
+export const MAX_AGGREGATE_IDS = 1_000_000;
+/** Partitions in a snapshot's aggregates. */
+export const MAX_SNAPSHOT_PARTITIONS = 65_536;
+/** Other origins whose totals a snapshot carries (the mesh's tracked-origin bound is far below). */
+export const MAX_SNAPSHOT_ORIGINS = 4_096;
 /** request_id, session_id, model_name, routing_group, UTF-8 bytes. */
 export const MAX_ID_BYTES = 256;
 export const MAX_ENDPOINT_BYTES = 1_024;
@@ -126,8 +139,31 @@ function bindingToWire(e: BindingEvent): WireMap {
   };
 }
 
+/** Columnar: one array per field keeps a 1,024-row event to five arrays instead of 1,024 maps. */
+function loadsToWire(a: LoadAggregates): WireMap {
+  const n = a.rows.length;
+  const wk = new Array<bigint>(n);
+  const dp = new Array<number>(n);
+  const pt = new Array<number>(n);
+  const bl = new Array<number>(n);
+  const rq = new Array<number>(n);
+  for (let i = 0; i < n; i++) {
+    const r = a.rows[i] as LoadAggregateRow;
+    wk[i] = r.worker_id;
+    dp[i] = r.dp_rank;
+    pt[i] = r.prefill_tokens;
+    bl[i] = r.blocks;
+    rq[i] = r.requests;
+  }
+  const ad = a.added.map((b) => b.id);
+  const aw = a.added.map((b) => b.worker_id);
+  const ap = a.added.map((b) => b.dp_rank);
+  return { k: "l", m: a.partition.model_name, g: a.partition.routing_group, bs: a.block_size, wk, dp, pt, bl, rq, ad, aw, ap, rm: a.removed };
+}
+
 function eventToWire(me: MeshEvent): WireMap {
   if (me.kind === "binding") return bindingToWire(me.event);
+  if (me.kind === "loads") return loadsToWire(me.event);
   return me.event.type === "add" ? addToWire(me.event) : markToWire(me.event);
 }
 
@@ -137,13 +173,18 @@ function snapshotToWire(s: Snapshot): WireMap {
     const b = s.bookings[i] as SnapshotBooking;
     bk[i] = { a: addToWire(b.add), c: b.prefillDone };
   }
-  return { v: s.v, o: s.origin, e: s.epoch, s: s.seq, bk, bn: s.bindings.map(bindingToWire) };
+  const out: WireMap = { v: s.v, o: s.origin, e: s.epoch, s: s.seq, bk, bn: s.bindings.map(bindingToWire) };
+  if (s.aggregates !== undefined && s.aggregates.length > 0) out.ag = s.aggregates.map(loadsToWire);
+  if (s.mirrored !== undefined && s.mirrored.length > 0) out.mg = s.mirrored.map((m) => ({ o: m.origin, ag: m.aggregates.map(loadsToWire) }));
+  return out;
 }
 
 function estimateSnapshotBytes(s: Snapshot): number {
   let n = 64;
   for (const b of s.bookings) n += 8 + estimateEventBytes({ kind: "load", event: b.add });
   for (const b of s.bindings) n += estimateEventBytes({ kind: "binding", event: b });
+  for (const a of s.aggregates ?? []) n += estimateEventBytes({ kind: "loads", event: a });
+  for (const m of s.mirrored ?? []) for (const a of m.aggregates) n += 16 + estimateEventBytes({ kind: "loads", event: a });
   return n;
 }
 
@@ -222,6 +263,14 @@ export function estimateEventBytes(me: MeshEvent): number {
   if (me.kind === "binding") {
     const e = me.event;
     return 72 + e.model_name.length + e.routing_group.length + e.session_id.length;
+  }
+  if (me.kind === "loads") {
+    const a = me.event;
+    let ids = 0;
+    for (const b of a.added) ids += 16 + b.id.length;
+    for (const id of a.removed) ids += 2 + id.length;
+    // Per row: u64 worker id 9, dp rank <= 5, two float64s 9 each, requests <= 5.
+    return 48 + a.partition.model_name.length + a.partition.routing_group.length + 37 * a.rows.length + ids;
   }
   const e = me.event;
   const base = 40 + e.request_id.length + e.partition.model_name.length + e.partition.routing_group.length;
@@ -397,6 +446,43 @@ function decodeBinding(m: Fields, at: string): BindingEvent {
   return { model_name, routing_group, session_id, worker_id, dp_rank, sequence, writer_id, reason };
 }
 
+function decodeLoads(m: Fields, at: string): LoadAggregates {
+  const wk = array(m.wk, `${at}.rows.worker_id`, MAX_AGGREGATE_ROWS);
+  const n = wk.length;
+  const column = (raw: unknown, name: string): readonly unknown[] => {
+    const c = array(raw, `${at}.rows.${name}`, MAX_AGGREGATE_ROWS);
+    if (c.length !== n) throw new MeshWireError(`${at}.rows.${name}`, `${c.length} values for ${n} rows`);
+    return c;
+  };
+  const dp = column(m.dp, "dp_rank");
+  const pt = column(m.pt, "prefill_tokens");
+  const bl = column(m.bl, "blocks");
+  const rq = column(m.rq, "requests");
+  const rows = new Array<LoadAggregateRow>(n);
+  for (let i = 0; i < n; i++) {
+    rows[i] = {
+      worker_id: u64(wk[i], `${at}.rows[${i}].worker_id`),
+      dp_rank: uint(dp[i], `${at}.rows[${i}].dp_rank`, U32_MAX),
+      prefill_tokens: nonNegative(pt[i], `${at}.rows[${i}].prefill_tokens`),
+      blocks: nonNegative(bl[i], `${at}.rows[${i}].blocks`),
+      requests: uint(rq[i], `${at}.rows[${i}].requests`, Number.MAX_SAFE_INTEGER),
+    };
+  }
+  const ids = (raw: unknown, name: string): string[] => array(raw, `${at}.${name}`, MAX_AGGREGATE_IDS).map((v, i) => str(v, `${at}.${name}[${i}]`, MAX_ID_BYTES, false));
+  const addedIds = ids(m.ad, "added");
+  const aw = array(m.aw, `${at}.added.worker_id`, MAX_AGGREGATE_IDS);
+  const ap = array(m.ap, `${at}.added.dp_rank`, MAX_AGGREGATE_IDS);
+  if (aw.length !== addedIds.length || ap.length !== addedIds.length) throw new MeshWireError(`${at}.added`, `${addedIds.length} ids with ${aw.length} worker ids and ${ap.length} dp ranks`);
+  const added = addedIds.map((id, i) => ({ id, worker_id: u64(aw[i], `${at}.added[${i}].worker_id`), dp_rank: uint(ap[i], `${at}.added[${i}].dp_rank`, U32_MAX) }));
+  return {
+    partition: partition(m, at),
+    block_size: uint(m.bs, `${at}.block_size`, U32_MAX),
+    rows,
+    added,
+    removed: ids(m.rm, "removed"),
+  };
+}
+
 function describeScalar(v: unknown): unknown {
   return typeof v === "string" ? v.slice(0, 32) : describe(v);
 }
@@ -412,6 +498,8 @@ function decodeEvent(raw: unknown, at: string): MeshEvent {
       return { kind: "load", event: decodeMark(m, `${at}.event`, "free") };
     case "b":
       return { kind: "binding", event: decodeBinding(m, `${at}.event`) };
+    case "l":
+      return { kind: "loads", event: decodeLoads(m, `${at}.event`) };
     default:
       throw new MeshWireError(`${at}.kind`, `unknown event kind ${JSON.stringify(describeScalar(m.k))}`);
   }
@@ -452,7 +540,16 @@ function decodeSnapshotFields(m: Fields, at: string): Snapshot {
     const bat = `${p}bindings[${i}]`;
     bindings[i] = decodeBinding(map(rawBindings[i], bat), bat);
   }
-  return { v: PROTOCOL_VERSION, origin, epoch, seq, bookings, bindings };
+  const loadsList = (raw: unknown, at: string): LoadAggregates[] => array(raw, at, MAX_SNAPSHOT_PARTITIONS).map((a, i) => decodeLoads(map(a, `${at}[${i}]`), `${at}[${i}]`));
+  const aggregates = m.ag === undefined ? undefined : loadsList(m.ag, `${p}aggregates`);
+  const mirrored =
+    m.mg === undefined
+      ? undefined
+      : array(m.mg, `${p}mirrored`, MAX_SNAPSHOT_ORIGINS).map((raw, i) => {
+          const o = map(raw, `${p}mirrored[${i}]`);
+          return { origin: nonZeroU64(o.o, `${p}mirrored[${i}].origin`), aggregates: loadsList(o.ag, `${p}mirrored[${i}].aggregates`) };
+        });
+  return { v: PROTOCOL_VERSION, origin, epoch, seq, bookings, bindings, ...(aggregates === undefined ? {} : { aggregates }), ...(mirrored === undefined ? {} : { mirrored }) };
 }
 
 export function decodeBatch(buf: Uint8Array): MeshBatch {

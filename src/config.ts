@@ -10,7 +10,8 @@
  */
 import { loadMeshCurveConfig, type MeshCurveConfig } from "../mesh/curve.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
-import { DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../mesh/replica-mesh.js";
+import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../mesh/replica-mesh.js";
+import type { LoadReplication } from "./core/replica-events.js";
 import { isKvmeshError, KvmeshError } from "./core/errors.js";
 import { DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "./core/pending-selections.js";
 import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS, type SelectionServiceOptions } from "./core/selection-service.js";
@@ -52,8 +53,16 @@ export interface DaemonConfig {
   readonly peers: readonly string[];
   /** Host peers use to reach this replica, when `host` is a wildcard (default: `host`, or 127.0.0.1). */
   readonly replicaSyncAdvertiseHost?: string | undefined;
-  /** Minimum spacing between the mesh's outbound flushes, ms (mesh/replica-mesh.ts says why 2). */
+  /**
+   * How the mesh shares each replica's load (src/core/replica-events.ts LoadReplication): per-rank
+   * totals ("aggregate", the default: a peer's cost no longer grows with the request rate) or every
+   * booking ("exact"). Every replica of one mesh must use the same.
+   */
+  readonly loadReplication: LoadReplication;
+  /** Minimum spacing between the mesh's outbound flushes in exact load replication, ms (mesh/publisher.ts says why 2). */
   readonly meshFlushIntervalMs: number;
+  /** The same in aggregate load replication, ms: at most one batch per interval reaches each peer. */
+  readonly meshAggregateIntervalMs: number;
   /** How often the mesh heartbeats its peers, ms. */
   readonly meshHeartbeatIntervalMs: number;
   /** CURVE for the mesh (`--mesh-key`, `--mesh-allow`): this replica's key pair and the keys it accepts. Needs replicaSyncPort. */
@@ -87,7 +96,9 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   replicaSyncPort: undefined,
   peers: [],
   replicaSyncAdvertiseHost: undefined,
+  loadReplication: "aggregate",
   meshFlushIntervalMs: DEFAULT_MESH_FLUSH_INTERVAL_MS,
+  meshAggregateIntervalMs: DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS,
   meshHeartbeatIntervalMs: DEFAULT_MESH_HEARTBEAT_INTERVAL_MS,
   meshCurve: undefined,
   apiToken: undefined,
@@ -241,6 +252,8 @@ export function serviceOptionsOf(config: DaemonConfig): SelectionServiceOptions 
     selector: config.selector,
     activeRequestExpiryMs: config.activeRequestExpirySecs * MS_PER_SEC,
     maxLocalReservations: config.maxReservations,
+    // Without a mesh nothing is replicated, and exact mode keeps no per-rank change record.
+    loadReplication: sync === undefined ? "exact" : config.loadReplication,
     requireKvEventsEndpoint: config.kvEvents,
     selectionCache: { ttlMs: config.selectionCacheTtlSecs * MS_PER_SEC, maxEntries: config.selectionCacheMaxEntries },
     ...(config.sessionAffinityTtlSecs === undefined
@@ -266,6 +279,7 @@ const CORE_FIELDS: ReadonlyMap<string, ConfigField> = new Map<string, ConfigFiel
   ["replicaSync", "replicaSyncPort"],
   ["activeRequestExpiryMs", "activeRequestExpirySecs"],
   ["maxLocalReservations", "maxReservations"],
+  ["loadReplication", "loadReplication"],
   ...Object.keys(DEFAULT_SELECTOR_CONFIG).flatMap((key): [string, ConfigField][] => {
     const field = `selector.${key as keyof SelectorConfig}` as const;
     return [

@@ -121,7 +121,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
         logger: logger.child({ subsystem: "mesh" }),
         ...(config.meshCurve === undefined ? {} : { curve: config.meshCurve }),
         tieSpread: config.replicaTieSpread,
-        flushIntervalMs: config.meshFlushIntervalMs,
+        flushIntervalMs: service.loadReplication === "aggregate" ? config.meshAggregateIntervalMs : config.meshFlushIntervalMs,
         heartbeatIntervalMs: config.meshHeartbeatIntervalMs,
       });
       logger.info({ publish: sync.advertise, peers: config.peers, origin: service.replicaId.toString() }, "replica mesh up");

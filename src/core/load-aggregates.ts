@@ -9,7 +9,7 @@
  */
 import type { Clock } from "./clock.js";
 import type { Partition } from "./partition.js";
-import type { LoadAggregateRow, LoadAggregates, PartitionRef } from "./replica-events.js";
+import type { AddedBooking, LoadAggregateRow, LoadAggregates, OriginAggregates, PartitionRef } from "./replica-events.js";
 import type { ServiceCounters } from "./service-stats.js";
 import { partitionKey } from "./worker-catalog.js";
 
@@ -32,7 +32,7 @@ interface Published {
   /** Ranks that left the partition since the last take: published as zero, by worker id. */
   gone: LoadAggregateRow[];
   /** Own bookings made and ended since the last take (one made and ended in between is in neither). */
-  readonly added: Set<string>;
+  readonly added: Map<string, AddedBooking>;
   readonly removed: Set<string>;
 }
 
@@ -40,6 +40,8 @@ interface Published {
 export interface MirroredBooking {
   readonly owner: bigint;
   readonly partition: PartitionRef;
+  readonly workerId: bigint;
+  readonly dpRank: number;
 }
 
 export class LoadAggregation {
@@ -75,8 +77,8 @@ export class LoadAggregation {
   }
 
   /** This replica booked `id` in `p`. */
-  ownBooked(p: Partition, id: string): void {
-    this.#pub(p).added.add(id);
+  ownBooked(p: Partition, id: string, workerId: bigint, dpRank: number): void {
+    this.#pub(p).added.set(id, { id, worker_id: workerId, dp_rank: dpRank });
   }
 
   /** This replica's booking `id` in `p` ended (freed, expired, or its worker left). */
@@ -116,7 +118,7 @@ export class LoadAggregation {
         if (p.ledger.prefillDecaying(rank)) decaying.push(rank);
       }
       pub.decaying = decaying;
-      const added = [...pub.added];
+      const added = [...pub.added.values()];
       const removed = [...pub.removed];
       pub.added.clear();
       pub.removed.clear();
@@ -137,7 +139,7 @@ export class LoadAggregation {
   }
 
   /** Every rank this replica has load on, per partition (what a snapshot of it carries). */
-  snapshot(ownIds: (p: Partition) => string[]): LoadAggregates[] {
+  snapshot(ownIds: (p: Partition) => AddedBooking[]): LoadAggregates[] {
     const out: LoadAggregates[] = [];
     for (const p of this.#o.fleet.partitions()) {
       const rows = p.ledger.loads().map((l) => ({
@@ -151,6 +153,53 @@ export class LoadAggregation {
       if (rows.length > 0 || added.length > 0) out.push({ partition: refOf(p), block_size: p.blockSize, rows, added, removed: [] });
     }
     return out;
+  }
+
+  /**
+   * What this replica mirrors of each peer, for a snapshot: a replica that joins or restarts
+   * learns from it the load of a peer it cannot hear (one that died), as exact mode's snapshots
+   * carry the mirrored bookings.
+   */
+  mirroredSnapshot(): OriginAggregates[] {
+    const out: OriginAggregates[] = [];
+    for (const origin of new Set([...this.#heardAt.keys(), ...this.#idsByOrigin.keys()])) {
+      const aggregates: LoadAggregates[] = [];
+      const ids = this.#idsByOrigin.get(origin);
+      for (const p of this.#o.fleet.partitions()) {
+        const rows = p.mirrored.rowsOf(origin).map(([rank, a]) => ({
+          worker_id: p.ranks.workerOf(rank),
+          dp_rank: p.ranks.dpRankOf(rank),
+          prefill_tokens: a.prefillTokens,
+          blocks: a.blocks,
+          requests: a.requests,
+        }));
+        const ref = refOf(p);
+        const added: AddedBooking[] = [];
+        for (const id of ids ?? []) {
+          const b = this.#bookings.get(id);
+          if (b !== undefined && b.partition.model_name === ref.model_name && b.partition.routing_group === ref.routing_group) {
+            added.push({ id, worker_id: b.workerId, dp_rank: b.dpRank });
+          }
+        }
+        if (rows.length > 0 || added.length > 0) aggregates.push({ partition: ref, block_size: p.blockSize, rows, added, removed: [] });
+      }
+      if (aggregates.length > 0) out.push({ origin, aggregates });
+    }
+    return out;
+  }
+
+  /**
+   * Installs what a snapshot's sender mirrors of other origins, for each one this replica has
+   * heard nothing from (its own view of an origin it hears wins). Returns the origins adopted.
+   */
+  adopt(self: bigint, sender: bigint, mirrored: readonly OriginAggregates[]): number {
+    let adopted = 0;
+    for (const m of mirrored) {
+      if (m.origin === self || m.origin === sender || this.#heardAt.has(m.origin) || this.#idsByOrigin.has(m.origin)) continue;
+      this.replaceOrigin(m.origin, m.aggregates);
+      adopted++;
+    }
+    return adopted;
   }
 
   // ------------------------------------------------------------------ in (peers' totals)
@@ -217,12 +266,28 @@ export class LoadAggregation {
     return this.#bookings.get(id);
   }
 
-  /** A lifecycle call ended a peer's booking here (the owner is told): forget it now. */
-  forgetBooking(id: string): void {
+  /**
+   * A peer's booking ended through a lifecycle call taken elsewhere than at its owner (here, or
+   * at a replica whose forwarded free we received): count it out of the owner's totals now and
+   * forget it. The request count is exact; the rank's blocks and prefill stay until the owner
+   * republishes its totals (which then replace these), except that a rank left with no request
+   * holds no load at all. So an owner that is gone (shut down, killed) leaves no load behind once
+   * the frontends free its bookings, as in exact mode. Returns whether the id was indexed.
+   */
+  endMirroredBooking(id: string): boolean {
     const b = this.#bookings.get(id);
-    if (b === undefined) return;
+    if (b === undefined) return false;
     this.#bookings.delete(id);
     this.#idsByOrigin.get(b.owner)?.delete(id);
+    const p = this.#o.fleet.partition(partitionKey(b.partition.model_name, b.partition.routing_group));
+    const rank = p?.ranks.get(b.workerId, b.dpRank);
+    if (p === undefined || rank === undefined) return true;
+    const row = p.mirrored.rowOf(b.owner, rank);
+    if (row === undefined) return true;
+    const requests = Math.max(0, row.requests - 1);
+    if (requests === 0) p.mirrored.set(b.owner, rank, 0, 0, 0);
+    else p.mirrored.set(b.owner, rank, row.prefillTokens, row.blocks, requests);
+    return true;
   }
 
   get mirroredBookings(): number {
@@ -242,9 +307,9 @@ export class LoadAggregation {
       ids.delete(id);
     }
     const partition = a.partition;
-    for (const id of a.added) {
-      this.#bookings.set(id, { owner: origin, partition });
-      ids.add(id);
+    for (const b of a.added) {
+      this.#bookings.set(b.id, { owner: origin, partition, workerId: b.worker_id, dpRank: b.dp_rank });
+      ids.add(b.id);
     }
   }
 
@@ -275,7 +340,7 @@ export class LoadAggregation {
   #pub(p: Partition): Published {
     let pub = this.#published.get(p);
     if (pub === undefined) {
-      pub = { requests: new Map(), decaying: [], gone: [], added: new Set(), removed: new Set() };
+      pub = { requests: new Map(), decaying: [], gone: [], added: new Map(), removed: new Set() };
       this.#published.set(p, pub);
     }
     return pub;

@@ -127,6 +127,11 @@ export class MirroredLoad {
     return n;
   }
 
+  /** `origin`'s row on one rank, if it has one. */
+  rowOf(origin: bigint, rank: number): Readonly<RankAggregate> | undefined {
+    return this.#byOrigin.get(origin)?.get(rank);
+  }
+
   /** `origin`'s rows, for snapshots and diagnostics. */
   rowsOf(origin: bigint): [number, RankAggregate][] {
     return [...(this.#byOrigin.get(origin) ?? [])].map(([rank, a]) => [rank, { ...a }]);

@@ -72,8 +72,21 @@ export interface LoadAggregates {
    * lifecycle call for the booking resolves on any replica (it is forwarded to the owner), as in
    * exact mode and the reference.
    */
-  readonly added: readonly string[];
+  readonly added: readonly AddedBooking[];
   readonly removed: readonly string[];
+}
+
+/** A booking id as peers index it: with its rank, so a free taken for it elsewhere can count it out. */
+export interface AddedBooking {
+  readonly id: string;
+  readonly worker_id: bigint;
+  readonly dp_rank: number;
+}
+
+/** Another origin's totals as a snapshot carries them (what the sender mirrors of it). */
+export interface OriginAggregates {
+  readonly origin: bigint;
+  readonly aggregates: readonly LoadAggregates[];
 }
 
 /** A booking as a snapshot carries it: its add event, and whether its prefill completed. */

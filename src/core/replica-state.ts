@@ -14,7 +14,7 @@ import type { Clock } from "./clock.js";
 import type { Fleet } from "./fleet.js";
 import { LoadAggregation } from "./load-aggregates.js";
 import type { Partition } from "./partition.js";
-import { ReorderState, type BookingSnapshot, type LoadAggregates, type LoadEvent, type LoadReplication } from "./replica-events.js";
+import { ReorderState, type AddedBooking, type BookingSnapshot, type LoadAggregates, type LoadEvent, type LoadReplication, type OriginAggregates } from "./replica-events.js";
 import type { ReservationBook } from "./reservations.js";
 import type { ServiceCounters } from "./service-stats.js";
 import { partitionKey } from "./worker-catalog.js";
@@ -56,6 +56,12 @@ export class ReplicaState {
     // In aggregate mode the ledger holds only our own bookings (they are what we publish): a peer
     // only ever tells us of a lifecycle call it took for one of them.
     if (this.#agg !== undefined) {
+      // Another replica took a free for a third one's booking (its owner may be gone): count it out.
+      if (e.type === "free" && e.owner !== replicaId) {
+        if (!this.#agg.endMirroredBooking(e.request_id)) return this.#ignored();
+        counters.replicaEventsApplied++;
+        return true;
+      }
       if (e.type === "add" || e.owner !== replicaId || !book.has(e.request_id)) return this.#ignored();
       // Through the book, as a call made here: the change is published with our next totals.
       if (e.type === "free") book.free(e.request_id);
@@ -122,6 +128,8 @@ export class ReplicaState {
    */
   bookingsSnapshot(): BookingSnapshot[] {
     const out: BookingSnapshot[] = [];
+    // Aggregate mode: peers ignore bookings (the totals and ids in loadAggregatesSnapshot stand for them).
+    if (this.#agg !== undefined) return out;
     for (const row of this.#o.book.rows()) {
       out.push({ add: row.add, prefillDone: row.partition.ledger.get(row.selectionId)?.prefillDone ?? false });
     }
@@ -200,8 +208,8 @@ export class ReplicaState {
     const { book, replicaId } = this.#o;
     return (
       this.#agg?.snapshot((p) => {
-        const ids: string[] = [];
-        for (const row of book.rows()) if (row.partition === p && row.owner === replicaId) ids.push(row.selectionId);
+        const ids: AddedBooking[] = [];
+        for (const row of book.rows()) if (row.partition === p && row.owner === replicaId) ids.push({ id: row.selectionId, worker_id: row.workerId, dp_rank: row.dpRank });
         return ids;
       }) ?? []
     );
@@ -216,7 +224,7 @@ export class ReplicaState {
     if (agg === undefined || e.owner !== this.#o.replicaId || e.type === "prefill_complete") return;
     const p = this.#o.fleet.partition(partitionKey(e.partition.model_name, e.partition.routing_group));
     if (p === undefined) return;
-    if (e.type === "add") agg.ownBooked(p, e.request_id);
+    if (e.type === "add") agg.ownBooked(p, e.request_id, e.worker_id, e.dp_rank);
     else agg.ownEnded(p, e.request_id);
   }
 
@@ -235,7 +243,7 @@ export class ReplicaState {
   peerLifecycle(type: "prefill_complete" | "free", id: string): LoadEvent | undefined {
     const b = this.#agg?.mirroredBooking(id);
     if (b === undefined) return undefined;
-    if (type === "free") this.#agg?.forgetBooking(id);
+    if (type === "free") this.#agg?.endMirroredBooking(id);
     return { type, origin: this.#o.replicaId, owner: b.owner, request_id: id, partition: b.partition };
   }
 
@@ -246,6 +254,21 @@ export class ReplicaState {
       return 0;
     }
     return this.#agg.apply(origin, a);
+  }
+
+  /** Aggregate mode: whether a peer's booking with this id is indexed here. */
+  mirrorsBooking(id: string): boolean {
+    return this.#agg?.mirroredBooking(id) !== undefined;
+  }
+
+  /** What this replica mirrors of other origins (aggregate mode), for its snapshots. */
+  mirroredAggregatesSnapshot(): OriginAggregates[] {
+    return this.#agg?.mirroredSnapshot() ?? [];
+  }
+
+  /** From a peer's snapshot: the totals it mirrors of origins this replica has not heard from. */
+  adoptMirroredAggregates(sender: bigint, mirrored: readonly OriginAggregates[]): number {
+    return this.#agg?.adopt(this.#o.replicaId, sender, mirrored) ?? 0;
   }
 
   /** Installs a peer's totals snapshot; returns the requests it holds here now. */

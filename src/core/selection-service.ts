@@ -21,7 +21,7 @@ import { Fleet, type DumpEvent, type WorkerChange } from "./fleet.js";
 import { hashCount } from "./hash64.js";
 import type { KvEventBatch } from "./kv-events.js";
 import { ReplicaState } from "./replica-state.js";
-import type { BindingEvent, BookingSnapshot, LoadAggregates, LoadEvent, LoadReplication } from "./replica-events.js";
+import type { BindingEvent, BookingSnapshot, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates } from "./replica-events.js";
 import { randomUuid, validateId } from "./request-ids.js";
 import { ReservationBook } from "./reservations.js";
 import { resolveServiceOptions, type SelectionServiceOptions } from "./service-options.js";
@@ -296,8 +296,12 @@ export class SelectionService {
     if (!this.#forwardedToOwner("free", selectionId)) this.#book.free(selectionId);
   }
 
+  /**
+   * Whether a lifecycle call for this id resolves here: a booking of this replica's, or a peer's
+   * it mirrors (exact mode: the booking; aggregate mode: its id and owner).
+   */
   hasReservation(selectionId: string): boolean {
-    return this.#book.has(selectionId);
+    return this.#book.has(selectionId) || this.#replica.mirrorsBooking(selectionId);
   }
 
   /**
@@ -445,6 +449,16 @@ export class SelectionService {
   /** Aggregate mode: applies a peer's totals; returns the rows applied (unknown workers are ignored). */
   applyLoadAggregates(origin: bigint, a: LoadAggregates): number {
     return this.#replica.applyLoadAggregates(origin, a);
+  }
+
+  /** Aggregate mode: what this replica mirrors of its peers (a snapshot carries it to joiners). */
+  mirroredAggregatesSnapshot(): OriginAggregates[] {
+    return this.#replica.mirroredAggregatesSnapshot();
+  }
+
+  /** Aggregate mode: adopts a peer's view of origins this replica has not heard from; returns how many. */
+  adoptMirroredAggregates(sender: bigint, mirrored: readonly OriginAggregates[]): number {
+    return this.#replica.adoptMirroredAggregates(sender, mirrored);
   }
 
   /** Aggregate mode: installs a peer's totals snapshot; returns the requests it holds here now. */

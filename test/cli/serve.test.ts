@@ -385,7 +385,8 @@ describe("kvmesh serve: config errors name the flag", () => {
     expect(name("meshKeyFile")).toBe("--mesh-key");
     expect(name("meshAllowFiles")).toBe("--mesh-allow");
     expect(name("apiTokenFile")).toBe("--api-token-file");
-    expect(name("meshFlushIntervalMs")).toBe("meshFlushIntervalMs");
+    expect(name("meshFlushIntervalMs")).toBe("--mesh-flush-interval-ms");
+    expect(name("meshHeartbeatIntervalMs")).toBe("meshHeartbeatIntervalMs");
   });
 
   it("turns a config error into a usage error naming the flag, even when its message does not", () => {

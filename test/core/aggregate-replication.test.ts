@@ -65,7 +65,7 @@ describe("aggregate load replication", () => {
     deliver();
     expect(sent).toHaveLength(1);
     expect(sent[0]?.[0]?.rows).toHaveLength(1);
-    expect(sent[0]?.[0]?.added).toEqual(["r1"]);
+    expect(sent[0]?.[0]?.added.map((b) => b.id)).toEqual(["r1"]);
     deliver();
     expect(sent).toHaveLength(1);
     // A booking made and ended between two publishes is in neither list.
@@ -90,7 +90,8 @@ describe("aggregate load replication", () => {
     const [a, b] = services as [SelectionService, SelectionService];
     a.selectAndReserve({ token_ids: tokens(4, 1), selection_id: "r1" });
     deliver();
-    expect(b.hasReservation("r1")).toBe(false);
+    // Known here by id and owner only, as a lifecycle call needs.
+    expect(b.hasReservation("r1")).toBe(true);
     b.prefillComplete("r1");
     expect(events.map((q) => [q.from, q.e.type, q.e.owner])).toEqual([[1, "prefill_complete", 1n]]);
     deliver();
@@ -99,9 +100,33 @@ describe("aggregate load replication", () => {
     expect(() => { b.freeReservation("r1"); }).toThrow(/not found/);
     deliver();
     expect(a.hasReservation("r1")).toBe(false);
+    expect(b.hasReservation("r1")).toBe(false);
     expect(totalRequests(a)).toBe(0);
     expect(totalRequests(b)).toBe(0);
     expect(() => { b.prefillComplete("never"); }).toThrow(/not found/);
+  });
+
+  it("frees taken elsewhere for a departed owner's bookings leave no load behind, on every peer", () => {
+    const { services, deliver, events } = mesh(3, [1, 2]);
+    const [a, b, c] = services as [SelectionService, SelectionService, SelectionService];
+    for (let i = 0; i < 4; i++) a.selectAndReserve({ token_ids: tokens(4, i), selection_id: `a${i}` });
+    deliver();
+    expect(totalRequests(b)).toBe(4);
+    // A is gone (killed): its frontends free its bookings through B and C.
+    b.freeReservation("a0");
+    b.freeReservation("a1");
+    c.freeReservation("a2");
+    // Delivered to the survivors only: the forwarded frees reach each other, not A.
+    for (const q of events.splice(0)) for (const [j, s] of [b, c].entries()) if (j + 1 !== q.from) s.applyLoadEvent(q.e);
+    expect(totalRequests(b)).toBe(1);
+    expect(totalRequests(c)).toBe(1);
+    c.freeReservation("a3");
+    for (const q of events.splice(0)) for (const [j, s] of [b, c].entries()) if (j + 1 !== q.from) s.applyLoadEvent(q.e);
+    for (const s of [b, c]) {
+      expect(s.loads()[0]?.loads.every((l) => l.active_requests === 0 && l.potential_decode_blocks === 0 && l.potential_prefill_tokens === 0)).toBe(true);
+    }
+    // A late publish from the owner (absolute totals) still wins where it arrives.
+    expect(b.hasReservation("a3")).toBe(false);
   });
 
   it("counts what heartbeats compare: the owner's published requests and a peer's applied ones", () => {

@@ -134,6 +134,9 @@ function checkDecodedBatch(b: MeshBatch): string | null {
       const x = e.event;
       if (typeof x.session_id !== "string" || x.session_id.length === 0 || !u64(x.worker_id) || !u64(x.sequence) || !u64(x.writer_id) || x.writer_id === 0n) return "binding";
       if (!["bind", "rebind", "refresh"].includes(x.reason)) return "binding.reason";
+    } else if (e.kind === "loads") {
+      const x = e.event;
+      if (x.rows.some((r) => !u64(r.worker_id) || !Number.isInteger(r.dp_rank) || !(r.blocks >= 0) || !(r.prefill_tokens >= 0))) return "loads";
     } else {
       const x = e.event;
       if (!u64(x.origin) || !u64(x.owner) || typeof x.request_id !== "string" || x.request_id.length === 0) return "load";

@@ -1,15 +1,23 @@
-import type { BindingEvent, LoadEvent } from "../../src/core/replica-events.js";
+import type { BindingEvent, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates } from "../../src/core/replica-events.js";
 import type { ReplicaPort, ReplicaSlot } from "../../mesh/replica-port.js";
 import type { SnapshotBooking } from "../../mesh/types.js";
 
 /**
  * A ReplicaPort that records what the mesh does to it: the mesh's tests drive the mesh with this
  * instead of a SelectionService. `emitLoad`/`emitBinding` play local events; `owned` sets what
- * countOwnedBy answers.
+ * countOwnedBy answers. In aggregate mode, `pendingAggregates` is what the next
+ * takeLoadAggregates hands out and `changeLoad` plays a change of our own bookings.
  */
 export class FakeReplicaPort implements ReplicaPort {
   readonly replicaId: bigint;
+  readonly loadReplication: LoadReplication;
   readonly applied: (LoadEvent | BindingEvent)[] = [];
+  readonly appliedAggregates: { origin: bigint; a: LoadAggregates }[] = [];
+  readonly replacedAggregates: { origin: bigint; snapshot: readonly LoadAggregates[] }[] = [];
+  readonly adopted: { sender: bigint; mirrored: readonly OriginAggregates[] }[] = [];
+  pendingAggregates: LoadAggregates[] = [];
+  loadAggregatesDecaying = false;
+  aggregatesSnapshot: LoadAggregates[] = [];
   readonly replaced: { origin: bigint; bookings: readonly SnapshotBooking[] }[] = [];
   readonly dropped: bigint[] = [];
   readonly owned = new Map<bigint, number>();
@@ -17,9 +25,36 @@ export class FakeReplicaPort implements ReplicaPort {
   #load: ((e: LoadEvent) => void) | undefined;
   #binding: ((e: BindingEvent) => void) | undefined;
   #workerChange: (() => void) | undefined;
+  #loadChange: (() => void) | undefined;
 
-  constructor(replicaId = 7n) {
+  constructor(replicaId = 7n, loadReplication: LoadReplication = "exact") {
     this.replicaId = replicaId;
+    this.loadReplication = loadReplication;
+  }
+
+  onLoadChange(listener: () => void): void {
+    this.#loadChange = listener;
+  }
+  takeLoadAggregates(): LoadAggregates[] {
+    return this.pendingAggregates.splice(0);
+  }
+  applyLoadAggregates(origin: bigint, a: LoadAggregates): void {
+    this.appliedAggregates.push({ origin, a });
+  }
+  replaceOriginAggregates(origin: bigint, snapshot: readonly LoadAggregates[]): void {
+    this.replacedAggregates.push({ origin, snapshot });
+  }
+  loadAggregatesSnapshot(): LoadAggregates[] {
+    return this.aggregatesSnapshot;
+  }
+  mirroredAggregatesSnapshot(): OriginAggregates[] {
+    return [];
+  }
+  adoptMirroredAggregates(sender: bigint, mirrored: readonly OriginAggregates[]): void {
+    this.adopted.push({ sender, mirrored });
+  }
+  changeLoad(): void {
+    this.#loadChange?.();
   }
 
   onLoadEvent(listener: (e: LoadEvent) => void): void {

@@ -29,7 +29,7 @@ const addWithHashes = (i: number, hashes: number): MeshEvent => ({
   },
 });
 
-const ids = (batches: MeshEvent[][]): string[] => batches.flat().map((e) => (e.kind === "load" ? e.event.request_id : e.event.session_id));
+const ids = (batches: MeshEvent[][]): string[] => batches.flat().map((e) => (e.kind === "load" ? e.event.request_id : e.kind === "binding" ? e.event.session_id : e.event.partition.model_name));
 
 describe("OutboundQueue", () => {
   it("uses the documented defaults", () => {
