@@ -273,6 +273,7 @@ describe("lag", () => {
     expect(le(2)).toBe(0);
     expect(le(5)).toBe(1);
     expect(le(10)).toBe(3);
+    expect(le(20)).toBe(3);
     expect(le(50)).toBe(4);
     expect(le(1_000)).toBe(4);
     expect(le(2_500)).toBe(5);
@@ -294,6 +295,10 @@ describe("lag", () => {
     expect(r.size).toBe(3);
     expect(r.percentile(100)).toBe(3);
     expect(r.percentile(0)).toBe(1);
+  });
+
+  it("has a 20 ms bound (the scale-out lag p99 target)", () => {
+    expect(LAG_BUCKETS_MS).toContain(20);
   });
 
   it("rejects non-increasing buckets", () => {
