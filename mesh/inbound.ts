@@ -18,7 +18,7 @@ import type { Logger } from "pino";
 import type { Clock } from "../src/core/clock.js";
 import type { ControlClient } from "./control.js";
 import { MeshWireError } from "./errors.js";
-import { MeshReceiver, type OriginStats } from "./origin-tracker.js";
+import { MeshReceiver, type LagObserver, type OriginStats } from "./origin-tracker.js";
 import { PeerHealth, type PeerState } from "./peer-health.js";
 import type { ReplicaPort } from "./replica-port.js";
 import type { TimerHandle, Timers } from "./timers.js";
@@ -77,6 +77,8 @@ export interface MeshInboundOptions {
   readonly snapshotTimeoutMs?: number;
   readonly suspectAfterMs?: number;
   readonly downAfterMs?: number;
+  /** Where lag samples go (the mesh's lag histograms); none without metrics. */
+  readonly lagObserver?: LagObserver;
 }
 
 export class MeshInbound {
@@ -115,6 +117,7 @@ export class MeshInbound {
       clock: o.wallClock,
       idleClock: o.clock,
       ...(o.snapshotTimeoutMs === undefined ? {} : { snapshotTimeoutMs: o.snapshotTimeoutMs }),
+      ...(o.lagObserver === undefined ? {} : { lagObserver: o.lagObserver }),
       onEvict: (origin) => {
         this.health.remove(origin);
         this.#control.delete(origin);

@@ -1,13 +1,19 @@
 /**
- * The mesh's Prometheus text (appended to /metrics), written in this one file from the counters
- * the components keep (publisher, inbound, membership, control, transport), so moving the mesh to
- * a metrics registry changes only this file.
+ * The mesh's series, registered on the daemon's prom-client registry (src/metrics/registry.ts).
+ * Counters are read at scrape time from the plain counters the components keep (publisher,
+ * inbound, membership, control, transport), as src/metrics/collected.ts does for the core: the
+ * publish and apply paths do no metrics work. The one exception is replication lag, observed into
+ * prom-client histograms once per received batch or heartbeat (the LagObserver of
+ * origin-tracker.ts), in seconds, on LAG_BUCKETS_MS.
  */
-import { HANDSHAKE_REJECT_REASONS } from "./zap-handler.js";
+import { Gauge, Histogram, type Registry } from "prom-client";
+
+import { collectedCounter, collectedLabelledCounter, type LabelledSample } from "../src/metrics/collected.js";
 import { KEY_LOOKUP_OUTCOMES } from "./curve-key-directory.js";
-import { LAG_BUCKETS_MS, type LagHistogram, type MeshReceiver } from "./origin-tracker.js";
+import { LAG_BUCKETS_MS, type LagObserver, type MeshReceiver } from "./origin-tracker.js";
 import type { PeerHealth } from "./peer-health.js";
 import type { MeshCurveStats } from "./transport.js";
+import { HANDSHAKE_REJECT_REASONS } from "./zap-handler.js";
 
 /** The mesh's counters, as ReplicaMesh.stats reports them. */
 export interface MeshStats {
@@ -27,92 +33,146 @@ export interface MeshStats {
   snapshotPullsDeferred: number;
 }
 
+/** What the mesh's series read at each scrape. */
 export interface MeshMetricsSources {
-  readonly stats: MeshStats;
+  readonly stats: () => MeshStats;
   /** Outbound events shed by the bounded queue. */
-  readonly shed: number;
-  readonly receiver: MeshReceiver;
-  readonly health: PeerHealth;
-  /** Null without CURVE. */
-  readonly curve: MeshCurveStats | null;
+  readonly shed: () => number;
+  readonly receiver: Pick<MeshReceiver, "evicted" | "refused" | "origins" | "tracker">;
+  readonly health: Pick<PeerHealth, "counts">;
+  /** CURVE counters; null without CURVE (then no CURVE family is registered). */
+  readonly curve: () => MeshCurveStats | null;
 }
 
-export function meshMetricsText(src: MeshMetricsSources): string {
-  const { stats } = src;
-  const lines: string[] = [];
-  const counter = (name: string, help: string, v: number): void => {
-    lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} counter`, `${name} ${v}`);
-  };
-  counter("kvmesh_mesh_batches_sent_total", "Batches published to peers.", stats.batchesSent);
-  counter("kvmesh_mesh_events_sent_total", "Events published to peers.", stats.eventsSent);
-  counter("kvmesh_mesh_batches_applied_total", "Peer batches applied.", stats.batchesApplied);
-  counter("kvmesh_mesh_events_applied_total", "Peer events applied.", stats.eventsApplied);
-  counter("kvmesh_mesh_events_shed_total", "Outbound events shed by the bounded queue (repaired by snapshot).", src.shed);
-  counter("kvmesh_mesh_malformed_frames_total", "Mesh frames or control requests that failed to decode.", stats.malformed);
-  counter("kvmesh_mesh_origins_evicted_total", "Tracked origins evicted (never synced, or silent) to make room for new ones.", src.receiver.evicted);
-  counter("kvmesh_mesh_origins_refused_total", "Frames from new origins ignored because the origin table was full of live ones.", src.receiver.refused);
-  counter("kvmesh_mesh_snapshots_served_total", "Snapshots served to peers.", stats.snapshotsServed);
-  counter("kvmesh_mesh_snapshots_installed_total", "Peer snapshots installed.", stats.snapshotsInstalled);
-  counter("kvmesh_mesh_snapshot_failures_total", "Snapshot requests that failed or timed out (retried).", stats.snapshotFailures);
-  counter("kvmesh_mesh_snapshot_pulls_deferred_total", "Snapshot requests deferred because the bound of concurrent pulls was reached (retried).", stats.snapshotPullsDeferred);
-  counter("kvmesh_mesh_divergence_resyncs_total", "Snapshots forced by heartbeat count mismatches.", stats.divergenceResyncs);
-  counter("kvmesh_mesh_peer_redials_total", "Silent registered peers redialed (a SUB session libzmq gave up on, or a peer that is down).", stats.redials);
-  const origins = src.receiver.stats();
-  lines.push("# HELP kvmesh_mesh_gaps_total Sequence gaps detected per origin.", "# TYPE kvmesh_mesh_gaps_total counter");
-  for (const o of origins) lines.push(`kvmesh_mesh_gaps_total{origin="${o.origin}"} ${o.gaps}`);
-  lines.push("# HELP kvmesh_mesh_last_seq Last batch seq applied per origin.", "# TYPE kvmesh_mesh_last_seq gauge");
-  for (const o of origins) lines.push(`kvmesh_mesh_last_seq{origin="${o.origin}"} ${o.lastAppliedSeq}`);
-  lines.push("# HELP kvmesh_mesh_replication_lag_seconds Publish-to-receive lag of peer batches and heartbeats, all peers.", "# TYPE kvmesh_mesh_replication_lag_seconds histogram");
-  histogramLines(lines, "kvmesh_mesh_replication_lag_seconds", "", src.receiver.lagHistogram);
+const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: keyof MeshStats])[] = [
+  ["kvmesh_mesh_batches_sent_total", "Batches published to peers.", "batchesSent"],
+  ["kvmesh_mesh_events_sent_total", "Events published to peers.", "eventsSent"],
+  ["kvmesh_mesh_batches_applied_total", "Peer batches applied.", "batchesApplied"],
+  ["kvmesh_mesh_events_applied_total", "Peer events applied.", "eventsApplied"],
+  ["kvmesh_mesh_malformed_frames_total", "Mesh frames or control requests that failed to decode.", "malformed"],
+  ["kvmesh_mesh_snapshots_served_total", "Snapshots served to peers.", "snapshotsServed"],
+  ["kvmesh_mesh_snapshots_installed_total", "Peer snapshots installed.", "snapshotsInstalled"],
+  ["kvmesh_mesh_snapshot_failures_total", "Snapshot requests that failed or timed out (retried).", "snapshotFailures"],
+  ["kvmesh_mesh_snapshot_pulls_deferred_total", "Snapshot requests deferred because the bound of concurrent pulls was reached (retried).", "snapshotPullsDeferred"],
+  ["kvmesh_mesh_divergence_resyncs_total", "Snapshots forced by heartbeat count mismatches.", "divergenceResyncs"],
+  ["kvmesh_mesh_peer_redials_total", "Silent registered peers redialed (a SUB session libzmq gave up on, or a peer that is down).", "redials"],
+];
+
+const MS_PER_SECOND = 1_000;
+
+/** LAG_BUCKETS_MS in seconds, as both lag histograms expose them. */
+export const LAG_BUCKETS_SECONDS: readonly number[] = Object.freeze(LAG_BUCKETS_MS.map((ms) => ms / MS_PER_SECOND));
+
+/**
+ * The replication-lag histograms: all peers, and per origin. Registered before the receiver is
+ * built, as it observes into them; the per-origin series of an origin forgotten or evicted ends.
+ */
+export function registerLagMetrics(registry: Registry): LagObserver {
+  const registers = [registry];
+  const aggregate = new Histogram({
+    name: "kvmesh_mesh_replication_lag_seconds",
+    help: "Publish-to-receive lag of peer batches and heartbeats, all peers.",
+    buckets: [...LAG_BUCKETS_SECONDS],
+    registers,
+  });
   // Per peer as well: one slow link hides in the aggregate when the other peers are fast. Keyed by
-  // origin (GET /replica_sync/peers maps origin to endpoint); a forgotten origin's series ends.
-  lines.push("# HELP kvmesh_mesh_peer_replication_lag_seconds Publish-to-receive lag per origin (peer).", "# TYPE kvmesh_mesh_peer_replication_lag_seconds histogram");
-  for (const origin of src.receiver.origins()) {
-    const t = src.receiver.tracker(origin);
-    if (t !== undefined) histogramLines(lines, "kvmesh_mesh_peer_replication_lag_seconds", `origin="${origin}",`, t.lagHistogram);
-  }
-  lines.push("# HELP kvmesh_mesh_peers Peers by state.", "# TYPE kvmesh_mesh_peers gauge");
-  for (const [state, n] of Object.entries(src.health.counts())) lines.push(`kvmesh_mesh_peers{state="${state}"} ${n}`);
-  return lines.join("\n") + "\n" + curveMetricsText(src.curve);
-}
-
-/** CURVE series (empty without CURVE): handshakes, ZAP decisions, key lookups, refusals. */
-export function curveMetricsText(s: MeshCurveStats | null): string {
-  if (s === null) return "";
-  const lines: string[] = [];
-  const family = (name: string, type: "counter" | "gauge", help: string, samples: readonly string[]): void => {
-    lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`, ...samples);
+  // origin (GET /replica_sync/peers maps origin to endpoint).
+  const perOrigin = new Histogram<"origin">({
+    name: "kvmesh_mesh_peer_replication_lag_seconds",
+    help: "Publish-to-receive lag per origin (peer).",
+    labelNames: ["origin"] as const,
+    buckets: [...LAG_BUCKETS_SECONDS],
+    registers,
+  });
+  return {
+    observe(origin, seconds) {
+      aggregate.observe(seconds);
+      perOrigin.observe({ origin }, seconds);
+    },
+    forget(origin) {
+      perOrigin.remove({ origin });
+    },
   };
-  family("kvmesh_mesh_curve_enabled", "gauge", "1 when the mesh uses CURVE (encrypted, listed keys only).", ["kvmesh_mesh_curve_enabled 1"]);
-  family("kvmesh_mesh_handshakes_accepted_total", "counter", "Inbound CURVE handshakes accepted (publish and control sockets).", [`kvmesh_mesh_handshakes_accepted_total ${s.inbound.accepted}`]);
-  family(
-    "kvmesh_mesh_handshakes_rejected_total",
-    "counter",
-    "Inbound handshakes rejected: unlisted_key (ZAP refused the key), no_curve (a plain peer), wrong_server_key (a stale key, or a peer probing the listed keys for ours), other.",
-    HANDSHAKE_REJECT_REASONS.map((r) => `kvmesh_mesh_handshakes_rejected_total{reason="${r}"} ${s.inbound.rejected[r]}`),
-  );
-  family("kvmesh_mesh_zap_denied_total", "counter", "ZAP requests denied (public key not in --mesh-allow).", [`kvmesh_mesh_zap_denied_total ${s.zap.denied}`]);
-  family(
-    "kvmesh_mesh_key_lookups_total",
-    "counter",
-    "Lookups of a peer endpoint's CURVE key by probing the listed keys, by outcome.",
-    KEY_LOOKUP_OUTCOMES.map((r) => `kvmesh_mesh_key_lookups_total{outcome="${r}"} ${s.keyLookups.lookups[r]}`),
-  );
-  family("kvmesh_mesh_key_rekeys_total", "counter", "Peer connections re-keyed after their cached key stopped working.", [`kvmesh_mesh_key_rekeys_total ${s.subscribers.rekeys}`]);
-  family(
-    "kvmesh_mesh_refused_by_peer_total",
-    "counter",
-    "Outbound connections and control requests a peer refused or could not authenticate (our key not in its allow list, or no listed key).",
-    [`kvmesh_mesh_refused_by_peer_total ${s.subscribers.refusedByPeer + s.requestAuthFailures}`],
-  );
-  return lines.join("\n") + "\n";
 }
 
-/** Prometheus histogram sample lines; `labels` is empty or ends with a comma. */
-function histogramLines(lines: string[], name: string, labels: string, h: LagHistogram): void {
-  const cum = h.cumulative();
-  LAG_BUCKETS_MS.forEach((b, i) => lines.push(`${name}_bucket{${labels}le="${b / 1000}"} ${cum[i] ?? 0}`));
-  lines.push(`${name}_bucket{${labels}le="+Inf"} ${h.count}`);
-  const sel = labels === "" ? "" : `{${labels.slice(0, -1)}}`;
-  lines.push(`${name}_sum${sel} ${h.sum / 1000}`, `${name}_count${sel} ${h.count}`);
+/** Every other mesh series (and the CURVE ones with CURVE), read from `src` at each scrape. */
+export function registerMeshMetrics(registry: Registry, src: MeshMetricsSources): void {
+  for (const [name, help, key] of STAT_COUNTERS) collectedCounter(registry, { name, help }, () => src.stats()[key]);
+  collectedCounter(registry, { name: "kvmesh_mesh_events_shed_total", help: "Outbound events shed by the bounded queue (repaired by snapshot)." }, src.shed);
+  collectedCounter(registry, { name: "kvmesh_mesh_origins_evicted_total", help: "Tracked origins evicted (never synced, or silent) to make room for new ones." }, () => src.receiver.evicted);
+  collectedCounter(registry, { name: "kvmesh_mesh_origins_refused_total", help: "Frames from new origins ignored because the origin table was full of live ones." }, () => src.receiver.refused);
+
+  // Per tracked origin; a forgotten origin's series end at the next scrape.
+  const { receiver } = src;
+  collectedLabelledCounter<"origin">(registry, { name: "kvmesh_mesh_gaps_total", help: "Sequence gaps detected per origin." }, ["origin"], function* (): Iterable<LabelledSample<"origin">> {
+    for (const origin of receiver.origins()) {
+      const t = receiver.tracker(origin);
+      if (t !== undefined) yield [{ origin: origin.toString() }, t.gaps];
+    }
+  });
+  new Gauge<"origin">({
+    name: "kvmesh_mesh_last_seq",
+    help: "Last batch seq applied per origin.",
+    labelNames: ["origin"] as const,
+    registers: [registry],
+    collect(this: Gauge<"origin">) {
+      this.reset();
+      for (const origin of receiver.origins()) {
+        const t = receiver.tracker(origin);
+        if (t !== undefined) this.set({ origin: origin.toString() }, t.lastAppliedSeq);
+      }
+    },
+  });
+  new Gauge<"state">({
+    name: "kvmesh_mesh_peers",
+    help: "Peers by state.",
+    labelNames: ["state"] as const,
+    registers: [registry],
+    collect(this: Gauge<"state">) {
+      for (const [state, n] of Object.entries(src.health.counts())) this.set({ state }, n);
+    },
+  });
+  registerCurveMetrics(registry, src.curve);
+}
+
+/**
+ * CURVE series: handshakes, ZAP decisions, key lookups, refusals. Registers nothing when `read()`
+ * is null: a transport is CURVE or not from the time it binds.
+ */
+export function registerCurveMetrics(registry: Registry, read: () => MeshCurveStats | null): void {
+  const first = read();
+  if (first === null) return;
+  let last: MeshCurveStats = first;
+  const curve = (): MeshCurveStats => (last = read() ?? last);
+  new Gauge({ name: "kvmesh_mesh_curve_enabled", help: "1 when the mesh uses CURVE (encrypted, listed keys only).", registers: [registry] }).set(1);
+  collectedCounter(registry, { name: "kvmesh_mesh_handshakes_accepted_total", help: "Inbound CURVE handshakes accepted (publish and control sockets)." }, () => curve().inbound.accepted);
+  collectedLabelledCounter<"reason">(
+    registry,
+    {
+      name: "kvmesh_mesh_handshakes_rejected_total",
+      help: "Inbound handshakes rejected: unlisted_key (ZAP refused the key), no_curve (a plain peer), wrong_server_key (a stale key, or a peer probing the listed keys for ours), other.",
+    },
+    ["reason"],
+    () => {
+      const rejected = curve().inbound.rejected;
+      return HANDSHAKE_REJECT_REASONS.map((reason): LabelledSample<"reason"> => [{ reason }, rejected[reason]]);
+    },
+  );
+  collectedCounter(registry, { name: "kvmesh_mesh_zap_denied_total", help: "ZAP requests denied (public key not in --mesh-allow)." }, () => curve().zap.denied);
+  collectedLabelledCounter<"outcome">(registry, { name: "kvmesh_mesh_key_lookups_total", help: "Lookups of a peer endpoint's CURVE key by probing the listed keys, by outcome." }, ["outcome"], () => {
+    const lookups = curve().keyLookups.lookups;
+    return KEY_LOOKUP_OUTCOMES.map((outcome): LabelledSample<"outcome"> => [{ outcome }, lookups[outcome]]);
+  });
+  collectedCounter(registry, { name: "kvmesh_mesh_key_rekeys_total", help: "Peer connections re-keyed after their cached key stopped working." }, () => curve().subscribers.rekeys);
+  collectedCounter(
+    registry,
+    {
+      name: "kvmesh_mesh_refused_by_peer_total",
+      help: "Outbound connections and control requests a peer refused or could not authenticate (our key not in its allow list, or no listed key).",
+    },
+    () => {
+      const s = curve();
+      return s.subscribers.refusedByPeer + s.requestAuthFailures;
+    },
+  );
 }

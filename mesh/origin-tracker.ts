@@ -50,8 +50,11 @@ export const DEFAULT_MAX_TRACKED_ORIGINS = 1_024;
  * `down` after 10 s; its mirrored bookings stay in the service either way), ms.
  */
 export const DEFAULT_ORIGIN_EVICT_IDLE_MS = 60_000;
-/** Upper bounds (ms) of the Prometheus lag histogram buckets; +Inf is implied. */
-export const LAG_BUCKETS_MS: readonly number[] = Object.freeze([1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000]);
+/**
+ * Upper bounds (ms) of the Prometheus lag histogram buckets; +Inf is implied. 20 ms is the
+ * scale-out target for lag p99, so it is a bound of its own.
+ */
+export const LAG_BUCKETS_MS: readonly number[] = Object.freeze([1, 2, 5, 10, 20, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000]);
 
 export type ResyncReason = "gap" | "new-epoch" | "first-contact";
 /** "refused": a new origin with the origin table full of live ones (MeshReceiver only): ignore the message. */
@@ -59,54 +62,22 @@ export type BatchAction = { action: "apply" } | { action: "buffer" } | { action:
 export type HeartbeatAction = { action: "ok" } | { action: "drop-stale" } | { action: "resync"; reason: ResyncReason } | { action: "refused" };
 export type OriginState = "syncing" | "live";
 
+const MS_PER_SECOND = 1_000;
 const APPLY: BatchAction = Object.freeze({ action: "apply" });
 const BUFFER: BatchAction = Object.freeze({ action: "buffer" });
 const DROP_STALE = Object.freeze({ action: "drop-stale" } as const);
 const HB_OK: HeartbeatAction = Object.freeze({ action: "ok" });
 const REFUSED = Object.freeze({ action: "refused" } as const);
 
-/** Fixed-bucket histogram of lag in ms, for a Prometheus `histogram` (receive wall time - sentAtMs). */
-export class LagHistogram {
-  readonly bucketsMs: readonly number[];
-  /** Per bucket (not cumulative), the last one is +Inf. */
-  readonly #counts: Float64Array;
-  #sum = 0;
-  #count = 0;
-
-  constructor(bucketsMs: readonly number[] = LAG_BUCKETS_MS) {
-    for (let i = 1; i < bucketsMs.length; i++) {
-      if (!((bucketsMs[i] as number) > (bucketsMs[i - 1] as number))) throw new RangeError("lag buckets must be strictly increasing");
-    }
-    this.bucketsMs = bucketsMs;
-    this.#counts = new Float64Array(bucketsMs.length + 1);
-  }
-
-  observe(ms: number): void {
-    const b = this.bucketsMs;
-    let i = 0;
-    while (i < b.length && ms > (b[i] as number)) i++;
-    this.#counts[i] = (this.#counts[i] as number) + 1;
-    this.#sum += ms;
-    this.#count++;
-  }
-
-  get count(): number {
-    return this.#count;
-  }
-  get sum(): number {
-    return this.#sum;
-  }
-
-  /** Cumulative counts per `le` bound, as Prometheus exposes them; the last entry is +Inf. */
-  cumulative(): number[] {
-    const out = new Array<number>(this.#counts.length);
-    let acc = 0;
-    for (let i = 0; i < this.#counts.length; i++) {
-      acc += this.#counts[i] as number;
-      out[i] = acc;
-    }
-    return out;
-  }
+/**
+ * Where lag observations go: the mesh's Prometheus histograms (mesh-metrics.ts), or a test's
+ * recorder. Kept to strings and seconds so this file needs no metrics library.
+ */
+export interface LagObserver {
+  /** A batch or heartbeat of `origin` (decimal id) arrived `seconds` after it was sent (>= 0). */
+  observe(origin: string, seconds: number): void;
+  /** `origin` is no longer tracked (forgotten or evicted): its per-origin series ends. */
+  forget(origin: string): void;
 }
 
 /** The last N lag samples in a ring; percentiles sort a copy (1 024 samples: ~20 us). */
@@ -205,10 +176,11 @@ function resolve(o: OriginTrackerOptions): Resolved {
 
 export class OriginTracker {
   readonly origin: bigint;
-  readonly lagHistogram: LagHistogram;
   readonly #o: Resolved;
   readonly #lag: LagReservoir;
-  readonly #aggregateLag: LagHistogram | undefined;
+  readonly #lagObserver: LagObserver | undefined;
+  /** `origin` in decimal, the label the observer gets (made once, not per message). */
+  readonly #label: string;
   #state: OriginState = "syncing";
   /** Why the current sync began, and whether the glue was told (one resync action per episode). */
   #reason: ResyncReason = "first-contact";
@@ -237,12 +209,12 @@ export class OriginTracker {
   /** idleClock time of the last batch, heartbeat or snapshot of this origin (eviction order). */
   #lastHeardMs: number;
 
-  constructor(origin: bigint, options: OriginTrackerOptions, aggregateLag?: LagHistogram) {
+  constructor(origin: bigint, options: OriginTrackerOptions, lagObserver?: LagObserver) {
     this.origin = origin;
     this.#o = resolve(options);
     this.#lag = new LagReservoir(this.#o.lagSamples);
-    this.lagHistogram = new LagHistogram();
-    this.#aggregateLag = aggregateLag;
+    this.#lagObserver = lagObserver;
+    this.#label = origin.toString();
     this.#lastHeardMs = this.#o.idleClock.now();
   }
 
@@ -267,6 +239,10 @@ export class OriginTracker {
   }
   get buffered(): number {
     return this.#buffer.length;
+  }
+  /** Gaps detected so far (as in stats(), without computing the lag percentiles). */
+  get gaps(): number {
+    return this.#gaps;
   }
 
   onBatch(batch: MeshBatch): BatchAction {
@@ -438,8 +414,7 @@ export class OriginTracker {
     // Clock skew between hosts can make this negative; count it as no lag rather than lose it.
     const lag = Math.max(0, this.#o.clock.now() - sentAtMs);
     this.#lag.add(lag);
-    this.lagHistogram.observe(lag);
-    this.#aggregateLag?.observe(lag);
+    this.#lagObserver?.observe(this.#label, lag / MS_PER_SECOND);
   }
 
   #startSync(reason: ResyncReason): void {
@@ -494,17 +469,18 @@ export interface MeshReceiverOptions extends OriginTrackerOptions {
   readonly evictIdleMs?: number;
   /** An origin was evicted to make room: the glue drops what it keeps per origin. */
   readonly onEvict?: (origin: bigint) => void;
+  /** Receives every lag sample (per origin), and each origin forgotten or evicted. */
+  readonly lagObserver?: LagObserver;
 }
 
 /** One tracker per origin, created on first contact, at most `maxOrigins` of them. */
 export class MeshReceiver {
-  /** Lag over all origins (each tracker also has its own). */
-  readonly lagHistogram = new LagHistogram();
   readonly #options: OriginTrackerOptions;
   readonly #trackers = new Map<bigint, OriginTracker>();
   readonly #maxOrigins: number;
   readonly #evictIdleMs: number;
   readonly #onEvict: ((origin: bigint) => void) | undefined;
+  readonly #lagObserver: LagObserver | undefined;
   #refused = 0;
   #evicted = 0;
 
@@ -514,6 +490,7 @@ export class MeshReceiver {
     this.#maxOrigins = options.maxOrigins ?? DEFAULT_MAX_TRACKED_ORIGINS;
     this.#evictIdleMs = options.evictIdleMs ?? DEFAULT_ORIGIN_EVICT_IDLE_MS;
     this.#onEvict = options.onEvict;
+    this.#lagObserver = options.lagObserver;
     if (!Number.isInteger(this.#maxOrigins) || this.#maxOrigins < 1) throw new RangeError(`maxOrigins must be a positive integer, got ${this.#maxOrigins}`);
     if (!(this.#evictIdleMs >= 0)) throw new RangeError(`evictIdleMs must be >= 0, got ${this.#evictIdleMs}`);
   }
@@ -567,7 +544,9 @@ export class MeshReceiver {
 
   /** Drops an origin's state (deregistered, or down and expired); it starts over on next contact. */
   forget(origin: bigint): boolean {
-    return this.#trackers.delete(origin);
+    if (!this.#trackers.delete(origin)) return false;
+    this.#lagObserver?.forget(origin.toString());
+    return true;
   }
 
   origins(): bigint[] {
@@ -585,7 +564,7 @@ export class MeshReceiver {
         this.#refused++;
         return undefined;
       }
-      t = new OriginTracker(origin, this.#options, this.lagHistogram);
+      t = new OriginTracker(origin, this.#options, this.#lagObserver);
       this.#trackers.set(origin, t);
     }
     return t;
@@ -601,6 +580,7 @@ export class MeshReceiver {
     }
     if (victim === undefined) return false;
     this.#trackers.delete(victim.origin);
+    this.#lagObserver?.forget(victim.origin.toString());
     this.#evicted++;
     this.#onEvict?.(victim.origin);
     return true;

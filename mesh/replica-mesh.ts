@@ -7,17 +7,18 @@
  *   membership.ts  register/deregister (both directions), peer-back, redial of silent peers,
  *                  forgetting an origin, the slot for tie spreading
  *   control.ts     the control channel: requests we send, requests peers send us
- *   mesh-metrics.ts  the Prometheus text
+ *   mesh-metrics.ts  the mesh's series on the daemon's metrics registry
  *
  * over one MeshTransport (sockets). Time is injected: a monotonic clock for every interval and
  * deadline, the wall clock only for lag stamps, and Timers for every wake-up.
  */
 import type { Logger } from "pino";
+import type { Registry } from "prom-client";
 import { systemClock, type Clock, type Random } from "../src/core/clock.js";
 import { ControlClient, ControlServer, DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
 import type { MeshCurveConfig } from "./curve.js";
 import { MeshInbound } from "./inbound.js";
-import { meshMetricsText, type MeshStats } from "./mesh-metrics.js";
+import { registerLagMetrics, registerMeshMetrics, type MeshStats } from "./mesh-metrics.js";
 import { Membership, type PeerView } from "./membership.js";
 import { flushIntervalOf, MeshPublisher } from "./publisher.js";
 import type { MeshControl, ReplicaPort } from "./replica-port.js";
@@ -62,6 +63,8 @@ export interface ReplicaMeshOptions {
    * select-to-book race without it (bench:mesh --no-tie-spread).
    */
   readonly tieSpread?: boolean;
+  /** The registry the mesh registers its series on (the daemon's); none registered without one. */
+  readonly metrics?: Registry | undefined;
 }
 
 export class ReplicaMesh implements MeshControl {
@@ -100,10 +103,14 @@ export class ReplicaMesh implements MeshControl {
       ...(o.heartbeatIntervalMs === undefined ? {} : { heartbeatIntervalMs: o.heartbeatIntervalMs }),
       ...(service.loadReplication === "aggregate" ? { aggregates: service } : {}),
     });
-    this.#inbound = new MeshInbound({ origin, port: service, control: client, logger, clock, wallClock, timers });
+    const lagObserver = o.metrics === undefined ? undefined : registerLagMetrics(o.metrics);
+    this.#inbound = new MeshInbound({ origin, port: service, control: client, logger, clock, wallClock, timers, ...(lagObserver === undefined ? {} : { lagObserver }) });
     this.#membership = new Membership({ origin, advertise: this.#advertise, links: transport, control: client, inbound: this.#inbound, port: service, logger, clock });
     this.#inbound.bindMembership(this.#membership);
     this.#control = new ControlServer({ port: service, publisher: this.#publisher, peering: this.#membership });
+    if (o.metrics !== undefined) {
+      registerMeshMetrics(o.metrics, { stats: () => this.stats, shed: () => this.#publisher.shed, receiver: this.#inbound.receiver, health: this.#inbound.health, curve: () => transport.curveStats });
+    }
 
     service.onLoadEvent((event) => {
       this.#publisher.enqueue({ kind: "load", event });
@@ -183,11 +190,6 @@ export class ReplicaMesh implements MeshControl {
 
   listPeers(): PeerView[] {
     return this.#membership.list();
-  }
-
-  /** Prometheus text for the mesh (appended to /metrics). */
-  metricsText(): string {
-    return meshMetricsText({ stats: this.stats, shed: this.#publisher.shed, receiver: this.#inbound.receiver, health: this.#inbound.health, curve: this.#transport.curveStats });
   }
 
   async close(): Promise<void> {

@@ -444,7 +444,7 @@ async function main(): Promise<void> {
     if (r.errorSample !== "") console.log(`${String(r.replicas)} replicas: first error: ${r.errorSample}`);
     if (r.divergence.example !== "") console.log(`${String(r.replicas)} replicas: first disagreement: ${r.divergence.example}`);
   }
-  console.log("lag: kvmesh_mesh_replication_lag_seconds delta over the window, summed over replicas, interpolated within buckets (1,2,5,10,25 ms ...); includes heartbeats");
+  console.log("lag: kvmesh_mesh_replication_lag_seconds delta over the window, summed over replicas, interpolated within buckets (1,2,5,10,20,25 ms ...); includes heartbeats");
 
   const config = { replicas: REPLICA_COUNTS, workers: WORKERS, ratePerS: RATE_PER_S, seconds: SECONDS, warmupSeconds: WARMUP_SECONDS, sessions: SESSIONS, seed: SEED, maxInFlight: MAX_IN_FLIGHT, blockSize: BLOCK_SIZE, clkTck: CLK_TCK };
   writeJsonReport(args.json, { config, results });

@@ -34,7 +34,7 @@ import { runStress } from "./lib/scale-stress-run.js";
 const METHOD: readonly string[] = [
   "CPU: utime+stime from /proc/<pid>/task/<pid>/stat (main thread) and /proc/<pid>/stat (all threads, exited ones included), over the window, divided by the requests routed in it (stress: requests published); peers' figures are per replicated request",
   "mesh bytes: TCP payload (bytes_acked sent, bytes_received) of established connections on every replica's mesh XPUB and control ports, from `ss -tin`, counted on the listening side; 'origin out' is what the origin's XPUB sent to all its peers",
-  "lag: kvmesh_mesh_replication_lag_seconds (publish-to-receive of batches and heartbeats) delta over the window, all peers, interpolated within buckets (1, 2, 5, 10, 25 ms ...)",
+  "lag: kvmesh_mesh_replication_lag_seconds (publish-to-receive of batches and heartbeats) delta over the window, all peers, interpolated within buckets (1, 2, 5, 10, 20, 25 ms ...)",
   "capacity: N / (1 + (N-1) x r), r = mean over peers of peer main-thread us / origin main-thread us per request",
 ];
 

@@ -106,6 +106,8 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       });
     });
   }
+  // One registry per daemon (several run in one test process); each component adds its series.
+  const registry = createMetricsRegistry();
   let mesh: ReplicaMesh | undefined;
   const sync = replicaSyncEndpoints(config);
   if (service.sessionReplicationWriterId !== undefined) {
@@ -123,6 +125,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
         tieSpread: config.replicaTieSpread,
         flushIntervalMs: service.loadReplication === "aggregate" ? config.meshAggregateIntervalMs : config.meshFlushIntervalMs,
         heartbeatIntervalMs: config.meshHeartbeatIntervalMs,
+        metrics: registry,
       });
       logger.info({ publish: sync.advertise, peers: config.peers, origin: service.replicaId.toString() }, "replica mesh up");
     } catch (err) {
@@ -130,13 +133,9 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       throw err;
     }
   }
-  // One registry per daemon (several run in one test process); each component adds its series.
-  const registry = createMetricsRegistry();
   const metrics = new HttpMetrics(registry);
   registerServiceMetrics(registry, service);
   registerIngestMetrics(registry, () => ingest.stats());
-  // Bridge until the mesh registers its own series on the registry (mesh/mesh-metrics.ts).
-  if (mesh !== undefined) registry.appendText(() => mesh.metricsText());
   let http: RunningHttpServer;
   try {
     http = await startHttpServer({

@@ -15,28 +15,8 @@ import { registerBuildInfo, type BuildInfo } from "./build-info.js";
 /** The exposition content type /metrics answers with (text format 0.0.4). */
 export const METRICS_CONTENT_TYPE = Registry.PROMETHEUS_CONTENT_TYPE;
 
-/**
- * A prom-client Registry that can also append exposition text a component still writes by hand.
- * That bridge exists for the replica mesh only, until its metricsText() is converted to metrics
- * registered here; text appended must not repeat a family the registry holds (promtool rejects it).
- */
-export class MetricsRegistry extends Registry {
-  readonly #texts: (() => string)[] = [];
-
-  /** Appends `source()` to every scrape, after the registered families. */
-  appendText(source: () => string): void {
-    this.#texts.push(source);
-  }
-
-  override async metrics(): Promise<string> {
-    let text = await super.metrics();
-    for (const source of this.#texts) {
-      const extra = source();
-      if (extra.length > 0) text += extra.endsWith("\n") ? extra : `${extra}\n`;
-    }
-    return text;
-  }
-}
+/** The daemon's registry: a plain prom-client Registry (the type the components are handed). */
+export type MetricsRegistry = Registry;
 
 /**
  * Default-collector gauges promtool rejects ("non-counter metrics should not have _total suffix",
@@ -55,7 +35,7 @@ export interface MetricsRegistryOptions {
  * `nodejs_*` names, unprefixed, which stock Grafana dashboards expect) and kvmesh_build_info.
  */
 export function createMetricsRegistry(options: MetricsRegistryOptions = {}): MetricsRegistry {
-  const registry = new MetricsRegistry();
+  const registry = new Registry();
   collectDefaultMetrics({ register: registry });
   for (const name of DROPPED_DEFAULT_METRICS) registry.removeSingleMetric(name);
   registerBuildInfo(registry, options.build);

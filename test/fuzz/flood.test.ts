@@ -6,6 +6,7 @@
  * the excess (README "Limits" lists the bounds). Heap before/after is printed for the record.
  */
 import { pino } from "pino";
+import { Registry } from "prom-client";
 import { Dealer, Router, XPublisher } from "zeromq";
 import { afterAll, describe, expect, it } from "vitest";
 
@@ -139,13 +140,14 @@ describe("floods hit caps and shed, instead of growing", () => {
 
   it(`a live replica flooded with forged origins over the mesh keeps at most ${DEFAULT_MAX_TRACKED_ORIGINS} of them, and its real peer`, async () => {
     const log = pino({ level: "silent" });
-    const start = async (): Promise<{ svc: ReturnType<typeof makeService>["svc"]; mesh: ReplicaMesh; endpoint: string }> => {
+    const start = async (): Promise<{ svc: ReturnType<typeof makeService>["svc"]; mesh: ReplicaMesh; metrics: Registry; endpoint: string }> => {
       const port = await freePortPair();
       const { svc } = makeService({ replicaId: BigInt(port) * 1_000_003n, sessionAffinity: { ttlSecs: 600, mode: "hard" } });
       svc.upsertWorker(worker(1));
-      const mesh = await ReplicaMesh.start({ service: svc, publishBind: `tcp://127.0.0.1:${port}`, logger: log, heartbeatIntervalMs: 200, wallClock: { now: () => Date.now() } });
+      const metrics = new Registry();
+      const mesh = await ReplicaMesh.start({ service: svc, publishBind: `tcp://127.0.0.1:${port}`, logger: log, heartbeatIntervalMs: 200, wallClock: { now: () => Date.now() }, metrics });
       cleanup.push(() => mesh.close());
-      return { svc, mesh, endpoint: `tcp://127.0.0.1:${port}` };
+      return { svc, mesh, metrics, endpoint: `tcp://127.0.0.1:${port}` };
     };
     const a = await start();
     const b = await start();
@@ -193,12 +195,13 @@ describe("floods hit caps and shed, instead of growing", () => {
         ]);
       }
     }
-    const evictedOf = (): number => Number(/kvmesh_mesh_origins_evicted_total (\d+)/.exec(b.mesh.metricsText())?.[1] ?? NaN);
-    await waitFor(() => evictedOf() >= FORGED - DEFAULT_MAX_TRACKED_ORIGINS, 10_000, () => `evictions (${evictedOf()})`);
-    const text = b.mesh.metricsText();
+    let evicted = NaN;
+    const evictedOf = async (): Promise<number> => (evicted = Number(/kvmesh_mesh_origins_evicted_total (\d+)/.exec(await b.metrics.metrics())?.[1] ?? NaN));
+    await waitFor(async () => (await evictedOf()) >= FORGED - DEFAULT_MAX_TRACKED_ORIGINS, 10_000, () => `evictions (${evicted})`);
+    const text = await b.metrics.metrics();
     const tracked = text.split("\n").filter((l) => l.startsWith("kvmesh_mesh_last_seq{")).length;
     const health = [...text.matchAll(/^kvmesh_mesh_peers\{state="\w+"\} (\d+)$/gm)].reduce((n, m) => n + Number(m[1]), 0);
-    console.log(`origin flood: ${FORGED} forged origins, ${tracked} tracked, ${health} in peer health, ${evictedOf()} evicted, heap ${before.toFixed(1)} -> ${heapMiB().toFixed(1)} MiB`);
+    console.log(`origin flood: ${FORGED} forged origins, ${tracked} tracked, ${health} in peer health, ${await evictedOf()} evicted, heap ${before.toFixed(1)} -> ${heapMiB().toFixed(1)} MiB`);
     expect(tracked).toBeLessThanOrEqual(DEFAULT_MAX_TRACKED_ORIGINS);
     expect(health).toBeLessThanOrEqual(DEFAULT_MAX_TRACKED_ORIGINS);
     // The real peer stays tracked and live: its bookings still replicate.

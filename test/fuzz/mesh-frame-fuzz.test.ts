@@ -15,6 +15,7 @@
  */
 import { Writable } from "node:stream";
 import { pino } from "pino";
+import { Registry } from "prom-client";
 import { Dealer, Router, Subscriber, XPublisher } from "zeromq";
 import { afterAll, describe, expect, it } from "vitest";
 
@@ -231,6 +232,8 @@ describe("mesh wire decoder fuzz", () => {
 interface Replica {
   readonly service: SelectionService;
   mesh: ReplicaMesh;
+  /** The first mesh's series (a restarted mesh registers none). */
+  readonly metrics: Registry;
   readonly endpoint: string;
   readonly port: number;
 }
@@ -247,10 +250,11 @@ function newService(): SelectionService {
 }
 
 async function startReplica(logger = pino({ level: "silent" }), service = newService(), port?: number): Promise<Replica> {
-  const start = (p: number): Promise<ReplicaMesh> => ReplicaMesh.start({ service, publishBind: `tcp://127.0.0.1:${p}`, logger, heartbeatIntervalMs: 200 });
+  const metrics = new Registry();
+  const start = (p: number): Promise<ReplicaMesh> => ReplicaMesh.start({ service, publishBind: `tcp://127.0.0.1:${p}`, logger, heartbeatIntervalMs: 200, metrics });
   let p = port ?? 0;
   const mesh = port !== undefined ? await start(port) : await withFreePortPair(async (free) => ((p = free), await start(free)));
-  const r: Replica = { service, mesh, endpoint: `tcp://127.0.0.1:${p}`, port: p };
+  const r: Replica = { service, mesh, metrics, endpoint: `tcp://127.0.0.1:${p}`, port: p };
   cleanup.push(() => r.mesh.close());
   return r;
 }
@@ -536,7 +540,7 @@ describe("mesh live fuzz: a rogue peer towards a running replica", () => {
     expect(want.bindings.length).toBeGreaterThan(0);
 
     // Counted: at least every frame known to be malformed (+ the bad control requests); C saw none.
-    const text = b.mesh.metricsText();
+    const text = await b.metrics.metrics();
     console.log(
       `mesh live fuzz: ${STORM} rogue frames (${known.malformed} malformed, ${known.replays} replays, ${known.forgedOrigins} forged origins), ` +
         `B malformed ${b.mesh.stats.malformed}, snapshot failures ${b.mesh.stats.snapshotFailures}, rogue control requests ${controlRequests}, ` +

@@ -5,8 +5,8 @@ import type { Heartbeat, MeshBatch, Snapshot } from "../../mesh/types.js";
 import {
   DEFAULT_SNAPSHOT_TIMEOUT_MS,
   LAG_BUCKETS_MS,
-  LagHistogram,
   LagReservoir,
+  type LagObserver,
   MeshReceiver,
   OriginTracker,
 } from "../../mesh/origin-tracker.js";
@@ -30,9 +30,22 @@ const hb = (seq: number, epoch = E1, origin = A): Heartbeat => ({
 });
 const snap = (seq: number, epoch = E1, origin = A): Snapshot => ({ v: 1, origin, epoch, seq, bookings: [], bindings: [] });
 
+/** A LagObserver that records what it is told (the mesh's is prom-client histograms). */
+class LagLog implements LagObserver {
+  readonly samples: (readonly [origin: string, seconds: number])[] = [];
+  readonly forgotten: string[] = [];
+  observe(origin: string, seconds: number): void {
+    this.samples.push([origin, seconds]);
+  }
+  forget(origin: string): void {
+    this.forgotten.push(origin);
+  }
+}
+
 function tracker(opts: { resyncBufferMaxBatches?: number } = {}) {
   const clock = new ManualClock(T0);
-  return { clock, t: new OriginTracker(A, { clock, ...opts }) };
+  const lag = new LagLog();
+  return { clock, lag, t: new OriginTracker(A, { clock, ...opts }, lag) };
 }
 
 /** A tracker that went live at `seq` through a snapshot. */
@@ -256,35 +269,33 @@ describe("OriginTracker: late and foreign snapshots", () => {
 });
 
 describe("lag", () => {
-  it("records receive time - sentAtMs into a reservoir and a Prometheus histogram", () => {
-    const { clock, t } = tracker();
-    for (const lag of [3, 7, 7, 40, 2_000]) {
-      clock.set(T0 + lag);
+  it("records receive time - sentAtMs into a reservoir and the lag observer (seconds, by origin)", () => {
+    const { clock, lag, t } = tracker();
+    for (const ms of [3, 7, 7, 40, 2_000]) {
+      clock.set(T0 + ms);
       t.onBatch(batch(1, E1, A, T0));
     }
     const s = t.stats();
     expect(s.lagP50Ms).toBe(7);
     expect(s.lagP99Ms).toBe(2_000);
-    expect(t.lagHistogram.count).toBe(5);
-    expect(t.lagHistogram.sum).toBe(2_057);
-    const cum = t.lagHistogram.cumulative();
-    expect(cum).toHaveLength(LAG_BUCKETS_MS.length + 1);
-    const le = (bound: number) => cum[LAG_BUCKETS_MS.indexOf(bound)];
+    expect(lag.samples).toEqual([3, 7, 7, 40, 2_000].map((ms) => [A.toString(), ms / 1000]));
+    // The observations land in the same Prometheus buckets as before (bucket bounds in ms).
+    const le = (bound: number) => lag.samples.filter(([, sec]) => sec * 1000 <= bound).length;
     expect(le(2)).toBe(0);
     expect(le(5)).toBe(1);
     expect(le(10)).toBe(3);
+    expect(le(20)).toBe(3);
     expect(le(50)).toBe(4);
     expect(le(1_000)).toBe(4);
     expect(le(2_500)).toBe(5);
-    expect(cum.at(-1)).toBe(5);
   });
 
   it("clamps negative lag (clock skew) to zero", () => {
-    const { clock, t } = tracker();
+    const { clock, lag, t } = tracker();
     clock.set(T0 - 50);
     t.onHeartbeat(hb(0));
     expect(t.stats().lagP50Ms).toBe(0);
-    expect(t.lagHistogram.cumulative()[0]).toBe(1);
+    expect(lag.samples).toEqual([[A.toString(), 0]]);
   });
 
   it("keeps only the last N samples", () => {
@@ -296,15 +307,17 @@ describe("lag", () => {
     expect(r.percentile(0)).toBe(1);
   });
 
-  it("rejects non-increasing buckets", () => {
-    expect(() => new LagHistogram([1, 5, 5])).toThrow(RangeError);
+  it("has strictly increasing buckets with a 20 ms bound (the scale-out lag p99 target)", () => {
+    for (let i = 1; i < LAG_BUCKETS_MS.length; i++) expect(LAG_BUCKETS_MS[i]).toBeGreaterThan(LAG_BUCKETS_MS[i - 1] as number);
+    expect(LAG_BUCKETS_MS).toContain(20);
   });
 });
 
 describe("MeshReceiver", () => {
   it("keeps one tracker per origin, lists due snapshots and forgets origins", () => {
     const clock = new ManualClock(T0);
-    const rx = new MeshReceiver({ clock });
+    const lag = new LagLog();
+    const rx = new MeshReceiver({ clock, lagObserver: lag });
     expect(rx.onBatch(batch(1, E1, A))).toEqual({ action: "resync", reason: "first-contact" });
     expect(rx.onHeartbeat(hb(4, E2, B))).toEqual({ action: "resync", reason: "first-contact" });
     expect(rx.snapshotsDue(T0).sort()).toEqual([A, B].sort());
@@ -316,13 +329,25 @@ describe("MeshReceiver", () => {
     expect(rx.tracker(A)?.state).toBe("live");
     expect(rx.tracker(B)?.state).toBe("syncing");
     expect(rx.origins().sort()).toEqual([A, B].sort());
-    expect(rx.lagHistogram.count).toBe(2);
+    expect(lag.samples.map(([origin]) => origin)).toEqual([A.toString(), B.toString()]);
     expect(rx.stats().map((s) => s.origin).sort()).toEqual([A, B].sort());
 
     expect(rx.forget(A)).toBe(true);
     expect(rx.forget(A)).toBe(false);
+    expect(lag.forgotten).toEqual([A.toString()]);
     expect(rx.tracker(A)).toBeUndefined();
     expect(rx.onBatch(batch(2, E1, A))).toEqual({ action: "resync", reason: "first-contact" });
+  });
+
+  it("tells the lag observer about an origin evicted to make room", () => {
+    const clock = new ManualClock(T0);
+    const lag = new LagLog();
+    const rx = new MeshReceiver({ clock, maxOrigins: 1, lagObserver: lag });
+    rx.onBatch(batch(1, E1, A));
+    // A never synced, so B may evict it.
+    expect(rx.onBatch(batch(1, E1, B))).toEqual({ action: "resync", reason: "first-contact" });
+    expect(rx.evicted).toBe(1);
+    expect(lag.forgotten).toEqual([A.toString()]);
   });
 
   it("validates its options up front", () => {

@@ -1,4 +1,5 @@
 import { pino } from "pino";
+import { Registry } from "prom-client";
 import { afterEach, describe, expect, expectTypeOf, it } from "vitest";
 import type { LoadEvent } from "../../src/core/replica-events.js";
 import type { SelectionService } from "../../src/core/selection-service.js";
@@ -39,11 +40,12 @@ describe("ReplicaMesh over fake ports", () => {
     await Promise.all(open.splice(0).map((m) => m.close()));
   });
 
-  async function start(id: bigint): Promise<{ mesh: ReplicaMesh; port: FakeReplicaPort }> {
+  async function start(id: bigint): Promise<{ mesh: ReplicaMesh; port: FakeReplicaPort; metrics: Registry }> {
     const port = new FakeReplicaPort(id);
-    const mesh = await ReplicaMesh.start({ service: port, publishBind: `tcp://127.0.0.1:${await freePortPair()}`, logger: pino({ enabled: false }), heartbeatIntervalMs: 50 });
+    const metrics = new Registry();
+    const mesh = await ReplicaMesh.start({ service: port, publishBind: `tcp://127.0.0.1:${await freePortPair()}`, logger: pino({ enabled: false }), heartbeatIntervalMs: 50, metrics });
     open.push(mesh);
-    return { mesh, port };
+    return { mesh, port, metrics };
   }
 
   it("peers both ways from one registration and replicates local events to the peer's port", async () => {
@@ -61,7 +63,7 @@ describe("ReplicaMesh over fake ports", () => {
     expect(b.port.applied).toEqual([free]);
     expect(a.mesh.stats).toMatchObject({ batchesSent: 1, eventsSent: 1 });
     expect(b.mesh.stats).toMatchObject({ batchesApplied: 1, eventsApplied: 1, malformed: 0 });
-    expect(b.mesh.metricsText()).toMatch(/^kvmesh_mesh_events_applied_total 1$/m);
+    expect(await b.metrics.metrics()).toMatch(/^kvmesh_mesh_events_applied_total 1$/m);
 
     expect(await b.mesh.deregisterPeer(a.mesh.publishEndpoint)).toBe(true);
     await waitFor(() => a.mesh.listPeers().length === 0, 5_000, "A dropped B on unpeer");
