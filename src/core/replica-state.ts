@@ -256,6 +256,11 @@ export class ReplicaState {
     return this.#agg.apply(origin, a);
   }
 
+  /** Aggregate mode: peers' bookings indexed here by id (0 in exact mode, where they are rows of the book). */
+  get mirroredBookingCount(): number {
+    return this.#agg?.mirroredBookings ?? 0;
+  }
+
   /** Aggregate mode: whether a peer's booking with this id is indexed here. */
   mirrorsBooking(id: string): boolean {
     return this.#agg?.mirroredBooking(id) !== undefined;

@@ -317,8 +317,9 @@ export class SelectionService {
     return true;
   }
 
+  /** Live bookings known here: this replica's and its peers' (mirrored, or indexed by id in aggregate mode). */
   get reservationCount(): number {
-    return this.#book.size;
+    return this.#book.size + this.#replica.mirroredBookingCount;
   }
 
   // ---------------------------------------------------------------- loads and diagnostics

@@ -92,6 +92,7 @@ describe("aggregate load replication", () => {
     deliver();
     // Known here by id and owner only, as a lifecycle call needs.
     expect(b.hasReservation("r1")).toBe(true);
+    expect(b.reservationCount).toBe(1);
     b.prefillComplete("r1");
     expect(events.map((q) => [q.from, q.e.type, q.e.owner])).toEqual([[1, "prefill_complete", 1n]]);
     deliver();
