@@ -1,5 +1,5 @@
 /**
- * Per-origin receive state (the ZeroMQ Guide's Clone pattern, ecosystem.md §2.5): which batches
+ * Per-origin receive state (the ZeroMQ Guide's Clone pattern, chapter 5): which batches
  * of a peer to apply, buffer or drop, when to ask that peer for a snapshot, and what to replay
  * once it arrives. Pure: no sockets, the clock is injected.
  *
@@ -20,8 +20,8 @@
  *    and save the work.
  *
  * First contact always snapshots, even on seq 1 of a fresh epoch: over PUB/SUB a slow joiner
- * may have missed earlier batches and cannot tell (ecosystem.md §2.5 measured 81 of the first
- * 1000 lost).
+ * may have missed earlier batches and cannot tell (a SUB connected just before a burst lost 81 of
+ * the first 1,000 frames, measured with zeromq 6.8).
  */
 import type { Clock } from "../src/core/clock.js";
 import type { Heartbeat, MeshBatch, Snapshot } from "./types.js";

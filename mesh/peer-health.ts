@@ -1,7 +1,7 @@
 /**
  * Peer liveness from application traffic (heartbeats and batches), not from socket events: a
  * SUB reconnects to a frozen peer's listening socket and reports `connect` while the peer is
- * stopped (ecosystem.md §2.6), and ZMTP heartbeats only prove its I/O thread runs. Clock driven
+ * stopped (measured with zeromq 6.8: a SIGSTOPped peer still accepts the TCP connect), and ZMTP heartbeats only prove its I/O thread runs. Clock driven
  * by the caller (nats.js Heartbeat style), so tests use plain numbers.
  *
  * A peer goes suspect after 3 s without traffic (three missed 1 s heartbeats) and down after

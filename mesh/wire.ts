@@ -1,6 +1,7 @@
 /**
  * The mesh's wire codec (protocol v1): msgpack maps with short keys, written by msgpackr with
- * records off so any msgpack implementation can read a frame (ecosystem.md §4.3, §4.4).
+ * records off so any msgpack implementation can read a frame (msgpackr's records extension is
+ * msgpackr-only).
  *
  * 64-bit ids, epochs, worker ids, binding sequences and writer ids are written as BigInt, so
  * they go out as int64/uint64 (never float64) and come back exact; decoding also accepts a
@@ -13,7 +14,7 @@
  * Decoding is the trust boundary: every field is checked (type, range, string byte length,
  * array bounds, known tags, v === 1) and the first violation throws a MeshWireError naming the
  * field path in the TS shape (e.g. `events[3].event.sequence_hashes`). Nothing half-built is
- * returned. Unknown keys are ignored, so v1 can grow by optional keys (ecosystem.md §4.5).
+ * returned. Unknown keys are ignored, so v1 can grow by optional keys.
  * Encoding trusts the TS types; a sender bug surfaces as a decode error on every peer.
  *
  * Wire keys (value types in parentheses; u64 = uint64/int64/non-negative int):
@@ -76,7 +77,7 @@ const BYTES_PER_HASH = 8;
 
 export { MeshWireError };
 
-// Explicit options everywhere: `new Packr()` defaults to records ON (ecosystem.md §4.1).
+// Explicit options everywhere: `new Packr()` defaults to records ON.
 const packr = new Packr({ useRecords: false, encodeUndefinedAsNil: true });
 // int64AsType "bigint": u64 fields above 2^53 stay exact (the other modes round or stringify).
 const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: "bigint" });

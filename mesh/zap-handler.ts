@@ -2,8 +2,8 @@
  * Inbound authentication of the CURVE mesh: the ZAP handler (ZeroMQ RFC 27) that admits only
  * listed public keys, and a watcher that counts the handshakes ZAP never sees.
  *
- * Without a ZAP handler, a libzmq CURVE server encrypts but accepts ANY client key (measured in
- * reference/ecosystem.md 2.8). libzmq asks the handler bound at inproc://zeromq.zap.01 of the
+ * Without a ZAP handler, a libzmq CURVE server encrypts but accepts ANY client key (measured
+ * with zeromq 6.8: a client with an unlisted key completed the handshake and received frames). libzmq asks the handler bound at inproc://zeromq.zap.01 of the
  * socket's own context, so there is exactly one handler per context and it must be bound before
  * the CURVE sockets bind. Each CURVE transport therefore owns a private zmq Context with its own
  * handler: replicas embedded in one process (tests, a host embedding several) keep separate

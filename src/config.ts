@@ -47,7 +47,7 @@ export interface DaemonConfig {
   readonly selectionCacheTtlSecs: number;
   readonly selectionCacheMaxEntries: number;
   readonly bodyLimitBytes: number;
-  /** Enables the replica mesh: the XPUB binds here on `host` (the control ROUTER on the next port). */
+  /** Enables the replica mesh: the PUB binds here on `host` (the control ROUTER on the next port). */
   readonly replicaSyncPort?: number | undefined;
   /** Peers' replica-sync endpoints (`tcp://host:port`); needs replicaSyncPort. */
   readonly peers: readonly string[];
@@ -233,7 +233,7 @@ export function meshSecurityProblem(config: DaemonConfig, files: SecretFiles, na
 
 const WILDCARD_HOSTS: ReadonlySet<string> = new Set(["0.0.0.0", "::", "*"]);
 
-/** The replica-sync endpoints: where the XPUB binds, and how peers reach it. */
+/** The replica-sync endpoints: where the PUB binds, and how peers reach it. */
 export function replicaSyncEndpoints(config: DaemonConfig): { bind: string; advertise: string } | undefined {
   if (config.replicaSyncPort === undefined) return undefined;
   const wild = WILDCARD_HOSTS.has(config.host);

@@ -41,7 +41,7 @@ export interface SessionAffinityOptions {
  * service only checks them, so that a mesh and host replication are never both configured.
  */
 export interface ReplicaSyncOptions {
-  /** Where the mesh's XPUB binds, e.g. tcp://0.0.0.0:7100 (the control ROUTER takes the next port). */
+  /** Where the mesh's PUB binds, e.g. tcp://0.0.0.0:7100 (the control ROUTER takes the next port). */
   readonly publishBind: string;
   readonly advertiseEndpoint?: string | undefined;
   readonly peers?: readonly string[] | undefined;

@@ -1,7 +1,7 @@
 /**
- * The daemon's HTTP API (reference 6.1) on bare node:http.
+ * The daemon's HTTP API (the reference selection service's routes and JSON shapes) on bare node:http.
  *
- * Why not fastify (the ecosystem guide's default): (1) its body parser is JSON.parse, which on
+ * Why not fastify (the usual choice): (1) its body parser is JSON.parse, which on
  * Node 20 silently rounds 64-bit worker ids and hashes (2^64-1 -> 18446744073709552000), and
  * swapping it for our lossless parser leaves ajv validating a shape (bigint) it cannot describe;
  * (2) its default ajv is lenient (strips unknown fields, coerces "7" to 7), the opposite of the
