@@ -25,6 +25,7 @@ import { execFileSync } from "node:child_process";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname } from "node:path";
 
+import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS } from "../mesh/publisher.js";
 import { CLK_TCK } from "../src/bench/process-usage.js";
 import { parseBenchScaleArgs } from "./lib/bench-scale-args.js";
 import { runHttpPoints } from "./lib/scale-http-run.js";
@@ -51,19 +52,55 @@ const log = (line: string): void => {
 };
 
 const config = parseBenchScaleArgs(process.argv.slice(2), gitLabel());
-log(`bench:scale (${config.label}): ${config.stress ? `stress, rates ${config.stressRates.join(",")}/s, ${config.stressSeconds} s each` : `rates ${config.rates.join(",")}/s, peers ${config.peerCounts.join(",")}, ${config.seconds} s per point after ${config.warmupSeconds} s warm-up`}, ${config.workers} workers, CLK_TCK ${CLK_TCK}`);
+const aggregateIntervalMs = config.meshAggregateIntervalMs ?? DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS;
+const modeText = config.loadReplication === "aggregate" ? `aggregate load replication every ${aggregateIntervalMs} ms` : "exact load replication";
+log(`bench:scale (${config.label}): ${modeText}, ${config.stress ? `stress, rates ${config.stressRates.join(",")}/s, ${config.stressStepSeconds} s each` : `rates ${config.rates.join(",")}/s, peers ${config.peerCounts.join(",")}, ${config.seconds} s per point after ${config.warmupSeconds} s warm-up`}, ${config.workers} workers, CLK_TCK ${CLK_TCK}`);
 
 const points: ScalePoint[] = [];
 let stress: StressResult | null = null;
 if (config.stress) {
-  stress = await runStress({ rates: config.stressRates, seconds: config.stressSeconds, warmupSeconds: config.warmupSeconds, workers: config.workers, lagTargetMs: config.lagTargetMs, retries: config.stressRetries, log });
+  stress = await runStress({
+    rates: config.stressRates,
+    seconds: config.stressStepSeconds,
+    warmupSeconds: config.warmupSeconds,
+    workers: config.workers,
+    lagTargetMs: config.lagTargetMs,
+    retries: config.stressRetries,
+    loadReplication: config.loadReplication,
+    meshAggregateIntervalMs: config.meshAggregateIntervalMs,
+    aggregateIntervalMs,
+    log,
+  });
 } else {
   for (const peers of config.peerCounts) {
-    points.push(...(await runHttpPoints({ peers, rates: config.rates, seconds: config.seconds, warmupSeconds: config.warmupSeconds, workers: config.workers, sessions: config.sessions, seed: config.seed, log })));
+    points.push(
+      ...(await runHttpPoints({
+        peers,
+        rates: config.rates,
+        seconds: config.seconds,
+        warmupSeconds: config.warmupSeconds,
+        workers: config.workers,
+        sessions: config.sessions,
+        seed: config.seed,
+        loadReplication: config.loadReplication,
+        meshAggregateIntervalMs: config.meshAggregateIntervalMs,
+        log,
+      })),
+    );
   }
 }
 
-const report: ScaleReport = { tool: "bench:scale", label: config.label, measuredAt: new Date().toISOString(), config: { ...config, clkTck: CLK_TCK }, method: METHOD, points, stress };
+const report: ScaleReport = {
+  tool: "bench:scale",
+  label: config.label,
+  measuredAt: new Date().toISOString(),
+  loadReplication: config.loadReplication,
+  aggregateIntervalMs: config.loadReplication === "aggregate" ? aggregateIntervalMs : null,
+  config: { ...config, meshAggregateIntervalMs: config.meshAggregateIntervalMs ?? null, clkTck: CLK_TCK },
+  method: METHOD,
+  points,
+  stress,
+};
 const reports = [report];
 if (config.compare !== undefined) reports.unshift(parseReport(readFileSync(config.compare, "utf8"), config.compare));
 
