@@ -17,6 +17,11 @@
  * and reports the highest rate kept up with (lag p99 <= --lag-target-ms, 0 gaps, 0 shed) and the
  * peer's CPU there.
  *
+ * --load-replication aggregate|exact (default aggregate) and --mesh-aggregate-interval-ms go to
+ * every serve; with --stress they set what the fake origin speaks (aggregate: per-rank totals at
+ * most once per interval, scripts/lib/aggregate-bookings.ts; exact: every booking's events). The
+ * default label is `git describe` and the mode; the JSON records the mode and interval.
+ *
  * --label names the build measured; --compare FILE prints and plots another run's JSON beside
  * this one (measure the base build with --label before --json reports/bench-scale-before.json,
  * then the new one with --compare reports/bench-scale-before.json). --help lists every flag.
