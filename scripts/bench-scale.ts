@@ -17,6 +17,11 @@
  * and reports the highest rate kept up with (lag p99 <= --lag-target-ms, 0 gaps, 0 shed) and the
  * peer's CPU there.
  *
+ * --load-replication aggregate|exact (default aggregate) and --mesh-aggregate-interval-ms go to
+ * every serve; with --stress they set what the fake origin speaks (aggregate: per-rank totals at
+ * most once per interval, scripts/lib/aggregate-bookings.ts; exact: every booking's events). The
+ * default label is `git describe` and the mode; the JSON records the mode and interval.
+ *
  * --label names the build measured; --compare FILE prints and plots another run's JSON beside
  * this one (measure the base build with --label before --json reports/bench-scale-before.json,
  * then the new one with --compare reports/bench-scale-before.json). --help lists every flag.
@@ -25,6 +30,7 @@ import { execFileSync } from "node:child_process";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname } from "node:path";
 
+import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS } from "../mesh/publisher.js";
 import { CLK_TCK } from "../src/bench/process-usage.js";
 import { parseBenchScaleArgs } from "./lib/bench-scale-args.js";
 import { runHttpPoints } from "./lib/scale-http-run.js";
@@ -51,19 +57,55 @@ const log = (line: string): void => {
 };
 
 const config = parseBenchScaleArgs(process.argv.slice(2), gitLabel());
-log(`bench:scale (${config.label}): ${config.stress ? `stress, rates ${config.stressRates.join(",")}/s, ${config.stressSeconds} s each` : `rates ${config.rates.join(",")}/s, peers ${config.peerCounts.join(",")}, ${config.seconds} s per point after ${config.warmupSeconds} s warm-up`}, ${config.workers} workers, CLK_TCK ${CLK_TCK}`);
+const aggregateIntervalMs = config.meshAggregateIntervalMs ?? DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS;
+const modeText = config.loadReplication === "aggregate" ? `aggregate load replication every ${aggregateIntervalMs} ms` : "exact load replication";
+log(`bench:scale (${config.label}): ${modeText}, ${config.stress ? `stress, rates ${config.stressRates.join(",")}/s, ${config.stressStepSeconds} s each` : `rates ${config.rates.join(",")}/s, peers ${config.peerCounts.join(",")}, ${config.seconds} s per point after ${config.warmupSeconds} s warm-up`}, ${config.workers} workers, CLK_TCK ${CLK_TCK}`);
 
 const points: ScalePoint[] = [];
 let stress: StressResult | null = null;
 if (config.stress) {
-  stress = await runStress({ rates: config.stressRates, seconds: config.stressSeconds, warmupSeconds: config.warmupSeconds, workers: config.workers, lagTargetMs: config.lagTargetMs, retries: config.stressRetries, log });
+  stress = await runStress({
+    rates: config.stressRates,
+    seconds: config.stressStepSeconds,
+    warmupSeconds: config.warmupSeconds,
+    workers: config.workers,
+    lagTargetMs: config.lagTargetMs,
+    retries: config.stressRetries,
+    loadReplication: config.loadReplication,
+    meshAggregateIntervalMs: config.meshAggregateIntervalMs,
+    aggregateIntervalMs,
+    log,
+  });
 } else {
   for (const peers of config.peerCounts) {
-    points.push(...(await runHttpPoints({ peers, rates: config.rates, seconds: config.seconds, warmupSeconds: config.warmupSeconds, workers: config.workers, sessions: config.sessions, seed: config.seed, log })));
+    points.push(
+      ...(await runHttpPoints({
+        peers,
+        rates: config.rates,
+        seconds: config.seconds,
+        warmupSeconds: config.warmupSeconds,
+        workers: config.workers,
+        sessions: config.sessions,
+        seed: config.seed,
+        loadReplication: config.loadReplication,
+        meshAggregateIntervalMs: config.meshAggregateIntervalMs,
+        log,
+      })),
+    );
   }
 }
 
-const report: ScaleReport = { tool: "bench:scale", label: config.label, measuredAt: new Date().toISOString(), config: { ...config, clkTck: CLK_TCK }, method: METHOD, points, stress };
+const report: ScaleReport = {
+  tool: "bench:scale",
+  label: config.label,
+  measuredAt: new Date().toISOString(),
+  loadReplication: config.loadReplication,
+  aggregateIntervalMs: config.loadReplication === "aggregate" ? aggregateIntervalMs : null,
+  config: { ...config, meshAggregateIntervalMs: config.meshAggregateIntervalMs ?? null, clkTck: CLK_TCK },
+  method: METHOD,
+  points,
+  stress,
+};
 const reports = [report];
 if (config.compare !== undefined) reports.unshift(parseReport(readFileSync(config.compare, "utf8"), config.compare));
 

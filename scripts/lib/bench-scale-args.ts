@@ -5,6 +5,7 @@
 import { Command, InvalidArgumentError, Option } from "commander";
 
 import { integerInRange, parseList, parseNonEmpty, parseNonNegativeNumber } from "../../cli/parsers.js";
+import { LOAD_REPLICATION_MODES, type LoadReplication } from "../../src/core/replica-events.js";
 
 export const DEFAULT_RATES: readonly number[] = [100, 200];
 export const DEFAULT_PEER_COUNTS: readonly number[] = [0, 1, 3];
@@ -21,7 +22,23 @@ export const DEFAULT_SVG = "reports/bench-scale.svg";
  * the true limit, and a design that keeps up with 10,000/s (the target) is seen to.
  */
 export const DEFAULT_STRESS_RATES: readonly number[] = [500, 700, 1_000, 1_400, 2_000, 2_800, 4_000, 5_600, 8_000, 11_000, 16_000, 22_000, 32_000, 45_000];
+/**
+ * The same in aggregate load replication, on to 100,000/s: a peer's cost there follows the
+ * aggregation interval (plus the booking ids it indexes), not the request rate.
+ */
+export const DEFAULT_AGGREGATE_STRESS_RATES: readonly number[] = [...DEFAULT_STRESS_RATES, 64_000, 100_000];
 export const DEFAULT_STRESS_SECONDS = 5;
+/**
+ * Measured seconds of all stress steps together: each step's --stress-seconds is cut to fit (a run
+ * of every default step then stays under ~2 minutes with start-up), never below MIN_STRESS_STEP_SECONDS.
+ */
+export const STRESS_BUDGET_SECONDS = 90;
+/** What a step costs besides its measured seconds: the drain pause, catch-up poll and scrapes, s. */
+export const STRESS_STEP_OVERHEAD_SECONDS = 1.2;
+export const MIN_STRESS_STEP_SECONDS = 1;
+export const DEFAULT_LOAD_REPLICATION: LoadReplication = "aggregate";
+/** The daemon's --mesh-aggregate-interval-ms bound (cli/serve.ts). */
+export const MAX_AGGREGATE_INTERVAL_MS = 1_000;
 /**
  * A failed stress step is measured once more before the run ends: on a shared 2-core machine a
  * neighbour's burst can hold the peer off the CPU for 10-20 ms, which alone breaks a 20 ms p99.
@@ -51,8 +68,25 @@ export interface BenchScaleConfig {
   readonly stress: boolean;
   readonly stressRates: readonly number[];
   readonly stressSeconds: number;
+  /** Measured seconds of each stress step: stressSeconds, cut so every step fits STRESS_BUDGET_SECONDS. */
+  readonly stressStepSeconds: number;
   readonly stressRetries: number;
   readonly lagTargetMs: number;
+  /** Passed to every `kvmesh serve` (--load-replication); --stress: what the fake origin speaks. */
+  readonly loadReplication: LoadReplication;
+  /** --mesh-aggregate-interval-ms for every serve and the fake origin; undefined = the daemon's default. */
+  readonly meshAggregateIntervalMs: number | undefined;
+}
+
+/** Each stress step's measured seconds: `seconds`, or less so that `steps` steps fit the budget. */
+export function stressStepSeconds(steps: number, seconds: number): number {
+  const fit = Math.floor((STRESS_BUDGET_SECONDS / Math.max(1, steps) - STRESS_STEP_OVERHEAD_SECONDS) * 10) / 10;
+  return Math.min(seconds, Math.max(MIN_STRESS_STEP_SECONDS, fit));
+}
+
+/** The `kvmesh serve` flags of every replica of a bench:scale run (origin and peers alike): `extra`, then the load replication ones. */
+export function scaleServeArgs(o: Pick<BenchScaleConfig, "loadReplication" | "meshAggregateIntervalMs">, extra: readonly string[] = []): string[] {
+  return [...extra, "--load-replication", o.loadReplication, ...(o.meshAggregateIntervalMs === undefined ? [] : ["--mesh-aggregate-interval-ms", String(o.meshAggregateIntervalMs)])];
 }
 
 function intList(min: number, max: number): (value: string) => number[] {
@@ -95,13 +129,19 @@ export function benchScaleCommand(): Command {
     .addOption(new Option("--seed <n>", "workload seed").argParser(integerInRange(1, 0x7fff_ffff)).default(1))
     .addOption(new Option("--json <file>", `results [default: ${DEFAULT_JSON}, with --stress ${DEFAULT_STRESS_JSON}]`).argParser(parseNonEmpty))
     .addOption(new Option("--svg <file>", "capacity against N, every measured point (and --compare's)").argParser(parseNonEmpty).default(DEFAULT_SVG))
-    .addOption(new Option("--label <name>", "names the design measured, in the table, JSON and plot [default: git describe]").argParser(parseNonEmpty))
+    .addOption(new Option("--label <name>", "names the design measured, in the table, JSON and plot [default: git describe and the load replication mode]").argParser(parseNonEmpty))
     .addOption(new Option("--compare <file>", "a previous run's JSON (e.g. another build's): printed beside this run and plotted with it").argParser(parseNonEmpty))
     .addOption(new Option("--stress", "a fake origin in this process publishes synthetic bookings over the mesh sockets to one real peer, raising the rate until the peer falls behind").default(false))
-    .addOption(new Option("--stress-rates <list>", "replicated requests/s, tried in order until one fails").argParser(intList(1, MAX_RATE)).default([...DEFAULT_STRESS_RATES], "500,700,...,45000"))
-    .addOption(new Option("--stress-seconds <s>", "measured seconds per stress step").argParser(positiveSeconds).default(DEFAULT_STRESS_SECONDS))
+    .addOption(new Option("--stress-rates <list>", "replicated requests/s, tried in order until one fails [default: 500,700,...,45000; aggregate: on to 64000,100000]").argParser(intList(1, MAX_RATE)))
+    .addOption(new Option("--stress-seconds <s>", `measured seconds per stress step (cut so all steps take at most ${STRESS_BUDGET_SECONDS} s)`).argParser(positiveSeconds).default(DEFAULT_STRESS_SECONDS))
     .addOption(new Option("--stress-retries <n>", "a failed stress step is measured again this many times before the run ends").argParser(integerInRange(0, 10)).default(DEFAULT_STRESS_RETRIES))
-    .addOption(new Option("--lag-target-ms <ms>", "keeping up: lag p99 at or under this, 0 gaps, 0 shed").argParser(positiveNumber).default(DEFAULT_LAG_TARGET_MS));
+    .addOption(new Option("--lag-target-ms <ms>", "keeping up: lag p99 at or under this, 0 gaps, 0 shed").argParser(positiveNumber).default(DEFAULT_LAG_TARGET_MS))
+    .addOption(
+      new Option("--load-replication <mode>", "every serve's --load-replication; --stress: what the fake origin speaks (aggregate: per-rank totals per interval; exact: every booking)")
+        .choices(LOAD_REPLICATION_MODES)
+        .default(DEFAULT_LOAD_REPLICATION),
+    )
+    .addOption(new Option("--mesh-aggregate-interval-ms <ms>", "every serve's --mesh-aggregate-interval-ms, and the fake origin's flush spacing in aggregate mode [default: the daemon's, 10]").argParser(integerInRange(0, MAX_AGGREGATE_INTERVAL_MS)));
 }
 
 interface RawOptions {
@@ -117,16 +157,19 @@ interface RawOptions {
   label?: string;
   compare?: string;
   stress: boolean;
-  stressRates: number[];
+  stressRates?: number[];
   stressSeconds: number;
   stressRetries: number;
   lagTargetMs: number;
+  loadReplication: LoadReplication;
+  meshAggregateIntervalMs?: number;
 }
 
 /** `argv`: the user's arguments (no node, no script). Throws commander's error on bad input when `cmd` has exitOverride. */
 export function parseBenchScaleArgs(argv: readonly string[], defaultLabel: string, cmd: Command = benchScaleCommand()): BenchScaleConfig {
   cmd.parse([...argv], { from: "user" });
   const o = cmd.opts<RawOptions>();
+  const stressRates = o.stressRates ?? [...(o.loadReplication === "aggregate" ? DEFAULT_AGGREGATE_STRESS_RATES : DEFAULT_STRESS_RATES)];
   return {
     rates: o.rate,
     peerCounts: o.peers,
@@ -137,12 +180,15 @@ export function parseBenchScaleArgs(argv: readonly string[], defaultLabel: strin
     seed: o.seed,
     json: o.json ?? (o.stress ? DEFAULT_STRESS_JSON : DEFAULT_JSON),
     svg: o.svg,
-    label: o.label ?? defaultLabel,
+    label: o.label ?? `${defaultLabel} ${o.loadReplication}`,
     compare: o.compare,
     stress: o.stress,
-    stressRates: o.stressRates,
+    stressRates,
     stressSeconds: o.stressSeconds,
+    stressStepSeconds: stressStepSeconds(stressRates.length, o.stressSeconds),
     stressRetries: o.stressRetries,
     lagTargetMs: o.lagTargetMs,
+    loadReplication: o.loadReplication,
+    meshAggregateIntervalMs: o.meshAggregateIntervalMs,
   };
 }

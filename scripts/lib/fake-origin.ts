@@ -5,18 +5,28 @@
  * mirrors a replica, while the bookings come from SyntheticBookings instead of HTTP traffic.
  *
  * It publishes numbered batches (seq 1, 2, ... per (origin, epoch)) and a heartbeat every 500 ms
- * carrying the last seq and the live booking count (a peer compares it with what it mirrors),
- * answers `snapshot` with every live booking at the current seq, and `peer` by connecting its SUB
- * to the asking replica (symmetric peering, as a replica does; what arrives is only counted).
+ * carrying the last seq and a booking count that a peer compares with what it mirrors, answers
+ * `snapshot` at the current seq, and `peer` by connecting its SUB to the asking replica
+ * (symmetric peering, as a replica does; what arrives is only counted). Two load replication
+ * modes, as a replica (src/core/replica-events.ts LoadReplication):
+ * - exact (`bookings`): the caller publishes every booking's events (`publish`); heartbeats count
+ *   the live bookings; a snapshot carries every live booking;
+ * - aggregate (`aggregates`): the caller reports changes (`loadChanged`) and, as the real
+ *   publisher (mesh/publisher.ts), the fake origin flushes at most once per `intervalMs`: one
+ *   batch with a `loads` event of the changed ranks' totals and the ids booked and ended since;
+ *   heartbeats count the requests of the totals published so far; a snapshot carries the totals
+ *   of every rank with load and every live id, and no bookings.
  *
  * Mesh exports used (keep them for this bench): transport.ts MeshTransport (bind, publish,
  * onControl, onMessage, connectPeer, disconnectPeer, publishEndpoint, controlEndpoint, stats, close); wire.ts
  * encodeBatch, encodeHeartbeat, encodeControlReply, decodeControlRequest; types.ts TOPIC_BATCH,
- * TOPIC_HEARTBEAT, PROTOCOL_VERSION and the MeshEvent, MeshBatch, Heartbeat, Snapshot,
- * SnapshotBooking types.
+ * TOPIC_HEARTBEAT, PROTOCOL_VERSION and the MeshEvent (its "loads" kind too), MeshBatch,
+ * Heartbeat, Snapshot (its `aggregates` too), SnapshotBooking types; src/core/replica-events.ts
+ * LoadAggregates.
  */
 import type { Clock, Random } from "../../src/core/clock.js";
 import { MeshTransport } from "../../mesh/transport.js";
+import type { LoadAggregates } from "../../src/core/replica-events.js";
 import { PROTOCOL_VERSION, TOPIC_BATCH, TOPIC_HEARTBEAT, type MeshBatch, type MeshEvent, type SnapshotBooking } from "../../mesh/types.js";
 import { decodeControlRequest, encodeBatch, encodeControlReply, encodeHeartbeat } from "../../mesh/wire.js";
 
@@ -28,13 +38,27 @@ export const FAKE_ORIGIN_MAX_EVENTS_PER_BATCH = 256;
 export interface FakeOriginOptions {
   /** Loopback port P: the XPUB binds P, the control ROUTER P + 1 (see freePortPair). */
   readonly port: number;
-  readonly bookings: { snapshotBookings(): SnapshotBooking[]; readonly live: number };
+  /** Exact load replication: the live bookings (heartbeat count, snapshots). Exactly one of bookings and aggregates. */
+  readonly bookings?: { snapshotBookings(): SnapshotBooking[]; readonly live: number };
+  /** Aggregate load replication: where flushes take the changed totals from (aggregate-bookings.ts). */
+  readonly aggregates?: FakeAggregateSource;
+  /** Aggregate mode: minimum spacing of flushes, ms (a replica's --mesh-aggregate-interval-ms). */
+  readonly intervalMs?: number;
+  /** Monotonic, ms: flush pacing (default performance.now). */
+  readonly monotonic?: Clock;
   /** Wall clock, ms since the Unix epoch: peers measure lag against sentAtMs. */
   readonly wallClock: Clock;
   /** This fake replica's id (non-zero u64): origin and owner of its bookings. */
   readonly origin: bigint;
   /** Random per start, as a replica's: a new epoch tells peers the old state is gone. */
   readonly epoch: bigint;
+}
+
+/** What the fake origin publishes in aggregate mode: AggregateBookings' take, snapshot and count. */
+export interface FakeAggregateSource {
+  take(): LoadAggregates[];
+  snapshot(): LoadAggregates[];
+  readonly publishedRequests: number;
 }
 
 export interface FakeOriginStats {
@@ -67,10 +91,17 @@ export class FakeOrigin {
   readonly #transport: MeshTransport;
   readonly #o: FakeOriginOptions;
   readonly #heartbeat: NodeJS.Timeout;
+  readonly #mono: Clock;
   #seq = 0;
+  /** Aggregate mode: monotonic ms of the last flush (-Infinity: the first change goes out at once), and the one scheduled. */
+  #lastFlushAtMs = -Infinity;
+  #scheduled: { cancel(): void } | undefined;
+  #closed = false;
 
   private constructor(transport: MeshTransport, o: FakeOriginOptions) {
+    if ((o.bookings === undefined) === (o.aggregates === undefined)) throw new RangeError("a fake origin needs exactly one of bookings (exact) and aggregates (aggregate)");
     this.#transport = transport;
+    this.#mono = o.monotonic ?? { now: () => performance.now() };
     this.#o = o;
     this.origin = o.origin;
     this.epoch = o.epoch;
@@ -96,6 +127,41 @@ export class FakeOrigin {
   get seq(): number {
     return this.#seq;
   }
+
+  get mode(): "exact" | "aggregate" {
+    return this.#o.aggregates === undefined ? "exact" : "aggregate";
+  }
+
+  /**
+   * Aggregate mode: our totals changed. As the real publisher: a flush on the next turn if the
+   * last one is at least an interval old, else when the interval ends (changes meanwhile share it).
+   */
+  loadChanged(): void {
+    if (this.#closed || this.#scheduled !== undefined || this.#o.aggregates === undefined) return;
+    const waitMs = this.#lastFlushAtMs + (this.#o.intervalMs ?? 0) - this.#mono.now();
+    if (waitMs > 0) {
+      const t = setTimeout(this.#flushAggregates, waitMs);
+      this.#scheduled = {
+        cancel: () => {
+          clearTimeout(t);
+        },
+      };
+    } else {
+      const t = setImmediate(this.#flushAggregates);
+      this.#scheduled = {
+        cancel: () => {
+          clearImmediate(t);
+        },
+      };
+    }
+  }
+
+  readonly #flushAggregates = (): void => {
+    this.#scheduled = undefined;
+    this.#lastFlushAtMs = this.#mono.now();
+    const taken = this.#o.aggregates?.take() ?? [];
+    if (taken.length > 0 && !this.#closed) this.publish(taken.map((event): MeshEvent => ({ kind: "loads", event })));
+  };
 
   /** Publishes `events` as batches of at most FAKE_ORIGIN_MAX_EVENTS_PER_BATCH, numbered in order. */
   publish(events: readonly MeshEvent[]): void {
@@ -141,7 +207,7 @@ export class FakeOrigin {
         sentAtMs: this.#o.wallClock.now(),
         controlEndpoint: this.#transport.controlEndpoint,
         publishEndpoint: this.#transport.publishEndpoint,
-        bookings: this.#o.bookings.live,
+        bookings: this.#o.aggregates?.publishedRequests ?? this.#o.bookings?.live ?? 0,
       }),
     );
   }
@@ -159,7 +225,10 @@ export class FakeOrigin {
         this.stats.snapshotsServed++;
         return encodeControlReply({
           type: "snapshot",
-          snapshot: { v: PROTOCOL_VERSION, origin: this.origin, epoch: this.epoch, seq: this.#seq, bookings: this.#o.bookings.snapshotBookings(), bindings: [] },
+          snapshot:
+            this.#o.aggregates === undefined
+              ? { v: PROTOCOL_VERSION, origin: this.origin, epoch: this.epoch, seq: this.#seq, bookings: this.#o.bookings?.snapshotBookings() ?? [], bindings: [] }
+              : { v: PROTOCOL_VERSION, origin: this.origin, epoch: this.epoch, seq: this.#seq, bookings: [], bindings: [], aggregates: this.#o.aggregates.snapshot() },
         });
       case "peer":
         this.stats.peerRequests++;
@@ -172,6 +241,9 @@ export class FakeOrigin {
   }
 
   async close(): Promise<void> {
+    this.#closed = true;
+    this.#scheduled?.cancel();
+    this.#scheduled = undefined;
     clearInterval(this.#heartbeat);
     await this.#transport.close();
   }

@@ -12,6 +12,8 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { benchPrompt } from "./bench-prompts.js";
 import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { ReplicaFleet, type Replica } from "../../src/bench/replica-fleet.js";
+import type { LoadReplication } from "../../src/core/replica-events.js";
+import { scaleServeArgs } from "./bench-scale-args.js";
 import { registerBenchWorkers } from "./bench-workers.js";
 import { lagQuantiles, meshWindow, parseMeshMetrics, type MeshScrape } from "./mesh-scrape.js";
 import { capacityCurve, mirrorRatio, MODEL_REPLICA_COUNTS } from "./scale-model.js";
@@ -37,8 +39,12 @@ export interface HttpRunOptions {
   readonly workers: number;
   readonly sessions: number;
   readonly seed: number;
+  /** Every serve's --load-replication, and --mesh-aggregate-interval-ms when set. */
+  readonly loadReplication: LoadReplication;
+  readonly meshAggregateIntervalMs: number | undefined;
   readonly log: (line: string) => void;
 }
+
 
 /** The 14,000-token prompts as JSON array bodies, built once (~90 KB each). */
 let promptCsvs: string[] | undefined;
@@ -106,7 +112,7 @@ export async function runHttpPoints(o: HttpRunOptions): Promise<ScalePoint[]> {
   const fleet = await ReplicaFleet.start({
     replicas: 1 + o.peers,
     mesh: true,
-    serveArgs: ["--no-kv-events", "--session-affinity-ttl-secs", String(AFFINITY_TTL_SECS)],
+    serveArgs: scaleServeArgs(o, ["--no-kv-events", "--session-affinity-ttl-secs", String(AFFINITY_TTL_SECS)]),
     onLog: (i, line) => {
       o.log(`[${i === 0 ? "origin" : `peer ${i}`}] ${line}`);
     },

@@ -2,6 +2,7 @@
  * What bench:scale measures, and how it is printed, saved and plotted. One report per run
  * (`label` names the build measured); `--compare` loads another run's JSON and shows it beside.
  */
+import type { LoadReplication } from "../../src/core/replica-events.js";
 import { capacityCurve, MODEL_REPLICA_COUNTS, modelledCapacity } from "./scale-model.js";
 import { lineChart, type Series } from "./svg-plot.js";
 
@@ -76,8 +77,13 @@ export interface StressStep {
   readonly peer: ReplicaCpu;
   /** The fake origin (this process): CPU cores busy, worst tick gap, most publishes queued. */
   readonly generator: { readonly cores: number; readonly maxTickGapMs: number; readonly maxPendingPublishes: number };
-  /** Published by the fake origin in the window (its batches are cut every 2 ms tick, <= 256 events). */
+  /**
+   * Published by the fake origin in the window: exact mode cuts them every 2 ms tick (<= 256
+   * events); aggregate mode sends one per flush (at most one per aggregation interval).
+   */
   readonly batches: number;
+  /** batches over the window's seconds (absent from reports before the load replication modes). */
+  readonly batchesPerS?: number;
   readonly events: number;
   readonly machineLoad1m: number;
   readonly keptUp: boolean;
@@ -86,6 +92,10 @@ export interface StressStep {
 
 export interface StressResult {
   readonly lagTargetMs: number;
+  /** What the fake origin spoke and the peer ran (absent from reports before the modes: exact). */
+  readonly loadReplication?: LoadReplication;
+  /** Aggregate mode: the fake origin's flush spacing, ms; null in exact mode. */
+  readonly aggregateIntervalMs?: number | null;
   readonly steps: readonly StressStep[];
   /** The highest rate kept up with, and the step it was measured in (null: not even the first). */
   readonly maxRate: number | null;
@@ -96,6 +106,10 @@ export interface ScaleReport {
   readonly tool: "bench:scale";
   readonly label: string;
   readonly measuredAt: string;
+  /** Every serve's --load-replication (absent from reports before the modes: exact). */
+  readonly loadReplication?: LoadReplication;
+  /** Aggregate mode: --mesh-aggregate-interval-ms in effect, ms; null in exact mode. */
+  readonly aggregateIntervalMs?: number | null;
   readonly config: Readonly<Record<string, unknown>>;
   readonly method: readonly string[];
   readonly points: readonly ScalePoint[];
@@ -140,11 +154,12 @@ export function stressTable(reports: readonly ScaleReport[]): string {
   for (const r of reports) {
     const s = r.stress;
     if (s === null) continue;
-    out.push(`${r.label}: stress, one peer (keeping up: lag p99 <= ${s.lagTargetMs} ms, 0 gaps, 0 shed)`);
-    out.push(`${"rate/s".padStart(7)} ${"lag p50/p99 ms".padStart(15)} ${"rsv p99".padStart(8)} ${"gaps".padStart(5)} ${"snap".padStart(5)} ${"shed".padStart(5)} ${"peer main us".padStart(12)} ${"peer all us".padStart(11)} ${"peer main cores".padStart(15)} ${"ceiling/s".padStart(9)} ${"ev/batch".padStart(8)} ${"gen cores".padStart(9)} ${"gen stall ms".padStart(12)} ${"load".padStart(5)}  verdict`);
+    const mode = s.loadReplication === undefined ? "" : s.loadReplication === "aggregate" ? `, aggregate load replication every ${s.aggregateIntervalMs ?? "?"} ms` : ", exact load replication";
+    out.push(`${r.label}: stress, one peer${mode} (keeping up: lag p99 <= ${s.lagTargetMs} ms, 0 gaps, 0 snapshots, 0 divergence resyncs, 0 shed)`);
+    out.push(`${"rate/s".padStart(7)} ${"lag p50/p99 ms".padStart(15)} ${"rsv p99".padStart(8)} ${"gaps".padStart(5)} ${"snap".padStart(5)} ${"rsync".padStart(5)} ${"shed".padStart(5)} ${"peer main us".padStart(12)} ${"peer all us".padStart(11)} ${"peer main cores".padStart(15)} ${"ceiling/s".padStart(9)} ${"batches/s".padStart(9)} ${"ev/batch".padStart(8)} ${"gen cores".padStart(9)} ${"gen stall ms".padStart(12)} ${"load".padStart(5)}  verdict`);
     for (const st of s.steps) {
       out.push(
-        `${`${st.rate}${st.attempt > 1 ? `#${st.attempt}` : ""}`.padStart(7)} ${`${f(st.lag.p50Ms, 2)}/${f(st.lag.p99Ms, 2)}`.padStart(15)} ${f(st.peerReservoirP99Ms, 1).padStart(8)} ${String(st.gaps).padStart(5)} ${String(st.snapshotsInstalled).padStart(5)} ${String(st.shed).padStart(5)} ${us(st.peer.mainUs).padStart(12)} ${us(st.peer.allUs).padStart(11)} ${f(st.peer.mainCores, 2).padStart(15)} ${f(1e6 / st.peer.mainUs).padStart(9)} ${f(st.events / Math.max(1, st.batches), 1).padStart(8)} ${f(st.generator.cores, 2).padStart(9)} ${f(st.generator.maxTickGapMs, 0).padStart(12)} ${f(st.machineLoad1m, 1).padStart(5)}  ${st.keptUp ? "kept up" : `behind: ${st.why}`}`,
+        `${`${st.rate}${st.attempt > 1 ? `#${st.attempt}` : ""}`.padStart(7)} ${`${f(st.lag.p50Ms, 2)}/${f(st.lag.p99Ms, 2)}`.padStart(15)} ${f(st.peerReservoirP99Ms, 1).padStart(8)} ${String(st.gaps).padStart(5)} ${String(st.snapshotsInstalled).padStart(5)} ${String(st.divergenceResyncs).padStart(5)} ${String(st.shed).padStart(5)} ${us(st.peer.mainUs).padStart(12)} ${us(st.peer.allUs).padStart(11)} ${f(st.peer.mainCores, 2).padStart(15)} ${f(1e6 / st.peer.mainUs).padStart(9)} ${f(st.batchesPerS ?? (st.batches * 1000) / st.windowMs).padStart(9)} ${f(st.events / Math.max(1, st.batches), 1).padStart(8)} ${f(st.generator.cores, 2).padStart(9)} ${f(st.generator.maxTickGapMs, 0).padStart(12)} ${f(st.machineLoad1m, 1).padStart(5)}  ${st.keptUp ? "kept up" : `behind: ${st.why}`}`,
       );
     }
     out.push(

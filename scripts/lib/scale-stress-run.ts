@@ -2,12 +2,15 @@
  * bench:scale --stress: how many replicated requests/s one peer keeps up with when HTTP is not
  * the limit. A fake origin in this process (fake-origin.ts) publishes synthetic bookings
  * (synthetic-bookings.ts: add, prefill_complete 50 ms later, free 500 ms after the add) over the
- * real mesh sockets to one real `kvmesh serve` peer that knows the same workers. The rate steps
- * up; each step runs --stress-seconds, then the generator stops adding (marks still flow) and
- * waits for the peer to apply everything published. A step is kept up with when the peer's lag
- * p99 over it is at most the target, with 0 gaps (a ZeroMQ pipe overflow shows as one), 0
- * snapshots, 0 shed and the backlog applied in time. A step that fails is measured again
- * (--stress-retries, default once); one that fails every time ends the run.
+ * real mesh sockets to one real `kvmesh serve` peer that knows the same workers, in the peer's
+ * load replication mode: exact, every booking's events (cut into batches every 2 ms tick), or
+ * aggregate (aggregate-bookings.ts), the changed ranks' totals and the ids booked and ended, at
+ * most once per aggregation interval. The rate steps up; each step runs --stress-seconds, then
+ * the generator stops adding (marks still flow) and waits for the peer to apply everything
+ * published. A step is kept up with when the peer's lag p99 over it is at most the target, with
+ * 0 gaps (a ZeroMQ pipe overflow shows as one), 0 snapshots, 0 divergence resyncs, 0 shed and
+ * the backlog applied in time. A step that fails is measured again (--stress-retries, default
+ * once); one that fails every time ends the run.
  */
 import { loadavg } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -18,9 +21,12 @@ import { ReplicaFleet, type Replica } from "../../src/bench/replica-fleet.js";
 import { mathRandom, type Clock } from "../../src/core/clock.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import { registerBenchWorkers } from "./bench-workers.js";
+import type { LoadReplication } from "../../src/core/replica-events.js";
+import { AggregateBookings } from "./aggregate-bookings.js";
 import { FakeOrigin, randomU64 } from "./fake-origin.js";
 import { lagQuantiles, meshWindow, parseMeshMetrics } from "./mesh-scrape.js";
 import type { ReplicaCpu, StressResult, StressStep } from "./scale-report.js";
+import { scaleServeArgs } from "./bench-scale-args.js";
 import { SyntheticBookings } from "./synthetic-bookings.js";
 import { threadCpu, threadCpuDelta } from "./thread-cpu.js";
 
@@ -43,6 +49,11 @@ export interface StressRunOptions {
   readonly lagTargetMs: number;
   /** A failed step is measured again this many times before the run ends (a shared machine stalls now and then). */
   readonly retries: number;
+  readonly loadReplication: LoadReplication;
+  /** The peer's --mesh-aggregate-interval-ms when set (it only receives, so only for the record). */
+  readonly meshAggregateIntervalMs: number | undefined;
+  /** Aggregate mode: the fake origin's flush spacing, ms (the daemon's default when not set). */
+  readonly aggregateIntervalMs: number;
   readonly log: (line: string) => void;
   readonly wallClock?: Clock;
   readonly monotonic?: Clock;
@@ -56,19 +67,48 @@ interface PeerRow {
   lag_p99_ms: number | null;
 }
 
+/** The synthetic bookings as the generator drives them: `tick` books `n` more and publishes (or schedules) what changed. */
+interface StressSource {
+  readonly issued: number;
+  tick(nowMs: number, newRequests: number): void;
+}
+
+/** Exact mode: every tick's events, published at once. */
+function exactSource(bookings: SyntheticBookings, origin: FakeOrigin): StressSource {
+  return {
+    get issued() {
+      return bookings.issued;
+    },
+    tick(nowMs, n) {
+      const events = bookings.step(nowMs, n);
+      if (events.length > 0) origin.publish(events);
+    },
+  };
+}
+
+/** Aggregate mode: every tick updates the totals; the fake origin flushes them per interval. */
+function aggregateSource(bookings: AggregateBookings, origin: FakeOrigin): StressSource {
+  return {
+    get issued() {
+      return bookings.issued;
+    },
+    tick(nowMs, n) {
+      if (bookings.step(nowMs, n)) origin.loadChanged();
+    },
+  };
+}
+
 /** Publishes the bookings' events every tick at the current rate until stopped. */
 class Generator {
   rate = 0;
   maxTickGapMs = 0;
-  readonly #bookings: SyntheticBookings;
-  readonly #origin: FakeOrigin;
-  readonly #clock: Clock;
+  readonly #bookings: StressSource;
   #stopped = false;
+  readonly #clock: Clock;
   readonly #done: Promise<void>;
 
-  constructor(bookings: SyntheticBookings, origin: FakeOrigin, clock: Clock) {
+  constructor(bookings: StressSource, clock: Clock) {
     this.#bookings = bookings;
-    this.#origin = origin;
     this.#clock = clock;
     this.#done = this.#loop();
   }
@@ -88,8 +128,7 @@ class Generator {
         base = this.#bookings.issued;
       }
       const due = Math.floor(((now - since) * rate) / 1000);
-      const events = this.#bookings.step(now, due - (this.#bookings.issued - base));
-      if (events.length > 0) this.#origin.publish(events);
+      this.#bookings.tick(now, due - (this.#bookings.issued - base));
       await sleep(TICK_MS);
     }
   }
@@ -114,7 +153,7 @@ interface StepContext {
   readonly peer: Replica;
   readonly fake: FakeOrigin;
   readonly gen: Generator;
-  readonly bookings: SyntheticBookings;
+  readonly bookings: StressSource;
   readonly endpoint: string;
   readonly mono: Clock;
 }
@@ -170,6 +209,7 @@ async function measureStep(c: StepContext, rate: number, attempt: number): Promi
   }
   if (w.counters.gaps > 0) why.push(`${w.counters.gaps} gaps`);
   if (w.counters.snapshotsInstalled > 0) why.push(`${w.counters.snapshotsInstalled} snapshots`);
+  if (w.counters.divergenceResyncs > 0) why.push(`${w.counters.divergenceResyncs} divergence resyncs`);
   if (shed > 0) why.push(`${shed} shed`);
   if (!caughtUp) why.push(`backlog not applied ${CATCH_UP_TIMEOUT_MS} ms after the step`);
   const step: StressStep = {
@@ -188,13 +228,14 @@ async function measureStep(c: StepContext, rate: number, attempt: number): Promi
     peer: peerCpu,
     generator: { cores: (u1.user + u1.system) / 1000 / windowMs, maxTickGapMs, maxPendingPublishes: c.fake.stats.maxPendingPublishes },
     batches,
+    batchesPerS: (batches * 1000) / windowMs,
     events,
     machineLoad1m,
     keptUp: why.length === 0,
     why: why.join(", "),
   };
   c.o.log(
-    `stress ${rate}/s${attempt > 1 ? ` (attempt ${attempt})` : ""}: ${requests} requests, lag p50/p99 ${lag.p50Ms.toFixed(2)}/${lag.p99Ms.toFixed(2)} ms, gaps ${step.gaps}, peer main ${peerCpu.mainUs.toFixed(0)} us/req (${peerCpu.mainCores.toFixed(2)} cores), ${step.keptUp ? "kept up" : `behind: ${step.why}`}`,
+    `stress ${rate}/s${attempt > 1 ? ` (attempt ${attempt})` : ""}: ${requests} requests, lag p50/p99 ${lag.p50Ms.toFixed(2)}/${lag.p99Ms.toFixed(2)} ms, gaps ${step.gaps}, ${((batches * 1000) / windowMs).toFixed(0)} batches/s, peer main ${peerCpu.mainUs.toFixed(0)} us/req (${peerCpu.mainCores.toFixed(2)} cores), all ${peerCpu.allUs.toFixed(0)} us/req, ${step.keptUp ? "kept up" : `behind: ${step.why}`}`,
   );
   return step;
 }
@@ -206,7 +247,7 @@ export async function runStress(o: StressRunOptions): Promise<StressResult> {
   const fleet = await ReplicaFleet.start({
     replicas: 1,
     mesh: true,
-    serveArgs: ["--no-kv-events"],
+    serveArgs: scaleServeArgs(o, ["--no-kv-events"]),
     onLog: (_i, line) => {
       o.log(`[peer] ${line}`);
     },
@@ -218,8 +259,20 @@ export async function runStress(o: StressRunOptions): Promise<StressResult> {
     o.log(`stress: registering ${o.workers} workers on the peer`);
     await registerBenchWorkers(peer.client, o.workers);
     const originId = randomU64(mathRandom);
-    const bookings = new SyntheticBookings({ origin: originId, workers: o.workers, blockSize: BENCH_BLOCK_SIZE, promptTokens: BENCH_PROMPT_TOKENS, prompts: hashedPrompts() });
-    origin = await FakeOrigin.bind({ port: await freePortPair(), bookings, wallClock: wall, origin: originId, epoch: randomU64(mathRandom) });
+    const synthetic = { origin: originId, workers: o.workers, blockSize: BENCH_BLOCK_SIZE, promptTokens: BENCH_PROMPT_TOKENS, prompts: hashedPrompts() };
+    const bind = { port: await freePortPair(), wallClock: wall, monotonic: mono, origin: originId, epoch: randomU64(mathRandom) };
+    let bookings: StressSource;
+    if (o.loadReplication === "aggregate") {
+      const agg = new AggregateBookings(synthetic);
+      const fo = await FakeOrigin.bind({ ...bind, aggregates: agg, intervalMs: o.aggregateIntervalMs });
+      origin = fo;
+      bookings = aggregateSource(agg, fo);
+    } else {
+      const exact = new SyntheticBookings(synthetic);
+      const fo = await FakeOrigin.bind({ ...bind, bookings: exact });
+      origin = fo;
+      bookings = exactSource(exact, fo);
+    }
     const endpoint = origin.publishEndpoint;
     await peer.client.ok("POST", "/replica_sync/register_peer", JSON.stringify({ endpoint }));
     const deadline = mono.now() + MESH_READY_TIMEOUT_MS;
@@ -229,9 +282,9 @@ export async function runStress(o: StressRunOptions): Promise<StressResult> {
       if (mono.now() > deadline) throw new Error(`the peer did not sync with the fake origin within ${MESH_READY_TIMEOUT_MS} ms: ${JSON.stringify(row)}`);
       await sleep(100);
     }
-    o.log(`stress: peer live with the fake origin ${endpoint} (origin ${originId})`);
+    o.log(`stress: peer live with the fake origin ${endpoint} (origin ${originId}, ${o.loadReplication} load replication${o.loadReplication === "aggregate" ? ` every ${o.aggregateIntervalMs} ms` : ""})`);
     const fake = origin;
-    const g = new Generator(bookings, fake, mono);
+    const g = new Generator(bookings, mono);
     gen = g;
     const first = o.rates[0] ?? 0;
     if (o.warmupSeconds > 0 && first > 0) {
@@ -256,7 +309,7 @@ export async function runStress(o: StressRunOptions): Promise<StressResult> {
     }
     const kept = steps.filter((st) => st.keptUp);
     const atMax = kept[kept.length - 1] ?? null;
-    return { lagTargetMs: o.lagTargetMs, steps, maxRate: atMax?.rate ?? null, atMax };
+    return { lagTargetMs: o.lagTargetMs, loadReplication: o.loadReplication, aggregateIntervalMs: o.loadReplication === "aggregate" ? o.aggregateIntervalMs : null, steps, maxRate: atMax?.rate ?? null, atMax };
   } finally {
     await gen?.stop();
     await origin?.close();

@@ -56,11 +56,26 @@ class DueQueue {
 
 const COMPACT_AFTER = 1_024;
 
-const PARTITION: PartitionRef = Object.freeze({ model_name: DEFAULT_MODEL_NAME, routing_group: DEFAULT_ROUTING_GROUP });
+/** The default partition, where every synthetic booking goes. */
+export const SYNTHETIC_PARTITION: PartitionRef = Object.freeze({ model_name: DEFAULT_MODEL_NAME, routing_group: DEFAULT_ROUTING_GROUP });
+const PARTITION = SYNTHETIC_PARTITION;
 
-export class SyntheticBookings {
-  readonly #o: Required<SyntheticBookingsOptions>;
-  readonly #live = new Map<string, { add: LoadAddEvent; prefillDone: boolean }>();
+/** What a schedule step calls, in order: due prefill marks, due frees, then new bookings. */
+export interface ScheduleSink {
+  prefillDue(requestId: string): void;
+  freeDue(requestId: string): void;
+  /** Request number `k` booked as `requestId` on `workerId` (rank 0) with `hashes`. */
+  booked(k: number, requestId: string, workerId: bigint, hashes: HashList): void;
+}
+
+/**
+ * The timing of the synthetic bookings, whatever is published of them: request k on worker
+ * (k mod workers) + 1 with prompt k mod prompts, its prefill due `prefillDelayMs` after the add
+ * and its free `holdMs` after. Exact mode (SyntheticBookings) turns it into per-booking events,
+ * aggregate mode (aggregate-bookings.ts) into per-rank totals.
+ */
+export class BookingSchedule {
+  readonly options: Required<SyntheticBookingsOptions>;
   /** FIFOs: every request waits the same delay, so due order is add order. */
   readonly #prefills = new DueQueue();
   readonly #frees = new DueQueue();
@@ -69,13 +84,48 @@ export class SyntheticBookings {
   constructor(o: SyntheticBookingsOptions) {
     if (o.prompts.length === 0) throw new RangeError("at least one prompt is needed");
     if (!Number.isInteger(o.workers) || o.workers < 1) throw new RangeError(`workers must be a positive integer, got ${o.workers}`);
-    this.#o = { prefillDelayMs: DEFAULT_PREFILL_DELAY_MS, holdMs: DEFAULT_HOLD_MS, idPrefix: "", ...o };
-    if (!(this.#o.holdMs >= this.#o.prefillDelayMs)) throw new RangeError("holdMs must be >= prefillDelayMs");
+    this.options = { prefillDelayMs: DEFAULT_PREFILL_DELAY_MS, holdMs: DEFAULT_HOLD_MS, idPrefix: "", ...o };
+    if (!(this.options.holdMs >= this.options.prefillDelayMs)) throw new RangeError("holdMs must be >= prefillDelayMs");
   }
 
   /** Requests booked so far. */
   get issued(): number {
     return this.#issued;
+  }
+
+  /** The prefill marks and frees due at `nowMs`, then `newRequests` bookings, in that order. */
+  advance(nowMs: number, newRequests: number, sink: ScheduleSink): void {
+    const o = this.options;
+    this.#prefills.takeDue(nowMs, (id) => {
+      sink.prefillDue(id);
+    });
+    this.#frees.takeDue(nowMs, (id) => {
+      sink.freeDue(id);
+    });
+    for (let i = 0; i < newRequests; i++) {
+      const k = this.#issued++;
+      const id = `${o.idPrefix}r${k}`;
+      this.#prefills.push({ atMs: nowMs + o.prefillDelayMs, requestId: id });
+      this.#frees.push({ atMs: nowMs + o.holdMs, requestId: id });
+      sink.booked(k, id, BigInt((k % o.workers) + 1), o.prompts[k % o.prompts.length] as HashList);
+    }
+  }
+}
+
+/** Exact load replication: every booking's add (with its sequence hashes), prefill_complete and free. */
+export class SyntheticBookings {
+  readonly #schedule: BookingSchedule;
+  readonly #o: Required<SyntheticBookingsOptions>;
+  readonly #live = new Map<string, { add: LoadAddEvent; prefillDone: boolean }>();
+
+  constructor(o: SyntheticBookingsOptions) {
+    this.#schedule = new BookingSchedule(o);
+    this.#o = this.#schedule.options;
+  }
+
+  /** Requests booked so far. */
+  get issued(): number {
+    return this.#schedule.issued;
   }
 
   /** Bookings added and not yet freed. */
@@ -86,40 +136,37 @@ export class SyntheticBookings {
   /** The prefill marks and frees due at `nowMs`, then `newRequests` adds, in that order. */
   step(nowMs: number, newRequests: number): MeshEvent[] {
     const out: MeshEvent[] = [];
-    this.#prefills.takeDue(nowMs, (id) => {
-      const b = this.#live.get(id);
-      if (b === undefined) return;
-      b.prefillDone = true;
-      out.push(this.#mark("prefill_complete", id));
+    this.#schedule.advance(nowMs, newRequests, {
+      prefillDue: (id) => {
+        const b = this.#live.get(id);
+        if (b === undefined) return;
+        b.prefillDone = true;
+        out.push(this.#mark("prefill_complete", id));
+      },
+      freeDue: (id) => {
+        this.#live.delete(id);
+        out.push(this.#mark("free", id));
+      },
+      booked: (_k, id, workerId, hashes) => {
+        const add: LoadAddEvent = {
+          type: "add",
+          origin: this.#o.origin,
+          owner: this.#o.origin,
+          request_id: id,
+          partition: PARTITION,
+          block_size: this.#o.blockSize,
+          worker_id: workerId,
+          dp_rank: 0,
+          sequence_hashes: hashes,
+          prefill_tokens: this.#o.promptTokens,
+          track_prefill: true,
+          expected_output_tokens: null,
+          prefill_duration_ms: null,
+        };
+        this.#live.set(id, { add, prefillDone: false });
+        out.push({ kind: "load", event: add });
+      },
     });
-    this.#frees.takeDue(nowMs, (id) => {
-      this.#live.delete(id);
-      out.push(this.#mark("free", id));
-    });
-    for (let i = 0; i < newRequests; i++) {
-      const k = this.#issued++;
-      const id = `${this.#o.idPrefix}r${k}`;
-      const hashes = this.#o.prompts[k % this.#o.prompts.length] as HashList;
-      const add: LoadAddEvent = {
-        type: "add",
-        origin: this.#o.origin,
-        owner: this.#o.origin,
-        request_id: id,
-        partition: PARTITION,
-        block_size: this.#o.blockSize,
-        worker_id: BigInt((k % this.#o.workers) + 1),
-        dp_rank: 0,
-        sequence_hashes: hashes,
-        prefill_tokens: this.#o.promptTokens,
-        track_prefill: true,
-        expected_output_tokens: null,
-        prefill_duration_ms: null,
-      };
-      this.#live.set(id, { add, prefillDone: false });
-      this.#prefills.push({ atMs: nowMs + this.#o.prefillDelayMs, requestId: id });
-      this.#frees.push({ atMs: nowMs + this.#o.holdMs, requestId: id });
-      out.push({ kind: "load", event: add });
-    }
     return out;
   }
 

@@ -1,6 +1,19 @@
 import { CommanderError } from "commander";
 import { describe, expect, it } from "vitest";
-import { benchScaleCommand, DEFAULT_JSON, DEFAULT_STRESS_JSON, DEFAULT_STRESS_RATES, parseBenchScaleArgs } from "../../scripts/lib/bench-scale-args.js";
+import { AggregateBookings } from "../../scripts/lib/aggregate-bookings.js";
+import {
+  benchScaleCommand,
+  DEFAULT_AGGREGATE_STRESS_RATES,
+  DEFAULT_JSON,
+  DEFAULT_STRESS_JSON,
+  DEFAULT_STRESS_RATES,
+  MIN_STRESS_STEP_SECONDS,
+  parseBenchScaleArgs,
+  scaleServeArgs,
+  STRESS_BUDGET_SECONDS,
+  STRESS_STEP_OVERHEAD_SECONDS,
+  stressStepSeconds,
+} from "../../scripts/lib/bench-scale-args.js";
 import { lagQuantiles, meshWindow, parseMeshMetrics } from "../../scripts/lib/mesh-scrape.js";
 import { capacityCurve, mirrorRatio, modelledCapacity } from "../../scripts/lib/scale-model.js";
 import { SyntheticBookings } from "../../scripts/lib/synthetic-bookings.js";
@@ -57,10 +70,13 @@ describe("bench:scale arguments", () => {
     expect(c.warmupSeconds).toBe(2);
     expect(c.json).toBe(DEFAULT_JSON);
     expect(c.svg).toBe("reports/bench-scale.svg");
-    expect(c.label).toBe("test-build");
+    expect(c.label).toBe("test-build aggregate");
     expect(c.compare).toBeUndefined();
     expect(c.stress).toBe(false);
-    expect(c.stressRates).toEqual(DEFAULT_STRESS_RATES);
+    expect(c.loadReplication).toBe("aggregate");
+    expect(c.meshAggregateIntervalMs).toBeUndefined();
+    expect(c.stressRates).toEqual(DEFAULT_AGGREGATE_STRESS_RATES);
+    expect(c.stressRates[c.stressRates.length - 1]).toBe(100_000);
     expect(c.stressRetries).toBe(1);
     expect(c.lagTargetMs).toBe(20);
   });
@@ -89,7 +105,38 @@ describe("bench:scale arguments", () => {
     expect(parse(["--stress", "--json", "s.json"]).json).toBe("s.json");
   });
 
+  it("reads the load replication mode and aggregation interval, names the default label after the mode, and passes both to every serve", () => {
+    const e = parse(["--load-replication", "exact"]);
+    expect(e.loadReplication).toBe("exact");
+    expect(e.label).toBe("test-build exact");
+    expect(e.stressRates).toEqual(DEFAULT_STRESS_RATES);
+    expect(scaleServeArgs(e, ["--no-kv-events"])).toEqual(["--no-kv-events", "--load-replication", "exact"]);
+    const a = parse(["--load-replication", "aggregate", "--mesh-aggregate-interval-ms", "25", "--label", "mine"]);
+    expect(a.loadReplication).toBe("aggregate");
+    expect(a.meshAggregateIntervalMs).toBe(25);
+    expect(a.label).toBe("mine");
+    expect(scaleServeArgs(a)).toEqual(["--load-replication", "aggregate", "--mesh-aggregate-interval-ms", "25"]);
+    expect(parse(["--mesh-aggregate-interval-ms", "0"]).meshAggregateIntervalMs).toBe(0);
+    // An explicit --stress-rates wins over either mode's default.
+    expect(parse(["--load-replication", "exact", "--stress-rates", "900"]).stressRates).toEqual([900]);
+  });
+
+  it("cuts each stress step so all of them fit the budget, never below the minimum", () => {
+    expect(stressStepSeconds(3, 5)).toBe(5);
+    expect(stressStepSeconds(DEFAULT_STRESS_RATES.length, 5)).toBe(5);
+    const cut = stressStepSeconds(DEFAULT_AGGREGATE_STRESS_RATES.length, 5);
+    expect(cut).toBeLessThan(5);
+    expect(DEFAULT_AGGREGATE_STRESS_RATES.length * (cut + STRESS_STEP_OVERHEAD_SECONDS)).toBeLessThanOrEqual(STRESS_BUDGET_SECONDS);
+    expect(stressStepSeconds(1_000, 5)).toBe(MIN_STRESS_STEP_SECONDS);
+    expect(parse(["--stress", "--stress-seconds", "3"]).stressStepSeconds).toBe(3);
+    expect(parse(["--stress"]).stressStepSeconds).toBe(cut);
+  });
+
   it.each([
+    [["--load-replication", "both"]],
+    [["--mesh-aggregate-interval-ms", "-1"]],
+    [["--mesh-aggregate-interval-ms", "1001"]],
+    [["--mesh-aggregate-interval-ms", "2.5"]],
     [["--rate", "0"]],
     [["--rate", "100,"]],
     [["--rate", "fast"]],
@@ -107,7 +154,9 @@ describe("bench:scale arguments", () => {
 
   it("answers --help with every flag", () => {
     const help = quiet().helpInformation();
-    for (const flag of ["--rate", "--peers", "--seconds", "--warmup", "--workers", "--json", "--svg", "--label", "--compare", "--stress", "--stress-rates", "--stress-seconds", "--lag-target-ms"]) expect(help).toContain(flag);
+    for (const flag of ["--rate", "--peers", "--seconds", "--warmup", "--workers", "--json", "--svg", "--label", "--compare", "--stress", "--stress-rates", "--stress-seconds", "--lag-target-ms", "--load-replication", "--mesh-aggregate-interval-ms"]) {
+      expect(help).toContain(flag);
+    }
   });
 });
 
@@ -163,5 +212,87 @@ describe("bench:scale measurement helpers", () => {
     expect(frees.map((e) => (e.kind === "load" ? `${e.event.type}:${e.event.request_id}` : ""))).toEqual(["prefill_complete:r4", "free:r0", "free:r1", "free:r2", "free:r3"]);
     expect(b.live).toBe(1);
     expect(b.issued).toBe(5);
+  });
+
+  it("keeps aggregate totals of synthetic bookings as a replica would: changed ranks, ids booked and ended, published requests", () => {
+    // Two prompts that share their first hash, used as p0, p1, p1; request k goes to worker (k mod 2) + 1.
+    const p0 = new Uint32Array([0, 1, 0, 2, 0, 3]);
+    const p1 = new Uint32Array([0, 1, 0, 9]);
+    const b = new AggregateBookings({ origin: 7n, workers: 2, blockSize: 64, promptTokens: 1_000, prompts: [p0, p1, p1], prefillDelayMs: 50, holdMs: 500 });
+    expect(b.take()).toEqual([]);
+    expect(b.snapshot()).toEqual([]);
+
+    // t=0: r0 -> w1 p0, r1 -> w2 p1, r2 -> w1 p1 (shares hash (0,1) with p0 on w1).
+    expect(b.step(0, 3)).toBe(true);
+    expect(b.live).toBe(3);
+    expect(b.publishedRequests).toBe(0);
+    const t0 = b.take();
+    expect(t0).toHaveLength(1);
+    const e0 = t0[0];
+    expect(e0?.partition).toEqual({ model_name: "default", routing_group: "default" });
+    expect(e0?.block_size).toBe(64);
+    expect(e0?.rows).toEqual([
+      { worker_id: 1n, dp_rank: 0, prefill_tokens: 2_000, blocks: 4, requests: 2 },
+      { worker_id: 2n, dp_rank: 0, prefill_tokens: 1_000, blocks: 2, requests: 1 },
+    ]);
+    expect(e0?.added).toEqual([
+      { id: "r0", worker_id: 1n, dp_rank: 0 },
+      { id: "r1", worker_id: 2n, dp_rank: 0 },
+      { id: "r2", worker_id: 1n, dp_rank: 0 },
+    ]);
+    expect(e0?.removed).toEqual([]);
+    expect(b.publishedRequests).toBe(3);
+    // Nothing changed since: nothing to publish.
+    expect(b.step(10, 0)).toBe(false);
+    expect(b.take()).toEqual([]);
+
+    // t=50: prefills of r0..r2 complete; r3 -> w2 p0 booked.
+    expect(b.step(50, 1)).toBe(true);
+    const t50 = b.take()[0];
+    expect(t50?.rows).toEqual([
+      { worker_id: 1n, dp_rank: 0, prefill_tokens: 0, blocks: 4, requests: 2 },
+      { worker_id: 2n, dp_rank: 0, prefill_tokens: 1_000, blocks: 4, requests: 2 },
+    ]);
+    expect(t50?.added.map((a) => a.id)).toEqual(["r3"]);
+    expect(b.publishedRequests).toBe(4);
+
+    // t=500: r3's prefill completes, r0..r2 are freed; r4 -> w1 p1 is booked and, before any take, ...
+    b.step(500, 1);
+    // ... freed at t=1000 together with r3: r4 is in neither added nor removed.
+    expect(b.publishedRequests).toBe(4);
+    b.step(1_000, 0);
+    expect(b.live).toBe(0);
+    const t1000 = b.take()[0];
+    // Rows in the order the ranks first changed since the last take: r3's prefill (w2) came due first.
+    expect(t1000?.rows).toEqual([
+      { worker_id: 2n, dp_rank: 0, prefill_tokens: 0, blocks: 0, requests: 0 },
+      { worker_id: 1n, dp_rank: 0, prefill_tokens: 0, blocks: 0, requests: 0 },
+    ]);
+    expect(t1000?.added).toEqual([]);
+    expect([...(t1000?.removed ?? [])].sort()).toEqual(["r0", "r1", "r2", "r3"]);
+    expect(b.publishedRequests).toBe(0);
+    expect(b.issued).toBe(5);
+  });
+
+  it("snapshots every rank with load and every live id, whatever was taken", () => {
+    const p0 = new Uint32Array([0, 1, 0, 2]);
+    const b = new AggregateBookings({ origin: 7n, workers: 3, blockSize: 16, promptTokens: 500, prompts: [p0], prefillDelayMs: 50, holdMs: 500 });
+    b.step(0, 2);
+    b.take();
+    b.step(50, 1);
+    expect(b.publishedRequests).toBe(2);
+    const [snap] = b.snapshot();
+    expect(snap?.rows).toEqual([
+      { worker_id: 1n, dp_rank: 0, prefill_tokens: 0, blocks: 2, requests: 1 },
+      { worker_id: 2n, dp_rank: 0, prefill_tokens: 0, blocks: 2, requests: 1 },
+      { worker_id: 3n, dp_rank: 0, prefill_tokens: 500, blocks: 2, requests: 1 },
+    ]);
+    expect(snap?.added.map((a) => a.id)).toEqual(["r0", "r1", "r2"]);
+    expect(snap?.removed).toEqual([]);
+    // A snapshot publishes nothing: the next take still carries r2 and w3.
+    const [next] = b.take();
+    expect(next?.added.map((a) => a.id)).toEqual(["r2"]);
+    expect(next?.rows.map((r) => r.worker_id)).toEqual([1n, 2n, 3n]);
+    expect(b.publishedRequests).toBe(3);
   });
 });
