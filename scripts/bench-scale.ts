@@ -10,6 +10,10 @@
  * mesh ports, counted on the listening side), replication lag p50/p99 from the peers' lag
  * histograms, events shed by the origin, and the modelled capacity
  * N / (1 + (N-1) x peer_main / origin_main) for N = 2, 4, 8, 16 (scripts/lib/scale-model.ts).
+ * Before each point's warm-up, --idle-seconds (5) with no traffic give every replica's idle CPU
+ * rate (ms/s: GC, timers, heartbeats); the marginal cost per request is the window's CPU less that
+ * rate x the window, over the requests, and the marginal capacity is the same model on marginal
+ * main-thread costs (right for replicas at saturation, where a fixed rate per replica cancels).
  * K = 0 is the origin alone: its main-thread time should not grow with K.
  *
  * --stress: a fake origin in this process publishes synthetic bookings over the real mesh
@@ -42,6 +46,8 @@ const METHOD: readonly string[] = [
   "mesh bytes: TCP payload (bytes_acked sent, bytes_received) of established connections on every replica's mesh XPUB and control ports, from `ss -tin`, counted on the listening side; 'origin out' is what the origin's XPUB sent to all its peers",
   "lag: kvmesh_mesh_replication_lag_seconds (publish-to-receive of batches and heartbeats) delta over the window, all peers, interpolated within buckets (1, 2, 5, 10, 20, 25 ms ...)",
   "capacity: N / (1 + (N-1) x r), r = mean over peers of peer main-thread us / origin main-thread us per request",
+  "idle: every replica's CPU over --idle-seconds with no traffic, before each point's warm-up (stress: the peer's, once before the steps), as ms of CPU per second; the fixed part (GC, timers, heartbeats) that per-request figures include",
+  "marginal: (CPU over the window - idle rate x window length) / requests, per replica and thread set, clamped at 0 (marked *); marginal capacity: the same model with r = mean over peers of peer marginal main / origin marginal main, which holds for replicas at saturation (an equal fixed rate per replica cancels out)",
 ];
 
 function gitLabel(): string {
@@ -59,7 +65,7 @@ const log = (line: string): void => {
 const config = parseBenchScaleArgs(process.argv.slice(2), gitLabel());
 const aggregateIntervalMs = config.meshAggregateIntervalMs ?? DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS;
 const modeText = config.loadReplication === "aggregate" ? `aggregate load replication every ${aggregateIntervalMs} ms` : "exact load replication";
-log(`bench:scale (${config.label}): ${modeText}, ${config.stress ? `stress, rates ${config.stressRates.join(",")}/s, ${config.stressStepSeconds} s each` : `rates ${config.rates.join(",")}/s, peers ${config.peerCounts.join(",")}, ${config.seconds} s per point after ${config.warmupSeconds} s warm-up`}, ${config.workers} workers, CLK_TCK ${CLK_TCK}`);
+log(`bench:scale (${config.label}): ${modeText}, ${config.stress ? `stress, rates ${config.stressRates.join(",")}/s, ${config.stressStepSeconds} s each` : `rates ${config.rates.join(",")}/s, peers ${config.peerCounts.join(",")}, ${config.seconds} s per point after ${config.idleSeconds} s idle and ${config.warmupSeconds} s warm-up`}, ${config.workers} workers, CLK_TCK ${CLK_TCK}`);
 
 const points: ScalePoint[] = [];
 let stress: StressResult | null = null;
@@ -68,6 +74,7 @@ if (config.stress) {
     rates: config.stressRates,
     seconds: config.stressStepSeconds,
     warmupSeconds: config.warmupSeconds,
+    idleSeconds: config.idleSeconds,
     workers: config.workers,
     lagTargetMs: config.lagTargetMs,
     retries: config.stressRetries,
@@ -84,6 +91,7 @@ if (config.stress) {
         rates: config.rates,
         seconds: config.seconds,
         warmupSeconds: config.warmupSeconds,
+    idleSeconds: config.idleSeconds,
         workers: config.workers,
         sessions: config.sessions,
         seed: config.seed,

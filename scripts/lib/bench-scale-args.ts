@@ -11,6 +11,11 @@ export const DEFAULT_RATES: readonly number[] = [100, 200];
 export const DEFAULT_PEER_COUNTS: readonly number[] = [0, 1, 3];
 export const DEFAULT_SECONDS = 10;
 export const DEFAULT_WARMUP_SECONDS = 2;
+/**
+ * Seconds of no traffic measured before each point's warm-up (--stress: once before the steps):
+ * every replica's idle CPU rate, taken out of the window's CPU for the marginal cost per request.
+ */
+export const DEFAULT_IDLE_SECONDS = 5;
 export const DEFAULT_WORKERS = 1_024;
 /** Session slots of the multi-turn workload; 200 sustain ~300 turns/s (bench-workload.ts timings). */
 export const DEFAULT_SESSION_SLOTS = 200;
@@ -58,6 +63,8 @@ export interface BenchScaleConfig {
   readonly peerCounts: readonly number[];
   readonly seconds: number;
   readonly warmupSeconds: number;
+  /** Idle window before each point (stress: before the steps), s; 0 = none, no marginal figures. */
+  readonly idleSeconds: number;
   readonly workers: number;
   readonly sessions: number;
   readonly seed: number;
@@ -124,6 +131,11 @@ export function benchScaleCommand(): Command {
     .addOption(new Option("--peers <list>", "passive peer counts K, comma-separated (0 = the origin alone)").argParser(intList(0, MAX_PEERS)).default([...DEFAULT_PEER_COUNTS], DEFAULT_PEER_COUNTS.join(",")))
     .addOption(new Option("--seconds <s>", "measured seconds per point").argParser(positiveSeconds).default(DEFAULT_SECONDS))
     .addOption(new Option("--warmup <s>", "unmeasured seconds of the same traffic before each point").argParser(nonNegativeSeconds).default(DEFAULT_WARMUP_SECONDS))
+    .addOption(
+      new Option("--idle-seconds <s>", "seconds with no traffic before each point's warm-up (--stress: once before the steps): every replica's idle CPU rate, for the marginal cost per request (0: not measured)")
+        .argParser(nonNegativeSeconds)
+        .default(DEFAULT_IDLE_SECONDS),
+    )
     .addOption(new Option("--workers <n>", "single-rank workers registered on every replica (block size 64, no KV events)").argParser(integerInRange(1, MAX_WORKERS)).default(DEFAULT_WORKERS))
     .addOption(new Option("--sessions <n>", "session slots of the multi-turn workload").argParser(integerInRange(1, 100_000)).default(DEFAULT_SESSION_SLOTS))
     .addOption(new Option("--seed <n>", "workload seed").argParser(integerInRange(1, 0x7fff_ffff)).default(1))
@@ -149,6 +161,7 @@ interface RawOptions {
   peers: number[];
   seconds: number;
   warmup: number;
+  idleSeconds: number;
   workers: number;
   sessions: number;
   seed: number;
@@ -175,6 +188,7 @@ export function parseBenchScaleArgs(argv: readonly string[], defaultLabel: strin
     peerCounts: o.peers,
     seconds: o.seconds,
     warmupSeconds: o.warmup,
+    idleSeconds: o.idleSeconds,
     workers: o.workers,
     sessions: o.sessions,
     seed: o.seed,

@@ -5,6 +5,9 @@
  * prefill_complete and free at the rate, paced like bench:mesh (multi-turn sessions, think
  * times, 20-80 ms to prefill, 200-800 ms to free). The window runs from the first request to
  * the last free; CPU per thread, mesh TCP bytes and mesh metrics are read at its two ends.
+ * Before each rate's warm-up (fleet up, workers registered, mesh live), an idle window of
+ * --idle-seconds with no traffic gives every replica's fixed CPU rate (ms/s), which the marginal
+ * cost per request takes out of the window's CPU.
  */
 import { loadavg } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -16,8 +19,8 @@ import type { LoadReplication } from "../../src/core/replica-events.js";
 import { scaleServeArgs } from "./bench-scale-args.js";
 import { registerBenchWorkers } from "./bench-workers.js";
 import { lagQuantiles, meshWindow, parseMeshMetrics, type MeshScrape } from "./mesh-scrape.js";
-import { capacityCurve, mirrorRatio, MODEL_REPLICA_COUNTS } from "./scale-model.js";
-import type { ReplicaCpu, ScalePoint } from "./scale-report.js";
+import { capacityCurve, idleCpu, meanMirrorRatio, mirrorRatio, MODEL_REPLICA_COUNTS, replicaCpu } from "./scale-model.js";
+import type { IdleCpu, ReplicaCpu, ScalePoint } from "./scale-report.js";
 import { bytesDelta, connectionBytes } from "./tcp-bytes.js";
 import { threadCpu, threadCpuDelta, type ThreadCpu } from "./thread-cpu.js";
 import { paceTurns } from "./turn-pacer.js";
@@ -36,6 +39,8 @@ export interface HttpRunOptions {
   readonly rates: readonly number[];
   readonly seconds: number;
   readonly warmupSeconds: number;
+  /** No-traffic window before each rate's warm-up, s (0: none, no marginal figures). */
+  readonly idleSeconds: number;
   readonly workers: number;
   readonly sessions: number;
   readonly seed: number;
@@ -98,10 +103,18 @@ async function drive(origin: Replica, o: HttpRunOptions, rate: number, seconds: 
   return d;
 }
 
-function perRequest(delta: ThreadCpu, routed: number, wallMs: number): ReplicaCpu {
-  const n = Math.max(1, routed);
-  return { mainUs: (delta.mainMs * 1000) / n, allUs: (delta.allMs * 1000) / n, mainCores: delta.mainMs / wallMs, byThreadMs: delta.byName };
+/** Every replica's CPU rate over `seconds` with no traffic (after a settle, so the last point's frees and GC are past). */
+async function measureIdle(replicas: readonly Replica[], seconds: number): Promise<IdleCpu[]> {
+  await sleep(SETTLE_MS);
+  const c0 = replicas.map((r) => threadCpu(r.pid));
+  const t0 = performance.now();
+  await sleep(seconds * 1000);
+  const c1 = replicas.map((r) => threadCpu(r.pid));
+  const ms = performance.now() - t0;
+  return c1.map((c, i) => idleCpu(threadCpuDelta(c0[i] as ThreadCpu, c), ms));
 }
+
+const CLAMP_FLAGS = (c: ReplicaCpu): string => (c.marginal === undefined ? "" : `${c.marginal.mainClamped ? " main clamped at 0" : ""}${c.marginal.allClamped ? " all clamped at 0" : ""}`);
 
 const scrape = async (r: Replica): Promise<MeshScrape> => parseMeshMetrics(await r.client.ok("GET", "/metrics"));
 
@@ -124,6 +137,12 @@ export async function runHttpPoints(o: HttpRunOptions): Promise<ScalePoint[]> {
     const ports = fleet.replicas.flatMap((r) => (r.syncPort === null ? [] : [r.syncPort, r.syncPort + 1]));
     const points: ScalePoint[] = [];
     for (const rate of o.rates) {
+      let idle: IdleCpu[] | null = null;
+      if (o.idleSeconds > 0) {
+        o.log(`${label} ${rate}/s: idle window, ${o.idleSeconds} s with no traffic`);
+        idle = await measureIdle(fleet.replicas, o.idleSeconds);
+        o.log(`${label} ${rate}/s idle ms/s main / all: ${idle.map((c, i) => `${i === 0 ? "origin" : `peer ${i}`} ${c.mainMsPerS.toFixed(1)} / ${c.allMsPerS.toFixed(1)}`).join(", ")}`);
+      }
       if (o.warmupSeconds > 0) {
         const w = await drive(origin, o, rate, o.warmupSeconds, `w${rate}-`, `${label} ${rate}/s warm-up`);
         if (w.errors > 0) throw new Error(`${label} warm-up at ${rate}/s: ${w.errors} errors, first: ${w.errorSample}`);
@@ -138,7 +157,7 @@ export async function runHttpPoints(o: HttpRunOptions): Promise<ScalePoint[]> {
       const g1 = process.cpuUsage(g0);
       const b1 = connectionBytes(ports);
       const m1 = await Promise.all(fleet.replicas.map(scrape));
-      const cpu = c1.map((c, i) => perRequest(threadCpuDelta(c0[i] as ThreadCpu, c), d.routed, d.wallMs));
+      const cpu = c1.map((c, i) => replicaCpu(threadCpuDelta(c0[i] as ThreadCpu, c), d.routed, d.wallMs, idle?.[i] ?? null));
       const [originCpu, ...peerCpu] = cpu as [ReplicaCpu, ...ReplicaCpu[]];
       const windows = m1.map((m, i) => meshWindow(m0[i] as MeshScrape, m));
       const [ow, ...pw] = windows as [ReturnType<typeof meshWindow>, ...ReturnType<typeof meshWindow>[]];
@@ -148,6 +167,12 @@ export async function runHttpPoints(o: HttpRunOptions): Promise<ScalePoint[]> {
       const originSent = origin.syncPort === null ? 0 : (bytes.byPort.get(origin.syncPort)?.sent ?? 0);
       const n = Math.max(1, d.routed);
       const ratio = peerCpu.length === 0 ? null : peerCpu.reduce((s, c) => s + mirrorRatio(c.mainUs, originCpu.mainUs), 0) / peerCpu.length;
+      const marginalRatio = originCpu.marginal === undefined ? null : meanMirrorRatio(peerCpu.flatMap((c) => (c.marginal === undefined ? [] : [c.marginal.mainUs])), originCpu.marginal.mainUs);
+      if (idle !== null) {
+        o.log(
+          `${label} ${rate}/s marginal us/req main / all: ${cpu.map((c, i) => `${i === 0 ? "origin" : `peer ${i}`} ${c.marginal?.mainUs.toFixed(0) ?? "-"} / ${c.marginal?.allUs.toFixed(0) ?? "-"}${CLAMP_FLAGS(c)}`).join(", ")}; marginal ratio ${marginalRatio?.toFixed(3) ?? "-"}`,
+        );
+      }
       points.push({
         rate,
         peers: o.peers,
@@ -161,6 +186,8 @@ export async function runHttpPoints(o: HttpRunOptions): Promise<ScalePoint[]> {
         peerCpu,
         ratio,
         capacity: ratio === null ? [] : capacityCurve(ratio, MODEL_REPLICA_COUNTS).slice(1).map(([nn, x]) => ({ n: nn, x })),
+        marginalRatio,
+        marginalCapacity: marginalRatio === null ? [] : capacityCurve(marginalRatio, MODEL_REPLICA_COUNTS).slice(1).map(([nn, x]) => ({ n: nn, x })),
         meshBytes: {
           originSentPerRequest: originSent / n,
           perPeerPerRequest: peers.length === 0 ? null : originSent / n / peers.length,

@@ -10,7 +10,9 @@
  * published. A step is kept up with when the peer's lag p99 over it is at most the target, with
  * 0 gaps (a ZeroMQ pipe overflow shows as one), 0 snapshots, 0 divergence resyncs, 0 shed and
  * the backlog applied in time. A step that fails is measured again (--stress-retries, default
- * once); one that fails every time ends the run.
+ * once); one that fails every time ends the run. Once before the steps (after the warm-up has
+ * drained; the fake origin's heartbeats still flow) the peer's idle CPU rate is measured over
+ * --idle-seconds, and every step also reports the peer's marginal cost per request.
  */
 import { loadavg } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -25,7 +27,8 @@ import type { LoadReplication } from "../../src/core/replica-events.js";
 import { AggregateBookings } from "./aggregate-bookings.js";
 import { FakeOrigin, randomU64 } from "./fake-origin.js";
 import { lagQuantiles, meshWindow, parseMeshMetrics } from "./mesh-scrape.js";
-import type { ReplicaCpu, StressResult, StressStep } from "./scale-report.js";
+import { idleCpu, replicaCpu } from "./scale-model.js";
+import type { IdleCpu, StressResult, StressStep } from "./scale-report.js";
 import { scaleServeArgs } from "./bench-scale-args.js";
 import { SyntheticBookings } from "./synthetic-bookings.js";
 import { threadCpu, threadCpuDelta } from "./thread-cpu.js";
@@ -45,6 +48,8 @@ export interface StressRunOptions {
   readonly rates: readonly number[];
   readonly seconds: number;
   readonly warmupSeconds: number;
+  /** The peer's no-traffic window before the steps, s (0: none, no marginal figures). */
+  readonly idleSeconds: number;
   readonly workers: number;
   readonly lagTargetMs: number;
   /** A failed step is measured again this many times before the run ends (a shared machine stalls now and then). */
@@ -156,6 +161,7 @@ interface StepContext {
   readonly bookings: StressSource;
   readonly endpoint: string;
   readonly mono: Clock;
+  readonly idle: IdleCpu | null;
 }
 
 /** One step at `rate`: --stress-seconds of publishing, then the wait for the peer to apply it all. */
@@ -195,9 +201,7 @@ async function measureStep(c: StepContext, rate: number, attempt: number): Promi
   }
   const catchUpMs = c.mono.now() - tc;
   const w = meshWindow(m0, parseMeshMetrics(await c.peer.client.ok("GET", "/metrics")));
-  const delta = threadCpuDelta(c0, c1);
-  const n = Math.max(1, requests);
-  const peerCpu: ReplicaCpu = { mainUs: (delta.mainMs * 1000) / n, allUs: (delta.allMs * 1000) / n, mainCores: delta.mainMs / windowMs, byThreadMs: delta.byName };
+  const peerCpu = replicaCpu(threadCpuDelta(c0, c1), requests, windowMs, c.idle);
   const lag = lagQuantiles([w]);
   const shed = c.fake.stats.publishFailures - failures0;
   const why: string[] = [];
@@ -235,7 +239,7 @@ async function measureStep(c: StepContext, rate: number, attempt: number): Promi
     why: why.join(", "),
   };
   c.o.log(
-    `stress ${rate}/s${attempt > 1 ? ` (attempt ${attempt})` : ""}: ${requests} requests, lag p50/p99 ${lag.p50Ms.toFixed(2)}/${lag.p99Ms.toFixed(2)} ms, gaps ${step.gaps}, ${((batches * 1000) / windowMs).toFixed(0)} batches/s, peer main ${peerCpu.mainUs.toFixed(0)} us/req (${peerCpu.mainCores.toFixed(2)} cores), all ${peerCpu.allUs.toFixed(0)} us/req, ${step.keptUp ? "kept up" : `behind: ${step.why}`}`,
+    `stress ${rate}/s${attempt > 1 ? ` (attempt ${attempt})` : ""}: ${requests} requests, lag p50/p99 ${lag.p50Ms.toFixed(2)}/${lag.p99Ms.toFixed(2)} ms, gaps ${step.gaps}, ${((batches * 1000) / windowMs).toFixed(0)} batches/s, peer main ${peerCpu.mainUs.toFixed(0)} us/req (${peerCpu.mainCores.toFixed(2)} cores), all ${peerCpu.allUs.toFixed(0)} us/req${peerCpu.marginal === undefined ? "" : `, marginal main/all ${peerCpu.marginal.mainUs.toFixed(0)}${peerCpu.marginal.mainClamped ? " (clamped)" : ""}/${peerCpu.marginal.allUs.toFixed(0)}${peerCpu.marginal.allClamped ? " (clamped)" : ""} us/req`}, ${step.keptUp ? "kept up" : `behind: ${step.why}`}`,
   );
   return step;
 }
@@ -295,8 +299,17 @@ export async function runStress(o: StressRunOptions): Promise<StressResult> {
       await sleep(CATCH_UP_TIMEOUT_MS / 2);
     }
 
+    let idle: IdleCpu | null = null;
+    if (o.idleSeconds > 0) {
+      o.log(`stress: idle window, ${o.idleSeconds} s with no traffic`);
+      const i0 = threadCpu(peer.pid);
+      const t0 = mono.now();
+      await sleep(o.idleSeconds * 1000);
+      idle = idleCpu(threadCpuDelta(i0, threadCpu(peer.pid)), mono.now() - t0);
+      o.log(`stress: peer idle main ${idle.mainMsPerS.toFixed(1)} ms/s, all ${idle.allMsPerS.toFixed(1)} ms/s`);
+    }
     const steps: StressStep[] = [];
-    const ctx: StepContext = { o, peer, fake, gen: g, bookings, endpoint, mono };
+    const ctx: StepContext = { o, peer, fake, gen: g, bookings, endpoint, mono, idle };
     for (const rate of o.rates) {
       let step: StressStep | undefined;
       for (let attempt = 1; attempt <= 1 + o.retries && step?.keptUp !== true; attempt++) {
@@ -309,7 +322,7 @@ export async function runStress(o: StressRunOptions): Promise<StressResult> {
     }
     const kept = steps.filter((st) => st.keptUp);
     const atMax = kept[kept.length - 1] ?? null;
-    return { lagTargetMs: o.lagTargetMs, loadReplication: o.loadReplication, aggregateIntervalMs: o.loadReplication === "aggregate" ? o.aggregateIntervalMs : null, steps, maxRate: atMax?.rate ?? null, atMax };
+    return { lagTargetMs: o.lagTargetMs, idle, loadReplication: o.loadReplication, aggregateIntervalMs: o.loadReplication === "aggregate" ? o.aggregateIntervalMs : null, steps, maxRate: atMax?.rate ?? null, atMax };
   } finally {
     await gen?.stop();
     await origin?.close();

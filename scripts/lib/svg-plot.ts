@@ -3,14 +3,18 @@
 export interface Series {
   readonly name: string;
   readonly points: readonly (readonly [number, number])[];
+  /** Defaults to the palette colour of the series' index. */
+  readonly color?: string;
+  /** A dashed line (its legend swatch too). */
+  readonly dashed?: boolean;
 }
 
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"];
 
-export function lineChart(opts: { title: string; xLabel: string; yLabel: string; series: readonly Series[]; logX?: boolean; width?: number; height?: number }): string {
+export function lineChart(opts: { title: string; xLabel: string; yLabel: string; series: readonly Series[]; logX?: boolean; width?: number; height?: number; legendWidth?: number }): string {
   const W = opts.width ?? 720;
-  const H = opts.height ?? 420;
-  const m = { l: 70, r: 170, t: 40, b: 50 };
+  const H = Math.max(opts.height ?? 420, 40 + opts.series.length * 20 + 50);
+  const m = { l: 70, r: opts.legendWidth ?? 170, t: 40, b: 50 };
   const all = opts.series.flatMap((s) => s.points);
   const fx = (x: number): number => (opts.logX === true ? Math.log10(Math.max(x, 1e-9)) : x);
   const xs = all.map((p) => fx(p[0]));
@@ -41,10 +45,15 @@ export function lineChart(opts: { title: string; xLabel: string; yLabel: string;
     parts.push(`<text x="${xp}" y="${H - m.b + 16}" text-anchor="middle">${fmt(label)}</text>`);
   }
   opts.series.forEach((s, i) => {
-    const color = COLORS[i % COLORS.length] ?? "black";
+    const color = s.color ?? COLORS[i % COLORS.length] ?? "black";
+    const dash = s.dashed === true ? ` stroke-dasharray="6 4"` : "";
     const d = s.points.map((p, k) => `${k === 0 ? "M" : "L"}${px(p[0]).toFixed(1)},${py(p[1]).toFixed(1)}`).join(" ");
-    parts.push(`<path d="${d}" fill="none" stroke="${color}" stroke-width="2"/>`);
-    parts.push(`<rect x="${W - m.r + 12}" y="${m.t + i * 20}" width="12" height="12" fill="${color}"/>`);
+    parts.push(`<path d="${d}" fill="none" stroke="${color}" stroke-width="2"${dash}/>`);
+    parts.push(
+      s.dashed === true
+        ? `<line x1="${W - m.r + 8}" y1="${m.t + i * 20 + 6}" x2="${W - m.r + 26}" y2="${m.t + i * 20 + 6}" stroke="${color}" stroke-width="2"${dash}/>`
+        : `<rect x="${W - m.r + 12}" y="${m.t + i * 20}" width="12" height="12" fill="${color}"/>`,
+    );
     parts.push(`<text x="${W - m.r + 30}" y="${m.t + i * 20 + 10}">${esc(s.name)}</text>`);
   });
   parts.push("</svg>");

@@ -15,7 +15,8 @@ import {
   stressStepSeconds,
 } from "../../scripts/lib/bench-scale-args.js";
 import { lagQuantiles, meshWindow, parseMeshMetrics } from "../../scripts/lib/mesh-scrape.js";
-import { capacityCurve, mirrorRatio, modelledCapacity } from "../../scripts/lib/scale-model.js";
+import { capacityCurve, idleCpu, marginalCpu, marginalUs, meanMirrorRatio, mirrorRatio, MODEL_REPLICA_COUNTS, modelledCapacity, replicaCpu } from "../../scripts/lib/scale-model.js";
+import { capacitySvg, CLAMPED_NOTE, pointsTable, stressTable, type ReplicaCpu, type ScalePoint, type ScaleReport, type StressStep } from "../../scripts/lib/scale-report.js";
 import { SyntheticBookings } from "../../scripts/lib/synthetic-bookings.js";
 import { bytesDelta, parseSs } from "../../scripts/lib/tcp-bytes.js";
 import { parseStat } from "../../scripts/lib/thread-cpu.js";
@@ -60,6 +61,185 @@ describe("bench:scale capacity model", () => {
   });
 });
 
+describe("bench:scale fixed and marginal costs", () => {
+  it("takes an idle window's CPU as ms per second, per thread set", () => {
+    expect(idleCpu({ mainMs: 50, allMs: 80 }, 5_000)).toEqual({ windowMs: 5_000, mainMsPerS: 10, allMsPerS: 16 });
+    expect(() => idleCpu({ mainMs: 1, allMs: 1 }, 0)).toThrow(RangeError);
+  });
+
+  it("subtracts the idle rate x window from the window's CPU before dividing by the requests", () => {
+    // 10 s window, 300 ms of CPU, idle 10 ms/s: 100 ms are the fixed part, 200 ms over 1,000 requests.
+    expect(marginalUs(300, 10_000, 10, 1_000)).toEqual({ us: 200, clamped: false });
+    // No idle rate: the plain per-request figure.
+    expect(marginalUs(300, 10_000, 0, 1_000)).toEqual({ us: 300, clamped: false });
+    // Exactly the idle rate: 0, not clamped.
+    expect(marginalUs(100, 10_000, 10, 1_000)).toEqual({ us: 0, clamped: false });
+    // Below the idle rate: clamped at 0, and said so.
+    expect(marginalUs(60, 10_000, 10, 1_000)).toEqual({ us: 0, clamped: true });
+    // No requests divides by 1, as the per-request figures do.
+    expect(marginalUs(150, 10_000, 10, 0)).toEqual({ us: 50_000, clamped: false });
+  });
+
+  it("gives marginal main and all-thread figures beside the per-request ones, only with an idle window", () => {
+    const idle = idleCpu({ mainMs: 40, allMs: 60 }, 5_000); // 8 and 12 ms/s
+    const delta = { mainMs: 500, allMs: 100, byName: { node: 500 } };
+    expect(marginalCpu(delta, 2_000, 10_000, idle)).toEqual({ mainUs: 210, allUs: 0, mainClamped: false, allClamped: true });
+    const withIdle = replicaCpu(delta, 2_000, 10_000, idle);
+    expect(withIdle.mainUs).toBe(250);
+    expect(withIdle.allUs).toBe(50);
+    expect(withIdle.mainCores).toBe(0.05);
+    expect(withIdle.idle).toBe(idle);
+    expect(withIdle.marginal).toEqual({ mainUs: 210, allUs: 0, mainClamped: false, allClamped: true });
+    const without = replicaCpu(delta, 2_000, 10_000, null);
+    expect(without).toEqual({ mainUs: 250, allUs: 50, mainCores: 0.05, byThreadMs: { node: 500 } });
+    expect("marginal" in without).toBe(false);
+  });
+
+  it("averages peer/origin ratios over peers, null without peers or an origin cost", () => {
+    expect(meanMirrorRatio([100, 300], 400)).toBe(0.5);
+    expect(meanMirrorRatio([], 400)).toBeNull();
+    expect(meanMirrorRatio([100], 0)).toBeNull();
+  });
+
+  it("models saturated replicas from marginal costs: the fixed rate cancels, unlike in the per-request ratio", () => {
+    // Every replica's main thread: a fixed 10 ms/s, 1,000 us per routed request, 50 us per mirrored one.
+    const fixed = 10;
+    const origin = 1_000;
+    const peer = 50;
+    const window = (rate: number, costUs: number): number => fixed * 10 + (rate * 10 * costUs) / 1000; // ms of CPU in a 10 s window
+    const idle = idleCpu({ mainMs: fixed * 5, allMs: fixed * 5 }, 5_000);
+    const ratios = [100, 200].map((rate) => {
+      const o = marginalUs(window(rate, origin), 10_000, idle.mainMsPerS, rate * 10);
+      const p = marginalUs(window(rate, peer), 10_000, idle.mainMsPerS, rate * 10);
+      const perRequest = mirrorRatio(window(rate, peer) / (rate * 10), window(rate, origin) / (rate * 10));
+      return { perRequest, marginal: meanMirrorRatio([p.us], o.us) };
+    });
+    // The per-request ratio carries the fixed part, more at the lower rate; the marginal one is peer / origin at both.
+    expect(ratios[0]?.perRequest).toBeCloseTo((10 + 5) / (10 + 100), 10);
+    expect(ratios[1]?.perRequest).toBeCloseTo((10 + 10) / (10 + 200), 10);
+    for (const r of ratios) expect(r.marginal).toBeCloseTo(peer / origin, 10);
+    // At saturation (1,000 ms/s busy): one replica routes r1 = (1000 - f) / origin; N replicas each
+    // route r with f + r origin + (N-1) r peer = 1000. N r / r1 is the marginal model.
+    const r1 = ((1000 - fixed) * 1000) / origin;
+    for (const n of MODEL_REPLICA_COUNTS) {
+      const r = ((1000 - fixed) * 1000) / (origin + (n - 1) * peer);
+      expect(modelledCapacity(n, ratios[0]?.marginal ?? Number.NaN)).toBeCloseTo((n * r) / r1, 10);
+      // The per-request ratio at 100/s understates it.
+      expect(modelledCapacity(n, ratios[0]?.perRequest ?? Number.NaN)).toBeLessThan((n * r) / r1);
+    }
+  });
+});
+
+const cpuFixture = (mainUs: number, allUs: number, marginal?: ReplicaCpu["marginal"]): ReplicaCpu => ({
+  mainUs,
+  allUs,
+  mainCores: 0.1,
+  byThreadMs: {},
+  ...(marginal === undefined ? {} : { idle: { windowMs: 5_000, mainMsPerS: 9.5, allMsPerS: 14.25 }, marginal }),
+});
+
+function pointFixture(over: Partial<ScalePoint>): ScalePoint {
+  return {
+    rate: 100,
+    peers: 1,
+    routed: 1_000,
+    achievedRatePerS: 100,
+    windowMs: 10_500,
+    errors: 0,
+    errorSample: "",
+    droppedTicks: 0,
+    origin: cpuFixture(2_000, 2_500),
+    peerCpu: [cpuFixture(200, 300)],
+    ratio: 0.1,
+    capacity: [],
+    meshBytes: { originSentPerRequest: 100, perPeerPerRequest: 100, allPerRequest: 200, connectionsOpened: 0, connectionsClosed: 0 },
+    lag: { samples: 10, p50Ms: 1, p99Ms: 2 },
+    shed: 0,
+    shedTotal: 0,
+    gaps: 0,
+    snapshotsInstalled: 0,
+    divergenceResyncs: 0,
+    batchesSent: 10,
+    eventsSent: 10,
+    loadGeneratorCpuMs: 100,
+    machineLoad1m: 1,
+    ...over,
+  };
+}
+
+const reportFixture = (points: ScalePoint[], label = "now"): ScaleReport => ({ tool: "bench:scale", label, measuredAt: "", config: {}, method: [], points, stress: null });
+
+describe("bench:scale report with marginal costs", () => {
+  const marginal = pointFixture({
+    origin: cpuFixture(2_000, 2_500, { mainUs: 1_900, allUs: 2_350, mainClamped: false, allClamped: false }),
+    peerCpu: [cpuFixture(200, 300, { mainUs: 95, allUs: 0, mainClamped: false, allClamped: true })],
+    marginalRatio: 0.05,
+  });
+  const old = pointFixture({});
+
+  it("keeps the per-request rows and adds idle, marginal and second-model rows, marking clamped figures", () => {
+    const t = pointsTable([reportFixture([marginal])]);
+    const row = (name: string): string => (t.split("\n").find((l) => l.startsWith(`${name}  `)) ?? "").slice(name.length).trim();
+    expect(row("peer main us/req (each)")).toBe("200");
+    expect(row("ratio peer/origin main")).toBe("0.100");
+    expect(row("modelled capacity N=4")).toBe(`${(4 / 1.3).toFixed(2)}x`);
+    expect(row("origin idle main ms/s")).toBe("9.5");
+    expect(row("peer idle all ms/s")).toBe("14.3");
+    expect(row("origin marginal main us/req")).toBe("1900");
+    expect(row("peer marginal main us/req (each)")).toBe("95");
+    expect(row("peer marginal all us/req")).toBe("0*");
+    expect(row("marginal ratio peer/origin main")).toBe("0.050");
+    expect(row("marginal capacity N=16 (saturated)")).toBe(`${(16 / 1.75).toFixed(2)}x`);
+    expect(t).toContain(CLAMPED_NOTE);
+  });
+
+  it("prints - for points without an idle window (older reports, --idle-seconds 0) and no clamp note", () => {
+    const t = pointsTable([reportFixture([old])]);
+    expect(t).toMatch(/peer marginal main us\/req \(each\)\s+-\n/);
+    expect(t).toMatch(/marginal capacity N=2 \(saturated\)\s+-\n/);
+    expect(t).not.toContain(CLAMPED_NOTE);
+  });
+
+  it("plots both models per point in one colour, the marginal one dashed, and names both in the legend", () => {
+    const svg = capacitySvg([reportFixture([old], "before"), reportFixture([marginal])]);
+    expect(svg).toContain("before 100/s K=1 per req");
+    expect(svg).not.toContain("before 100/s K=1 marginal");
+    expect(svg).toContain("now 100/s K=1 per req");
+    expect(svg).toContain("now 100/s K=1 marginal");
+    expect(svg.match(/<path [^>]*stroke-dasharray/g)).toHaveLength(1);
+    expect(svg.match(/<path /g)).toHaveLength(4);
+  });
+
+  it("reports the stress peer's idle rates and marginal figures per step", () => {
+    const step: StressStep = {
+      rate: 1_000,
+      attempt: 1,
+      requests: 5_000,
+      windowMs: 5_000,
+      lag: { samples: 10, p50Ms: 1, p99Ms: 2 },
+      peerReservoirP99Ms: 2,
+      gaps: 0,
+      snapshotsInstalled: 0,
+      divergenceResyncs: 0,
+      shed: 0,
+      caughtUp: true,
+      catchUpMs: 1,
+      peer: cpuFixture(60, 80, { mainUs: 50, allUs: 0, mainClamped: false, allClamped: true }),
+      generator: { cores: 0.1, maxTickGapMs: 3, maxPendingPublishes: 0 },
+      batches: 500,
+      events: 500,
+      machineLoad1m: 1,
+      keptUp: true,
+      why: "",
+    };
+    const t = stressTable([{ ...reportFixture([]), stress: { lagTargetMs: 20, idle: { windowMs: 5_000, mainMsPerS: 9.5, allMsPerS: 14.25 }, steps: [step], maxRate: 1_000, atMax: step } }]);
+    expect(t).toContain("peer idle before the steps (5.0 s, no traffic): main thread 9.5 ms/s, all threads 14.3 ms/s");
+    expect(t).toMatch(/marg main us\s+marg all us/);
+    expect(t).toMatch(/ 60 +80 +50 +0\* /);
+    expect(t).toContain(CLAMPED_NOTE);
+  });
+});
+
 describe("bench:scale arguments", () => {
   it("defaults to rates 100,200, peers 0,1,3, 1,024 workers and the HTTP report files", () => {
     const c = parse([]);
@@ -68,6 +248,7 @@ describe("bench:scale arguments", () => {
     expect(c.workers).toBe(1024);
     expect(c.seconds).toBe(10);
     expect(c.warmupSeconds).toBe(2);
+    expect(c.idleSeconds).toBe(5);
     expect(c.json).toBe(DEFAULT_JSON);
     expect(c.svg).toBe("reports/bench-scale.svg");
     expect(c.label).toBe("test-build aggregate");
@@ -88,6 +269,8 @@ describe("bench:scale arguments", () => {
     expect(c.seconds).toBe(2.5);
     expect(c.warmupSeconds).toBe(0);
     expect(c.workers).toBe(64);
+    expect(parse(["--idle-seconds", "0"]).idleSeconds).toBe(0);
+    expect(parse(["--idle-seconds", "2.5"]).idleSeconds).toBe(2.5);
     expect(c.json).toBe("/tmp/x.json");
     expect(c.svg).toBe("/tmp/x.svg");
     expect(c.label).toBe("before");
@@ -144,6 +327,8 @@ describe("bench:scale arguments", () => {
     [["--peers", "16"]],
     [["--seconds", "0"]],
     [["--warmup", "-1"]],
+    [["--idle-seconds", "-1"]],
+    [["--idle-seconds", "soon"]],
     [["--workers", "0"]],
     [["--label", " "]],
     [["--lag-target-ms", "0"]],
@@ -154,7 +339,7 @@ describe("bench:scale arguments", () => {
 
   it("answers --help with every flag", () => {
     const help = quiet().helpInformation();
-    for (const flag of ["--rate", "--peers", "--seconds", "--warmup", "--workers", "--json", "--svg", "--label", "--compare", "--stress", "--stress-rates", "--stress-seconds", "--lag-target-ms", "--load-replication", "--mesh-aggregate-interval-ms"]) {
+    for (const flag of ["--rate", "--peers", "--seconds", "--warmup", "--idle-seconds", "--workers", "--json", "--svg", "--label", "--compare", "--stress", "--stress-rates", "--stress-seconds", "--lag-target-ms", "--load-replication", "--mesh-aggregate-interval-ms"]) {
       expect(help).toContain(flag);
     }
   });
