@@ -195,17 +195,21 @@ export class MeshPublisher {
     });
   };
 
-  /** Queues our changed totals (aggregate mode) ahead of the drain that publishes them. */
-  #takeAggregates(): void {
+  /**
+   * Queues our changed totals (aggregate mode) ahead of the drain that publishes them. Decaying
+   * estimates are re-taken once per flush (`withDecay`, the flush's first pass), never in the
+   * loop that follows: a decaying rank would otherwise be republished on every pass, back to back.
+   */
+  #takeAggregates(withDecay: boolean): void {
     const src = this.#o.aggregates;
-    if (src === undefined || !(this.#loadDirty || src.loadAggregatesDecaying)) return;
+    if (src === undefined || !(this.#loadDirty || (withDecay && src.loadAggregatesDecaying))) return;
     this.#loadDirty = false;
     for (const event of src.takeLoadAggregates()) this.#queue.push({ kind: "loads", event });
   }
 
   async #flush(): Promise<void> {
-    for (;;) {
-      this.#takeAggregates();
+    for (let pass = 0; ; pass++) {
+      this.#takeAggregates(pass === 0);
       if (this.#queue.size === 0 || this.#closed) break;
       const batches = this.#queue.drainBatches();
       // A shed event is repaired by snapshot: skipping a seq makes every receiver see a gap.
