@@ -246,6 +246,22 @@ describe("HTTP API: selection and reservations", () => {
     expect(await totalBlocks(t)).toBe(3);
   });
 
+  it("advisory select reports worker_load with the reference's default capacity and no null fields", async () => {
+    // Source: SelectionWorkerLoad { prefill_token_capacity: usize, total_kv_blocks: Option<u64>
+    // skipped when None } (services/selection/types.rs); the capacity is the worker's
+    // max_num_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS = 10_000_000 (scheduling/queue.rs).
+    const t = await serve();
+    expect((await t.call("POST", "/workers", worker(1))).status).toBe(201);
+    const bare = await t.call("POST", "/select", { token_ids: tokens(2), advisory: true });
+    expect(bare.status).toBe(200);
+    expect(obj(bare.json).worker_load).toEqual({ active_prefill_tokens: 0, prefill_token_capacity: 10_000_000 });
+    expect(bare.text).not.toContain("null");
+    expect((await t.call("PATCH", "/workers/1", { max_num_batched_tokens: 2048, total_kv_blocks: 900 })).status).toBe(200);
+    const full = await t.call("POST", "/select", { token_ids: tokens(2), advisory: true });
+    expect(obj(full.json).worker_load).toEqual({ active_prefill_tokens: 0, prefill_token_capacity: 2048, total_kv_blocks: 900 });
+    expect(obj((await t.call("POST", "/select", { token_ids: tokens(2) })).json)).not.toHaveProperty("worker_load");
+  });
+
   it("potential_loads and overlap_scores list every schedulable rank", async () => {
     const t = await serveWithWorkers();
     t.svc.applyKvEvents(1n, 0, storedBatch(tokens(2)));
