@@ -11,7 +11,7 @@
 import type { Random } from "./clock.js";
 import { KvmeshError } from "./errors.js";
 import type { Fleet } from "./fleet.js";
-import { hashCount, hashListToBigInts } from "./hash64.js";
+import { hashCount, hashListToSignedBigInts } from "./hash64.js";
 import type { Partition } from "./partition.js";
 import type { MatchResult } from "./prefix-index.js";
 import { normalizePrompt, type NormalizedPrompt } from "./prompt.js";
@@ -331,7 +331,8 @@ export function selectResponse(sel: Selection, endpoint: string | null, selectio
   };
   if (selectionId !== undefined) resp.selection_id = selectionId;
   if (booked) {
-    resp.sequence_hashes = hashListToBigInts(sel.prompt.seqHashes);
+    // Signed, as the reference returns them (`Vec<i64>`, types.rs SelectResponse; core/run.rs).
+    resp.sequence_hashes = hashListToSignedBigInts(sel.prompt.seqHashes);
     resp.isl_tokens = sel.prompt.islTokens;
     resp.track_prefill_tokens = sel.config.trackPrefillTokens;
   }

@@ -59,6 +59,12 @@ export {
 export type { ServiceStats } from "./service-stats.js";
 export type { DumpEvent, WorkerChange } from "./fleet.js";
 
+/**
+ * `worker_load.prefill_token_capacity` of a worker registered without max_num_batched_tokens:
+ * the reference's DEFAULT_MAX_BATCHED_TOKENS (lib/kv-router/src/scheduling/queue.rs).
+ */
+export const DEFAULT_MAX_BATCHED_TOKENS = 10_000_000;
+
 export class SelectionService {
   readonly replicaId: bigint;
   readonly #clock: Clock;
@@ -244,11 +250,14 @@ export class SelectionService {
       const resp = selectResponse(sel, this.#fleet.endpointOf(sel.workerId), req.selection_id, false);
       if (req.advisory === true) {
         const rec = this.#fleet.getWorker(sel.workerId);
+        // As the reference: capacity falls back to DEFAULT_MAX_BATCHED_TOKENS, and total_kv_blocks
+        // is omitted (not null) when the worker registered none (scheduling/queue.rs, types.rs).
         resp.worker_load = {
           active_prefill_tokens: sel.partition.activePrefillTokens(sel.rank),
-          prefill_token_capacity: rec?.max_num_batched_tokens ?? null,
-          total_kv_blocks: rec?.total_kv_blocks ?? null,
+          prefill_token_capacity: rec?.max_num_batched_tokens ?? DEFAULT_MAX_BATCHED_TOKENS,
         };
+        const totalKvBlocks = rec?.total_kv_blocks;
+        if (totalKvBlocks !== undefined && totalKvBlocks !== null) resp.worker_load.total_kv_blocks = totalKvBlocks;
       }
       return resp;
     } catch (err) {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { seededRandom } from "../../src/core/clock.js";
-import { hashListFromBigInts, hashListToBigInts, toU64, u64ToI64 } from "../../src/core/hash64.js";
+import { hashListFromBigInts, hashListToBigInts, hashListToSignedBigInts, toU64, u64ToI64 } from "../../src/core/hash64.js";
 
 describe("hash64", () => {
   it("round-trips 64-bit values exactly, above 2^53 too", () => {
@@ -16,6 +16,26 @@ describe("hash64", () => {
       if (n > 1) list.set([0, 0, 0xffffffff, 0xffffffff], 0);
       const want = Array.from({ length: n }, (_, i) => (BigInt(list[2 * i] as number) << 32n) | BigInt(list[2 * i + 1] as number));
       expect(hashListToBigInts(list)).toEqual(want);
+    }
+  });
+
+  it("converts lists to signed 64-bit values (two's complement), any length, both sides of 2^63", () => {
+    // The reference returns hashes over HTTP as `hash as i64` (services/selection/core/run.rs).
+    const values = [0n, 1n, (1n << 63n) - 1n, 1n << 63n, (1n << 64n) - 1n, 16863443419780771464n];
+    expect(hashListToSignedBigInts(hashListFromBigInts(values))).toEqual([
+      0n,
+      1n,
+      (1n << 63n) - 1n,
+      -(1n << 63n),
+      -1n,
+      16863443419780771464n - (1n << 64n),
+    ]);
+    const rnd = seededRandom(63);
+    const u32 = (): number => Math.floor(rnd.next() * 0x1_0000_0000);
+    for (const n of [0, 2, 700, 5]) {
+      const list = Uint32Array.from({ length: 2 * n }, u32);
+      expect(hashListToSignedBigInts(list)).toEqual(hashListToBigInts(list).map(u64ToI64));
+      expect(hashListFromBigInts(hashListToSignedBigInts(list))).toEqual(list);
     }
   });
 

@@ -5,7 +5,7 @@ import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 
 import { KvmeshError } from "../../src/core/errors.js";
-import { hashListToBigInts } from "../../src/core/hash64.js";
+import { hashListFromBigInts, hashListToBigInts, hashListToSignedBigInts } from "../../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import { DEFAULT_BODY_LIMIT_BYTES, startHttpServer, type MeshControl } from "../../src/http/server.js";
 import { BLOCK, makeService, storedBatch, tokens, worker } from "../helpers/core-fixtures.js";
@@ -118,13 +118,15 @@ describe("HTTP API: selection and reservations", () => {
   it("select_and_reserve books, returns exact sequence hashes, rejects a duplicate, frees once", async () => {
     const t = await serveWithWorkers();
     const toks = tokens(4);
-    const expected = hashListToBigInts(computeSequenceHashes(computeBlockHashes(toks, BLOCK)));
+    // Signed 64-bit, as the reference returns them (`sequence_hashes: Option<Vec<i64>>`,
+    // lib/kv-router/src/services/selection/types.rs; filled with `hash as i64` in core/run.rs).
+    const expected = hashListToSignedBigInts(computeSequenceHashes(computeBlockHashes(toks, BLOCK)));
     const r = await t.call("POST", "/select_and_reserve", { token_ids: toks, selection_id: "r1" });
     expect(r.status).toBe(200);
     expect(obj(r.json).sequence_hashes).toEqual(expected);
     expect(obj(r.json).isl_tokens).toBe(16);
-    // At least one hash is above 2^53 and appears digit for digit in the raw body.
-    const unsafe = expected.filter((h) => h > BigInt(Number.MAX_SAFE_INTEGER));
+    // At least one hash is beyond ±2^53 and appears digit for digit in the raw body.
+    const unsafe = expected.filter((h) => h > BigInt(Number.MAX_SAFE_INTEGER) || h < BigInt(Number.MIN_SAFE_INTEGER));
     expect(unsafe.length).toBeGreaterThan(0);
     expect(r.text).toContain(`"sequence_hashes":[${expected.join(",")}]`);
     expect(await totalBlocks(t)).toBe(4);
@@ -202,8 +204,62 @@ describe("HTTP API: selection and reservations", () => {
     expect(obj(range.json).error).toContain("block_hashes[0]");
     const ok = await t.call("POST", "/select_and_reserve", `{"block_hashes":[-1],"sequence_hashes":[-1],"isl_tokens":4}`);
     expect(ok.status).toBe(200);
-    // -1 is u64::MAX after the service's reinterpretation.
-    expect(ok.text).toContain(`"sequence_hashes":[18446744073709551615]`);
+    // -1 is u64::MAX inside; it comes back signed, as the reference's `Vec<i64>` (types.rs).
+    expect(ok.text).toContain(`"sequence_hashes":[-1]`);
+    // The unsigned spelling of the same hash is accepted too and comes back signed the same.
+    const unsigned = await t.call("POST", "/select_and_reserve", `{"block_hashes":[1],"sequence_hashes":[18446744073709551615],"isl_tokens":4}`);
+    expect(unsigned.status).toBe(200);
+    expect(unsigned.text).toContain(`"sequence_hashes":[-1]`);
+  });
+
+  it("returns sequence hashes >= 2^63 negative, and a client replays them into POST /reservations", async () => {
+    // Source: the reference's SelectResponse.sequence_hashes is Vec<i64> (`hash as i64`,
+    // services/selection/types.rs and core/run.rs) and its PromptRequest takes Vec<i64>
+    // (services/selection/input.rs), so a client replays the signed values as it got them.
+    const t = await serveWithWorkers();
+    const high = (1n << 64n) - 2n; // u64 16 above 2^63: must come back as -2
+    const seqs = [5n, high, 1n << 63n];
+    const body = `{"block_hashes":[1,2,3],"sequence_hashes":[${seqs.join(",")}],"isl_tokens":12,"selection_id":"sr","pinned_worker":{"worker_id":1,"dp_rank":0}}`;
+    const r = await t.call("POST", "/select_and_reserve", body);
+    expect(r.status).toBe(200);
+    expect(r.text).toContain(`"sequence_hashes":[5,-2,-9223372036854775808]`);
+    const signed = (obj(r.json).sequence_hashes as (bigint | number)[]).map((h) => BigInt(h));
+    expect(signed).toEqual(hashListToSignedBigInts(hashListFromBigInts(seqs)));
+    for (const h of signed) expect(h >= -(1n << 63n) && h < 1n << 63n).toBe(true);
+    expect(await totalBlocks(t)).toBe(3);
+    // Replaying the signed hashes books the same blocks on the same worker: the ledger dedupes
+    // them (still 3 unique blocks), which it would not if -2 were read as a different hash.
+    const replay = await t.call(
+      "POST",
+      "/reservations",
+      `{"selection_id":"sr2","worker_id":1,"dp_rank":0,"block_hashes":[1,2,3],"sequence_hashes":[${signed.join(",")}],"isl_tokens":12}`,
+    );
+    expect(replay.status).toBe(201);
+    expect(await totalBlocks(t)).toBe(3);
+    // And the unsigned spelling books the same blocks too.
+    const replayU = await t.call(
+      "POST",
+      "/reservations",
+      `{"selection_id":"sr3","worker_id":1,"dp_rank":0,"block_hashes":[1,2,3],"sequence_hashes":[${seqs.join(",")}],"isl_tokens":12}`,
+    );
+    expect(replayU.status).toBe(201);
+    expect(await totalBlocks(t)).toBe(3);
+  });
+
+  it("advisory select reports worker_load with the reference's default capacity and no null fields", async () => {
+    // Source: SelectionWorkerLoad { prefill_token_capacity: usize, total_kv_blocks: Option<u64>
+    // skipped when None } (services/selection/types.rs); the capacity is the worker's
+    // max_num_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS = 10_000_000 (scheduling/queue.rs).
+    const t = await serve();
+    expect((await t.call("POST", "/workers", worker(1))).status).toBe(201);
+    const bare = await t.call("POST", "/select", { token_ids: tokens(2), advisory: true });
+    expect(bare.status).toBe(200);
+    expect(obj(bare.json).worker_load).toEqual({ active_prefill_tokens: 0, prefill_token_capacity: 10_000_000 });
+    expect(bare.text).not.toContain("null");
+    expect((await t.call("PATCH", "/workers/1", { max_num_batched_tokens: 2048, total_kv_blocks: 900 })).status).toBe(200);
+    const full = await t.call("POST", "/select", { token_ids: tokens(2), advisory: true });
+    expect(obj(full.json).worker_load).toEqual({ active_prefill_tokens: 0, prefill_token_capacity: 2048, total_kv_blocks: 900 });
+    expect(obj((await t.call("POST", "/select", { token_ids: tokens(2) })).json)).not.toHaveProperty("worker_load");
   });
 
   it("potential_loads and overlap_scores list every schedulable rank", async () => {
@@ -232,7 +288,11 @@ describe("HTTP API: selection and reservations", () => {
     expect(events.length).toBeGreaterThan(0);
     const seq = hashListToBigInts(computeSequenceHashes(computeBlockHashes(toks, BLOCK)));
     const dumped = events.flatMap((e) => e.block_hashes as (bigint | number)[]).map((h) => BigInt(h));
+    // Unsigned here, unlike select_and_reserve: the reference's /dump serializes its RouterEvent
+    // hashes with `serialize_u64` (lib/kv-router/src/protocols.rs, impl Serialize for
+    // ExternalSequenceBlockHash / LocalBlockHash).
     expect(dumped).toEqual(seq);
+    expect(dumped.every((h) => h >= 0n)).toBe(true);
   });
 });
 
