@@ -10,11 +10,14 @@ import { envNameFor, integerInRange, parseHttpUrl, parsePeerEndpointArg } from "
 /** Same bound as the other admin commands' --timeout-ms (cli/http-client.ts). */
 const MAX_REQUEST_TIMEOUT_MS = 3_600_000;
 
+/** The reference's route: a sorted array of endpoint strings. */
 export const PEERS_PATH = "/replica_sync/peers";
+/** kvmesh's addition: per-peer sync detail objects. */
+export const PEER_STATUS_PATH = "/replica_sync/status";
 export const REGISTER_PEER_PATH = "/replica_sync/register_peer";
 export const DEREGISTER_PEER_PATH = "/replica_sync/deregister_peer";
 
-/** Columns of `peers list --table`, in the snake_case of GET /replica_sync/peers entries. */
+/** Columns of `peers list --table`, in the snake_case of GET /replica_sync/status entries. */
 export const PEER_TABLE_COLUMNS = ["endpoint", "origin", "state", "last_seq", "lag_p99_ms", "gaps", "snapshots"] as const;
 
 const ENDPOINT_HELP = "peer's replica-sync endpoint, tcp://host:port";
@@ -41,15 +44,24 @@ function requestOptions(cmd: Command, deps: ClientDeps): RequestOptions {
  * undefined is returned. `notFound` words a 404 (only deregister can give one).
  */
 async function call(deps: ClientDeps, opts: RequestOptions, method: "GET" | "POST", path: string, body?: unknown, notFound?: string): Promise<HttpResult | undefined> {
-  let result: HttpResult;
+  const result = await send(deps, opts, method, path, body);
+  return result === undefined ? undefined : checked(deps, result, notFound);
+}
+
+/** One request; an unreachable daemon is reported (exit 1) and gives undefined. */
+async function send(deps: ClientDeps, opts: RequestOptions, method: "GET" | "POST", path: string, body?: unknown): Promise<HttpResult | undefined> {
   try {
-    result = await requestJson(opts, method, path, body);
+    return await requestJson(opts, method, path, body);
   } catch (err) {
     if (!(err instanceof ConnectionError)) throw err;
     deps.writeErr(`error: ${err.message}\n`);
     deps.exit(1);
     return undefined;
   }
+}
+
+/** A 2xx result as is; anything else reported on stderr with exit 1, giving undefined. */
+function checked(deps: ClientDeps, result: HttpResult, notFound?: string): HttpResult | undefined {
   if (result.ok) return result;
   // Fixed wording for the two answers an operator acts on, whatever the body says (or lacks).
   let message = errorMessageOf(result);
@@ -95,13 +107,23 @@ export function addPeersCommand(program: Command, deps: ClientDeps): Command {
   addAdminOptions(
     peers
       .command("list")
-      .description(`list peers and their sync state: GET ${PEERS_PATH}`)
-      .option("--table", "print a compact table instead of JSON"),
+      .description(`list peer endpoints: GET ${PEERS_PATH} (the reference's array of strings); --status and --table show each peer's sync state from GET ${PEER_STATUS_PATH}`)
+      .option("--status", `print each peer's sync state as JSON (GET ${PEER_STATUS_PATH}) instead of the endpoints`)
+      .option("--table", `print each peer's sync state as a compact table (GET ${PEER_STATUS_PATH})`),
   ).action(async function (this: Command) {
-    const result = await call(deps, requestOptions(this, deps), "GET", PEERS_PATH);
-    if (result === undefined) return;
-    const table = this.opts<{ table?: boolean }>().table === true;
-    deps.writeOut(`${table ? renderPeersTable(result.body) : prettyJson(result.body)}\n`);
+    const o = this.opts<{ table?: boolean; status?: boolean }>();
+    const opts = requestOptions(this, deps);
+    if (o.table !== true && o.status !== true) {
+      const result = await call(deps, opts, "GET", PEERS_PATH);
+      if (result !== undefined) deps.writeOut(`${prettyJson(result.body)}\n`);
+      return;
+    }
+    let result = await send(deps, opts, "GET", PEER_STATUS_PATH);
+    // A daemon without the kvmesh addition (the reference service answers 404 "route not found"):
+    // its endpoint strings, which the table shows with the other columns "-".
+    if (result?.status === 404) result = await send(deps, opts, "GET", PEERS_PATH);
+    if (result === undefined || checked(deps, result) === undefined) return;
+    deps.writeOut(`${o.table === true ? renderPeersTable(result.body) : prettyJson(result.body)}\n`);
   });
 
   return peers;
@@ -116,7 +138,8 @@ const cell = (v: unknown): string => {
 
 /**
  * `peers list --table`: one line per peer, columns padded to the widest cell. Missing fields
- * print as "-"; a bare string entry (a daemon that lists endpoints only) fills the endpoint column.
+ * print as "-"; a bare string entry (GET /replica_sync/peers of a daemon without /replica_sync/status,
+ * such as the reference service) fills the endpoint column.
  */
 export function renderPeersTable(body: unknown): string {
   const entries = Array.isArray(body) ? (body as unknown[]) : [];

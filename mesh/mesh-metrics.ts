@@ -76,7 +76,7 @@ export function registerLagMetrics(registry: Registry): LagObserver {
     registers,
   });
   // Per peer as well: one slow link hides in the aggregate when the other peers are fast. Keyed by
-  // origin (GET /replica_sync/peers maps origin to endpoint).
+  // origin (GET /replica_sync/status maps origin to endpoint).
   const perOrigin = new Histogram<"origin">({
     name: "kvmesh_mesh_peer_replication_lag_seconds",
     help: "Publish-to-receive lag per origin (peer).",

@@ -11,7 +11,7 @@
  *  - replication lag p50/p99: from the kvmesh_mesh_replication_lag_seconds histogram of every
  *    replica, the delta over the measured window summed across replicas (interpolated within
  *    buckets like histogram_quantile; it includes heartbeats), plus the largest per-peer
- *    lag_p50_ms/lag_p99_ms from /replica_sync/peers as a cross-check;
+ *    lag_p50_ms/lag_p99_ms from /replica_sync/status as a cross-check;
  *  - events shed (kvmesh_mesh_events_shed_total summed; target 0), gaps, snapshots, resyncs;
  *  - binding divergence: 1 s after traffic stops, every session probed with /select on every
  *    replica, counting sessions whose replicas name different workers (target 0), and GET /loads
@@ -151,7 +151,7 @@ interface PeerRow {
   lag_p99_ms: number | null;
 }
 
-const peersOf = async (c: RouterClient): Promise<PeerRow[]> => JSON.parse(await c.ok("GET", "/replica_sync/peers")) as PeerRow[];
+const peersOf = async (c: RouterClient): Promise<PeerRow[]> => JSON.parse(await c.ok("GET", "/replica_sync/status")) as PeerRow[];
 
 // ------------------------------------------------------------------ the workload
 

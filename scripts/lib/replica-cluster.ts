@@ -231,7 +231,7 @@ export interface PeerRow {
   lag_p99_ms: number | null;
 }
 
-export const peersOf = (r: Replica): Promise<PeerRow[]> => httpJson<PeerRow[]>(r, "GET", "/replica_sync/peers");
+export const peersOf = (r: Replica): Promise<PeerRow[]> => httpJson<PeerRow[]>(r, "GET", "/replica_sync/status");
 
 /** Every replica sees `expectPeers` (default n - 1) peers, all alive and live. */
 export async function meshLive(replicas: readonly Replica[], expectPeers = replicas.length - 1): Promise<boolean> {

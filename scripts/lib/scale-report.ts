@@ -89,7 +89,7 @@ export interface StressStep {
   readonly requests: number;
   readonly windowMs: number;
   readonly lag: { readonly samples: number; readonly p50Ms: number; readonly p99Ms: number };
-  /** The peer's own p99 over its last 1,024 lag samples (GET /replica_sync/peers). */
+  /** The peer's own p99 over its last 1,024 lag samples (GET /replica_sync/status). */
   readonly peerReservoirP99Ms: number | null;
   readonly gaps: number;
   readonly snapshotsInstalled: number;

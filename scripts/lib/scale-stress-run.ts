@@ -149,7 +149,7 @@ function hashedPrompts(): Uint32Array[] {
 }
 
 async function peerRow(peer: Replica, endpoint: string): Promise<PeerRow | undefined> {
-  const rows = JSON.parse(await peer.client.ok("GET", "/replica_sync/peers")) as PeerRow[];
+  const rows = JSON.parse(await peer.client.ok("GET", "/replica_sync/status")) as PeerRow[];
   return rows.find((r) => r.endpoint === endpoint);
 }
 

@@ -63,7 +63,7 @@ export async function waitForMesh(clients: readonly RouterClient[], timeoutMs = 
   const deadline = performance.now() + timeoutMs;
   const n = clients.length;
   for (;;) {
-    const views = await Promise.all(clients.map(async (c) => JSON.parse(await c.ok("GET", "/replica_sync/peers")) as PeerRow[]));
+    const views = await Promise.all(clients.map(async (c) => JSON.parse(await c.ok("GET", "/replica_sync/status")) as PeerRow[]));
     if (views.every((v) => v.length === n - 1 && v.every((p) => p.state === "alive" && p.sync === "live"))) return;
     if (performance.now() > deadline) throw new Error(`mesh not formed after ${timeoutMs} ms: ${JSON.stringify(views)}`);
     await new Promise((r) => setTimeout(r, MESH_POLL_MS));

@@ -14,7 +14,7 @@
  *   and a 32-byte constant-time compare: checkBearer took ~5 us per call here (200,000 calls
  *   on the shared 2-core box), against tens to hundreds of us for a selection.
  * - GET and HEAD stay open: probes (/health, /ready), scrapers (/metrics) and dashboards
- *   (/loads, /workers, /replica_sync/peers, /dump) read state and change nothing, and the daemon
+ *   (/loads, /workers, /replica_sync/peers and /status, /dump) read state and change nothing, and the daemon
  *   binds loopback unless told otherwise. The exception is the host-replication feed GET
  *   /session_bindings/updates: it streams every session id and binding (the read half of a
  *   replication channel whose write half, POST /session_bindings, needs the token) and holds a

@@ -220,7 +220,11 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp): Route
     { method: "POST", pattern: "/potential_loads", body: "required", prompt: true, handle: (c) => reply(200, svc.potentialLoads(parseScoreRequest(c.body, ""))) },
     { method: "POST", pattern: "/overlap_scores", body: "required", prompt: true, handle: (c) => reply(200, svc.overlapScores(parseScoreRequest(c.body, ""))) },
     { method: "GET", pattern: "/dump", body: "none", handle: () => reply(200, svc.dump()) },
-    { method: "GET", pattern: "/replica_sync/peers", body: "none", handle: () => reply(200, o.mesh?.listPeers() ?? []) },
+    // The reference's shape: a sorted array of endpoint strings, [] without the mesh (server.rs
+    // list_peers -> Json(list_replica_peers())); Dynamo's endpoint-picker reconciler diffs it.
+    { method: "GET", pattern: "/replica_sync/peers", body: "none", handle: () => reply(200, peerEndpoints(o.mesh?.listPeers() ?? [])) },
+    // kvmesh addition: the per-peer detail (origin, state, last_seq, lag, gaps, snapshots, sync).
+    { method: "GET", pattern: "/replica_sync/status", body: "none", handle: () => reply(200, o.mesh?.listPeers() ?? []) },
     {
       method: "POST",
       pattern: "/replica_sync/register_peer",
@@ -250,6 +254,20 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp): Route
       handle: async () => ({ status: 200, body: undefined, text: { body: await o.metrics.registry.metrics(), contentType: o.metrics.registry.contentType } }),
     },
   ];
+}
+
+/**
+ * GET /replica_sync/peers: the endpoints of MeshControl.listPeers()'s views (mesh/membership.ts
+ * PeerView; a bare string is taken as the endpoint), sorted by code unit as the reference's
+ * list_replica_peers() is.
+ */
+export function peerEndpoints(views: readonly unknown[]): string[] {
+  const out: string[] = [];
+  for (const v of views) {
+    const e = typeof v === "string" ? v : typeof v === "object" && v !== null ? (v as { endpoint?: unknown }).endpoint : undefined;
+    if (typeof e === "string") out.push(e);
+  }
+  return out.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
 }
 
 /** Static paths resolve with one Map lookup; the four ":id" patterns are tried by segment. */

@@ -114,19 +114,29 @@ describe("kvmesh peers list", () => {
   const U64_MAX = "18446744073709551615";
   const entries = `[{"endpoint":"tcp://b:7100","origin":${U64_MAX},"state":"live","last_seq":42,"lag_p99_ms":3.5,"gaps":0,"snapshots":1},` + '{"endpoint":"tcp://c:7100","state":"connecting"},"tcp://d:7100"]';
 
-  it("GETs /replica_sync/peers and prints the JSON, big origins exact", async () => {
-    srv.reply = { status: 200, body: entries };
+  it("GETs /replica_sync/peers and prints the reference's endpoint strings", async () => {
+    // Reference (selection/server.rs list_peers; spec §9): a sorted array of endpoint strings.
+    srv.reply = { status: 200, body: '["tcp://b:7100","tcp://c:7100"]' };
     const r = await peers("list");
     expect(r.code).toBe(0);
     expect(seen).toEqual([{ method: "GET", url: "/replica_sync/peers", contentType: undefined, body: "" }]);
+    expect(parseJson(r.out)).toEqual(["tcp://b:7100", "tcp://c:7100"]);
+  });
+
+  it("--status GETs the kvmesh addition /replica_sync/status and prints its JSON, big origins exact", async () => {
+    srv.reply = { status: 200, body: entries };
+    const r = await peers("list", "--status");
+    expect(r.code).toBe(0);
+    expect(seen).toEqual([{ method: "GET", url: "/replica_sync/status", contentType: undefined, body: "" }]);
     expect(r.out).toContain(`"origin": ${U64_MAX},`);
     expect(parseJson(r.out)).toEqual(parseJson(entries));
   });
 
-  it("prints a table with --table, tolerating missing fields and bare endpoints", async () => {
+  it("prints a table of /replica_sync/status with --table, tolerating missing fields and bare endpoints", async () => {
     srv.reply = { status: 200, body: entries };
     const r = await peers("list", "--table");
     expect(r.code).toBe(0);
+    expect(seen.map((s) => s.url)).toEqual(["/replica_sync/status"]);
     expect(r.out.split("\n")).toEqual([
       "ENDPOINT      ORIGIN                STATE       LAST_SEQ  LAG_P99_MS  GAPS  SNAPSHOTS",
       `tcp://b:7100  ${U64_MAX}  live        42        3.5         0     1`,
@@ -145,6 +155,19 @@ describe("kvmesh peers list", () => {
   it("exits 1 on an HTTP error", async () => {
     srv.reply = { status: 500, body: '{"error":"boom"}' };
     expect(await peers("list", "--table")).toEqual({ code: 1, out: "", err: "error: 500 boom\n" });
+    expect(await peers("list")).toEqual({ code: 1, out: "", err: "error: 500 boom\n" });
+  });
+
+  it("--table falls back to the endpoint strings of a daemon without /replica_sync/status (the reference)", async () => {
+    const urls: string[] = [];
+    const r = await cli(["peers", "list", "--table"], (url) => {
+      urls.push(url.pathname);
+      // The reference answers an unknown route 404 {"error":"route not found"} (selection/server.rs not_found).
+      if (url.pathname === "/replica_sync/status") return Promise.resolve(new Response('{"error":"route not found"}', { status: 404 }));
+      return Promise.resolve(new Response('["tcp://b:7100"]', { status: 200 }));
+    });
+    expect(urls).toEqual(["/replica_sync/status", "/replica_sync/peers"]);
+    expect(r).toEqual({ code: 0, out: "ENDPOINT      ORIGIN  STATE  LAST_SEQ  LAG_P99_MS  GAPS  SNAPSHOTS\ntcp://b:7100  -       -      -         -           -     -\n", err: "" });
   });
 });
 
@@ -198,5 +221,6 @@ describe("kvmesh peers: help", () => {
       if (sub.name() !== "list") expect(help).toContain("<endpoint>");
     }
     expect(flat(group?.commands[2]?.helpInformation() ?? "")).toContain("--table");
+    expect(flat(group?.commands[2]?.helpInformation() ?? "")).toContain("--status");
   });
 });

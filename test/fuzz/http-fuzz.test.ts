@@ -295,6 +295,7 @@ const ENDPOINTS: readonly Endpoint[] = [
   { name: "POST /overlap_scores", method: "POST", path: () => "/overlap_scores", body: promptBody },
   { name: "GET /dump", method: "GET", path: () => "/dump" },
   { name: "GET /replica_sync/peers", method: "GET", path: () => "/replica_sync/peers" },
+  { name: "GET /replica_sync/status", method: "GET", path: () => "/replica_sync/status" },
   { name: "POST /replica_sync/register_peer", method: "POST", path: () => "/replica_sync/register_peer", body: (f) => ({ endpoint: `tcp://10.255.${f.int(256)}.${f.int(256)}:7100` }) },
   { name: "POST /replica_sync/deregister_peer", method: "POST", path: () => "/replica_sync/deregister_peer", body: (f) => ({ endpoint: `tcp://10.255.${f.int(256)}.${f.int(256)}:7100` }) },
   { name: "GET /metrics", method: "GET", path: () => "/metrics" },

@@ -62,7 +62,7 @@ describe("ApiToken and checkBearer", () => {
 
   it("protects every state-changing method, and the host-replication feed among the reads", () => {
     for (const m of ["POST", "PATCH", "DELETE", "PUT"]) expect(requiresApiToken(m, "/select"), m).toBe(true);
-    for (const route of ["/health", "/ready", "/metrics", "/loads", "/workers", "/dump", "/replica_sync/peers"]) {
+    for (const route of ["/health", "/ready", "/metrics", "/loads", "/workers", "/dump", "/replica_sync/peers", "/replica_sync/status"]) {
       expect(requiresApiToken("GET", route), route).toBe(false);
       expect(requiresApiToken("HEAD", route), route).toBe(false);
     }
@@ -162,7 +162,7 @@ describe("a daemon with --api-token-file", () => {
   const worker = JSON.stringify({ worker_id: 1, endpoint: "http://w1", block_size: 16 });
 
   it("leaves reads open and answers 401 with a challenge on writes without a valid token", async () => {
-    for (const path of ["/health", "/metrics", "/loads", "/workers", "/replica_sync/peers", "/dump"]) expect((await send(d, "GET", path)).status, path).toBe(200);
+    for (const path of ["/health", "/metrics", "/loads", "/workers", "/replica_sync/peers", "/replica_sync/status", "/dump"]) expect((await send(d, "GET", path)).status, path).toBe(200);
     const none = await send(d, "POST", "/workers", { body: worker });
     expect(none.status).toBe(401);
     expect(none.headers["www-authenticate"]).toBe('Bearer realm="kvmesh"');

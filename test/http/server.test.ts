@@ -299,7 +299,10 @@ describe("HTTP API: selection and reservations", () => {
 describe("HTTP API: replica sync routes", () => {
   it("are mounted and report disabled without a mesh", async () => {
     const t = await serve();
+    // Reference (spec §9 route table; server.rs list_peers): 200 [] when replica sync is disabled.
     expect((await t.call("GET", "/replica_sync/peers")).json).toEqual([]);
+    // kvmesh addition: the per-peer detail, likewise [] without the mesh.
+    expect((await t.call("GET", "/replica_sync/status")).json).toEqual([]);
     for (const path of ["/replica_sync/register_peer", "/replica_sync/deregister_peer"]) {
       const r = await t.call("POST", path, { endpoint: "tcp://10.0.0.2:5600" });
       expect(r.status).toBe(409);
@@ -318,7 +321,9 @@ describe("HTTP API: replica sync routes", () => {
         return Promise.resolve(added);
       },
       deregisterPeer: (e) => Promise.resolve(peers.delete(e)),
-      listPeers: () => [...peers].sort(),
+      // As the real mesh answers (mesh/membership.ts PeerView): detail objects, not strings; here
+      // in registration order, so the route has to sort.
+      listPeers: () => [...peers].map((endpoint) => ({ endpoint, origin: "18446744073709551615", state: "alive", last_seq: 7, lag_p50_ms: 1, lag_p99_ms: 2, gaps: 0, snapshots: 1, sync: "live" })),
     };
     const t = await serve({ mesh });
     const a = await t.call("POST", "/replica_sync/register_peer", { endpoint: "tcp://b:2" });
@@ -326,7 +331,19 @@ describe("HTTP API: replica sync routes", () => {
     expect(a.json).toEqual({ status: "ok", endpoint: "tcp://b:2", added: true });
     expect((await t.call("POST", "/replica_sync/register_peer", { endpoint: "tcp://b:2" })).status).toBe(200);
     await t.call("POST", "/replica_sync/register_peer", { endpoint: "tcp://a:1" });
-    expect((await t.call("GET", "/replica_sync/peers")).json).toEqual(["tcp://a:1", "tcp://b:2"]);
+    // Reference (server.rs list_peers -> Json(list_replica_peers()), spec §9 "200 sorted array"):
+    // a bare, sorted array of endpoint strings, which Dynamo's endpoint-picker reconciler diffs.
+    // kvmesh returned the detail objects here before (#14).
+    const listed = await t.call("GET", "/replica_sync/peers");
+    expect(listed.status).toBe(200);
+    expect(listed.text).toBe('["tcp://a:1","tcp://b:2"]');
+    // kvmesh addition: the detail moved to GET /replica_sync/status, one object per peer.
+    const status = await t.call("GET", "/replica_sync/status");
+    expect(status.status).toBe(200);
+    expect((status.json as Record<string, unknown>[]).map((p) => [p.endpoint, p.state, p.last_seq, p.sync])).toEqual([
+      ["tcp://b:2", "alive", 7, "live"],
+      ["tcp://a:1", "alive", 7, "live"],
+    ]);
     const bad = await t.call("POST", "/replica_sync/register_peer", { endpoint: "udp://x" });
     expect(bad.status).toBe(400);
     expect(obj(bad.json).error).toBe("invalid endpoint udp://x");

@@ -82,14 +82,17 @@ describe("replica mesh", () => {
     }
     await waitFor(() => [a, b, c].every((r) => totalActive(r.d) === 0), 5_000, "all bookings freed everywhere");
     expect(await loads(a.d)).toBe(await loads(c.d));
-    const peers = (await call(a.d, "GET", "/replica_sync/peers")).json as { endpoint: string; state: string; last_seq: number }[];
+    // Reference (server.rs list_peers; spec §9): the sorted endpoint strings. kvmesh returned the
+    // detail objects here before (#14); they are on the kvmesh addition GET /replica_sync/status.
+    expect((await call(a.d, "GET", "/replica_sync/peers")).json).toEqual([b.sync, c.sync].sort());
+    const peers = (await call(a.d, "GET", "/replica_sync/status")).json as { endpoint: string; state: string; last_seq: number }[];
     expect(peers.map((p) => p.endpoint).sort()).toEqual([b.sync, c.sync].sort());
     expect(peers.every((p) => p.state === "alive" && p.last_seq > 0)).toBe(true);
 
     // Lag per peer: one histogram series per origin, whose counts add up to the aggregate.
     const metrics = await (await fetch(`http://${a.d.host}:${a.d.port}/metrics`)).text();
     const perPeer = [...metrics.matchAll(/^kvmesh_mesh_peer_replication_lag_seconds_count\{origin="(\d+)"\} (\d+)$/gm)];
-    const origins = (await call(a.d, "GET", "/replica_sync/peers")).json as { origin: bigint | number | null }[];
+    const origins = (await call(a.d, "GET", "/replica_sync/status")).json as { origin: bigint | number | null }[];
     expect(perPeer.map((m) => m[1]).sort()).toEqual(origins.map((p) => String(p.origin)).sort());
     expect(perPeer.every((m) => Number(m[2]) > 0)).toBe(true);
     const aggregate = Number(/^kvmesh_mesh_replication_lag_seconds_count (\d+)$/m.exec(metrics)?.[1]);
