@@ -34,6 +34,7 @@ export interface Selection {
   readonly overlap: OverlapReport;
   readonly effectivePrefillTokens: number;
   readonly potentialDecodeBlocks: number;
+  /** The session a booking of this selection commits; undefined without one or when skipped (managedSessionOf). */
   readonly sessionId: string | undefined;
 }
 
@@ -94,7 +95,7 @@ export class Chooser {
   choose(req: SelectRequest): Selection {
     const p = this.#o.fleet.requirePartition(req.model_name, req.routing_group);
     const config = this.configFor(req.router_config_override);
-    const sessionId = sessionIdOf(req);
+    const sessionId = managedSessionOf(req);
     const prompt = this.promptOf(p, req, config);
     const s = p.scratch;
     let n = this.#eligible(p, req);
@@ -196,16 +197,17 @@ export class Chooser {
   }
 
   /**
-   * Session steering: a live binding (or an explicit affinity_target) narrows the candidates to
-   * its worker/rank while it is eligible; an ineligible target selects normally and the commit
-   * decides (Soft rebinds, Hard rejects). Returns the candidate count.
+   * Steering: an explicit affinity_target, or else the session's live binding, narrows the
+   * candidates to its worker/rank while it is eligible; an ineligible target selects normally
+   * (and for a session the commit decides: Soft rebinds, Hard rejects). `sessionId` is undefined
+   * when the request skips session handling (managedSessionOf). Returns the candidate count.
    */
   #steer(p: Partition, req: SelectRequest, sessionId: string | undefined, n: number): number {
     let target: { workerId: WorkerId; dpRank: number | null } | undefined;
     if (req.affinity_target !== undefined) {
       validateWorkerId(req.affinity_target.worker_id, "affinity_target.worker_id");
       target = { workerId: req.affinity_target.worker_id, dpRank: req.affinity_target.dp_rank ?? null };
-    } else if (sessionId !== undefined && req.pinned_worker === undefined && p.affinity !== undefined) {
+    } else if (sessionId !== undefined && p.affinity !== undefined) {
       target = p.affinity.resolve(sessionId);
     }
     if (target === undefined) return n;
@@ -293,6 +295,18 @@ export class Chooser {
     }
     for (const r of s.touched) s.heldBlocks[r] = 0;
   }
+}
+
+/**
+ * The session a selection manages: its id, unless the request names a worker explicitly
+ * (`affinity_target` or `pinned_worker`). As the reference's `session_binding()` (core/run.rs,
+ * spec §4.7 step 4), such a request skips session handling entirely: no binding lookup or
+ * steering, no commit or rebind at booking, no lease, and /select caches no session for the
+ * replayed reservation. The id is still validated (400 past 256 bytes), as kvmesh always does.
+ */
+export function managedSessionOf(req: SelectRequest): string | undefined {
+  const id = sessionIdOf(req);
+  return req.affinity_target === undefined && req.pinned_worker === undefined ? id : undefined;
 }
 
 /**

@@ -33,19 +33,23 @@ export function normalizePrompt(
   let localHashes: HashList;
   let seqHashes: HashList;
   let islTokens: number;
-  if (p.token_ids !== undefined) {
-    if (!Array.isArray(p.token_ids) && !(p.token_ids instanceof Uint32Array)) throw badRequest("token_ids must be an array of integers", "token_ids");
-    if (p.token_ids.length === 0) throw badRequest("token_ids must not be empty", "token_ids");
-    if (p.token_ids.length > MAX_PROMPT_TOKENS) throw badRequest(`token_ids is longer than ${MAX_PROMPT_TOKENS} tokens`, "token_ids");
+  const routing = routingTokens(p);
+  if (routing !== undefined) {
+    const { tokens, field } = routing;
+    if (!Array.isArray(tokens) && !(tokens instanceof Uint32Array)) throw badRequest(`${field} must be an array of integers`, field);
+    if (tokens.length === 0) throw badRequest(`${field} must not be empty`, field);
+    if (tokens.length > MAX_PROMPT_TOKENS) throw badRequest(`${field} is longer than ${MAX_PROMPT_TOKENS} tokens`, field);
     const eagle = p.is_eagle ?? isEagle;
     const salts = { loraName: p.lora_name ?? null, cacheSalt: p.cache_salt ?? null };
-    if (cache?.accepts(blockSize, eagle) === true) {
-      ({ localHashes, seqHashes } = cache.hash(p.token_ids, salts));
+    const blockMmHashes = mmHashesPerBlock(routing.mmInfos);
+    if (blockMmHashes === undefined && cache?.accepts(blockSize, eagle) === true) {
+      ({ localHashes, seqHashes } = cache.hash(tokens, salts));
     } else {
-      localHashes = computeBlockHashes(p.token_ids, blockSize, { ...salts, isEagle: eagle });
+      // Multimodal prompts bypass the memo: its key has no room for the objects' hashes.
+      localHashes = computeBlockHashes(tokens, blockSize, { ...salts, isEagle: eagle, ...(blockMmHashes === undefined ? {} : { blockMmHashes }) });
       seqHashes = computeSequenceHashes(localHashes);
     }
-    islTokens = p.token_ids.length;
+    islTokens = tokens.length;
   } else if (p.block_hashes !== undefined || p.sequence_hashes !== undefined || p.isl_tokens !== undefined) {
     if (p.block_hashes === undefined || p.sequence_hashes === undefined || p.isl_tokens === undefined) {
       throw badRequest("block_hashes, sequence_hashes and isl_tokens must be given together", "block_hashes");
@@ -69,6 +73,36 @@ export function normalizePrompt(
     for (let i = 0; i < seqHashes.length; i++) seqHashes[i] = Math.floor(random.next() * 0x1_0000_0000);
   }
   return { localHashes, seqHashes, islTokens };
+}
+
+/**
+ * The tokens a prompt is hashed from, as the reference's `routing_tokens_and_mm_infos`
+ * (services/selection/input.rs): `mm_routing_info.routing_token_ids` when non-empty, with its own
+ * `block_mm_infos`; otherwise `token_ids` with the top-level `block_mm_infos`. Undefined: the
+ * prompt is precomputed hashes (and any `block_mm_infos` is unused).
+ */
+function routingTokens(
+  p: PromptFields,
+): { readonly tokens: readonly number[] | Uint32Array; readonly field: string; readonly mmInfos: PromptFields["block_mm_infos"] } | undefined {
+  const mm = p.mm_routing_info;
+  if (mm !== undefined && mm.routing_token_ids.length > 0) {
+    return { tokens: mm.routing_token_ids, field: "mm_routing_info.routing_token_ids", mmInfos: mm.block_mm_infos ?? [] };
+  }
+  if (p.token_ids === undefined) return undefined;
+  return { tokens: p.token_ids, field: "token_ids", mmInfos: p.block_mm_infos };
+}
+
+/** Per block index, its multimodal objects' hashes; undefined when no block has any. */
+function mmHashesPerBlock(infos: PromptFields["block_mm_infos"]): (bigint[] | undefined)[] | undefined {
+  if (infos === undefined) return undefined;
+  let out: (bigint[] | undefined)[] | undefined;
+  for (let i = 0; i < infos.length; i++) {
+    const objects = infos[i]?.mm_objects;
+    if (objects === undefined || objects.length === 0) continue;
+    out ??= new Array<bigint[] | undefined>(infos.length);
+    out[i] = objects.map((o) => o.mm_hash);
+  }
+  return out;
 }
 
 function toHashList(values: readonly bigint[], field: string): HashList {

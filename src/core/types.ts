@@ -64,9 +64,33 @@ export interface RouterConfigOverrideWire {
   shared_cache_multiplier?: number | undefined;
 }
 
+/** One multimodal object whose placeholder tokens fall in a block (the reference's `BlockMmObjectInfo`). */
+export interface BlockMmObjectInfo {
+  /** Hash identifying the object: appended (sorted, little-endian u64) to its block's tokens when hashing. */
+  mm_hash: bigint;
+  /** Placeholder token ranges `[start, end]` relative to the block; accepted, not used for hashing. */
+  offsets: readonly (readonly [number, number])[];
+}
+
+/** Multimodal metadata of one block (the reference's `BlockExtraInfo`); null for a text-only block. */
+export interface BlockExtraInfo {
+  mm_objects: readonly BlockMmObjectInfo[];
+}
+
+/** Routing tokens for a multimodal prompt (the reference's `MmRoutingInfoRequest`). */
+export interface MmRoutingInfo {
+  /** When non-empty, hashed instead of `token_ids` (and the prompt's ISL is its length). */
+  routing_token_ids: readonly number[] | Uint32Array;
+  /** Per block of `routing_token_ids`; replaces the top-level `block_mm_infos`. */
+  block_mm_infos?: readonly (BlockExtraInfo | null)[] | undefined;
+}
+
 /** The flattened prompt fields every selection request accepts. */
 export interface PromptFields {
   token_ids?: readonly number[] | Uint32Array | undefined;
+  mm_routing_info?: MmRoutingInfo | undefined;
+  /** Per block of `token_ids`: multimodal objects whose hashes enter that block's hash. */
+  block_mm_infos?: readonly (BlockExtraInfo | null)[] | undefined;
   block_hashes?: readonly bigint[] | undefined;
   sequence_hashes?: readonly bigint[] | undefined;
   isl_tokens?: number | undefined;
@@ -88,8 +112,16 @@ export interface SelectRequest extends PromptFields {
   selection_id?: string | undefined;
   router_config_override?: RouterConfigOverrideWire | undefined;
   expected_output_tokens?: number | undefined;
+  /** Queue priority boost, seconds (the reference's FCFS queue). kvmesh has no queue: accepted, ignored. */
+  priority_jump?: number | undefined;
+  /** Strict queue priority class (u32). kvmesh has no queue: accepted, ignored. */
+  strict_priority?: number | undefined;
   session_id?: string | undefined;
   session_context?: SessionContext | undefined;
+  /**
+   * Steers to this worker (and rank, if given) while it is eligible. With `affinity_target` or
+   * `pinned_worker` the request skips session handling (no binding lookup, commit or lease).
+   */
   affinity_target?: WorkerRankRef | undefined;
   pinned_worker?: { worker_id: WorkerId; dp_rank: number } | undefined;
   allowed_worker_ids?: readonly WorkerId[] | undefined;

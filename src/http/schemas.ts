@@ -13,6 +13,9 @@
 import { badRequest, invalidField } from "../core/errors.js";
 import { MAX_ID_BYTES } from "../core/selection-service.js";
 import type {
+  BlockExtraInfo,
+  BlockMmObjectInfo,
+  MmRoutingInfo,
   PromptFields,
   ReservationRequest,
   RouterConfigOverrideWire,
@@ -207,8 +210,47 @@ const workerFields: Shape<Omit<WorkerRequest, "worker_id">> = {
   taints: opt(arrayOf(str(), "strings")),
 };
 
+/** An array whose items may be null (the reference's `Vec<Option<T>>`). */
+const arrayOfNullable = <T>(item: Check<T>, what: string): Check<(T | null)[]> => {
+  return (v, path) => {
+    if (!Array.isArray(v)) return fail(path, `must be an array of ${what}`);
+    const out = new Array<T | null>(v.length);
+    for (let i = 0; i < v.length; i++) out[i] = v[i] === null ? null : item(v[i], `${path}[${i}]`);
+    return out;
+  };
+};
+
+/** A `(start, end)` offset pair: a JSON array of exactly two non-negative integers. */
+const offsetPair: Check<readonly [number, number]> = (v, path) => {
+  if (!Array.isArray(v) || v.length !== 2) return fail(path, "must be an array of two non-negative integers");
+  return [uSafe(v[0], `${path}[0]`), uSafe(v[1], `${path}[1]`)] as const;
+};
+
+/** The reference's `BlockExtraInfo { mm_objects: [BlockMmObjectInfo { mm_hash: u64, offsets }] }` (protocols.rs). */
+const blockExtraInfo = objectOf<BlockExtraInfo>({
+  mm_objects: req(
+    arrayOf(
+      objectOf<BlockMmObjectInfo>({
+        mm_hash: req(u64, "unsigned 64-bit integer"),
+        offsets: req(arrayOf(offsetPair, "[start, end] pairs"), "array of [start, end] pairs"),
+      }),
+      "objects",
+    ),
+    "array of objects",
+  ),
+});
+const blockMmInfos = arrayOfNullable(blockExtraInfo, "objects or nulls");
+
 const promptFields: Shape<PromptFields> = {
   token_ids: opt(tokenIds),
+  // The reference's `MmRoutingInfoRequest` (services/selection/input.rs).
+  mm_routing_info: opt(
+    objectOf<MmRoutingInfo>({
+      routing_token_ids: req(tokenIds, "array of integers"),
+      block_mm_infos: opt(blockMmInfos),
+    }),
+  ),
+  block_mm_infos: opt(blockMmInfos),
   block_hashes: opt(arrayOf(hash64, "64-bit integers")),
   sequence_hashes: opt(arrayOf(hash64, "64-bit integers")),
   isl_tokens: opt(u32),
@@ -267,6 +309,9 @@ const selectFields: Shape<SelectAndReserveRequest> = {
   ...filterFields,
   selection_id: opt(id),
   expected_output_tokens: opt(u32),
+  // The reference's queue priority (types.rs: `Option<f64>`, `Option<u32>`); kvmesh has no queue.
+  priority_jump: opt(num),
+  strict_priority: opt(u32),
   session_id: opt(id),
   session_context: opt(sessionContext),
   affinity_target: opt(rankRef),

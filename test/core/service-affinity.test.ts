@@ -88,3 +88,58 @@ describe("session affinity through the service", () => {
     expect(() => svc.selectAndReserve({ token_ids: tokens(1), session_id: "é".repeat(129) })).toThrow(/session_id/);
   });
 });
+
+// Spec §4.7 step 4 and the reference's `session_binding()` (core/run.rs): a request naming a worker
+// explicitly (`affinity_target` or `pinned_worker`) gets `SessionBinding::None`: no hold or steer,
+// no commit at booking (so no bind, rebind or conflict), no lease, and /select caches no session
+// for the replayed reservation. The response is the ordinary one.
+describe("an explicit worker skips session handling (spec §4.7 step 4)", () => {
+  function boundSession(mode: "hard" | "soft"): { svc: ReturnType<typeof makeService>["svc"]; seen: BindingEvent[]; bound: bigint; other: bigint } {
+    const { svc } = makeService({ sessionAffinity: { ttlSecs: 60, mode } });
+    const seen: BindingEvent[] = [];
+    svc.onBindingEvent((e) => seen.push(e));
+    svc.upsertWorker(worker(1));
+    svc.upsertWorker(worker(2));
+    const bound = svc.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "a" }).worker_id;
+    return { svc, seen, bound, other: bound === 1n ? 2n : 1n };
+  }
+
+  it("pinned_worker away from a hard binding books (was 400) and leaves the binding alone", () => {
+    const { svc, seen, bound, other } = boundSession("hard");
+    const r = svc.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "b", pinned_worker: { worker_id: other, dp_rank: 0 } });
+    expect(r.worker_id).toBe(other);
+    expect(svc.hasReservation("b")).toBe(true);
+    // No commit: no bind/rebind/refresh event, and freeing it releases no lease (no refresh).
+    svc.freeReservation("b");
+    expect(seen.map((e) => e.reason)).toEqual(["bind"]);
+    // The session still steers to its worker.
+    expect(svc.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "c" }).worker_id).toBe(bound);
+  });
+
+  it("affinity_target in soft mode steers without rebinding the session", () => {
+    const { svc, seen, bound, other } = boundSession("soft");
+    const r = svc.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "b", affinity_target: { worker_id: other } });
+    expect(r.worker_id).toBe(other);
+    expect(seen.filter((e) => e.reason !== "refresh").map((e) => e.worker_id)).toEqual([bound]);
+    expect(svc.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "c" }).worker_id).toBe(bound);
+  });
+
+  it("affinity_target in hard mode books away from the binding (was 400)", () => {
+    const { svc, bound, other } = boundSession("hard");
+    expect(svc.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "b", affinity_target: { worker_id: other, dp_rank: 0 } }).worker_id).toBe(other);
+    expect(svc.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "c" }).worker_id).toBe(bound);
+  });
+
+  it("a new session with a pinned worker is not bound, neither by select_and_reserve nor by a replayed /select", () => {
+    const { svc } = makeService({ sessionAffinity: { ttlSecs: 60 } });
+    const seen: BindingEvent[] = [];
+    svc.onBindingEvent((e) => seen.push(e));
+    svc.upsertWorker(worker(1));
+    svc.upsertWorker(worker(2));
+    svc.selectAndReserve({ token_ids: tokens(2), session_id: "n", selection_id: "a", pinned_worker: { worker_id: 2n, dp_rank: 0 } });
+    svc.select({ token_ids: tokens(2), session_context: { session_id: "m" }, selection_id: "b", affinity_target: { worker_id: 1n } });
+    svc.createReservation({ selection_id: "b" });
+    expect(seen).toEqual([]);
+    expect(svc.sizes().affinityEntries).toBe(0);
+  });
+});

@@ -627,3 +627,68 @@ describe("HTTP API: metrics and lifecycle", () => {
     await again.close();
   });
 });
+
+// Issue 14: the reference's SelectRequest / SelectAndReserveRequest (services/selection/types.rs)
+// carry `priority_jump: Option<f64>` and `strict_priority: Option<u32>`, and every request with a
+// flattened prompt (select, select_and_reserve, reservations, potential_loads, overlap_scores)
+// carries `mm_routing_info { routing_token_ids: [u32], block_mm_infos? }` and
+// `block_mm_infos: [BlockExtraInfo | null]` (services/selection/input.rs, protocols.rs).
+describe("HTTP API: the reference's optional select fields", () => {
+  const mm = [null, { mm_objects: [{ mm_hash: 18446744073709551615n, offsets: [[0, 2]] }] }];
+
+  it("accepts them where the reference does (was 422)", async () => {
+    const t = await serveWithWorkers();
+    const prompt = { token_ids: tokens(2), block_mm_infos: mm, mm_routing_info: { routing_token_ids: tokens(2, 1), block_mm_infos: mm } };
+    const select = await t.call("POST", "/select", { ...prompt, priority_jump: 1.5, strict_priority: 2, selection_id: "s" });
+    expect(select.status).toBe(200);
+    const booked = await t.call("POST", "/select_and_reserve", { ...prompt, priority_jump: -3, strict_priority: 4294967295, selection_id: "b" });
+    expect(booked.status).toBe(200);
+    expect(obj(booked.json).isl_tokens).toBe(2 * BLOCK);
+    expect((await t.call("POST", "/reservations", { selection_id: "s", ...prompt })).status).toBe(201);
+    expect((await t.call("POST", "/reservations", { selection_id: "e", worker_id: 1, ...prompt })).status).toBe(201);
+    expect((await t.call("POST", "/potential_loads", prompt)).status).toBe(200);
+    expect((await t.call("POST", "/overlap_scores", prompt)).status).toBe(200);
+  });
+
+  it.each([
+    [{ strict_priority: 1.5 }, "strict_priority: must be an integer in [0, 4294967295]"],
+    [{ strict_priority: -1 }, "strict_priority: must be an integer in [0, 4294967295]"],
+    [{ priority_jump: "1" }, "priority_jump: must be a finite number"],
+    [{ mm_routing_info: { block_mm_infos: [] } }, "mm_routing_info.routing_token_ids: required array of integers"],
+    [{ mm_routing_info: { routing_token_ids: [1, -2] } }, "mm_routing_info.routing_token_ids[1]: must be an integer in [0, 4294967295]"],
+    [{ block_mm_infos: [{}] }, "block_mm_infos[0].mm_objects: required array of objects"],
+    [{ block_mm_infos: [{ mm_objects: [{ mm_hash: -1, offsets: [] }] }] }, "block_mm_infos[0].mm_objects[0].mm_hash: must be an integer in [0, 18446744073709551615]"],
+    [{ block_mm_infos: [{ mm_objects: [{ mm_hash: 1, offsets: [[1]] }] }] }, "block_mm_infos[0].mm_objects[0].offsets[0]: must be an array of two non-negative integers"],
+    [{ block_mm_infos: [{ mm_objects: [{ mm_hash: 1 }] }] }, "block_mm_infos[0].mm_objects[0].offsets: required array of [start, end] pairs"],
+    [{ block_mm_infos: [{ mm_objects: [], image: 1 }] }, "block_mm_infos[0].image: unknown field"],
+  ])("wrong shapes of them are 422 naming the field (case %#)", async (extra, message) => {
+    const t = await serveWithWorkers();
+    const r = await t.call("POST", "/select", { token_ids: tokens(1), ...extra });
+    expect(r.status).toBe(422);
+    expect(obj(r.json).error).toBe(message);
+  });
+
+  it("still rejects fields outside the reference's set, and the queue fields outside select requests", async () => {
+    const t = await serveWithWorkers();
+    expect(obj((await t.call("POST", "/select", { token_ids: tokens(1), priority: 1 })).json).error).toBe("priority: unknown field");
+    expect(obj((await t.call("POST", "/reservations", { selection_id: "r", worker_id: 1, token_ids: tokens(1), priority_jump: 1 })).json).error).toBe(
+      "priority_jump: unknown field",
+    );
+  });
+
+  it("pinned_worker or affinity_target with a session_id skips the session (spec §4.7 step 4; was 400)", async () => {
+    const t = await serveWithWorkers({ svc: makeService({ sessionAffinity: { ttlSecs: 60, mode: "hard" } }).svc });
+    const first = await t.call("POST", "/select_and_reserve", { token_ids: tokens(2), session_id: "s", selection_id: "a" });
+    const bound = Number(obj(first.json).worker_id);
+    const other = bound === 1 ? 2 : 1;
+    const pinned = await t.call("POST", "/select_and_reserve", { token_ids: tokens(2), session_id: "s", selection_id: "b", pinned_worker: { worker_id: other, dp_rank: 0 } });
+    expect(pinned.status).toBe(200);
+    expect(Number(obj(pinned.json).worker_id)).toBe(other);
+    const targeted = await t.call("POST", "/select_and_reserve", { token_ids: tokens(2), session_context: { session_id: "s" }, selection_id: "c", affinity_target: { worker_id: other } });
+    expect(targeted.status).toBe(200);
+    expect(Number(obj(targeted.json).worker_id)).toBe(other);
+    // The binding is untouched: the session still goes to its worker.
+    const again = await t.call("POST", "/select_and_reserve", { token_ids: tokens(2), session_id: "s", selection_id: "d" });
+    expect(Number(obj(again.json).worker_id)).toBe(bound);
+  });
+});
