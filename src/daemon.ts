@@ -5,7 +5,7 @@
  */
 import type { Logger } from "pino";
 import { replicaSyncEndpoints, resolveDaemonConfig, serviceOptionsOf, type DaemonConfig } from "./config.js";
-import { KvIngest } from "./ingest/kv-ingest.js";
+import { KvEndpointError, KvIngest } from "./ingest/kv-ingest.js";
 import { raiseZmqSocketLimit } from "./ingest/zmq-socket-limit.js";
 import { HttpMetrics } from "./http/metrics.js";
 import { registerIngestMetrics } from "./metrics/ingest-metrics.js";
@@ -14,6 +14,7 @@ import { registerServiceMetrics } from "./metrics/service-metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "./http/server.js";
 import { ReplicaMesh } from "../mesh/replica-mesh.js";
 import { SelectionService } from "./core/selection-service.js";
+import { hasUnusableKvEndpoint, kvEventsEndpointRefused } from "./core/worker-catalog.js";
 
 /** The daemon's configuration lives in src/config.ts; re-exported for the daemon's callers. */
 export { DEFAULT_DAEMON_CONFIG, type DaemonConfig, type LogLevel } from "./config.js";
@@ -87,11 +88,14 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   });
   if (config.kvEvents) {
     // Listeners follow the catalog. KvIngest serialises its own changes, so a burst of
-    // upserts applies in order; failures are logged, never unhandled.
+    // upserts applies in order; failures are logged, never unhandled. A worker whose endpoint
+    // cannot be used has no listeners (the reference rolls its ingress registration back); an
+    // endpoint ZeroMQ refuses makes the worker incomplete with the reason, which comes back here
+    // as a change and removes the ranks that had started.
     service.onWorkerChange(({ workerId, record }) => {
       const id = workerId.toString();
       const done =
-        record === null
+        record === null || hasUnusableKvEndpoint(record)
           ? ingest.remove(id)
           : ingest.upsert(
               id,
@@ -102,6 +106,14 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
               })),
             );
       done.catch((err: unknown) => {
+        if (err instanceof KvEndpointError && record !== null) {
+          const reason = kvEventsEndpointRefused(workerId, err.rank, err.endpoint, err.detail);
+          // undefined: a newer registration replaced this one and has its own outcome.
+          if (service.markKvEndpointUnusable(record, reason) !== undefined) {
+            ingestLog.warn({ worker_id: id, dp_rank: err.rank, endpoint: err.endpoint, detail: err.detail }, "kv events endpoint refused: worker is incomplete");
+          }
+          return;
+        }
         ingestLog.error({ err, worker_id: id }, "kv event listener update failed");
       });
     });

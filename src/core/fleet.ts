@@ -86,6 +86,7 @@ export class Fleet {
     this.#catalog = new WorkerCatalog({
       requireKvEventsEndpoint: options.requireKvEventsEndpoint,
       partitionBlockSize: (key) => this.#partitions.get(key)?.blockSize,
+      partitionIsEagle: (key) => this.#partitions.get(key)?.isEagle,
     });
   }
 
@@ -151,6 +152,20 @@ export class Fleet {
     return removed;
   }
 
+  /**
+   * The ingest could not use a KV-event endpoint of `record` (ZeroMQ refused it): the worker
+   * becomes incomplete with `reason` and leaves selection, as the reference's failed ingress
+   * reconcile does (core/workers.rs: "reconciliation failed: …"). Only if `record` is still the
+   * stored one: a newer registration has its own endpoints and its own outcome. Returns the
+   * stored record, or undefined when `record` was superseded.
+   */
+  markKvEndpointUnusable(record: WorkerCatalogRecord, reason: string): WorkerCatalogRecord | undefined {
+    const current = this.#catalog.get(record.worker_id);
+    if (current !== record) return undefined;
+    if (current.not_schedulable_reasons.includes(reason)) return current;
+    return this.#storeWorker({ ...current, lifecycle: "incomplete", not_schedulable_reasons: [...current.not_schedulable_reasons, reason] });
+  }
+
   listWorkers(modelName?: string, routingGroup?: string): WorkerCatalogRecord[] {
     return this.#catalog.list(modelName, routingGroup);
   }
@@ -168,7 +183,7 @@ export class Fleet {
     const key = partitionKey(record.model_name, record.routing_group);
     let partition = this.#partitions.get(key);
     if (partition === undefined && record.lifecycle === "schedulable" && record.block_size !== null) {
-      partition = this.#createPartition(record.model_name, record.routing_group, record.block_size, record.is_eagle);
+      partition = this.#createPartition(record.model_name, record.routing_group, record.block_size, record.is_eagle ?? false);
     }
     // A worker that moved partitions leaves its old one entirely.
     for (const p of this.#partitions.values()) {

@@ -201,6 +201,14 @@ export class SelectionService {
     return this.#fleet.upsertWorker(req);
   }
 
+  /**
+   * The ingest could not use a KV-event endpoint of `record` (ZeroMQ refused it): the worker turns
+   * incomplete with `reason` unless a newer registration replaced `record` (Fleet.markKvEndpointUnusable).
+   */
+  markKvEndpointUnusable(record: WorkerCatalogRecord, reason: string): WorkerCatalogRecord | undefined {
+    return this.#fleet.markKvEndpointUnusable(record, reason);
+  }
+
   patchWorker(workerId: WorkerId, patch: WorkerPatchRequest): WorkerCatalogRecord {
     this.#assertRunning();
     return this.#fleet.patchWorker(workerId, patch);

@@ -23,7 +23,20 @@ export interface WorkerRequest {
   total_kv_blocks?: number | undefined;
   is_eagle?: boolean | undefined;
   taints?: readonly string[] | undefined;
+  // The reference's remaining registration fields (types.rs WorkerRequest): stored and echoed.
+  // kvmesh honours taints (routing_constraints) and is_eagle (hashing, partition mode); the rest
+  // feed reference features kvmesh does not have (HRW routing, disaggregation, router hints).
+  stable_routing_id?: string | undefined;
+  topology_domains?: Readonly<Record<string, string>> | undefined;
+  kv_transfer_domain?: string | undefined;
+  kv_transfer_enforcement?: KvTransferEnforcement | undefined;
+  kv_transfer_preferred_weight?: number | undefined;
+  router_hint_worker_type?: string | undefined;
+  router_hint_source_control_endpoints?: Readonly<Record<string, string>> | undefined;
+  kv_event_source_mode?: string | undefined;
 }
+
+export type KvTransferEnforcement = "required" | "preferred";
 
 /** PATCH replaces only the supplied fields (maps and sets wholesale); `lifecycle` may drain a worker. */
 export type WorkerPatchRequest = Partial<Omit<WorkerRequest, "worker_id">> & {
@@ -43,8 +56,20 @@ export interface WorkerCatalogRecord {
   data_parallel_size: number;
   max_num_batched_tokens: number | null;
   total_kv_blocks: number | null;
-  is_eagle: boolean;
+  /** null when not given (the reference's Option<bool>); the partition treats null as false. */
+  is_eagle: boolean | null;
   taints: string[];
+  stable_routing_id: string | null;
+  topology_domains: Record<string, string>;
+  kv_transfer_domain: string | null;
+  kv_transfer_enforcement: KvTransferEnforcement | null;
+  kv_transfer_preferred_weight: number | null;
+  /** Omitted from the record when absent (the reference's skip_serializing_if). */
+  router_hint_worker_type?: string;
+  /** Omitted from the record when empty. */
+  router_hint_source_control_endpoints?: Record<string, string>;
+  /** Omitted from the record when absent. */
+  kv_event_source_mode?: string;
   lifecycle: Lifecycle;
   not_schedulable_reasons: string[];
 }

@@ -8,6 +8,7 @@ import { badRequest, KvmeshError } from "./errors.js";
 import {
   DEFAULT_MODEL_NAME,
   DEFAULT_ROUTING_GROUP,
+  type KvTransferEnforcement,
   type Lifecycle,
   type WorkerCatalogRecord,
   type WorkerId,
@@ -30,6 +31,27 @@ export interface CatalogPolicy {
   readonly requireKvEventsEndpoint: boolean;
   /** The partition's fixed block size, if the partition exists. */
   readonly partitionBlockSize: (key: string) => number | undefined;
+  /** The partition's fixed Eagle mode, if the partition exists. */
+  readonly partitionIsEagle?: (key: string) => boolean | undefined;
+}
+
+/**
+ * Prefixes of the reasons a worker's KV-event or replay endpoint cannot be used, whether the
+ * catalog found its form invalid or the ingest's ZeroMQ socket refused it. The reference words
+ * them the same way (ingress.rs `reconcile`: "invalid kv_events endpoint for worker {id} dp_rank
+ * {rank}: …", behind core/workers.rs's "reconciliation failed: ").
+ */
+export const KV_EVENTS_ENDPOINT_REASON = "reconciliation failed: invalid kv_events endpoint";
+export const REPLAY_ENDPOINT_REASON = "reconciliation failed: invalid replay endpoint";
+
+/** Whether `r` is incomplete because one of its KV-event or replay endpoints cannot be used. */
+export function hasUnusableKvEndpoint(r: WorkerCatalogRecord): boolean {
+  return r.lifecycle === "incomplete" && r.not_schedulable_reasons.some((x) => x.startsWith(KV_EVENTS_ENDPOINT_REASON) || x.startsWith(REPLAY_ENDPOINT_REASON));
+}
+
+/** The reason the ingest reports when ZeroMQ refuses a rank's KV-event endpoint. */
+export function kvEventsEndpointRefused(workerId: WorkerId, dpRank: number, endpoint: string, error: string): string {
+  return `${KV_EVENTS_ENDPOINT_REASON} for worker ${workerId} dp_rank ${dpRank}: ZeroMQ refused \`${endpoint}\`: ${error}`;
 }
 
 export class WorkerCatalog {
@@ -73,18 +95,30 @@ export class WorkerCatalog {
       routing_group: name(req.routing_group, "routing_group") ?? DEFAULT_ROUTING_GROUP,
       endpoint: endpoint(req.endpoint, "endpoint"),
       kv_events_endpoint: endpoint(req.kv_events_endpoint, "kv_events_endpoint"),
-      kv_events_endpoints: endpointMap(req.kv_events_endpoints),
+      kv_events_endpoints: endpointMap(req.kv_events_endpoints, "kv_events_endpoints"),
       replay_endpoint: endpoint(req.replay_endpoint, "replay_endpoint"),
       block_size: optInt(req.block_size, "block_size", 0, U32_MAX),
       data_parallel_start_rank: optInt(req.data_parallel_start_rank, "data_parallel_start_rank", 0, U32_MAX) ?? 0,
       data_parallel_size: optInt(req.data_parallel_size, "data_parallel_size", 0, MAX_DATA_PARALLEL_SIZE) ?? 1,
       max_num_batched_tokens: optInt(req.max_num_batched_tokens, "max_num_batched_tokens", 1, U32_MAX),
       total_kv_blocks: optInt(req.total_kv_blocks, "total_kv_blocks", 0, Number.MAX_SAFE_INTEGER),
-      is_eagle: optBool(req.is_eagle, "is_eagle") ?? false,
+      is_eagle: optBool(req.is_eagle, "is_eagle") ?? null,
       taints: taints(req.taints),
+      stable_routing_id: text(req.stable_routing_id, "stable_routing_id"),
+      topology_domains: stringMap(req.topology_domains, "topology_domains"),
+      kv_transfer_domain: text(req.kv_transfer_domain, "kv_transfer_domain"),
+      kv_transfer_enforcement: enforcement(req.kv_transfer_enforcement),
+      kv_transfer_preferred_weight: finite(req.kv_transfer_preferred_weight, "kv_transfer_preferred_weight"),
       lifecycle: "incomplete",
       not_schedulable_reasons: [],
     };
+    // Echoed only when set, like the reference (skip_serializing_if).
+    const hintType = text(req.router_hint_worker_type, "router_hint_worker_type");
+    if (hintType !== null) draft.router_hint_worker_type = hintType;
+    const hintEndpoints = endpointMap(req.router_hint_source_control_endpoints, "router_hint_source_control_endpoints");
+    if (Object.keys(hintEndpoints).length > 0) draft.router_hint_source_control_endpoints = hintEndpoints;
+    const sourceMode = text(req.kv_event_source_mode, "kv_event_source_mode");
+    if (sourceMode !== null) draft.kv_event_source_mode = sourceMode;
     if (draft.data_parallel_start_rank + draft.data_parallel_size - 1 > U32_MAX) {
       throw badRequest("data_parallel_start_rank + data_parallel_size exceeds the u32 rank range", "data_parallel_size");
     }
@@ -139,6 +173,25 @@ export class WorkerCatalog {
     if (fixed !== undefined && draft.block_size !== null && draft.block_size !== fixed) {
       reasons.push(`reconciliation failed: block_size ${draft.block_size} does not match partition ${key} block_size ${fixed}`);
     }
+    // The reference fixes a partition's Eagle mode with its block size (core/workers.rs
+    // ensure_entry_for: "is_eagle mismatch for {key}: existing=… requested=…").
+    const fixedEagle = this.#policy.partitionIsEagle?.(key);
+    const eagle = draft.is_eagle ?? false;
+    if (fixedEagle !== undefined && eagle !== fixedEagle) {
+      reasons.push(`reconciliation failed: is_eagle mismatch for ${key}: existing=${fixedEagle} requested=${eagle}`);
+    }
+    // With KV events on, endpoints the listener could not use keep the worker incomplete; the
+    // reference checks their form only once nothing else is missing (ingress.rs reconcile runs
+    // for a record with no reasons yet), with common/zmq.rs validate_endpoint.
+    if (this.#policy.requireKvEventsEndpoint && reasons.length === 0) {
+      for (const rank of ranksOf(draft)) {
+        const ep = kvEventsEndpointFor(draft, rank);
+        const problem = ep === null ? null : zmqEndpointProblem(ep);
+        if (problem !== null) reasons.push(`${KV_EVENTS_ENDPOINT_REASON} for worker ${draft.worker_id} dp_rank ${rank}: ${problem}`);
+      }
+      const problem = draft.replay_endpoint === null ? null : zmqEndpointProblem(draft.replay_endpoint);
+      if (problem !== null) reasons.push(`${REPLAY_ENDPOINT_REASON} for worker ${draft.worker_id}: ${problem}`);
+    }
     const lifecycle: Lifecycle = reasons.length > 0 ? "incomplete" : (forced ?? "schedulable");
     return { ...draft, lifecycle, not_schedulable_reasons: reasons };
   }
@@ -171,9 +224,48 @@ function recordToRequest(r: WorkerCatalogRecord): WorkerRequest {
     data_parallel_size: r.data_parallel_size,
     max_num_batched_tokens: r.max_num_batched_tokens ?? undefined,
     total_kv_blocks: r.total_kv_blocks ?? undefined,
-    is_eagle: r.is_eagle,
+    is_eagle: r.is_eagle ?? undefined,
     taints: r.taints,
+    stable_routing_id: r.stable_routing_id ?? undefined,
+    topology_domains: r.topology_domains,
+    kv_transfer_domain: r.kv_transfer_domain ?? undefined,
+    kv_transfer_enforcement: r.kv_transfer_enforcement ?? undefined,
+    kv_transfer_preferred_weight: r.kv_transfer_preferred_weight ?? undefined,
+    router_hint_worker_type: r.router_hint_worker_type,
+    router_hint_source_control_endpoints: r.router_hint_source_control_endpoints,
+    kv_event_source_mode: r.kv_event_source_mode,
   };
+}
+
+/**
+ * Why `endpoint` is not a ZeroMQ endpoint a SUB can connect to, or null if its form is fine. The
+ * reference's rules (common/zmq.rs validate_endpoint): `scheme://address` with a non-empty
+ * address; `tcp` needs `host:port`, a non-empty host, an IPv6 host in brackets and a u16 port;
+ * `ipc` and `inproc` take any address; every other scheme is refused. Its messages, word for word.
+ */
+export function zmqEndpointProblem(endpoint: string): string | null {
+  const bad = (why: string): string => `invalid ZMQ endpoint \`${endpoint}\`: ${why}`;
+  const sep = endpoint.indexOf("://");
+  if (sep < 0) return bad("missing scheme");
+  const scheme = endpoint.slice(0, sep);
+  const address = endpoint.slice(sep + 3);
+  if (address === "") return bad("missing address");
+  if (scheme === "ipc" || scheme === "inproc") return null;
+  if (scheme !== "tcp") return bad(`unsupported scheme \`${scheme}\``);
+  const colon = address.lastIndexOf(":");
+  if (colon < 0) return bad("missing TCP port");
+  const host = address.slice(0, colon);
+  const port = address.slice(colon + 1);
+  if (host === "") return bad("missing TCP host");
+  if (host.startsWith("[")) {
+    if (!host.endsWith("]")) return bad("missing closing `]`");
+  } else if (host.includes(":")) return bad("missing TCP port");
+  // Rust's `u16` parse and its ParseIntError messages: an optional '+', then decimal digits.
+  const digits = port.startsWith("+") ? port.slice(1) : port;
+  if (port === "") return bad("invalid TCP port: cannot parse integer from empty string");
+  if (!/^\d+$/.test(digits)) return bad("invalid TCP port: invalid digit found in string");
+  if (Number(digits) > 0xffff) return bad("invalid TCP port: number too large to fit in target type");
+  return null;
 }
 
 export function validateWorkerId(v: unknown, field: string): asserts v is bigint {
@@ -196,18 +288,57 @@ function endpoint(v: unknown, field: string): string | null {
   return v;
 }
 
-function endpointMap(v: unknown): Record<string, string> {
+function endpointMap(v: unknown, field: string): Record<string, string> {
   if (v === undefined || v === null) return {};
-  if (typeof v !== "object" || Array.isArray(v)) throw badRequest("kv_events_endpoints must be an object of rank -> endpoint", "kv_events_endpoints");
+  if (typeof v !== "object" || Array.isArray(v)) throw badRequest(`${field} must be an object of rank -> endpoint`, field);
   const out: Record<string, string> = {};
   for (const [k, e] of Object.entries(v as Record<string, unknown>)) {
     if (!/^(0|[1-9]\d{0,9})$/.test(k) || Number(k) > U32_MAX) {
-      throw badRequest(`kv_events_endpoints key "${k}" is not a dp rank`, "kv_events_endpoints");
+      throw badRequest(`${field} key "${k}" is not a dp rank`, field);
     }
-    const ep = endpoint(e, `kv_events_endpoints.${k}`);
+    const ep = endpoint(e, `${field}.${k}`);
     if (ep !== null) out[k] = ep;
   }
   return out;
+}
+
+/** An optional free-form string (may be empty, as the reference's Option<String>), bounded. */
+function text(v: unknown, field: string): string | null {
+  if (v === undefined || v === null) return null;
+  if (typeof v !== "string") throw badRequest(`${field} must be a string`, field);
+  if (utf8Bytes(v) > MAX_NAME_BYTES) throw badRequest(`${field} is longer than ${MAX_NAME_BYTES} bytes`, field);
+  return v;
+}
+
+/** Most topology labels a worker may carry (real ones have a handful: zone, rack, host). */
+export const MAX_TOPOLOGY_DOMAINS = 64;
+
+function stringMap(v: unknown, field: string): Record<string, string> {
+  if (v === undefined || v === null) return {};
+  if (typeof v !== "object" || Array.isArray(v)) throw badRequest(`${field} must be an object of string -> string`, field);
+  const entries = Object.entries(v as Record<string, unknown>);
+  if (entries.length > MAX_TOPOLOGY_DOMAINS) throw badRequest(`${field} has more than ${MAX_TOPOLOGY_DOMAINS} entries`, field);
+  const out: Record<string, string> = {};
+  for (const [k, e] of entries) {
+    text(k, `${field} key`);
+    const value = text(e, `${field}.${k}`);
+    // defineProperty so a "__proto__" key stays data, never the prototype.
+    if (value !== null) Object.defineProperty(out, k, { value, enumerable: true, writable: true, configurable: true });
+  }
+  return out;
+}
+
+function enforcement(v: unknown): KvTransferEnforcement | null {
+  if (v === undefined || v === null) return null;
+  if (v !== "required" && v !== "preferred") throw badRequest(`kv_transfer_enforcement must be "required" or "preferred"`, "kv_transfer_enforcement");
+  return v;
+}
+
+function finite(v: unknown, field: string): number | null {
+  if (v === undefined || v === null) return null;
+  const n = typeof v === "bigint" ? Number(v) : v;
+  if (typeof n !== "number" || !Number.isFinite(n)) throw badRequest(`${field} must be a finite number`, field);
+  return n;
 }
 
 function optInt(v: unknown, field: string, min: number, max: number): number | null {

@@ -208,6 +208,15 @@ const workerFields: Shape<Omit<WorkerRequest, "worker_id">> = {
   total_kv_blocks: opt(uSafe),
   is_eagle: opt(bool),
   taints: opt(arrayOf(str(), "strings")),
+  // The rest of the reference's WorkerRequest (types.rs): stored and echoed (README, Workers).
+  stable_routing_id: opt(str()),
+  topology_domains: opt(recordOf(str(), "strings")),
+  kv_transfer_domain: opt(str()),
+  kv_transfer_enforcement: opt(oneOf("required", "preferred")),
+  kv_transfer_preferred_weight: opt(num),
+  router_hint_worker_type: opt(str()),
+  router_hint_source_control_endpoints: opt(recordOf(str(), "strings")),
+  kv_event_source_mode: opt(str()),
 };
 
 /** An array whose items may be null (the reference's `Vec<Option<T>>`). */

@@ -34,6 +34,29 @@ export interface KvRankStats extends KvRankRef {
   readonly stats: KvEventListenerStats;
 }
 
+/**
+ * A rank's listener could not start: ZeroMQ refused its endpoint (a form libzmq rejects, such as
+ * `tcp://*:5557` or a path after the port). The ranks started before it keep running; the caller
+ * decides (the daemon marks the worker incomplete, which removes them).
+ */
+export class KvEndpointError extends Error {
+  readonly rank: number;
+  readonly endpoint: string;
+  /** What ZeroMQ said, e.g. "Invalid argument (EINVAL)". */
+  readonly detail: string;
+
+  constructor(rank: number, endpoint: string, cause: unknown) {
+    const message = cause instanceof Error ? cause.message : String(cause);
+    const code = (cause as { code?: unknown } | null)?.code;
+    const detail = typeof code === "string" && code !== "" ? `${message} (${code})` : message;
+    super(`dp rank ${rank}: ZeroMQ refused ${JSON.stringify(endpoint)}: ${detail}`, { cause });
+    this.name = "KvEndpointError";
+    this.rank = rank;
+    this.endpoint = endpoint;
+    this.detail = detail;
+  }
+}
+
 export class KvIngest {
   readonly #options: KvIngestOptions;
   /** workerId -> rank -> listener */
@@ -46,7 +69,10 @@ export class KvIngest {
     this.#options = options;
   }
 
-  /** Starts, keeps or replaces listeners so that `workerId` has exactly `ranks`. */
+  /**
+   * Starts, keeps or replaces listeners so that `workerId` has exactly `ranks`. Rejects with a
+   * KvEndpointError when a rank's endpoint is refused (the ranks before it are left running).
+   */
   upsert(workerId: string, ranks: readonly KvRankEndpoints[]): Promise<void> {
     const seen = new Set<number>();
     for (const r of ranks) {
@@ -68,7 +94,11 @@ export class KvIngest {
       for (const r of ranks) {
         if (current.has(r.rank)) continue;
         const listener = this.#create({ workerId, rank: r.rank }, r);
-        await listener.start();
+        try {
+          await listener.start();
+        } catch (err) {
+          throw new KvEndpointError(r.rank, r.endpoint, err);
+        }
         current.set(r.rank, listener);
       }
     });

@@ -100,6 +100,64 @@ describe("HTTP API: readiness and workers", () => {
     expect((await t.call("GET", "/ready")).status).toBe(503);
     expect((await t.call("GET", "/health")).status).toBe(200);
   });
+
+  // The reference's WorkerRequest / WorkerPatchRequest (lib/kv-router/src/services/selection/
+  // types.rs) and the spec's §3.3: every optional field is accepted and echoed in the record.
+  // Before #14 POST /workers answered 422 "unknown field" for all but is_eagle and taints.
+  it("accepts, stores and echoes the reference's optional worker fields on POST and PATCH; other unknown fields stay 422", async () => {
+    const t = await serve();
+    const fields = {
+      stable_routing_id: "worker-0",
+      is_eagle: false,
+      taints: ["dynamo.topology/zone=zone-a"],
+      topology_domains: { zone: "zone-a" },
+      kv_transfer_domain: "zone",
+      kv_transfer_enforcement: "preferred",
+      kv_transfer_preferred_weight: 0.75,
+      router_hint_worker_type: "decode",
+      router_hint_source_control_endpoints: { "0": "tcp://w1:5600" },
+      kv_event_source_mode: "framework_v1",
+    };
+    const r = await t.call("POST", "/workers", { ...worker(1), ...fields });
+    expect(r.status).toBe(201);
+    expect(r.json).toMatchObject({ ...fields, lifecycle: "schedulable" });
+    expect((await t.call("GET", "/workers")).json).toMatchObject([fields]);
+    const p = await t.call("PATCH", "/workers/1", { topology_domains: { zone: "zone-b" }, kv_transfer_enforcement: "required", stable_routing_id: "worker-1" });
+    expect(p.status).toBe(200);
+    expect(p.json).toMatchObject({ topology_domains: { zone: "zone-b" }, kv_transfer_enforcement: "required", stable_routing_id: "worker-1", kv_transfer_domain: "zone" });
+    // A plain registration echoes the reference's defaults; router-hint fields are omitted.
+    const plain = obj((await t.call("POST", "/workers", worker(2))).json);
+    expect(plain).toMatchObject({ stable_routing_id: null, is_eagle: null, taints: [], topology_domains: {}, kv_transfer_domain: null, kv_transfer_enforcement: null, kv_transfer_preferred_weight: null });
+    expect(Object.keys(plain)).not.toContain("router_hint_worker_type");
+
+    const unknown = await t.call("POST", "/workers", { ...worker(3), tenant_idd: "x" });
+    expect(unknown.status).toBe(422);
+    expect(obj(unknown.json).error).toBe("tenant_idd: unknown field");
+    const enforcement = await t.call("POST", "/workers", { ...worker(3), kv_transfer_enforcement: "sometimes" });
+    expect(enforcement.status).toBe(422);
+    expect(obj(enforcement.json).error).toContain("kv_transfer_enforcement");
+    const domains = await t.call("PATCH", "/workers/1", { topology_domains: { zone: 1 } });
+    expect(domains.status).toBe(422);
+    expect(obj(domains.json).error).toContain("topology_domains.zone");
+  });
+
+  // The reference keeps a worker whose KV-event endpoint cannot be used incomplete with the reason
+  // (ingress.rs reconcile + common/zmq.rs validate_endpoint, behind core/workers.rs's
+  // "reconciliation failed: "); spec §8.3 reconcile_rolls_back_partial_listener_registration.
+  // Before #14 it was 201 schedulable, counted by /ready and selected.
+  it("registers a worker with an unusable KV-event endpoint as incomplete with the reason, until a PATCH fixes it", async () => {
+    const t = await serve({ svc: makeService({ requireKvEventsEndpoint: true }).svc });
+    const r = await t.call("POST", "/workers", worker(1, { kv_events_endpoint: "not a url" }));
+    expect(r.status).toBe(201);
+    expect(obj(r.json).lifecycle).toBe("incomplete");
+    expect(obj(r.json).not_schedulable_reasons).toEqual(["reconciliation failed: invalid kv_events endpoint for worker 1 dp_rank 0: invalid ZMQ endpoint `not a url`: missing scheme"]);
+    expect((await t.call("GET", "/ready")).status).toBe(503);
+    expect((await t.call("POST", "/select", { token_ids: tokens(2) })).status).toBe(503);
+    const p = await t.call("PATCH", "/workers/1", { kv_events_endpoint: "tcp://w1:5557" });
+    expect(obj(p.json).lifecycle).toBe("schedulable");
+    expect((await t.call("GET", "/ready")).status).toBe(200);
+    expect(obj((await t.call("POST", "/select", { token_ids: tokens(2) })).json).worker_id).toBe(1);
+  });
 });
 
 describe("HTTP API: selection and reservations", () => {
