@@ -196,8 +196,9 @@ describe("floods hit caps and shed, instead of growing", () => {
       }
     }
     let evicted = NaN;
+    // Under a loaded CI (the whole suite on 2 cores) 4,096 forged origins took over 10 s to turn over.
     const evictedOf = async (): Promise<number> => (evicted = Number(/kvmesh_mesh_origins_evicted_total (\d+)/.exec(await b.metrics.metrics())?.[1] ?? NaN));
-    await waitFor(async () => (await evictedOf()) >= FORGED - DEFAULT_MAX_TRACKED_ORIGINS, 10_000, () => `evictions (${evicted})`);
+    await waitFor(async () => (await evictedOf()) >= FORGED - DEFAULT_MAX_TRACKED_ORIGINS, 25_000, () => `evictions (${evicted})`);
     const text = await b.metrics.metrics();
     const tracked = text.split("\n").filter((l) => l.startsWith("kvmesh_mesh_last_seq{")).length;
     const health = [...text.matchAll(/^kvmesh_mesh_peers\{state="\w+"\} (\d+)$/gm)].reduce((n, m) => n + Number(m[1]), 0);
@@ -208,7 +209,7 @@ describe("floods hit caps and shed, instead of growing", () => {
     a.svc.selectAndReserve({ token_ids: tokens(2, 1), selection_id: "after-flood" });
     await waitFor(() => b.svc.hasReservation("after-flood"), 5_000, "A's booking on B after the flood");
     expect(b.mesh.listPeers().find((p) => p.endpoint === a.endpoint)?.sync).toBe("live");
-  });
+  }, 45_000);
 
   it("forged heartbeats naming a control endpoint that never answers do not exhaust ZeroMQ's sockets", async () => {
     // Regression: every tracked origin had a snapshot request (a DEALER for up to 2 s) in flight,
