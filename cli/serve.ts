@@ -3,7 +3,7 @@
  * resolveDaemonConfig (src/config.ts checks it) -> startDaemon, with JSON logs on stdout and a
  * clean shutdown on SIGINT/SIGTERM. This file adds only flag names, env variables and help text.
  */
-import { Command, InvalidArgumentError, Option } from "commander";
+import { Command, Help, InvalidArgumentError, Option } from "commander";
 import { pino, type DestinationStream, type Logger } from "pino";
 import {
   DEFAULT_DAEMON_CONFIG,
@@ -89,6 +89,80 @@ const SELECTOR_BOOLEAN_FLAGS = [
 
 /** Env names a user might guess from the `--no-x` spelling; the positive `KVMESH_X=false` is the one read. */
 const NEGATED_ENV_HINTS = ["--kv-events", "--replica-tie-spread", ...SELECTOR_BOOLEAN_FLAGS.map(([flag]) => flag)];
+
+/**
+ * The reference's own environment names, read as aliases of ours (`KVMESH_*` wins when both are
+ * set; a flag beats both). Only names the reference actually reads:
+ * - the scheduling knobs: `kv_router_config_from_lookup` in `lib/kv-router/src/scheduling/config.rs`
+ *   (ai-dynamo/dynamo), which `python -m dynamo.select_service` and the Python `SelectionService`
+ *   call through `try_kv_router_config_from_dynamo_env` (`lib/bindings/python/rust/llm/kv.rs`).
+ *   `DYN_USE_KV_EVENTS` is its older spelling, read after `DYN_ROUTER_USE_KV_EVENTS`.
+ * - the expiry guard: `active_request_expiry_duration` in `lib/kv-router/src/sequences/multi_worker.rs`.
+ * - session affinity: `--router-session-affinity-ttl-secs` / `--router-session-affinity-mode` in
+ *   `components/src/dynamo/common/configuration/groups/router_args.py` (the KV router frontend).
+ * The select service's port and replica-sync settings are flags only there, so they have no alias.
+ */
+export const REFERENCE_ENV_ALIASES: ReadonlyMap<string, readonly string[]> = new Map<string, readonly string[]>([
+  ["--overlap-score-credit", ["DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT"]],
+  ["--overlap-score-credit-decay", ["DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY"]],
+  ["--prefill-load-scale", ["DYN_ROUTER_PREFILL_LOAD_SCALE"]],
+  ["--router-temperature", ["DYN_ROUTER_TEMPERATURE"]],
+  ["--decode-active-request-weight", ["DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT"]],
+  ["--host-cache-hit-weight", ["DYN_ROUTER_HOST_CACHE_HIT_WEIGHT"]],
+  ["--disk-cache-hit-weight", ["DYN_ROUTER_DISK_CACHE_HIT_WEIGHT"]],
+  ["--router-track-prefill-tokens", ["DYN_ROUTER_TRACK_PREFILL_TOKENS"]],
+  ["--router-assume-kv-reuse", ["DYN_ROUTER_ASSUME_KV_REUSE"]],
+  ["--kv-events", ["DYN_ROUTER_USE_KV_EVENTS", "DYN_USE_KV_EVENTS"]],
+  ["--active-request-expiry-secs", ["DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS"]],
+  ["--session-affinity-ttl-secs", ["DYN_ROUTER_SESSION_AFFINITY_TTL_SECS"]],
+  ["--session-affinity-mode", ["DYN_ROUTER_SESSION_AFFINITY_MODE"]],
+]);
+
+/** Per parsed `serve` command: option attribute -> the alias its value came from. */
+const aliasSources = new WeakMap<Command, Map<string, string>>();
+
+/**
+ * After commander has read flags and `KVMESH_*`: an option still unset (or at its default) takes
+ * the first reference alias present, through the option's own parser, so a bad value is a usage
+ * error naming the alias. Returns one warning per option with more than one of its variables set.
+ */
+function applyEnvAliases(cmd: Command): string[] {
+  const used = new Map<string, string>();
+  aliasSources.set(cmd, used);
+  const warnings: string[] = [];
+  for (const option of cmd.options) {
+    const aliases = option.long === undefined || option.negate ? undefined : REFERENCE_ENV_ALIASES.get(option.long);
+    if (aliases === undefined || option.envVar === undefined) continue;
+    const attribute = option.attributeName();
+    const source = cmd.getOptionValueSource(attribute);
+    if (source === "cli") continue;
+    const set = [option.envVar, ...aliases].filter((name) => process.env[name] !== undefined);
+    if (set.length > 1) warnings.push(`${set.join(" and ")} are set; ${set[0] ?? ""} wins`);
+    const alias = set[0];
+    if (alias === undefined || alias === option.envVar) continue;
+    const raw = process.env[alias] ?? "";
+    let value: unknown = raw;
+    if (option.parseArg !== undefined) {
+      try {
+        value = option.parseArg(raw, cmd.getOptionValue(attribute) as unknown);
+      } catch (err) {
+        if (!(err instanceof InvalidArgumentError)) throw err;
+        cmd.error(`error: option '${option.flags}' value '${raw}' from env '${alias}' is invalid. ${err.message}`, { exitCode: 1, code: "commander.invalidArgument" });
+      }
+    }
+    cmd.setOptionValueWithSource(attribute, value, "env");
+    used.set(attribute, alias);
+  }
+  return warnings;
+}
+
+/** `(env: KVMESH_X)` in `serve --help` also names the reference's variables for X. */
+function optionDescriptionWithAliases(this: Help, option: Option): string {
+  const text = Help.prototype.optionDescription.call(this, option);
+  const aliases = option.long === undefined || option.negate ? undefined : REFERENCE_ENV_ALIASES.get(option.long);
+  if (aliases === undefined || option.envVar === undefined) return text;
+  return text.replace(`env: ${option.envVar}`, `env: ${option.envVar}, or Dynamo's ${aliases.join(" or ")}`);
+}
 
 function attributeOf(flag: string): string {
   return flag.replace(/^--/, "").replace(/-([a-z])/g, (_, c: string) => c.toUpperCase());
@@ -190,15 +264,23 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     );
   addServeSecurityOptions(cmd);
 
+  cmd.configureHelp({ ...cmd.configureHelp(), optionDescription: optionDescriptionWithAliases });
+
+  let envWarnings: string[] = [];
   cmd.hook("preAction", (thisCommand) => {
     for (const flag of NEGATED_ENV_HINTS) {
       const wrong = envNameFor(`--no-${flag.slice(2)}`);
       if (wrong in process.env) thisCommand.error(`error: ${wrong} is not read; set ${envNameFor(flag)}=false instead`);
     }
+    envWarnings = applyEnvAliases(thisCommand);
   });
   cmd.action(async function (this: Command) {
     const name = fieldNamer(this);
     const input = serveInputFromOptions(this.opts());
+    if (envWarnings.length > 0) {
+      const logger = createLogger(input.logLevel ?? DEFAULT_DAEMON_CONFIG.logLevel, deps.logDestination);
+      for (const warning of envWarnings) logger.warn({ subsystem: "config" }, warning);
+    }
     let config: ResolvedDaemonConfig;
     try {
       config = resolveDaemonConfig(input, {
@@ -218,7 +300,8 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
 
 /**
  * How `serve`'s messages name a config field: by the flag that sets it, with the environment
- * variable when the value came from there (`--peers (from KVMESH_PEERS)`); a field no flag sets
+ * variable when the value came from there (`--peers (from KVMESH_PEERS)`, or the reference's name
+ * when it came from an alias); a field no flag sets
  * keeps its own name.
  */
 export function fieldNamer(serve: Command): (field: ConfigField) => string {
@@ -227,7 +310,9 @@ export function fieldNamer(serve: Command): (field: ConfigField) => string {
   return (field) => {
     const flag = flags.get(field);
     if (flag === undefined) return field;
-    return serve.getOptionValueSource(attributeOf(flag)) === "env" ? `${flag} (from ${envNameFor(flag)})` : flag;
+    const attribute = attributeOf(flag);
+    if (serve.getOptionValueSource(attribute) !== "env") return flag;
+    return `${flag} (from ${aliasSources.get(serve)?.get(attribute) ?? envNameFor(flag)})`;
   };
 }
 

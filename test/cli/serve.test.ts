@@ -52,6 +52,7 @@ interface Harness {
   readonly err: () => string;
   /** Resolves with commander's exit code for usage errors, or undefined once the action returned. */
   readonly run: (...args: string[]) => Promise<number | undefined>;
+  readonly program: Command;
 }
 
 function harness(daemon: FakeDaemon | Error = fakeDaemon(), overrides: Partial<CliDeps> = {}): Harness {
@@ -81,6 +82,7 @@ function harness(daemon: FakeDaemon | Error = fakeDaemon(), overrides: Partial<C
   for (const c of all(program)) c.exitOverride();
   return {
     ...h,
+    program,
     err: () => h.errText.join(""),
     run: async (...args) => {
       try {
@@ -253,6 +255,107 @@ describe("kvmesh serve: usage errors", () => {
     expect(await h.run("serve")).toBe(1);
     expect(h.err()).toContain("KVMESH_NO_KV_EVENTS is not read; set KVMESH_KV_EVENTS=false instead");
     expect(h.configs).toEqual([]);
+  });
+});
+
+// The reference's environment names, read as aliases of ours. Sources (ai-dynamo/dynamo):
+// DYN_ROUTER_* scheduling knobs and DYN_USE_KV_EVENTS: `kv_router_config_from_lookup`,
+// lib/kv-router/src/scheduling/config.rs (read by dynamo.select_service through
+// try_kv_router_config_from_dynamo_env, lib/bindings/python/rust/llm/kv.rs);
+// DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS: lib/kv-router/src/sequences/multi_worker.rs;
+// DYN_ROUTER_SESSION_AFFINITY_TTL_SECS / _MODE: components/src/dynamo/common/configuration/groups/router_args.py.
+// Precedence (ours over the alias, a flag over both) and the usage error are kvmesh's rules.
+const REFERENCE_ENV: readonly [string, string][] = [
+  ["DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", "0.5"],
+  ["DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY", "0.1"],
+  ["DYN_ROUTER_PREFILL_LOAD_SCALE", "2"],
+  ["DYN_ROUTER_TEMPERATURE", "0.25"],
+  ["DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT", "3"],
+  ["DYN_ROUTER_HOST_CACHE_HIT_WEIGHT", "0.6"],
+  ["DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", "0.2"],
+  ["DYN_ROUTER_TRACK_PREFILL_TOKENS", "false"],
+  ["DYN_ROUTER_ASSUME_KV_REUSE", "false"],
+  ["DYN_ROUTER_USE_KV_EVENTS", "false"],
+  ["DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS", "60"],
+  ["DYN_ROUTER_SESSION_AFFINITY_TTL_SECS", "600"],
+  ["DYN_ROUTER_SESSION_AFFINITY_MODE", "soft"],
+];
+
+describe("kvmesh serve: the reference's environment names", () => {
+  it("reads each reference variable as an alias of its KVMESH_* one", async () => {
+    for (const [name, value] of REFERENCE_ENV) vi.stubEnv(name, value);
+    const c = await serveConfig();
+    expect(c.selector).toEqual(ALL_FLAGS_CONFIG.selector);
+    expect(c.kvEvents).toBe(false);
+    expect(c.activeRequestExpirySecs).toBe(60);
+    expect(c.sessionAffinityTtlSecs).toBe(600);
+    expect(c.sessionAffinityMode).toBe("soft");
+  });
+
+  it("reads DYN_USE_KV_EVENTS, the reference's older name, after DYN_ROUTER_USE_KV_EVENTS", async () => {
+    vi.stubEnv("DYN_USE_KV_EVENTS", "false");
+    expect((await serveConfig()).kvEvents).toBe(false);
+    vi.stubEnv("DYN_ROUTER_USE_KV_EVENTS", "true");
+    expect((await serveConfig()).kvEvents).toBe(true);
+  });
+
+  it("lets KVMESH_* win over the alias, with one warning, and a flag win over both", async () => {
+    vi.stubEnv("DYN_ROUTER_TEMPERATURE", "1");
+    vi.stubEnv("KVMESH_ROUTER_TEMPERATURE", "0.5");
+    vi.stubEnv("DYN_ROUTER_SESSION_AFFINITY_MODE", "soft");
+    const h = harness();
+    const done = h.run("serve");
+    await waitFor(() => h.signals.listeners() === 2 || h.err() !== "", 5_000, "serve to start");
+    h.signals.send("SIGTERM");
+    await done;
+    expect(h.configs[0]?.selector.temperature).toBe(0.5);
+    expect(h.configs[0]?.sessionAffinityMode).toBe("soft");
+    const warnings = h.logs.filter((l) => l.level === 40 && l.subsystem === "config").map((l) => l.msg);
+    expect(warnings).toEqual(["KVMESH_ROUTER_TEMPERATURE and DYN_ROUTER_TEMPERATURE are set; KVMESH_ROUTER_TEMPERATURE wins"]);
+
+    vi.stubEnv("DYN_ROUTER_ASSUME_KV_REUSE", "true");
+    const c = await serveConfig("--router-temperature", "2", "--session-affinity-mode", "hard", "--no-router-assume-kv-reuse");
+    expect(c.selector.temperature).toBe(2);
+    expect(c.selector.assumeKvReuse).toBe(false);
+    expect(c.sessionAffinityMode).toBe("hard");
+  });
+
+  it("rejects a bad alias value naming the alias variable", async () => {
+    const cases: readonly [string, string, string][] = [
+      ["DYN_ROUTER_TEMPERATURE", "hot", "error: option '--router-temperature <n>' value 'hot' from env 'DYN_ROUTER_TEMPERATURE' is invalid. must be a finite number >= 0"],
+      ["DYN_ROUTER_SESSION_AFFINITY_MODE", "medium", "error: option '--session-affinity-mode <mode>' value 'medium' from env 'DYN_ROUTER_SESSION_AFFINITY_MODE' is invalid. Allowed choices are hard, soft."],
+      ["DYN_ROUTER_ASSUME_KV_REUSE", "maybe", "error: option '--router-assume-kv-reuse [bool]' value 'maybe' from env 'DYN_ROUTER_ASSUME_KV_REUSE' is invalid. must be true or false"],
+      ["DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS", "0", "error: option '--active-request-expiry-secs <secs>' value '0' from env 'DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS' is invalid."],
+    ];
+    for (const [name, value, message] of cases) {
+      vi.unstubAllEnvs();
+      vi.stubEnv(name, value);
+      const h = harness();
+      expect(await h.run("serve"), name).toBe(1);
+      expect(h.err()).toContain(message);
+      expect(h.configs).toEqual([]);
+    }
+  });
+
+  it("names the alias when a config error points at a value that came from it", async () => {
+    vi.stubEnv("DYN_ROUTER_SESSION_AFFINITY_TTL_SECS", "60");
+    vi.stubEnv("KVMESH_ACTIVE_REQUEST_EXPIRY_SECS", "60");
+    const h = harness(new Error("no daemon in this test"));
+    await h.run("serve", "--router-temperature", "1");
+    const serve = h.program.commands.find((c) => c.name() === "serve");
+    if (serve === undefined) throw new Error("no serve command");
+    const name = fieldNamer(serve);
+    expect(name("sessionAffinityTtlSecs")).toBe("--session-affinity-ttl-secs (from DYN_ROUTER_SESSION_AFFINITY_TTL_SECS)");
+    expect(name("activeRequestExpirySecs")).toBe("--active-request-expiry-secs (from KVMESH_ACTIVE_REQUEST_EXPIRY_SECS)");
+    expect(name("selector.temperature")).toBe("--router-temperature");
+  });
+
+  it("lists each alias beside its KVMESH_* variable in serve --help", () => {
+    const serve = buildCli().commands.find((c) => c.name() === "serve");
+    const help = (serve?.helpInformation() ?? "").replace(/\s+/g, " ");
+    expect(help).toContain("(env: KVMESH_ROUTER_TEMPERATURE, or Dynamo's DYN_ROUTER_TEMPERATURE)");
+    expect(help).toContain("env: KVMESH_KV_EVENTS, or Dynamo's DYN_ROUTER_USE_KV_EVENTS or DYN_USE_KV_EVENTS)");
+    for (const [name] of REFERENCE_ENV) expect(help).toContain(name);
   });
 });
 
