@@ -208,6 +208,14 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     )
     .addOption(
       withEnv(new Option("--session-affinity-mode <mode>", "hard: reject a session's request to another worker; soft: prefer its worker").choices(["hard", "soft"]).default(d.sessionAffinityMode)),
+    )
+    .addOption(
+      valueOption(
+        "--binding-refresh-coalesce-ms <ms>",
+        "do not publish a session binding's refresh within this long of its last publication (0 = publish every refresh; capped at the affinity TTL / 8)",
+        integerInRange(0, MAX_AFFINITY_TTL_SECS * 1000),
+        d.bindingRefreshCoalesceMs,
+      ),
     );
   // No commander defaults for the selector: the partial config holds only what the operator set
   // and the daemon fills in the rest; the help text still shows the effective default.

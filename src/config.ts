@@ -28,6 +28,14 @@ export const DEFAULT_HOST = "127.0.0.1";
 /** The reference's HTTP port, so its clients find kvmesh where they found it. */
 export const DEFAULT_HTTP_PORT = 8092;
 const MS_PER_SEC = 1_000;
+/**
+ * The daemon's binding-refresh coalescing window, ms. A continuing session's request refreshes its
+ * binding at commit and again at release, and a refresh only extends peers' idle deadline: in the
+ * mesh these were ~4 of the ~5 events per batch at 100-200 req/s (issue 13). One second drops
+ * them to about one per session per second, while a peer's copy of a binding idles out at most
+ * 1 s (and at most TTL / 8) before ours (affinity-table.ts refreshCoalesceWindowMs).
+ */
+export const DEFAULT_DAEMON_BINDING_REFRESH_COALESCE_MS = 1_000;
 
 export interface DaemonConfig {
   readonly host: string;
@@ -35,6 +43,8 @@ export interface DaemonConfig {
   readonly logLevel: LogLevel;
   readonly sessionAffinityTtlSecs?: number | undefined;
   readonly sessionAffinityMode: "hard" | "soft";
+  /** Session-binding refreshes within this many ms of the binding's last publication are not published (0 = all are); capped at the TTL / 8. */
+  readonly bindingRefreshCoalesceMs: number;
   readonly selector: Partial<SelectorConfig>;
   readonly activeRequestExpirySecs: number;
   /** Most live bookings this replica makes itself (429 beyond). */
@@ -83,6 +93,7 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   logLevel: "info",
   sessionAffinityTtlSecs: undefined,
   sessionAffinityMode: "hard",
+  bindingRefreshCoalesceMs: DEFAULT_DAEMON_BINDING_REFRESH_COALESCE_MS,
   // Only what the operator set; the core fills in DEFAULT_SELECTOR_CONFIG.
   selector: {},
   activeRequestExpirySecs: DEFAULT_ACTIVE_REQUEST_EXPIRY_MS / MS_PER_SEC,
@@ -252,6 +263,7 @@ export function serviceOptionsOf(config: DaemonConfig): SelectionServiceOptions 
     selector: config.selector,
     activeRequestExpiryMs: config.activeRequestExpirySecs * MS_PER_SEC,
     maxLocalReservations: config.maxReservations,
+    bindingRefreshCoalesceMs: config.bindingRefreshCoalesceMs,
     // Without a mesh nothing is replicated, and exact mode keeps no per-rank change record.
     loadReplication: sync === undefined ? "exact" : config.loadReplication,
     requireKvEventsEndpoint: config.kvEvents,
@@ -280,6 +292,7 @@ const CORE_FIELDS: ReadonlyMap<string, ConfigField> = new Map<string, ConfigFiel
   ["activeRequestExpiryMs", "activeRequestExpirySecs"],
   ["maxLocalReservations", "maxReservations"],
   ["loadReplication", "loadReplication"],
+  ["bindingRefreshCoalesceMs", "bindingRefreshCoalesceMs"],
   ...Object.keys(DEFAULT_SELECTOR_CONFIG).flatMap((key): [string, ConfigField][] => {
     const field = `selector.${key as keyof SelectorConfig}` as const;
     return [

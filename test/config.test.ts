@@ -82,8 +82,11 @@ describe("resolveDaemonConfig", () => {
       requireKvEventsEndpoint: true,
       selectionCache: { ttlMs: DEFAULT_PENDING_TTL_MS, maxEntries: DEFAULT_PENDING_MAX_ENTRIES },
       sessionAffinity: { ttlSecs: 60, mode: "soft" },
+      // The daemon coalesces binding refreshes by default (issue 13); the library's default is 0.
+      bindingRefreshCoalesceMs: 1_000,
     });
     expect(serviceOptionsOf(DEFAULT_DAEMON_CONFIG).replicaSync).toBeUndefined();
+    expect(serviceOptionsOf(resolveDaemonConfig({ bindingRefreshCoalesceMs: 0 })).bindingRefreshCoalesceMs).toBe(0);
   });
 
   describe("the daemon's own rules", () => {
@@ -123,6 +126,7 @@ describe("resolveDaemonConfig", () => {
       [{ sessionAffinityTtlSecs: 0 }, "sessionAffinityTtlSecs", /^sessionAffinityTtlSecs must be an integer in \[1, 31536000\]/],
       [{ maxReservations: 0 }, "maxReservations", /^maxReservations must be a positive integer/],
       [{ activeRequestExpirySecs: 0 }, "activeRequestExpirySecs", /^activeRequestExpirySecs must be > 0/],
+      [{ bindingRefreshCoalesceMs: -1 }, "bindingRefreshCoalesceMs", /^bindingRefreshCoalesceMs must be a non-negative integer/],
       [{ selector: { temperature: -1 } }, "selector.temperature", /selector\.temperature must be a finite number >= 0, got -1/],
       [{ selector: { trackPrefillTokens: "yes" as unknown as boolean } }, "selector.trackPrefillTokens", /selector\.trackPrefillTokens must be a boolean/],
     ];

@@ -14,6 +14,10 @@
  * Beyond the reference (DESIGN "Beyond" 4): `sweep()` re-publishes every binding that still
  * holds local leases once half a TTL has passed since it was last published, so peers keep it
  * alive while a request that outlives the idle TTL is still running here.
+ *
+ * Refresh coalescing (`refreshCoalesceMs`, issue 13): a refresh only extends idle deadlines, so a
+ * refresh of a binding published less than the coalescing window ago is not emitted (and counted
+ * through `onRefreshCoalesced`). Binds and rebinds are always emitted, and so is the keepalive.
  */
 
 import { KvmeshError, badRequest } from "./errors.js";
@@ -82,6 +86,14 @@ export interface AffinityTableOptions {
   /** First Lamport sequence this table stamps; the core passes wall-clock ns so a restarted
    * writer does not reuse sequences its peers still hold. */
   readonly initialSequence?: bigint;
+  /**
+   * Refreshes of a binding last published (bound, rebound, refreshed, kept alive, or merged from
+   * a peer) less than this long ago are not emitted; capped at TTL / 8 (see
+   * `refreshCoalesceWindowMs`). Default 0: every refresh is emitted.
+   */
+  readonly refreshCoalesceMs?: number;
+  /** Called once per refresh left unpublished by coalescing (the service counts them). */
+  readonly onRefreshCoalesced?: () => void;
 }
 
 export const DEFAULT_AFFINITY_MAX_ENTRIES = 65_536;
@@ -98,6 +110,22 @@ export const MAX_AFFINITY_SWEEP_INTERVAL_MS = 30_000;
 export const FULL_TABLE_SWEEP_MIN_INTERVAL_MS = 1_000;
 
 const U64_MAX = (1n << 64n) - 1n;
+
+/**
+ * The coalescing window a table of this TTL uses: the configured one, but at most TTL / 8.
+ *
+ * Why TTL / 8: a peer's copy of a binding idles out one TTL after the last publication it heard,
+ * ours one TTL after the last use here. A use is left unpublished only while the last publication
+ * is younger than the window W, so the peer's deadline trails ours by less than W: with W <= TTL/8
+ * a peer keeps the binding at least 7/8 of the TTL after the session's last use. At the
+ * smallest TTL (1 s) that is W = 125 ms and a peer's copy lives >= 875 ms; at the daemon's default
+ * window (1 s) any TTL of 8 s or more uses the full second, so a 300 s TTL loses at most 1 s
+ * (0.3%) on peers. Leased bindings are unaffected in the meantime: the keepalive (`sweep()`)
+ * republishes them half a TTL after their last publication, whatever coalescing suppressed.
+ */
+export function refreshCoalesceWindowMs(configuredMs: number, ttlMs: number): number {
+  return Math.max(0, Math.min(configuredMs, Math.floor(ttlMs / 8)));
+}
 
 /**
  * How often the owner should call `sweep()`. A leased binding is re-published once half a TTL
@@ -145,7 +173,10 @@ export class AffinityTable {
   readonly maxEntries: number;
   readonly maxSessionIdBytes: number;
   readonly writerId: bigint;
+  /** The effective coalescing window, ms (0 = off): `refreshCoalesceWindowMs` of the option. */
+  readonly refreshCoalesceMs: number;
   readonly #clock: Clock;
+  readonly #onRefreshCoalesced: (() => void) | undefined;
   readonly #entries = new Map<string, Entry>();
   readonly #listeners: BindingListener[] = [];
   #nextSequence: bigint;
@@ -172,6 +203,10 @@ export class AffinityTable {
       throw badRequest(`max session id bytes must be a positive integer (got ${maxSessionIdBytes})`, "max_session_id_bytes");
     }
     if (!isU64(options.writerId)) throw badRequest("writer id must be a u64", "writer_id");
+    const refreshCoalesceMs = options.refreshCoalesceMs ?? 0;
+    if (!Number.isSafeInteger(refreshCoalesceMs) || refreshCoalesceMs < 0) {
+      throw badRequest(`binding refresh coalescing window must be a non-negative integer of ms (got ${refreshCoalesceMs})`, "bindingRefreshCoalesceMs");
+    }
     const initialSequence = options.initialSequence ?? DEFAULT_INITIAL_SEQUENCE;
     if (!isU64(initialSequence)) throw badRequest("initial sequence must be a u64", "initial_sequence");
     this.ttlMs = ttlMs;
@@ -181,6 +216,8 @@ export class AffinityTable {
     this.writerId = options.writerId;
     this.#clock = options.clock;
     this.#nextSequence = initialSequence;
+    this.refreshCoalesceMs = refreshCoalesceWindowMs(refreshCoalesceMs, ttlMs);
+    this.#onRefreshCoalesced = options.onRefreshCoalesced;
   }
 
   /** Entries stored, including idle-expired ones the next sweep will remove. */
@@ -248,8 +285,7 @@ export class AffinityTable {
     if (matches) {
       entry.leases++;
       entry.idleDeadlineMs = now + this.ttlMs;
-      entry.lastPublishedMs = now;
-      this.#emit(sessionId, entry, "refresh");
+      this.#refresh(sessionId, entry, now);
       return { kind: "refreshed", lease: new LeaseToken(sessionId, entry.version, entry) };
     }
 
@@ -285,8 +321,17 @@ export class AffinityTable {
     if (compareVersions(entry.version, lease.version) !== 0) return;
     const now = this.#clock.now();
     entry.idleDeadlineMs = now + this.ttlMs;
+    this.#refresh(lease.sessionId, entry, now);
+  }
+
+  /** A local use of an existing binding: published, unless it was published within the window. */
+  #refresh(sessionId: string, entry: Entry, now: number): void {
+    if (this.refreshCoalesceMs > 0 && now - entry.lastPublishedMs < this.refreshCoalesceMs) {
+      this.#onRefreshCoalesced?.();
+      return;
+    }
     entry.lastPublishedMs = now;
-    this.#emit(lease.sessionId, entry, "refresh");
+    this.#emit(sessionId, entry, "refresh");
   }
 
   /** Removes every binding to a departed worker. */

@@ -40,6 +40,8 @@ export interface SessionBindingsOptions {
   readonly wallClockNs: WallClockNs;
   /** Undefined: session affinity is off (no tables, peers' bindings are ignored). */
   readonly affinity: ResolvedAffinityOptions | undefined;
+  /** Refresh coalescing window, ms (0 = off); each table caps it at its TTL / 8. */
+  readonly refreshCoalesceMs: number;
   readonly writerId: bigint;
   readonly hostReplication: boolean;
   readonly counters: ServiceCounters;
@@ -99,6 +101,10 @@ export class SessionBindings {
       writerId: this.#o.writerId,
       clock: this.#o.clock,
       initialSequence: this.#initialSequence(),
+      refreshCoalesceMs: this.#o.refreshCoalesceMs,
+      onRefreshCoalesced: () => {
+        this.#o.counters.bindingRefreshesCoalesced++;
+      },
     });
     table.onBinding((b, reason) => {
       this.#observe(b.version.sequence);

@@ -115,6 +115,7 @@ export class SelectionService {
       clock: o.clock,
       wallClockNs: o.wallClockNs,
       affinity: o.affinity,
+      refreshCoalesceMs: o.bindingRefreshCoalesceMs,
       writerId: o.writerId,
       hostReplication: o.hostReplication,
       counters,

@@ -82,6 +82,15 @@ export interface SelectionServiceOptions {
   /** Most live bookings this replica makes itself (429 beyond); see DEFAULT_MAX_LOCAL_RESERVATIONS. */
   readonly maxLocalReservations?: number;
   readonly sessionAffinity?: SessionAffinityOptions;
+  /**
+   * Coalescing window of session-binding refreshes, ms: a refresh (a continuing session's request
+   * committed or released) of a binding published less than this long ago is not published to
+   * the mesh or host streams, only counted (`bindingRefreshesCoalesced`). Capped at the affinity
+   * TTL / 8 (affinity-table.ts `refreshCoalesceWindowMs` says why). Binds, rebinds and keepalives
+   * are always published. Default 0: every refresh is published; the daemon's default is its own
+   * (src/config.ts).
+   */
+  readonly bindingRefreshCoalesceMs?: number;
   readonly selectionCache?: { readonly ttlMs?: number; readonly maxEntries?: number; readonly maxBytes?: number };
   /** Daemon mode: a rank without a KV-events endpoint cannot be scheduled. */
   readonly requireKvEventsEndpoint?: boolean;
@@ -109,6 +118,7 @@ export interface ServiceSettings {
   readonly loadReplication: LoadReplication;
   readonly maxLocalReservations: number;
   readonly affinity: ResolvedAffinityOptions | undefined;
+  readonly bindingRefreshCoalesceMs: number;
   readonly wallClockNs: WallClockNs;
   readonly selectionCache: NonNullable<SelectionServiceOptions["selectionCache"]>;
   readonly requireKvEventsEndpoint: boolean;
@@ -129,6 +139,10 @@ export function resolveServiceOptions(options: SelectionServiceOptions = {}): Se
   if (!LOAD_REPLICATION_MODES.includes(loadReplication)) throw badRequest(`loadReplication must be one of ${LOAD_REPLICATION_MODES.join(", ")}`, "loadReplication");
   const maxLocalReservations = options.maxLocalReservations ?? DEFAULT_MAX_LOCAL_RESERVATIONS;
   if (!Number.isSafeInteger(maxLocalReservations) || maxLocalReservations < 1) throw badRequest("maxLocalReservations must be a positive integer", "maxLocalReservations");
+  const bindingRefreshCoalesceMs = options.bindingRefreshCoalesceMs ?? 0;
+  if (!Number.isSafeInteger(bindingRefreshCoalesceMs) || bindingRefreshCoalesceMs < 0) {
+    throw badRequest("bindingRefreshCoalesceMs must be a non-negative integer (ms)", "bindingRefreshCoalesceMs");
+  }
   return {
     clock: options.clock ?? systemClock,
     random,
@@ -141,6 +155,7 @@ export function resolveServiceOptions(options: SelectionServiceOptions = {}): Se
     loadReplication,
     maxLocalReservations,
     affinity: resolveAffinity(options.sessionAffinity),
+    bindingRefreshCoalesceMs,
     wallClockNs: options.wallClockNs ?? systemWallClockNs,
     selectionCache: options.selectionCache ?? {},
     requireKvEventsEndpoint: options.requireKvEventsEndpoint ?? false,

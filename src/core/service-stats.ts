@@ -28,6 +28,8 @@ export interface ServiceStats {
   readonly parkedBindingsShed: number;
   /** Bindings this service committed, rebound or refreshed (what the mesh or a host stream carries). */
   readonly bindingsPublished: number;
+  /** Binding refreshes not published because the binding was published within the coalescing window. */
+  readonly bindingRefreshesCoalesced: number;
   /** Bindings shed by full `sessionBindingUpdates()` queues, all subscriptions together. */
   readonly droppedBindings: number;
   /** Bookings refused (429) because this replica held maxLocalReservations already. */
@@ -53,6 +55,7 @@ export class ServiceCounters implements Mutable<ServiceStats> {
   parkedBindingsExpired = 0;
   parkedBindingsShed = 0;
   bindingsPublished = 0;
+  bindingRefreshesCoalesced = 0;
   droppedBindings = 0;
   reservationsRefused = 0;
 

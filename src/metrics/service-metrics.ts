@@ -30,6 +30,11 @@ const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: keyof 
   ["kvmesh_parked_bindings_expired_total", "Parked bindings dropped after their TTL without the worker appearing.", "parkedBindingsExpired"],
   ["kvmesh_parked_bindings_shed_total", "Parked bindings shed because the parking table was full.", "parkedBindingsShed"],
   ["kvmesh_session_bindings_published_total", "Session bindings this replica committed, rebound or refreshed.", "bindingsPublished"],
+  [
+    "kvmesh_session_bindings_refreshes_coalesced_total",
+    "Session binding refreshes not published because the binding was published within the coalescing window (--binding-refresh-coalesce-ms).",
+    "bindingRefreshesCoalesced",
+  ],
   ["kvmesh_session_bindings_dropped_total", "Bindings shed by full sessionBindingUpdates() queues (host replication; repaired by a snapshot).", "droppedBindings"],
 ];
 

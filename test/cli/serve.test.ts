@@ -115,6 +115,7 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--log-level", "debug"],
   ["--session-affinity-ttl-secs", "600"],
   ["--session-affinity-mode", "soft"],
+  ["--binding-refresh-coalesce-ms", "250"],
   ["--overlap-score-credit", "0.5"],
   ["--overlap-score-credit-decay", "0.1"],
   ["--prefill-load-scale", "2"],
@@ -145,6 +146,7 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
   logLevel: "debug",
   sessionAffinityTtlSecs: 600,
   sessionAffinityMode: "soft",
+  bindingRefreshCoalesceMs: 250,
   selector: {
     overlapScoreCredit: 0.5,
     overlapScoreCreditDecay: 0.1,
@@ -226,6 +228,7 @@ describe("kvmesh serve: usage errors", () => {
     [["--port", ""], "error: option '--port <port>' argument '' is invalid."],
     [["--session-affinity-mode", "medium"], "error: option '--session-affinity-mode <mode>' argument 'medium' is invalid. Allowed choices are hard, soft."],
     [["--session-affinity-ttl-secs", "0"], "error: option '--session-affinity-ttl-secs <secs>' argument '0' is invalid. must be an integer in [1, 31536000]"],
+    [["--binding-refresh-coalesce-ms", "-1"], "error: option '--binding-refresh-coalesce-ms <ms>' argument '-1' is invalid. must be an integer in [0, 31536000000]"],
     [["--router-temperature", "-1"], "error: option '--router-temperature <n>' argument '-1' is invalid. must be a finite number >= 0"],
     [["--overlap-score-credit", "Infinity"], "error: option '--overlap-score-credit <n>' argument 'Infinity' is invalid."],
     [["--log-level", "verbose"], "error: option '--log-level <level>' argument 'verbose' is invalid."],

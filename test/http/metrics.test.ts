@@ -116,6 +116,26 @@ describe("GET /metrics", () => {
     expect([...listed].filter((n) => !served.has(n)).sort()).toEqual([]);
   });
 
+  it("counts coalesced binding refreshes: the daemon's --binding-refresh-coalesce-ms (1,000 ms by default) reaches the service", async () => {
+    // kvmesh's own rule (README "The replica mesh", Refresh coalescing; issue 13). Before it, all
+    // four uses of the session were published and the counter family did not exist.
+    const session = async (d: Daemon): Promise<string> => {
+      expect((await call(d, "POST", "/workers", { worker_id: 1, endpoint: "http://w1", block_size: BS })).status).toBe(201);
+      for (const id of ["r1", "r2"]) {
+        expect((await call(d, "POST", "/select_and_reserve", { token_ids: tokens(2, 1), selection_id: id, session_id: "s1" })).status).toBe(200);
+        expect((await call(d, "DELETE", `/reservations/${id}`)).status).toBeLessThan(300);
+      }
+      return scrape(d);
+    };
+    // bind, then 3 refreshes (free, commit, free) well within one second: only the bind is published.
+    const coalescing = await session(await daemon({ kvEvents: false, sessionAffinityTtlSecs: 600 }));
+    expect(coalescing).toMatch(/^kvmesh_session_bindings_published_total 1$/m);
+    expect(coalescing).toMatch(/^kvmesh_session_bindings_refreshes_coalesced_total 3$/m);
+    const publishing = await session(await daemon({ kvEvents: false, sessionAffinityTtlSecs: 600, bindingRefreshCoalesceMs: 0 }));
+    expect(publishing).toMatch(/^kvmesh_session_bindings_published_total 4$/m);
+    expect(publishing).toMatch(/^kvmesh_session_bindings_refreshes_coalesced_total 0$/m);
+  });
+
   it.skipIf(!hasPromtool)("passes `promtool check metrics` (mesh with CURVE, host replication, KV ingest)", async () => {
     const { meshed, host } = await everyFamily();
     for (const text of [meshed, host]) {
