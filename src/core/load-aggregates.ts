@@ -53,6 +53,8 @@ export class LoadAggregation {
   readonly #scratch: number[] = [];
   /** Peers' live bookings by id, and each peer's ids (for snapshots and departures). */
   readonly #bookings = new Map<string, MirroredBooking>();
+  /** Origins known only from other replicas' snapshots (adopted), not heard from directly. */
+  readonly #indirect = new Set<bigint>();
   readonly #idsByOrigin = new Map<bigint, Set<string>>();
 
   constructor(options: LoadAggregatesOptions) {
@@ -190,13 +192,19 @@ export class LoadAggregation {
 
   /**
    * Installs what a snapshot's sender mirrors of other origins, for each one this replica has
-   * heard nothing from (its own view of an origin it hears wins). Returns the origins adopted.
+   * not heard from itself (its own view of an origin it hears wins). An origin known only this
+   * way is adopted again from later snapshots: the first may have come before this replica's
+   * workers registered (its rows then had nowhere to go), and a worker registration pulls fresh
+   * snapshots for exactly that. Returns the origins adopted.
    */
   adopt(self: bigint, sender: bigint, mirrored: readonly OriginAggregates[]): number {
     let adopted = 0;
     for (const m of mirrored) {
-      if (m.origin === self || m.origin === sender || this.#heardAt.has(m.origin) || this.#idsByOrigin.has(m.origin)) continue;
-      this.replaceOrigin(m.origin, m.aggregates);
+      if (m.origin === self || m.origin === sender) continue;
+      const direct = (this.#heardAt.has(m.origin) || this.#idsByOrigin.has(m.origin)) && !this.#indirect.has(m.origin);
+      if (direct) continue;
+      this.#install(m.origin, m.aggregates);
+      this.#indirect.add(m.origin);
       adopted++;
     }
     return adopted;
@@ -225,11 +233,17 @@ export class LoadAggregation {
     }
     counters.replicaEventsApplied += applied;
     this.#heardAt.set(origin, this.#o.clock.now());
+    this.#indirect.delete(origin);
     return applied;
   }
 
-  /** Installs a peer's snapshot: its totals replace what is mirrored of it, partition by partition. */
+  /** Installs a peer's own snapshot: its totals replace what is mirrored of it, partition by partition. */
   replaceOrigin(origin: bigint, snapshot: readonly LoadAggregates[]): number {
+    this.#indirect.delete(origin);
+    return this.#install(origin, snapshot);
+  }
+
+  #install(origin: bigint, snapshot: readonly LoadAggregates[]): number {
     this.#dropIds(origin);
     for (const a of snapshot) this.#indexIds(origin, a);
     const byPartition = new Map<Partition, [number, { prefillTokens: number; blocks: number; requests: number }][]>();
@@ -257,6 +271,7 @@ export class LoadAggregation {
     let requests = 0;
     for (const p of this.#o.fleet.partitions()) requests += p.mirrored.dropOrigin(origin);
     this.#heardAt.delete(origin);
+    this.#indirect.delete(origin);
     this.#dropIds(origin);
     return requests;
   }

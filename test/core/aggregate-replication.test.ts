@@ -165,6 +165,31 @@ describe("aggregate load replication", () => {
     expect(() => { b.freeReservation("r1"); }).toThrow(/not found/);
   });
 
+  it("adopts a dead peer's totals from a survivor's snapshot, again once its workers register, never over its own view", () => {
+    const { services, deliver, clock } = mesh(2, [1, 2]);
+    const [a, b] = services as [SelectionService, SelectionService];
+    a.selectAndReserve({ token_ids: tokens(4, 1), selection_id: "a1" });
+    deliver();
+    // A dies. C starts with no workers yet and pulls B's snapshot: A's rows have nowhere to go.
+    const c = new SelectionService({ clock, random: seededRandom(9), replicaId: 3n, wallClockNs: () => 5_000n, loadReplication: "aggregate" });
+    c.replaceOriginAggregates(b.replicaId, b.loadAggregatesSnapshot());
+    expect(c.adoptMirroredAggregates(b.replicaId, b.mirroredAggregatesSnapshot())).toBe(1);
+    for (const id of [1, 2]) c.upsertWorker(worker(id));
+    expect(totalRequests(c)).toBe(0);
+    // Its workers registered: the fresh pull adopts A's totals again, now with somewhere to go.
+    expect(c.adoptMirroredAggregates(b.replicaId, b.mirroredAggregatesSnapshot())).toBe(1);
+    expect(loadsOf(c)).toEqual(loadsOf(b));
+    expect(c.hasReservation("a1")).toBe(true);
+    // An origin C hears itself is never overwritten by another replica's view of it.
+    expect(c.adoptMirroredAggregates(a.replicaId, b.mirroredAggregatesSnapshot())).toBe(0);
+    const fresh = a.takeLoadAggregates();
+    expect(fresh).toEqual([]);
+    a.selectAndReserve({ token_ids: tokens(2, 2), selection_id: "a2" });
+    for (const x of a.takeLoadAggregates()) c.applyLoadAggregates(a.replicaId, x);
+    expect(c.adoptMirroredAggregates(b.replicaId, b.mirroredAggregatesSnapshot())).toBe(0);
+    expect(c.countOwnedBy(a.replicaId)).toBe(2);
+  });
+
   it("a worker that leaves is published as zero, and peers' totals on it go", () => {
     const { services, deliver } = mesh(2, [1]);
     const [a, b] = services as [SelectionService, SelectionService];
