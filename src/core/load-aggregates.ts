@@ -8,7 +8,7 @@
  * exactly what this replica contributes to the fleet's load.
  */
 import type { Clock } from "./clock.js";
-import type { Partition } from "./partition.js";
+import { aggregateRow, partitionRef, type Partition } from "./partition.js";
 import type { AddedBooking, LoadAggregateRow, LoadAggregates, OriginAggregates, PartitionRef } from "./replica-events.js";
 import type { ServiceCounters } from "./service-stats.js";
 import { partitionKey } from "./worker-catalog.js";
@@ -75,7 +75,7 @@ export class LoadAggregation {
     if (pub === undefined || last === undefined) return;
     pub.requests.delete(rank);
     this.#publishedRequests -= last;
-    pub.gone.push({ worker_id: p.ranks.workerOf(rank), dp_rank: p.ranks.dpRankOf(rank), prefill_tokens: 0, blocks: 0, requests: 0 });
+    pub.gone.push(aggregateRow(p, rank, 0, 0, 0));
   }
 
   /** This replica booked `id` in `p`. */
@@ -108,12 +108,10 @@ export class LoadAggregation {
       for (const rank of [...ranks, ...pub.decaying]) {
         if (seen.has(rank)) continue;
         seen.add(rank);
-        const workerId = p.ranks.workerOf(rank);
-        const dpRank = p.ranks.dpRankOf(rank);
         // A rank key released (and maybe reused) since it changed: rankLeaving covered it.
-        if (p.ranks.get(workerId, dpRank) !== rank) continue;
+        if (p.ranks.get(p.ranks.workerOf(rank), p.ranks.dpRankOf(rank)) !== rank) continue;
         const requests = p.ledger.activeRequests(rank);
-        rows.push({ worker_id: workerId, dp_rank: dpRank, prefill_tokens: p.ledger.activePrefillTokens(rank), blocks: p.ledger.activeBlocks(rank), requests });
+        rows.push(aggregateRow(p, rank, p.ledger.activePrefillTokens(rank), p.ledger.activeBlocks(rank), requests));
         this.#publishedRequests += requests - (pub.requests.get(rank) ?? 0);
         if (requests === 0) pub.requests.delete(rank);
         else pub.requests.set(rank, requests);
@@ -124,7 +122,7 @@ export class LoadAggregation {
       const removed = [...pub.removed];
       pub.added.clear();
       pub.removed.clear();
-      out.push({ partition: refOf(p), block_size: p.blockSize, rows, added, removed });
+      out.push({ partition: partitionRef(p), block_size: p.blockSize, rows, added, removed });
     }
     return out;
   }
@@ -144,15 +142,9 @@ export class LoadAggregation {
   snapshot(ownIds: (p: Partition) => AddedBooking[]): LoadAggregates[] {
     const out: LoadAggregates[] = [];
     for (const p of this.#o.fleet.partitions()) {
-      const rows = p.ledger.loads().map((l) => ({
-        worker_id: p.ranks.workerOf(l.rank),
-        dp_rank: p.ranks.dpRankOf(l.rank),
-        prefill_tokens: l.activePrefillTokens,
-        blocks: l.activeBlocks,
-        requests: l.activeRequests,
-      }));
+      const rows = p.ledger.loads().map((l) => aggregateRow(p, l.rank, l.activePrefillTokens, l.activeBlocks, l.activeRequests));
       const added = ownIds(p);
-      if (rows.length > 0 || added.length > 0) out.push({ partition: refOf(p), block_size: p.blockSize, rows, added, removed: [] });
+      if (rows.length > 0 || added.length > 0) out.push({ partition: partitionRef(p), block_size: p.blockSize, rows, added, removed: [] });
     }
     return out;
   }
@@ -168,14 +160,8 @@ export class LoadAggregation {
       const aggregates: LoadAggregates[] = [];
       const ids = this.#idsByOrigin.get(origin);
       for (const p of this.#o.fleet.partitions()) {
-        const rows = p.mirrored.rowsOf(origin).map(([rank, a]) => ({
-          worker_id: p.ranks.workerOf(rank),
-          dp_rank: p.ranks.dpRankOf(rank),
-          prefill_tokens: a.prefillTokens,
-          blocks: a.blocks,
-          requests: a.requests,
-        }));
-        const ref = refOf(p);
+        const rows = p.mirrored.rowsOf(origin).map(([rank, a]) => aggregateRow(p, rank, a.prefillTokens, a.blocks, a.requests));
+        const ref = partitionRef(p);
         const added: AddedBooking[] = [];
         for (const id of ids ?? []) {
           const b = this.#bookings.get(id);
@@ -362,6 +348,3 @@ export class LoadAggregation {
   }
 }
 
-function refOf(p: Partition): PartitionRef {
-  return { model_name: p.modelName, routing_group: p.routingGroup };
-}

@@ -9,6 +9,7 @@ import { LoadLedger } from "./load-ledger.js";
 import { MirroredLoad } from "./mirrored-load.js";
 import { PrefixIndex } from "./prefix-index.js";
 import { RankRegistry } from "./rank-registry.js";
+import type { LoadAggregateRow, PartitionRef } from "./replica-events.js";
 import { createCandidateTable, type CandidateTable } from "./selector.js";
 import type { WorkerCatalogRecord, WorkerId } from "./types.js";
 import { ranksOf } from "./worker-catalog.js";
@@ -17,6 +18,16 @@ export interface PartitionMember {
   record: WorkerCatalogRecord;
   /** Rank keys of this worker's dp ranks, in dp-rank order. */
   ranks: number[];
+}
+
+/** How replica events name a partition. */
+export function partitionRef(p: Partition): PartitionRef {
+  return { model_name: p.modelName, routing_group: p.routingGroup };
+}
+
+/** One rank's totals as a load-aggregates row names it: by worker id and dp rank, not rank key. */
+export function aggregateRow(p: Partition, rank: number, prefillTokens: number, blocks: number, requests: number): LoadAggregateRow {
+  return { worker_id: p.ranks.workerOf(rank), dp_rank: p.ranks.dpRankOf(rank), prefill_tokens: prefillTokens, blocks, requests };
 }
 
 export class Partition {

@@ -13,10 +13,10 @@ import type { Clock, Random } from "./clock.js";
 import { badRequest, KvmeshError } from "./errors.js";
 import { effectivePrefillFor, type Chooser, type Selection } from "./choose.js";
 import type { Fleet } from "./fleet.js";
-import type { Partition } from "./partition.js";
+import { partitionRef, type Partition } from "./partition.js";
 import { PendingSelections } from "./pending-selections.js";
 import type { NormalizedPrompt } from "./prompt.js";
-import type { LoadAddEvent, LoadEvent, PartitionRef } from "./replica-events.js";
+import type { LoadAddEvent, LoadEvent } from "./replica-events.js";
 import { sessionIdOf, validateId } from "./request-ids.js";
 import type { ServiceCounters } from "./service-stats.js";
 import type { ReservationRequest, ReservationResponse, SelectRequest, WorkerId } from "./types.js";
@@ -67,10 +67,6 @@ export interface ReservationBookOptions {
   readonly emit: (e: LoadEvent) => void;
   /** A booking was freed here: a late Add of it from a peer must not bring it back. */
   readonly freed: (owner: bigint, selectionId: string) => void;
-}
-
-export function partitionRef(p: Partition): PartitionRef {
-  return { model_name: p.modelName, routing_group: p.routingGroup };
 }
 
 export class ReservationBook {
