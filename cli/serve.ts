@@ -88,7 +88,7 @@ const SELECTOR_BOOLEAN_FLAGS = [
 ] as const satisfies readonly (readonly [string, keyof SelectorConfig, string])[];
 
 /** Env names a user might guess from the `--no-x` spelling; the positive `KVMESH_X=false` is the one read. */
-const NEGATED_ENV_HINTS = ["--kv-events", "--replica-tie-spread", ...SELECTOR_BOOLEAN_FLAGS.map(([flag]) => flag)];
+const NEGATED_ENV_HINTS = ["--kv-events", "--replica-tie-spread", "--mesh-receive-thread", ...SELECTOR_BOOLEAN_FLAGS.map(([flag]) => flag)];
 
 /**
  * The reference's own environment names, read as aliases of ours (`KVMESH_*` wins when both are
@@ -269,7 +269,16 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     .addOption(valueOption("--mesh-flush-interval-ms <ms>", "exact load replication: minimum spacing of the mesh's outbound batches", integerInRange(0, MAX_MESH_INTERVAL_MS), d.meshFlushIntervalMs))
     .addOption(
       valueOption("--mesh-aggregate-interval-ms <ms>", "aggregate load replication: minimum spacing of the mesh's outbound batches (each carries the totals that changed)", integerInRange(0, MAX_MESH_INTERVAL_MS), d.meshAggregateIntervalMs),
+    )
+    .addOption(
+      valueOption(
+        "--mesh-apply-interval-ms <ms>",
+        "with the receive thread: how often it hands peers' updates (decoded, merged) to the main thread; 0 = after each message",
+        integerInRange(0, MAX_MESH_INTERVAL_MS),
+        d.meshApplyIntervalMs,
+      ),
     );
+  addBooleanPair(cmd, "--mesh-receive-thread", "read peers' updates on a worker thread that decodes and merges them, so the main thread pays per apply interval, not per peer message (plain mesh; CURVE meshes read on the main thread)", d.meshReceiveThread);
   addServeSecurityOptions(cmd);
 
   cmd.configureHelp({ ...cmd.configureHelp(), optionDescription: optionDescriptionWithAliases });

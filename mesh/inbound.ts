@@ -20,6 +20,7 @@ import type { ControlClient } from "./control.js";
 import { MeshWireError } from "./errors.js";
 import { MeshReceiver, type LagObserver, type OriginStats } from "./origin-tracker.js";
 import { PeerHealth, type PeerState } from "./peer-health.js";
+import type { ReceivedEntry } from "./receive-coalescer.js";
 import type { ReplicaPort } from "./replica-port.js";
 import type { TimerHandle, Timers } from "./timers.js";
 import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type Snapshot } from "./types.js";
@@ -153,19 +154,32 @@ export class MeshInbound {
     }
   }
 
-  onBatch(b: MeshBatch): void {
+  /** A receive thread's hand-over (transport.onEntries): decoded, folded, in arrival order. */
+  onEntries(entries: readonly ReceivedEntry[]): void {
+    for (const e of entries) {
+      try {
+        if (e.kind === "batch") this.onBatch(e.batch, e.lagsMs);
+        else this.onHeartbeat(e.heartbeat, e.lagMs);
+      } catch (err) {
+        this.#log.error({ err, kind: e.kind }, "mesh entry handling failed");
+      }
+    }
+  }
+
+  /** `lagsMs`: as measured by a receive thread (see MeshReceiver.onBatch); else taken now. */
+  onBatch(b: MeshBatch, lagsMs?: readonly number[]): void {
     if (b.origin === this.#o.origin) return;
     // The receiver first: an origin it refuses (table full) leaves no state here either.
-    const action = this.receiver.onBatch(b);
+    const action = this.receiver.onBatch(b, lagsMs);
     if (action.action === "refused") return;
     this.health.observe(b.origin, this.#o.clock.now());
     if (action.action === "apply") this.#apply(b);
     else if (action.action === "resync") this.#resync(b.origin, action.reason);
   }
 
-  onHeartbeat(hb: Heartbeat): void {
+  onHeartbeat(hb: Heartbeat, lagMs?: number): void {
     if (hb.origin === this.#o.origin) return;
-    const action = this.receiver.onHeartbeat(hb);
+    const action = this.receiver.onHeartbeat(hb, lagMs);
     // Refused (origin table full) or from a dead epoch (a late or replayed frame): it says
     // nothing about the origin's current process, so it changes no liveness, endpoint or peering.
     if (action.action === "refused" || action.action === "drop-stale") return;

@@ -245,10 +245,15 @@ export class OriginTracker {
     return this.#gaps;
   }
 
-  onBatch(batch: MeshBatch): BatchAction {
+  /**
+   * `lagsMs`: publish-to-receive lags measured where the batch was received (the receive thread,
+   * one per batch merged into this one); without them the lag is taken now from `sentAtMs`.
+   */
+  onBatch(batch: MeshBatch, lagsMs?: readonly number[]): BatchAction {
     this.#checkOrigin(batch.origin);
     this.#lastHeardMs = this.#o.idleClock.now();
-    this.#recordLag(batch.sentAtMs);
+    if (lagsMs === undefined) this.#recordLag(batch.sentAtMs);
+    else for (const lag of lagsMs) this.#observeLag(lag);
     if (this.#retired.includes(batch.epoch)) return this.#stale();
     this.#latestSeenEpoch = batch.epoch;
     if (this.#state === "syncing") {
@@ -263,7 +268,8 @@ export class OriginTracker {
       return this.#announce();
     }
     if (batch.seq <= this.#lastAppliedSeq) return this.#stale();
-    if (batch.seq === this.#lastAppliedSeq + 1) {
+    // A merged batch (firstSeq..seq) that overlaps what was applied re-applies the overlap, idempotently.
+    if ((batch.firstSeq ?? batch.seq) <= this.#lastAppliedSeq + 1) {
       this.#lastAppliedSeq = batch.seq;
       return APPLY;
     }
@@ -274,10 +280,12 @@ export class OriginTracker {
   }
 
   /** A heartbeat's seq is the last batch published: ahead of what was applied means a loss. */
-  onHeartbeat(hb: Heartbeat): HeartbeatAction {
+  /** `lagMs` as onBatch's `lagsMs`. */
+  onHeartbeat(hb: Heartbeat, lagMs?: number): HeartbeatAction {
     this.#checkOrigin(hb.origin);
     this.#lastHeardMs = this.#o.idleClock.now();
-    this.#recordLag(hb.sentAtMs);
+    if (lagMs === undefined) this.#recordLag(hb.sentAtMs);
+    else this.#observeLag(lagMs);
     if (this.#retired.includes(hb.epoch)) {
       this.#staleDropped++;
       return DROP_STALE;
@@ -359,7 +367,7 @@ export class OriginTracker {
         this.#staleDropped++;
       } else if (b.seq <= this.#lastAppliedSeq) {
         this.#staleDropped++;
-      } else if (b.seq === this.#lastAppliedSeq + 1 && keep.length === 0) {
+      } else if ((b.firstSeq ?? b.seq) <= this.#lastAppliedSeq + 1 && keep.length === 0) {
         replay.push(b);
         this.#lastAppliedSeq = b.seq;
       } else {
@@ -412,7 +420,10 @@ export class OriginTracker {
 
   #recordLag(sentAtMs: number): void {
     // Clock skew between hosts can make this negative; count it as no lag rather than lose it.
-    const lag = Math.max(0, this.#o.clock.now() - sentAtMs);
+    this.#observeLag(Math.max(0, this.#o.clock.now() - sentAtMs));
+  }
+
+  #observeLag(lag: number): void {
     this.#lag.add(lag);
     this.#lagObserver?.observe(this.#label, lag / MS_PER_SECOND);
   }
@@ -495,12 +506,12 @@ export class MeshReceiver {
     if (!(this.#evictIdleMs >= 0)) throw new RangeError(`evictIdleMs must be >= 0, got ${this.#evictIdleMs}`);
   }
 
-  onBatch(batch: MeshBatch): BatchAction {
-    return this.#get(batch.origin)?.onBatch(batch) ?? REFUSED;
+  onBatch(batch: MeshBatch, lagsMs?: readonly number[]): BatchAction {
+    return this.#get(batch.origin)?.onBatch(batch, lagsMs) ?? REFUSED;
   }
 
-  onHeartbeat(hb: Heartbeat): HeartbeatAction {
-    return this.#get(hb.origin)?.onHeartbeat(hb) ?? REFUSED;
+  onHeartbeat(hb: Heartbeat, lagMs?: number): HeartbeatAction {
+    return this.#get(hb.origin)?.onHeartbeat(hb, lagMs) ?? REFUSED;
   }
 
   /** See OriginTracker.onSnapshot; an origin not tracked yet (or forgotten) starts from it ([] if refused). */

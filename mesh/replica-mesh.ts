@@ -26,6 +26,7 @@ import { systemTimers, type TimerHandle, type Timers } from "./timers.js";
 import { MeshTransport } from "./transport.js";
 
 export { DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
+export { DEFAULT_MESH_APPLY_INTERVAL_MS } from "./receive-worker.js";
 export { MAX_CONCURRENT_SNAPSHOT_PULLS, WORKER_CHANGE_RESNAPSHOT_DELAY_MS } from "./inbound.js";
 export type { MeshStats } from "./mesh-metrics.js";
 export { SILENT_PEER_REDIAL_MAX_MS, SILENT_PEER_REDIAL_MS, type PeerView } from "./membership.js";
@@ -65,6 +66,11 @@ export interface ReplicaMeshOptions {
   readonly tieSpread?: boolean;
   /** The registry the mesh registers its series on (the daemon's); none registered without one. */
   readonly metrics?: Registry | undefined;
+  /**
+   * Read peers on a receive thread that hands over once per this many ms (mesh/receive-worker.ts);
+   * unset: on the main thread, per message. Ignored with `curve` (see MeshTransportOptions).
+   */
+  readonly receiveThreadApplyIntervalMs?: number | undefined;
 }
 
 export class ReplicaMesh implements MeshControl {
@@ -127,9 +133,15 @@ export class ReplicaMesh implements MeshControl {
       this.#inbound.refreshSoon();
     });
     if (o.tieSpread !== false) service.setReplicaSlot(() => this.#membership.slot());
-    transport.onMessage((topic, payload, frames) => {
-      this.#inbound.onMessage(topic, payload, frames);
-    });
+    if (transport.receivesInThread) {
+      transport.onEntries((entries) => {
+        this.#inbound.onEntries(entries);
+      });
+    } else {
+      transport.onMessage((topic, payload, frames) => {
+        this.#inbound.onMessage(topic, payload, frames);
+      });
+    }
     transport.onControl((req) => this.#control.handle(req));
     this.#publisher.start();
     this.#housekeeping = timers.setInterval(() => {
@@ -142,7 +154,12 @@ export class ReplicaMesh implements MeshControl {
   static async start(o: ReplicaMeshOptions): Promise<ReplicaMesh> {
     // Before binding: a throw after it would leave the sockets open.
     flushIntervalOf(o.flushIntervalMs, o.service.loadReplication === "aggregate");
-    const transport = await MeshTransport.bind({ publishBind: o.publishBind, logger: o.logger, ...(o.curve === undefined ? {} : { curve: o.curve }) });
+    const transport = await MeshTransport.bind({
+      publishBind: o.publishBind,
+      logger: o.logger,
+      ...(o.curve === undefined ? {} : { curve: o.curve }),
+      ...(o.receiveThreadApplyIntervalMs === undefined ? {} : { receiveThread: { applyIntervalMs: o.receiveThreadApplyIntervalMs, self: o.service.replicaId } }),
+    });
     const mesh = new ReplicaMesh(o, transport);
     for (const p of o.peers ?? []) await mesh.registerPeer(p);
     return mesh;
@@ -164,19 +181,23 @@ export class ReplicaMesh implements MeshControl {
     const p = this.#publisher.stats;
     const i = this.#inbound.stats;
     const c = this.#control.stats;
+    const r = this.#transport.receiveThreadStats;
     return {
       batchesSent: p.batchesSent,
       eventsSent: p.eventsSent,
       heartbeatsSent: p.heartbeatsSent,
       batchesApplied: i.batchesApplied,
       eventsApplied: i.eventsApplied,
-      malformed: i.malformed + c.malformed,
+      malformed: i.malformed + c.malformed + (r?.malformed ?? 0),
       snapshotsServed: c.snapshotsServed,
       snapshotsInstalled: i.snapshotsInstalled,
       snapshotFailures: i.snapshotFailures,
       divergenceResyncs: i.divergenceResyncs,
       redials: this.#membership.stats.redials,
       snapshotPullsDeferred: i.snapshotPullsDeferred,
+      receiveHandovers: r?.handovers ?? 0,
+      receiveBatchesMerged: r?.merged ?? 0,
+      receiveThreadRestarts: r?.restarts ?? 0,
     };
   }
 
@@ -190,6 +211,10 @@ export class ReplicaMesh implements MeshControl {
 
   listPeers(): PeerView[] {
     return this.#membership.list();
+  }
+
+  catchUp(): Promise<void> {
+    return this.#closed ? Promise.resolve() : this.#transport.catchUp();
   }
 
   async close(): Promise<void> {

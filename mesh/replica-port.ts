@@ -62,4 +62,10 @@ export interface MeshControl {
   registerPeer(endpoint: string): Promise<boolean>;
   deregisterPeer(endpoint: string): Promise<boolean>;
   listPeers(): unknown[];
+  /**
+   * Resolves once every peer message this replica has received is applied (the receive thread
+   * hands over between intervals): what a lifecycle call for an unknown reservation waits for
+   * before answering 404, since the booking may sit in the thread's next hand-over.
+   */
+  catchUp(): Promise<void>;
 }

@@ -28,6 +28,8 @@ import type { MeshCurveConfig } from "./curve.js";
 import { CurveRuntime, type MeshCurveStats } from "./curve-runtime.js";
 import { controlEndpointFor, isIpv6Endpoint, parseBindEndpoint, parsePeerEndpoint } from "./endpoints.js";
 import { MeshAuthError, MeshClosedError, MeshRemoteError, MeshRequestTimeoutError, type MeshAuthFailure } from "./errors.js";
+import type { ReceivedEntry } from "./receive-coalescer.js";
+import { ReceiveWorker, type ReceiveWorkerStats } from "./receive-worker.js";
 import { TOPIC_BATCH, TOPIC_HEARTBEAT } from "./types.js";
 
 export { MeshAuthError, MeshClosedError, MeshRemoteError, MeshRequestTimeoutError, type MeshAuthFailure, type MeshCurveStats };
@@ -75,6 +77,13 @@ export interface MeshTransportOptions {
   readonly curve?: MeshCurveConfig | undefined;
   /** With `curve`: how long one lookup of a peer's key waits for handshakes, ms (default 1 s). */
   readonly keyProbeTimeoutMs?: number;
+  /**
+   * Read peers' PUBs on a receive thread (receive-worker.ts) that decodes and folds what arrives
+   * and hands it to onEntries once per `applyIntervalMs`, instead of on this thread through
+   * onMessage. Plain meshes only: with `curve` the per-peer SUBs stay on this thread (their key
+   * lookups and handshake watchers live here), and this is ignored.
+   */
+  readonly receiveThread?: { readonly applyIntervalMs: number; readonly self: bigint } | undefined;
 }
 
 export interface MeshTransportStats {
@@ -94,6 +103,8 @@ export interface MeshTransportStats {
 }
 
 export type MessageHandler = (topic: string, payload: Buffer, frames: number) => void;
+/** What the receive thread hands over, decoded and folded, in arrival order. */
+export type EntriesHandler = (entries: ReceivedEntry[]) => void;
 export type ControlHandler = (request: Buffer) => Promise<Buffer> | Buffer;
 
 interface QueuedSend {
@@ -127,8 +138,10 @@ export class MeshTransport {
 
   readonly #pub: Publisher;
   readonly #router: Router;
-  /** The one SUB of a plain mesh; null with CURVE (one SUB per peer in the CURVE runtime). */
+  /** The one SUB of a plain mesh; null with CURVE (one SUB per peer in the CURVE runtime) or a receive thread. */
   readonly #sub: Subscriber | null;
+  /** The receive thread that holds the plain mesh's SUB, when it is off this thread. */
+  readonly #thread: ReceiveWorker | null;
   readonly #curve: CurveRuntime | null;
   readonly #common: CommonSocketOptions;
   readonly #log: Logger;
@@ -149,6 +162,9 @@ export class MeshTransport {
   #draining: Promise<void> | null = null;
   #replyTail: Promise<void> = Promise.resolve();
   #onMessage: MessageHandler | null = null;
+  #onEntries: EntriesHandler | null = null;
+  /** Hand-overs that came before onEntries was set. */
+  #early: ReceivedEntry[][] = [];
   #onControl: ControlHandler | null = null;
   readonly #loops: Promise<void>[] = [];
   readonly #started = new Set<"sub" | "router">();
@@ -163,10 +179,12 @@ export class MeshTransport {
     common: CommonSocketOptions,
     log: Logger,
     curve: CurveRuntime | null,
+    thread: ReceiveWorker | null,
   ) {
     this.#pub = pub;
     this.#router = router;
     this.#sub = sub;
+    this.#thread = thread;
     this.#curve = curve;
     this.publishEndpoint = endpoints.publish;
     this.controlEndpoint = endpoints.control;
@@ -200,7 +218,8 @@ export class MeshTransport {
     const server = curve?.serverOptions ?? {};
     const pub = new Publisher({ ...common, ...server, sendHighWaterMark: hwm, ipv6: isIpv6Endpoint(publishBind) });
     const router = new Router({ ...common, ...server, ipv6: isIpv6Endpoint(controlBind) });
-    const sub = curve === null ? new Subscriber({ ...common, receiveHighWaterMark: hwm }) : null;
+    const threaded = curve === null && o.receiveThread !== undefined ? o.receiveThread : null;
+    const sub = curve === null && threaded === null ? new Subscriber({ ...common, receiveHighWaterMark: hwm }) : null;
     try {
       if (sub !== null) for (const t of topics) sub.subscribe(t);
       await pub.bind(publishBind);
@@ -218,7 +237,21 @@ export class MeshTransport {
         },
         ...(keyProbeTimeoutMs === undefined ? {} : { keyProbeTimeoutMs }),
       });
-      const transport = new MeshTransport(pub, router, sub, endpoints, common, log, curve);
+      // The thread delivers to the transport built below (no peer is connected before it exists).
+      const thread =
+        threaded === null
+          ? null
+          : await ReceiveWorker.start({
+              topics,
+              socket: { ...common, receiveHighWaterMark: hwm },
+              applyIntervalMs: threaded.applyIntervalMs,
+              self: threaded.self,
+              logger: log,
+              onEntries: (entries) => {
+                if (built.transport !== undefined) built.transport.#deliverEntries(entries);
+              },
+            });
+      const transport = new MeshTransport(pub, router, sub, endpoints, common, log, curve, thread);
       built.transport = transport;
       log.info({ ...endpoints, curve: curve === null ? false : { public_key: curve.config.keyPair.publicKey, allowed_keys: curve.config.allow.length } }, "mesh transport bound");
       return transport;
@@ -247,7 +280,24 @@ export class MeshTransport {
   }
 
   get stats(): MeshTransportStats {
-    return { ...this.#stats };
+    if (this.#thread === null) return { ...this.#stats };
+    const t = this.#thread.stats;
+    return { ...this.#stats, received: t.received, malformedFrames: t.malformed - t.decodeErrors };
+  }
+
+  /** The receive thread's counters (null when peers are read on this thread). */
+  get receiveThreadStats(): ReceiveWorkerStats | null {
+    return this.#thread?.stats ?? null;
+  }
+
+  /** Resolves once what the receive thread holds has been delivered (at once without one). */
+  catchUp(): Promise<void> {
+    return this.#thread?.flush() ?? Promise.resolve();
+  }
+
+  /** Whether peers' messages arrive through onEntries (a receive thread) rather than onMessage. */
+  get receivesInThread(): boolean {
+    return this.#thread !== null;
   }
 
   get closed(): boolean {
@@ -297,6 +347,27 @@ export class MeshTransport {
     this.#startLoop("sub");
   }
 
+  /** Sets the handler for the receive thread's hand-overs (see receivesInThread). */
+  onEntries(handler: EntriesHandler): void {
+    this.#onEntries = handler;
+    const early = this.#early;
+    this.#early = [];
+    for (const entries of early) this.#deliverEntries(entries);
+  }
+
+  #deliverEntries(entries: ReceivedEntry[]): void {
+    if (this.#closed) return;
+    if (this.#onEntries === null) {
+      this.#early.push(entries);
+      return;
+    }
+    try {
+      this.#onEntries(entries);
+    } catch (err) {
+      this.#log.error({ err }, "mesh entries handler threw");
+    }
+  }
+
   /** Sets the control request handler; starts the ROUTER loop on the first call. */
   onControl(handler: ControlHandler): void {
     this.#onControl = handler;
@@ -318,6 +389,12 @@ export class MeshTransport {
     if (this.#closed) throw new MeshClosedError("connectPeer");
     const ep = parsePeerEndpoint(publishEndpoint);
     if (this.#peers.has(ep)) return false;
+    if (this.#thread !== null) {
+      this.#thread.connect(ep, isIpv6Endpoint(ep));
+      this.#peers.add(ep);
+      this.#log.info({ peer: ep }, "mesh peer connected (receive thread)");
+      return true;
+    }
     if (this.#sub === null) {
       // CURVE: the peer's SUB is opened once its key is known (curve-subscribers.ts).
       this.#curve?.subscribers.connect(ep);
@@ -341,6 +418,11 @@ export class MeshTransport {
     const ep = parsePeerEndpoint(publishEndpoint);
     if (!this.#peers.delete(ep)) return false;
     if (this.#closed) return true;
+    if (this.#thread !== null) {
+      this.#thread.disconnect(ep);
+      this.#log.info({ peer: ep }, "mesh peer disconnected");
+      return true;
+    }
     if (this.#sub === null) {
       this.#curve?.subscribers.disconnect(ep);
       this.#log.info({ peer: ep }, "mesh peer disconnected");
@@ -519,7 +601,7 @@ export class MeshTransport {
     this.#router.close();
     this.#sub?.close();
     const watchers = this.#curve?.closeWatchers();
-    await Promise.all([...this.#loops, this.#draining, curveClients, watchers]);
+    await Promise.all([...this.#loops, this.#draining, curveClients, watchers, this.#thread?.close()]);
     // Last: the ZAP handler serves the CURVE sockets closed above.
     await this.#curve?.closeZap();
     this.#log.info({ publish: this.publishEndpoint }, "mesh transport closed");

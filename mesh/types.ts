@@ -31,6 +31,11 @@ export interface MeshBatch {
   readonly epoch: bigint;
   /** 1, 2, 3, ... per (origin, epoch). */
   readonly seq: number;
+  /**
+   * Set only on a batch the receive thread merged from consecutive ones (receive-coalescer.ts):
+   * it covers seqs firstSeq..seq. Never on the wire.
+   */
+  readonly firstSeq?: number;
   /** Publisher's wall clock when the batch was sent, ms since the Unix epoch (lag measurement). */
   readonly sentAtMs: number;
   readonly events: readonly MeshEvent[];

@@ -10,7 +10,7 @@
  */
 import { loadMeshCurveConfig, type MeshCurveConfig } from "../mesh/curve.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
-import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../mesh/replica-mesh.js";
+import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_APPLY_INTERVAL_MS, DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../mesh/replica-mesh.js";
 import type { LoadReplication } from "./core/replica-events.js";
 import { isKvmeshError, KvmeshError } from "./core/errors.js";
 import { DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "./core/pending-selections.js";
@@ -75,6 +75,10 @@ export interface DaemonConfig {
   readonly meshAggregateIntervalMs: number;
   /** How often the mesh heartbeats its peers, ms. */
   readonly meshHeartbeatIntervalMs: number;
+  /** Read peers' updates on a receive thread (mesh/receive-worker.ts) instead of the main thread. Plain meshes; ignored with CURVE. */
+  readonly meshReceiveThread: boolean;
+  /** With the receive thread: how often it hands what arrived to the main thread, ms. */
+  readonly meshApplyIntervalMs: number;
   /** CURVE for the mesh (`--mesh-key`, `--mesh-allow`): this replica's key pair and the keys it accepts. Needs replicaSyncPort. */
   readonly meshCurve?: MeshCurveConfig | undefined;
   /** Bearer token the state-changing HTTP routes require (`--api-token-file`, src/http/auth.ts); unset: no authentication. */
@@ -111,6 +115,8 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   meshFlushIntervalMs: DEFAULT_MESH_FLUSH_INTERVAL_MS,
   meshAggregateIntervalMs: DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS,
   meshHeartbeatIntervalMs: DEFAULT_MESH_HEARTBEAT_INTERVAL_MS,
+  meshReceiveThread: true,
+  meshApplyIntervalMs: DEFAULT_MESH_APPLY_INTERVAL_MS,
   meshCurve: undefined,
   apiToken: undefined,
   sessionReplicationWriterId: undefined,

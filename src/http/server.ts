@@ -129,6 +129,22 @@ const queryParam = (q: URLSearchParams | undefined, name: string): string | unde
 };
 const param = (ctx: RequestContext, i: number): string => ctx.params[i] ?? "";
 
+/**
+ * Runs a lifecycle call; a reservation unknown here gets one more try once the mesh has applied
+ * everything it has received (MeshControl.catchUp): a peer's booking may still sit in the receive
+ * thread's next hand-over, up to --mesh-apply-interval-ms behind, and a frontend may send the
+ * lifecycle call to any replica right after another one booked it.
+ */
+async function withCatchUp(mesh: MeshControl | undefined, call: () => void): Promise<void> {
+  try {
+    call();
+  } catch (err) {
+    if (mesh === undefined || !(err instanceof KvmeshError) || err.code !== "KVMESH_RESERVATION_NOT_FOUND") throw err;
+    await mesh.catchUp();
+    call();
+  }
+}
+
 function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp): Route[] {
   const svc = o.service;
   const mesh = (): MeshControl => {
@@ -189,10 +205,12 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp): Route
       method: "POST",
       pattern: "/reservations/:id/prefill_complete",
       body: "optional",
-      handle: (c) => {
+      handle: async (c) => {
         const id = parseSelectionIdParam(param(c, 0));
         parseEmptyRequest(c.body ?? {}, "");
-        svc.prefillComplete(id);
+        await withCatchUp(o.mesh, () => {
+          svc.prefillComplete(id);
+        });
         return reply(200, OK);
       },
     },
@@ -200,10 +218,12 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp): Route
       method: "POST",
       pattern: "/reservations/:id/output_block",
       body: "optional",
-      handle: (c) => {
+      handle: async (c) => {
         const id = parseSelectionIdParam(param(c, 0));
         const b = parseOutputBlockRequest(c.body ?? {}, "");
-        svc.addOutputBlock(id, b.decay_fraction);
+        await withCatchUp(o.mesh, () => {
+          svc.addOutputBlock(id, b.decay_fraction);
+        });
         return reply(200, OK);
       },
     },
@@ -211,8 +231,11 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp): Route
       method: "DELETE",
       pattern: "/reservations/:id",
       body: "none",
-      handle: (c) => {
-        svc.freeReservation(parseSelectionIdParam(param(c, 0)));
+      handle: async (c) => {
+        const id = parseSelectionIdParam(param(c, 0));
+        await withCatchUp(o.mesh, () => {
+          svc.freeReservation(id);
+        });
         return reply(200, OK);
       },
     },

@@ -136,6 +136,8 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--replica-sync-port", "7100"],
   ["--peers", "tcp://b.example:7100,tcp://c.example:7100"],
   ["--replica-sync-advertise-host", "a.example"],
+  ["--mesh-receive-thread", "false"],
+  ["--mesh-apply-interval-ms", "5"],
 ];
 
 // Fields no flag sets (the mesh's flush and heartbeat intervals) keep their defaults.
@@ -169,6 +171,8 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
   replicaSyncPort: 7100,
   peers: ["tcp://b.example:7100", "tcp://c.example:7100"],
   replicaSyncAdvertiseHost: "a.example",
+  meshReceiveThread: false,
+  meshApplyIntervalMs: 5,
 };
 
 afterEach(() => {

@@ -65,6 +65,7 @@ function fakeMesh(): MeshControl & { peers: Set<string> } {
   const peers = new Set<string>();
   return {
     peers,
+    catchUp: () => Promise.resolve(),
     registerPeer(endpoint: string): Promise<boolean> {
       const ep = parsePeerEndpoint(endpoint);
       const added = !peers.has(ep);

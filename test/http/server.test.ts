@@ -371,6 +371,7 @@ describe("HTTP API: replica sync routes", () => {
   it("drive a MeshControl: 201 added, 200 present, 404 unknown, errors pass through", async () => {
     const peers = new Set<string>();
     const mesh: MeshControl = {
+      catchUp: () => Promise.resolve(),
       registerPeer: (e) => {
         if (!e.startsWith("tcp://")) return Promise.reject(new KvmeshError("KVMESH_BAD_REQUEST", `invalid endpoint ${e}`));
         if (e === "tcp://boom:1") return Promise.reject(new Error("socket exploded at 0xdeadbeef"));
@@ -413,6 +414,41 @@ describe("HTTP API: replica sync routes", () => {
     expect(gone.status).toBe(404);
     expect(obj(gone.json).error).toBe("peer not found");
     expect((await t.call("POST", "/replica_sync/register_peer", {})).status).toBe(422);
+  });
+});
+
+describe("HTTP API: lifecycle calls for a peer's booking not applied yet", () => {
+  it("wait for the mesh to catch up once before answering 404", async () => {
+    let catchUps = 0;
+    const late: string[] = [];
+    const holder: { t?: TestServer } = {};
+    // A mesh whose receive thread still holds the booking: catching up applies it.
+    const mesh: MeshControl = {
+      catchUp: async () => {
+        catchUps++;
+        for (const id of late.splice(0)) expect((await holder.t?.call("POST", "/reservations", { selection_id: id, worker_id: 2, token_ids: tokens(2) }))?.status).toBe(201);
+      },
+      registerPeer: () => Promise.resolve(false),
+      deregisterPeer: () => Promise.resolve(false),
+      listPeers: () => [],
+    };
+    const t = await serveWithWorkers({ mesh });
+    holder.t = t;
+    expect((await t.call("POST", "/reservations", { selection_id: "here", worker_id: 1, token_ids: tokens(2) })).status).toBe(201);
+    expect((await t.call("POST", "/reservations/here/prefill_complete")).status).toBe(200);
+    expect(catchUps).toBe(0);
+
+    late.push("late-1", "late-2", "late-3");
+    expect((await t.call("POST", "/reservations/late-1/prefill_complete")).status).toBe(200);
+    expect(catchUps).toBe(1);
+    expect((await t.call("POST", "/reservations/late-2/output_block", { decay_fraction: 0.5 })).status).toBe(200);
+    expect((await t.call("DELETE", "/reservations/late-3")).status).toBe(200);
+    expect(catchUps).toBe(1);
+
+    const unknown = await t.call("DELETE", "/reservations/never");
+    expect(unknown.status).toBe(404);
+    expect(obj(unknown.json).code).toBe("KVMESH_RESERVATION_NOT_FOUND");
+    expect(catchUps).toBe(2);
   });
 });
 

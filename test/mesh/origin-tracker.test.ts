@@ -113,6 +113,25 @@ describe("OriginTracker: live", () => {
     expect(t.onBatch(batch(10))).toEqual({ action: "apply" });
   });
 
+  it("applies a merged batch (firstSeq..seq) that continues or overlaps what was applied, and resyncs on one past a gap", () => {
+    const { t, lag } = live(5);
+    const merged = (first: number, seq: number): MeshBatch => ({ ...batch(seq), firstSeq: first });
+    expect(t.onBatch(merged(6, 9), [1, 2, 3, 4])).toEqual({ action: "apply" });
+    expect(t.lastAppliedSeq).toBe(9);
+    // Lags measured by the receive thread are recorded as given, one per batch merged.
+    expect(lag.samples.slice(-4).map(([, s]) => s * 1_000)).toEqual([1, 2, 3, 4]);
+    expect(t.onBatch(merged(8, 11))).toEqual({ action: "apply" });
+    expect(t.lastAppliedSeq).toBe(11);
+    expect(t.onBatch(merged(10, 11))).toEqual({ action: "drop-stale" });
+    expect(t.onBatch(merged(13, 14))).toEqual({ action: "resync", reason: "gap" });
+    expect(t.onBatch(merged(15, 16))).toEqual({ action: "buffer" });
+    t.snapshotRequested(T0);
+    // The snapshot at 13 is overlapped by the buffered 13..14 (re-applied, idempotent) and continued by 15..16.
+    expect(t.onSnapshot(snap(13)).map((b) => `${b.firstSeq}-${b.seq}`)).toEqual(["13-14", "15-16"]);
+    expect(t.state).toBe("live");
+    expect(t.lastAppliedSeq).toBe(16);
+  });
+
   it("resyncs on a heartbeat ahead of what was applied (a lost batch while idle)", () => {
     const { t } = live(5);
     expect(t.onHeartbeat(hb(5))).toEqual({ action: "ok" });

@@ -1,5 +1,6 @@
 import { pino } from "pino";
 import { Registry } from "prom-client";
+import { Publisher } from "zeromq";
 import { afterEach, describe, expect, expectTypeOf, it } from "vitest";
 import type { LoadEvent } from "../../src/core/replica-events.js";
 import type { SelectionService } from "../../src/core/selection-service.js";
@@ -40,10 +41,17 @@ describe("ReplicaMesh over fake ports", () => {
     await Promise.all(open.splice(0).map((m) => m.close()));
   });
 
-  async function start(id: bigint): Promise<{ mesh: ReplicaMesh; port: FakeReplicaPort; metrics: Registry }> {
+  async function start(id: bigint, receiveThreadApplyIntervalMs?: number): Promise<{ mesh: ReplicaMesh; port: FakeReplicaPort; metrics: Registry }> {
     const port = new FakeReplicaPort(id);
     const metrics = new Registry();
-    const mesh = await ReplicaMesh.start({ service: port, publishBind: `tcp://127.0.0.1:${await freePortPair()}`, logger: pino({ enabled: false }), heartbeatIntervalMs: 50, metrics });
+    const mesh = await ReplicaMesh.start({
+      service: port,
+      publishBind: `tcp://127.0.0.1:${await freePortPair()}`,
+      logger: pino({ enabled: false }),
+      heartbeatIntervalMs: 50,
+      metrics,
+      ...(receiveThreadApplyIntervalMs === undefined ? {} : { receiveThreadApplyIntervalMs }),
+    });
     open.push(mesh);
     return { mesh, port, metrics };
   }
@@ -69,6 +77,52 @@ describe("ReplicaMesh over fake ports", () => {
     await waitFor(() => a.mesh.listPeers().length === 0, 5_000, "A dropped B on unpeer");
     expect(a.port.dropped).toContain(0xb2n);
     expect(b.port.dropped).toContain(0xa1n);
+  });
+
+  it("with a receive thread: applies every event in order, several batches per hand-over, and counts malformed frames", async () => {
+    const a = await start(0xa1n);
+    const b = await start(0xb2n, 40);
+    expect(await b.mesh.registerPeer(a.mesh.publishEndpoint)).toBe(true);
+    await waitFor(() => a.mesh.listPeers()[0]?.sync === "live" && b.mesh.listPeers()[0]?.sync === "live", 5_000, "both directions live");
+
+    const frees: LoadEvent[] = Array.from({ length: 30 }, (_, i) => ({ type: "free", origin: 0xa1n, owner: 0xa1n, request_id: `r${i}`, partition: { model_name: "m", routing_group: "g" } }));
+    for (const e of frees) {
+      a.port.emitLoad(e);
+      // A few ms apart: each goes out as a batch of its own (the exact flush interval is 2 ms).
+      await new Promise((r) => setTimeout(r, 4));
+    }
+    await waitFor(() => b.port.applied.length === frees.length, 5_000, "every event on B");
+    expect(b.port.applied).toEqual(frees);
+    const sent = a.mesh.stats.batchesSent;
+    expect(sent).toBeGreaterThan(5);
+    const s = b.mesh.stats;
+    // Consecutive batches were merged: fewer applies and hand-overs than batches sent.
+    expect(s.receiveBatchesMerged).toBeGreaterThan(0);
+    expect(s.batchesApplied + s.receiveBatchesMerged).toBe(sent);
+    expect(s.receiveHandovers).toBeLessThan(sent);
+    expect(s).toMatchObject({ eventsApplied: frees.length, malformed: 0, receiveThreadRestarts: 0 });
+    expect(b.mesh.listPeers()[0]?.gaps).toBe(0);
+    expect(await b.metrics.metrics()).toMatch(/^kvmesh_mesh_receive_handovers_total [1-9]\d*$/m);
+
+    // A PUB that sends garbage: counted by the thread, nothing applied, the mesh keeps working.
+    const rogue = new Publisher({ linger: 0 });
+    const port = await freePortPair();
+    await rogue.bind(`tcp://127.0.0.1:${port}`);
+    try {
+      void b.mesh.registerPeer(`tcp://127.0.0.1:${port}`);
+      await waitFor(
+        async () => {
+          await rogue.send(["kvmesh.batch.v1", Buffer.from([0xc1])]);
+          return b.mesh.stats.malformed > 0;
+        },
+        5_000,
+        "the garbage counted",
+      );
+    } finally {
+      rogue.close();
+    }
+    a.port.emitLoad(frees[0] as LoadEvent);
+    await waitFor(() => b.port.applied.length === frees.length + 1, 5_000, "later events still applied");
   });
 
   it("clears the replica slot on close", async () => {

@@ -1,0 +1,35 @@
+/**
+ * The messages between the main thread (receive-worker.ts) and the mesh's receive thread
+ * (receive-thread.ts). Structured clone carries them: bigints, typed arrays and plain objects
+ * survive it; class instances would not, and none are sent.
+ */
+import type { CoalescerStats, DecodeFailure, ReceivedEntry } from "./receive-coalescer.js";
+
+/** Decode failures reported per hand-over (the rest are only counted). */
+export const MAX_FAILURES_PER_HANDOVER = 8;
+
+/** What the thread is started with (workerData). */
+export interface ThreadData {
+  readonly topics: readonly string[];
+  /** Options of the SUB socket (heartbeats, reconnect, receive HWM). */
+  readonly socket: Readonly<Record<string, number | boolean>>;
+  /** Hand-over interval, ms (0: after each receive). */
+  readonly applyIntervalMs: number;
+  /** This replica's origin: its own frames, looped back, are skipped. */
+  readonly self: bigint | null;
+}
+
+export type ThreadCommand =
+  | { readonly op: "connect"; readonly endpoint: string; readonly ipv6: boolean }
+  | { readonly op: "disconnect"; readonly endpoint: string }
+  /** Hand over now, then answer "flushed" with the same token. */
+  | { readonly op: "flush"; readonly token: number }
+  | { readonly op: "close" };
+
+export type ThreadReport =
+  | { readonly t: "ready" }
+  | { readonly t: "entries"; readonly entries: ReceivedEntry[]; readonly stats: CoalescerStats; readonly failures: DecodeFailure[] }
+  | { readonly t: "command-failed"; readonly op: ThreadCommand["op"]; readonly message: string }
+  | { readonly t: "flushed"; readonly token: number }
+  | { readonly t: "fatal"; readonly message: string }
+  | { readonly t: "closed"; readonly stats: CoalescerStats };

@@ -1,0 +1,280 @@
+/**
+ * The main thread's handle on the mesh's receive thread (receive-thread.ts): starts it, tells it
+ * which peers' PUBs to read, and hands its decoded, folded entries to `onEntries` once per apply
+ * interval (receive-coalescer.ts says why).
+ *
+ * A thread that dies (an uncaught error, or its SUB loop failing) is started again at once with
+ * the same peers, and counted and logged. What it held is lost to this replica, like messages a
+ * SUB misses while reconnecting: the next batch of each origin then shows a seq gap, and the
+ * origin tracker repairs it with a snapshot. Nothing is lost silently.
+ */
+import { createRequire } from "node:module";
+import { pathToFileURL } from "node:url";
+import { Worker } from "node:worker_threads";
+import type { Logger } from "pino";
+
+import type { CoalescerStats, ReceivedEntry } from "./receive-coalescer.js";
+import type { ThreadCommand, ThreadData, ThreadReport } from "./receive-protocol.js";
+
+/**
+ * Default hand-over interval of the receive thread, ms. Each hand-over costs the main thread a
+ * wake-up plus the apply of what it carries, and on a busy 2-core machine a wake-up of cold code
+ * costs 200-500 us whatever it carries. bench:scale measured a passive peer's main thread per
+ * replicated request (100 / 200 req/s) at 525 / 256 us reading on the main thread, 150 / 88 us with
+ * 20 ms and 100 / 63 us with 50 ms. But the interval is also how much staler peers' load is here
+ * than at its origin: under load, a restarted replica's /loads matched its peers' within 365 ms at
+ * 10 ms, 412 ms at 20 ms and 3-8 s at 50 ms (`npm run faults -- --only 1`; 111 ms on the main
+ * thread). 20 ms keeps that within the fault suite's 1 s; fleets that value capacity over
+ * freshness can raise it (hit ratio and stickiness were unchanged at 50 ms, see the README).
+ */
+export const DEFAULT_MESH_APPLY_INTERVAL_MS = 20;
+/** How long a starting thread may take to open its socket and say so, ms (tsx compiles it first from source). */
+export const RECEIVE_THREAD_START_TIMEOUT_MS = 15_000;
+/** Backoff between restarts of a thread that keeps dying, ms: first, then doubling to the max. */
+export const RECEIVE_THREAD_RESTART_MIN_MS = 100;
+export const RECEIVE_THREAD_RESTART_MAX_MS = 5_000;
+/** A thread that lived this long resets the backoff, ms. */
+export const RECEIVE_THREAD_HEALTHY_MS = 10_000;
+/** How long flush() waits for the thread's answer before giving up (it resolves anyway), ms. */
+export const RECEIVE_THREAD_FLUSH_TIMEOUT_MS = 1_000;
+/** How long close() waits for the thread to hand over and close its socket before terminating it, ms. */
+export const RECEIVE_THREAD_CLOSE_TIMEOUT_MS = 2_000;
+
+export interface ReceiveWorkerOptions extends ThreadData {
+  readonly logger: Logger;
+  readonly onEntries: (entries: ReceivedEntry[]) => void;
+}
+
+export interface ReceiveWorkerStats extends CoalescerStats {
+  /** Threads started again after one died. */
+  restarts: number;
+}
+
+const ZERO: CoalescerStats = { received: 0, malformed: 0, decodeErrors: 0, merged: 0, handovers: 0 };
+
+/**
+ * How to start a thread on `file`: compiled (dist, .js) it is loaded directly; from source (tsx or
+ * vitest, .ts) the thread has no TypeScript loader, so it imports tsx's API and loads the file
+ * through it.
+ */
+function spawn(file: URL, workerData: ThreadData): Worker {
+  if (!file.pathname.endsWith(".ts")) return new Worker(file, { workerData });
+  // tsx's ESM build of its API: the CommonJS one fails to load its ESM half from a worker that
+  // inherited tsx's loader (ERR_MODULE_NOT_FOUND on .../esm/api/esm/index.mjs, tsx 4.23).
+  const tsx = pathToFileURL(createRequire(import.meta.url).resolve("tsx/esm/api").replace(/\.cjs$/, ".mjs")).href;
+  const code = `import(${JSON.stringify(tsx)}).then((api) => api.tsImport(${JSON.stringify(file.href)}, ${JSON.stringify(import.meta.url)}))`;
+  return new Worker(code, { eval: true, workerData });
+}
+
+const THREAD_FILE = new URL(import.meta.url.endsWith(".ts") ? "./receive-thread.ts" : "./receive-thread.js", import.meta.url);
+
+export class ReceiveWorker {
+  readonly #o: ReceiveWorkerOptions;
+  readonly #log: Logger;
+  /** Endpoint -> ipv6: what a restarted thread connects to again. */
+  readonly #peers = new Map<string, boolean>();
+  #worker: Worker;
+  /** Resolves when #worker has exited (whether it was asked to or not). */
+  #workerExited!: Promise<void>;
+  #startedAtMs: number;
+  /** Counters of threads that died, added to the live thread's. */
+  #base: CoalescerStats = { ...ZERO };
+  #live: CoalescerStats = { ...ZERO };
+  #restarts = 0;
+  #backoffMs = RECEIVE_THREAD_RESTART_MIN_MS;
+  #restartTimer: NodeJS.Timeout | undefined;
+  #closing: Promise<void> | undefined;
+  #flushToken = 0;
+  readonly #flushes = new Map<number, () => void>();
+
+  private constructor(o: ReceiveWorkerOptions, first: Worker) {
+    this.#o = o;
+    this.#log = o.logger;
+    this.#worker = first;
+    this.#startedAtMs = performance.now();
+    this.#wire(first);
+  }
+
+  /** Starts the thread; rejects if it does not come up (so a daemon fails at start, not in a restart loop). */
+  static async start(o: ReceiveWorkerOptions): Promise<ReceiveWorker> {
+    const w = spawnThread(o);
+    try {
+      await ready(w);
+    } catch (err) {
+      await w.terminate();
+      throw err;
+    }
+    return new ReceiveWorker(o, w);
+  }
+
+  get stats(): ReceiveWorkerStats {
+    const s = this.#base;
+    const l = this.#live;
+    return {
+      received: s.received + l.received,
+      malformed: s.malformed + l.malformed,
+      decodeErrors: s.decodeErrors + l.decodeErrors,
+      merged: s.merged + l.merged,
+      handovers: s.handovers + l.handovers,
+      restarts: this.#restarts,
+    };
+  }
+
+  connect(endpoint: string, ipv6: boolean): void {
+    this.#peers.set(endpoint, ipv6);
+    this.#send({ op: "connect", endpoint, ipv6 });
+  }
+
+  disconnect(endpoint: string): void {
+    this.#peers.delete(endpoint);
+    this.#send({ op: "disconnect", endpoint });
+  }
+
+  /**
+   * Resolves once everything the thread had received when this was called has been handed to
+   * onEntries (or after RECEIVE_THREAD_FLUSH_TIMEOUT_MS, or at once while a dead thread restarts):
+   * what a caller that missed a peer's state can wait for before answering that it is unknown.
+   */
+  flush(): Promise<void> {
+    if (this.#closing !== undefined || this.#restartTimer !== undefined) return Promise.resolve();
+    const token = ++this.#flushToken;
+    return new Promise<void>((resolve) => {
+      const timer = setTimeout(done, RECEIVE_THREAD_FLUSH_TIMEOUT_MS);
+      const flushes = this.#flushes;
+      function done(): void {
+        clearTimeout(timer);
+        flushes.delete(token);
+        resolve();
+      }
+      flushes.set(token, done);
+      this.#send({ op: "flush", token });
+    });
+  }
+
+  /** Hands over what the thread holds, closes its socket and ends it. Idempotent. */
+  close(): Promise<void> {
+    this.#closing ??= this.#close();
+    return this.#closing;
+  }
+
+  async #close(): Promise<void> {
+    clearTimeout(this.#restartTimer);
+    const w = this.#worker;
+    const exited = this.#workerExited;
+    const closed = new Promise<void>((resolve) => {
+      w.on("message", (r: ThreadReport) => {
+        if (r.t === "closed") resolve();
+      });
+    });
+    this.#send({ op: "close" });
+    const timer = setTimeout(() => void w.terminate(), RECEIVE_THREAD_CLOSE_TIMEOUT_MS);
+    await Promise.race([closed.then(() => w.terminate()), exited]);
+    clearTimeout(timer);
+    await exited;
+  }
+
+  #send(cmd: ThreadCommand): void {
+    this.#worker.postMessage(cmd);
+  }
+
+  #wire(w: Worker): void {
+    // The mesh closes it; a thread left running must not keep the process alive on its own.
+    w.unref();
+    this.#workerExited = new Promise<void>((resolve) => {
+      w.once("exit", () => {
+        resolve();
+      });
+    });
+    w.on("message", (r: ThreadReport) => {
+      if (w === this.#worker) this.#onReport(r);
+    });
+    w.on("error", (err) => {
+      this.#log.error({ err }, "mesh receive thread failed");
+    });
+    w.on("exit", (code) => {
+      if (this.#closing === undefined && w === this.#worker) this.#died(`exited with code ${code}`);
+    });
+  }
+
+  /** The thread died: counted, logged, and started again after a backoff with the same peers. */
+  #died(reason: string): void {
+    if (this.#restartTimer !== undefined) return;
+    this.#restarts++;
+    for (const done of [...this.#flushes.values()]) done();
+    this.#base = this.stats;
+    this.#live = { ...ZERO };
+    if (performance.now() - this.#startedAtMs >= RECEIVE_THREAD_HEALTHY_MS) this.#backoffMs = RECEIVE_THREAD_RESTART_MIN_MS;
+    const delayMs = this.#backoffMs;
+    this.#backoffMs = Math.min(this.#backoffMs * 2, RECEIVE_THREAD_RESTART_MAX_MS);
+    this.#log.error({ reason, restarts: this.#restarts, peers: this.#peers.size, restart_in_ms: delayMs }, "mesh receive thread died: starting it again (peers re-snapshot on the seq gap)");
+    void this.#worker.terminate();
+    this.#restartTimer = setTimeout(() => {
+      this.#restartTimer = undefined;
+      if (this.#closing !== undefined) return;
+      const w = spawnThread(this.#o);
+      this.#worker = w;
+      this.#startedAtMs = performance.now();
+      this.#wire(w);
+      for (const [endpoint, ipv6] of this.#peers) this.#send({ op: "connect", endpoint, ipv6 });
+    }, delayMs);
+    this.#restartTimer.unref();
+  }
+
+  #onReport(r: ThreadReport): void {
+    switch (r.t) {
+      case "ready":
+        break;
+      case "entries":
+        this.#live = r.stats;
+        for (const f of r.failures) this.#log.debug({ field: f.field, topic: f.topic }, `malformed mesh frame: ${f.message}`);
+        if (r.entries.length > 0) this.#o.onEntries(r.entries);
+        break;
+      case "closed":
+        this.#live = r.stats;
+        break;
+      case "flushed":
+        this.#flushes.get(r.token)?.();
+        break;
+      case "command-failed":
+        this.#log.warn({ op: r.op }, `mesh receive thread: ${r.op} failed: ${r.message}`);
+        break;
+      case "fatal":
+        if (this.#closing === undefined) this.#died(r.message);
+        break;
+    }
+  }
+}
+
+function spawnThread(o: ReceiveWorkerOptions): Worker {
+  const data: ThreadData = { topics: o.topics, socket: o.socket, applyIntervalMs: o.applyIntervalMs, self: o.self };
+  return spawn(THREAD_FILE, data);
+}
+
+/** Resolves on the thread's "ready"; rejects on its error, exit or the start timeout. */
+function ready(w: Worker): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      reject(new Error(`mesh receive thread did not start within ${RECEIVE_THREAD_START_TIMEOUT_MS} ms`));
+    }, RECEIVE_THREAD_START_TIMEOUT_MS);
+    const done = (err?: Error): void => {
+      clearTimeout(timer);
+      w.off("message", onMessage);
+      w.off("error", onError);
+      w.off("exit", onExit);
+      if (err === undefined) resolve();
+      else reject(err);
+    };
+    const onMessage = (r: ThreadReport): void => {
+      if (r.t === "ready") done();
+    };
+    const onError = (err: Error): void => {
+      done(new Error(`mesh receive thread failed to start: ${err.message}`, { cause: err }));
+    };
+    const onExit = (code: number): void => {
+      done(new Error(`mesh receive thread exited with code ${code} while starting`));
+    };
+    w.on("message", onMessage);
+    w.on("error", onError);
+    w.on("exit", onExit);
+  });
+}
