@@ -7,7 +7,13 @@
  */
 import { context } from "zeromq";
 
-/** 4,096 ranks x (SUB + replay DEALER) with room for the mesh's sockets; slots cost 8 B each. */
+/**
+ * Slots cost 8 B each. Each KV rank holds 3 sockets (its SUB and the two inproc sockets of the
+ * connection observer), plus a replay DEALER while it replays: about 3,400 ranks fit with room
+ * for the mesh's sockets (#17 F2 measured the cap at about 3,413 ranks, not the 4,096 once
+ * written here). A rank past it makes its worker incomplete with ZeroMQ's EMFILE as the reason
+ * (src/daemon.ts), never schedulable.
+ */
 export const DAEMON_ZMQ_MAX_SOCKETS = 10_240;
 
 export function raiseZmqSocketLimit(max = DAEMON_ZMQ_MAX_SOCKETS): void {

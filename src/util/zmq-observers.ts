@@ -65,9 +65,31 @@ export function retireObserver(observer: Observer, nowMs: number = performance.n
   retired.push({ observer, atMs: nowMs });
   if (observer.closed) return;
   const timer = setTimeout(() => {
-    if (!observer.closed) observer.close();
+    closeQuietly(observer);
   }, OBSERVER_CLOSE_GRACE_MS);
   timer.unref();
+}
+
+let closeFailures = 0;
+
+/**
+ * Closes a retired observer from a timer, where a throw would be uncaught and end the process.
+ * It does throw: an observer whose socket failed half-way (EMFILE while registering thousands of
+ * KV ranks) threw ENOTSOCK here and killed the daemon 3 times out of 3 (#17 F1). Its socket is
+ * gone either way, so there is nothing left to close: counted, and the first one logged.
+ */
+function closeQuietly(observer: Observer): void {
+  try {
+    if (!observer.closed) observer.close();
+  } catch (err) {
+    closeFailures++;
+    if (closeFailures === 1) process.emitWarning(`zmq observer close failed (counted, not rethrown): ${err instanceof Error ? err.message : String(err)}`, { code: "KVMESH_OBSERVER_CLOSE" });
+  }
+}
+
+/** Retired observers whose close threw (their sockets were already gone). */
+export function observerCloseFailures(): number {
+  return closeFailures;
 }
 
 /** Observers currently retired (for tests). */
