@@ -115,7 +115,7 @@ const report: ScaleReport = {
   stress,
 };
 const reports = [report];
-if (config.compare !== undefined) reports.unshift(parseReport(readFileSync(config.compare, "utf8"), config.compare));
+reports.unshift(...config.compare.map((file) => parseReport(readFileSync(file, "utf8"), file)));
 
 if (reports.some((r) => r.points.length > 0)) console.log(pointsTable(reports.filter((r) => r.points.length > 0)));
 for (const r of reports) for (const p of r.points) if (p.errorSample !== "") console.log(`${r.label} ${p.rate}/s K=${p.peers}: first error: ${p.errorSample}`);

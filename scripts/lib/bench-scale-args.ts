@@ -71,7 +71,8 @@ export interface BenchScaleConfig {
   readonly json: string;
   readonly svg: string;
   readonly label: string;
-  readonly compare: string | undefined;
+  /** Previous runs' JSON files, printed and plotted before this run. */
+  readonly compare: readonly string[];
   readonly stress: boolean;
   readonly stressRates: readonly number[];
   readonly stressSeconds: number;
@@ -142,7 +143,7 @@ export function benchScaleCommand(): Command {
     .addOption(new Option("--json <file>", `results [default: ${DEFAULT_JSON}, with --stress ${DEFAULT_STRESS_JSON}]`).argParser(parseNonEmpty))
     .addOption(new Option("--svg <file>", "capacity against N, every measured point (and --compare's)").argParser(parseNonEmpty).default(DEFAULT_SVG))
     .addOption(new Option("--label <name>", "names the design measured, in the table, JSON and plot [default: git describe and the load replication mode]").argParser(parseNonEmpty))
-    .addOption(new Option("--compare <file>", "a previous run's JSON (e.g. another build's): printed beside this run and plotted with it").argParser(parseNonEmpty))
+    .addOption(new Option("--compare <files>", "previous runs' JSON (e.g. other builds'), comma-separated: printed beside this run and plotted with it").argParser((v) => parseList(v).map((f) => parseNonEmpty(f))))
     .addOption(new Option("--stress", "a fake origin in this process publishes synthetic bookings over the mesh sockets to one real peer, raising the rate until the peer falls behind").default(false))
     .addOption(new Option("--stress-rates <list>", "replicated requests/s, tried in order until one fails [default: 500,700,...,45000; aggregate: on to 64000,100000]").argParser(intList(1, MAX_RATE)))
     .addOption(new Option("--stress-seconds <s>", `measured seconds per stress step (cut so all steps take at most ${STRESS_BUDGET_SECONDS} s)`).argParser(positiveSeconds).default(DEFAULT_STRESS_SECONDS))
@@ -168,7 +169,7 @@ interface RawOptions {
   json?: string;
   svg: string;
   label?: string;
-  compare?: string;
+  compare?: string[];
   stress: boolean;
   stressRates?: number[];
   stressSeconds: number;
@@ -195,7 +196,7 @@ export function parseBenchScaleArgs(argv: readonly string[], defaultLabel: strin
     json: o.json ?? (o.stress ? DEFAULT_STRESS_JSON : DEFAULT_JSON),
     svg: o.svg,
     label: o.label ?? `${defaultLabel} ${o.loadReplication}`,
-    compare: o.compare,
+    compare: o.compare ?? [],
     stress: o.stress,
     stressRates,
     stressSeconds: o.stressSeconds,

@@ -252,7 +252,7 @@ describe("bench:scale arguments", () => {
     expect(c.json).toBe(DEFAULT_JSON);
     expect(c.svg).toBe("reports/bench-scale.svg");
     expect(c.label).toBe("test-build aggregate");
-    expect(c.compare).toBeUndefined();
+    expect(c.compare).toEqual([]);
     expect(c.stress).toBe(false);
     expect(c.loadReplication).toBe("aggregate");
     expect(c.meshAggregateIntervalMs).toBeUndefined();
@@ -263,7 +263,7 @@ describe("bench:scale arguments", () => {
   });
 
   it("reads lists sorted and deduplicated, and every flag", () => {
-    const c = parse(["--rate", "200,100,200", "--peers", "3,0", "--seconds", "2.5", "--warmup", "0", "--workers", "64", "--json", "/tmp/x.json", "--svg", "/tmp/x.svg", "--label", "before", "--compare", "old.json"]);
+    const c = parse(["--rate", "200,100,200", "--peers", "3,0", "--seconds", "2.5", "--warmup", "0", "--workers", "64", "--json", "/tmp/x.json", "--svg", "/tmp/x.svg", "--label", "before", "--compare", "old.json,older.json"]);
     expect(c.rates).toEqual([100, 200]);
     expect(c.peerCounts).toEqual([0, 3]);
     expect(c.seconds).toBe(2.5);
@@ -274,7 +274,7 @@ describe("bench:scale arguments", () => {
     expect(c.json).toBe("/tmp/x.json");
     expect(c.svg).toBe("/tmp/x.svg");
     expect(c.label).toBe("before");
-    expect(c.compare).toBe("old.json");
+    expect(c.compare).toEqual(["old.json", "older.json"]);
   });
 
   it("writes stress results to their own file unless --json is given", () => {
