@@ -3,6 +3,8 @@
  * resolveDaemonConfig (src/config.ts checks it) -> startDaemon, with JSON logs on stdout and a
  * clean shutdown on SIGINT/SIGTERM. This file adds only flag names, env variables and help text.
  */
+import { hostname } from "node:os";
+
 import { Command, Help, InvalidArgumentError, Option } from "commander";
 import { pino, type DestinationStream, type Logger } from "pino";
 import {
@@ -370,9 +372,19 @@ function parseWriterId(value: string): bigint {
   return id;
 }
 
+/**
+ * Fields on every log line: the service, the process, the host, and the Kubernetes pod when the
+ * deployment passes it (`POD_NAME` from the downward API, or `KVMESH_POD_NAME`), so lines from
+ * several replicas in one log store say which replica wrote them.
+ */
+export function logBaseFields(env: NodeJS.ProcessEnv = process.env): Record<string, string | number> {
+  const pod = env.KVMESH_POD_NAME ?? env.POD_NAME;
+  return { svc: "kvmesh", pid: process.pid, host: hostname(), ...(pod === undefined || pod === "" ? {} : { pod }) };
+}
+
 export function createLogger(level: LogLevel, destination: DestinationStream): Logger {
   return pino(
-    { level, base: { svc: "kvmesh", pid: process.pid }, timestamp: pino.stdTimeFunctions.isoTime, redact: { paths: [...LOG_REDACT_PATHS], censor: "[redacted]" } },
+    { level, base: logBaseFields(), timestamp: pino.stdTimeFunctions.isoTime, redact: { paths: [...LOG_REDACT_PATHS], censor: "[redacted]" } },
     destination,
   );
 }

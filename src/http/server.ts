@@ -21,6 +21,7 @@ import { JsonDepthError, parseJsonBytes, stringifyJson } from "./json.js";
 import type { HttpMetrics } from "./metrics.js";
 import { authFailureOf, checkBearer, requiresApiToken, wwwAuthenticateFor, type ApiToken } from "./auth.js";
 import { SessionBindingsHttp } from "./session-bindings.js";
+import { decisionFields, REQUEST_ID_HEADER, requestIdOf } from "./request-id.js";
 import type { MeshControl } from "../../mesh/replica-port.js";
 
 /** The mesh as this server drives it; defined on the mesh side (mesh/replica-port.ts). */
@@ -415,6 +416,9 @@ class HttpApi {
   async #handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const started = performance.now();
     let label = UNMATCHED_ROUTE;
+    const requestId = requestIdOf(req.headers[REQUEST_ID_HEADER]);
+    res.setHeader(REQUEST_ID_HEADER, requestId);
+    let answered: unknown;
     try {
       if (this.#closing) throw new KvmeshError("KVMESH_SHUTTING_DOWN", "server is shutting down");
       const url = req.url ?? "/";
@@ -434,14 +438,20 @@ class HttpApi {
       const params = m.params.map(decodeSegment);
       const body = route.body === "none" ? undefined : await this.#readBody(req, route.body, route.prompt === true);
       const r = await route.handle({ params, query: q < 0 ? undefined : new URLSearchParams(url.slice(q + 1)), body });
+      answered = r.body;
       if (r.stream !== undefined) r.stream(req, res);
       else if (r.text !== undefined) this.#send(req, res, r.status, r.text.body, r.text.contentType);
       else this.#send(req, res, r.status, stringifyJson(r.body), JSON_CONTENT_TYPE);
     } catch (err) {
-      this.#sendError(req, res, err, label);
+      this.#sendError(req, res, err, label, requestId);
     } finally {
       const status = res.headersSent ? res.statusCode : STATUS_CLIENT_GONE;
-      this.#o.metrics.observeRequest(label, status, performance.now() - started);
+      const ms = performance.now() - started;
+      this.#o.metrics.observeRequest(label, status, ms);
+      // The access log: debug only (one line per request is too much for info at thousands/s).
+      if (this.#log.isLevelEnabled("debug")) {
+        this.#log.debug({ request_id: requestId, method: req.method, route: label, status, duration_ms: Math.round(ms * 1_000) / 1_000, ...decisionFields(answered) }, "request");
+      }
     }
   }
 
@@ -481,9 +491,9 @@ class HttpApi {
     res.end(body);
   }
 
-  #sendError(req: IncomingMessage, res: ServerResponse, err: unknown, route: string): void {
+  #sendError(req: IncomingMessage, res: ServerResponse, err: unknown, route: string, requestId: string): void {
     if (err instanceof KvmeshError) {
-      if (err.status >= 500 && err.status !== 503) this.#log.error({ err, route }, "request failed");
+      if (err.status >= 500 && err.status !== 503) this.#log.error({ err, route, request_id: requestId }, "request failed");
       const body: Record<string, unknown> = { error: err.message, code: err.code };
       if (err.details !== undefined) body.details = err.details;
       const auth = authFailureOf(err);
@@ -491,18 +501,18 @@ class HttpApi {
         this.#o.metrics.observeUnauthorized(auth);
         this.#authLog.hit((suppressed) => {
           // Never the presented header: a near-miss token is still a secret.
-          this.#log.warn({ route, method: req.method, reason: auth, remote: req.socket.remoteAddress, suppressed }, "request refused: missing or invalid API token");
+          this.#log.warn({ route, method: req.method, reason: auth, remote: req.socket.remoteAddress, suppressed, request_id: requestId }, "request refused: missing or invalid API token");
         });
       }
       this.#send(req, res, err.status, stringifyJson(body), JSON_CONTENT_TYPE, auth === null ? undefined : { "www-authenticate": wwwAuthenticateFor(auth) });
       return;
     }
     if (err instanceof ClientGoneError) {
-      this.#log.debug({ route }, "client closed the connection before the body was read");
+      this.#log.debug({ route, request_id: requestId }, "client closed the connection before the body was read");
       return;
     }
     // Anything else is a bug: log it with its stack, tell the client nothing about internals.
-    this.#log.error({ err, route, method: req.method }, "unhandled error in HTTP handler");
+    this.#log.error({ err, route, method: req.method, request_id: requestId }, "unhandled error in HTTP handler");
     this.#send(req, res, 500, stringifyJson({ error: "internal error", code: "KVMESH_INTERNAL" }), JSON_CONTENT_TYPE);
   }
 }

@@ -3,7 +3,7 @@ import { CommanderError, type Command } from "commander";
 import type { Logger } from "pino";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { buildCli, type CliDeps } from "../../cli/program.js";
-import { FORCED_EXIT_CODE, fieldNamer, usageMessage, type RunningDaemon, type ShutdownSignal, type SignalSource } from "../../cli/serve.js";
+import { FORCED_EXIT_CODE, fieldNamer, logBaseFields, usageMessage, type RunningDaemon, type ShutdownSignal, type SignalSource } from "../../cli/serve.js";
 import { envNameFor } from "../../cli/parsers.js";
 import { configError } from "../../src/config.js";
 import { DEFAULT_DAEMON_CONFIG, type DaemonConfig } from "../../src/daemon.js";
@@ -574,5 +574,17 @@ describe("kvmesh serve: lifecycle", () => {
     expect(h.exits).toEqual([1]);
     expect(h.signals.listeners()).toBe(0);
     expect(h.logs[0]).toMatchObject({ level: 60, msg: "failed to start", err: { message: expect.stringContaining("EADDRINUSE") as unknown } });
+  });
+});
+
+describe("log base fields", () => {
+  it("name the service, process and host, and the pod when the deployment passes it", () => {
+    const plain = logBaseFields({});
+    expect(plain).toMatchObject({ svc: "kvmesh", pid: process.pid });
+    expect(typeof plain.host).toBe("string");
+    expect(plain).not.toHaveProperty("pod");
+    expect(logBaseFields({ POD_NAME: "kvmesh-1" }).pod).toBe("kvmesh-1");
+    expect(logBaseFields({ POD_NAME: "kvmesh-1", KVMESH_POD_NAME: "router-a" }).pod).toBe("router-a");
+    expect(logBaseFields({ POD_NAME: "" })).not.toHaveProperty("pod");
   });
 });

@@ -452,6 +452,44 @@ describe("HTTP API: lifecycle calls for a peer's booking not applied yet", () =>
   });
 });
 
+describe("HTTP API: request ids and the access log", () => {
+  it("keeps a plausible x-request-id, makes one otherwise, answers it, and logs each request at debug with it", async () => {
+    const lines: Record<string, unknown>[] = [];
+    const logger = pino({ level: "debug" }, { write: (l: string) => void lines.push(JSON.parse(l) as Record<string, unknown>) });
+    const t = await serveWithWorkers({ logger });
+    lines.length = 0;
+
+    const sel = await t.call("POST", "/select_and_reserve", { token_ids: tokens(2), selection_id: "sel-1" }, { "x-request-id": "front-42" });
+    expect(sel.status).toBe(200);
+    expect(sel.headers.get("x-request-id")).toBe("front-42");
+    const access = lines.find((l) => l.msg === "request" && l.request_id === "front-42");
+    expect(access).toMatchObject({ level: 20, method: "POST", route: "/select_and_reserve", status: 200, selection_id: "sel-1", worker_id: String(obj(sel.json).worker_id), dp_rank: 0 });
+    expect(typeof access?.duration_ms).toBe("number");
+
+    // No id, or one that could forge a log line or bloat it: a fresh UUID instead.
+    const made = await t.call("GET", "/health");
+    const forged = await t.call("GET", "/health", undefined, { "x-request-id": "a b" });
+    const long = await t.call("GET", "/health", undefined, { "x-request-id": "x".repeat(129) });
+    const uuid = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
+    for (const r of [made, forged, long]) expect(r.headers.get("x-request-id")).toMatch(uuid);
+    expect(new Set([made, forged, long].map((r) => r.headers.get("x-request-id"))).size).toBe(3);
+
+    // Errors carry it too, in the answer's header and in the access line.
+    const missing = await t.call("DELETE", "/reservations/nope", undefined, { "x-request-id": "front-43" });
+    expect(missing.status).toBe(404);
+    expect(missing.headers.get("x-request-id")).toBe("front-43");
+    expect(lines.find((l) => l.request_id === "front-43")).toMatchObject({ route: "/reservations/:id", status: 404 });
+  });
+
+  it("writes no access line above debug", async () => {
+    const lines: string[] = [];
+    const t = await serveWithWorkers({ logger: pino({ level: "info" }, { write: (l: string) => void lines.push(l) }) });
+    lines.length = 0;
+    expect((await t.call("GET", "/health")).status).toBe(200);
+    expect(lines.filter((l) => l.includes('"msg":"request"'))).toEqual([]);
+  });
+});
+
 describe("HTTP API: the token_ids fast path", () => {
   /** Two servers over identically seeded services, worker 2 holding the first blocks of `toks`. */
   async function twin(toks: number[]): Promise<TestServer[]> {
