@@ -6,6 +6,7 @@
  */
 import { InvalidArgumentError } from "commander";
 import { parseEndpoint, parsePeerEndpoint } from "../mesh/endpoints.js";
+import { isDnsPeer, parseDnsPeer } from "../mesh/dns-peers.js";
 import { KvmeshError } from "../src/core/errors.js";
 
 export const U32_MAX = 0xffff_ffff;
@@ -148,6 +149,18 @@ export function parsePeerEndpointArg(value: string): string {
   }
 }
 
+/** A `--peers` item: an endpoint (canonical), or `dns:NAME:PORT` (checked, kept as given). */
+export function parsePeerItemArg(value: string): string {
+  const item = value.trim();
+  if (!isDnsPeer(item)) return parsePeerEndpointArg(item);
+  try {
+    parseDnsPeer(item);
+    return item;
+  } catch (err) {
+    throw new InvalidArgumentError(err instanceof Error ? err.message : String(err));
+  }
+}
+
 /**
  * `tcp://a:7100,tcp://b:7100` -> canonical, de-duplicated, in first-seen order. A blank value is
  * the empty list, so a templated `KVMESH_PEERS=` with nothing in it means "no peers", not an error.
@@ -157,7 +170,7 @@ export function parsePeerList(value: string): string[] {
   const peers = new Set<string>();
   for (const [i, item] of value.split(",").entries()) {
     if (item.trim() === "") throw new InvalidArgumentError(`peer #${i + 1} is empty (stray comma?)`);
-    peers.add(parsePeerEndpointArg(item));
+    peers.add(parsePeerItemArg(item));
   }
   return [...peers];
 }

@@ -244,7 +244,15 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
         parseNonZeroPort,
       ),
     )
-    .addOption(withEnv(new Option("--peers <list>", "peers' replica-sync endpoints, comma-separated tcp://host:port (needs --replica-sync-port; more via `kvmesh peers add`)").argParser(accumulatePeers)))
+    .addOption(
+      withEnv(
+        new Option(
+          "--peers <list>",
+          "peers' replica-sync endpoints, comma-separated tcp://host:port, or dns:NAME:PORT re-resolved every --peer-dns-interval-secs (needs --replica-sync-port; more via `kvmesh peers add`)",
+        ).argParser(accumulatePeers),
+      ),
+    )
+    .addOption(valueOption("--peer-dns-interval-secs <s>", "how often dns:NAME:PORT peers are re-resolved (added and removed as the answer changes)", integerInRange(1, 3_600), d.peerDnsIntervalSecs))
     .addOption(
       valueOption("--replica-sync-advertise-host <host>", "host peers use to reach this replica when --host is a wildcard [default: --host, or 127.0.0.1]", parseAdvertiseHost),
     )

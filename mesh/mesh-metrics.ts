@@ -35,6 +35,9 @@ export interface MeshStats {
   receiveHandovers: number;
   receiveBatchesMerged: number;
   receiveThreadRestarts: number;
+  /** `dns:` peers: names resolved, and resolutions that failed (the last known peers kept). */
+  peerDnsResolutions: number;
+  peerDnsFailures: number;
 }
 
 /** What the mesh's series read at each scrape. */
@@ -62,6 +65,8 @@ const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: keyof 
   ["kvmesh_mesh_receive_handovers_total", "Hand-overs from the mesh receive thread to the main thread (each applies everything received in one apply interval).", "receiveHandovers"],
   ["kvmesh_mesh_receive_batches_merged_total", "Peer batches the receive thread folded into the batch before them (main-thread applies saved).", "receiveBatchesMerged"],
   ["kvmesh_mesh_receive_thread_restarts_total", "Mesh receive threads started again after one died (peers re-snapshot on the seq gap).", "receiveThreadRestarts"],
+  ["kvmesh_mesh_peer_dns_resolutions_total", "Resolutions of dns:NAME:PORT peers that answered.", "peerDnsResolutions"],
+  ["kvmesh_mesh_peer_dns_failures_total", "Resolutions of dns:NAME:PORT peers that failed (the last known peers are kept).", "peerDnsFailures"],
   ["kvmesh_mesh_peer_redials_total", "Silent registered peers redialed (a SUB session libzmq gave up on, or a peer that is down).", "redials"],
 ];
 

@@ -17,6 +17,7 @@ import type { Registry } from "prom-client";
 import { systemClock, type Clock, type Random } from "../src/core/clock.js";
 import { ControlClient, ControlServer, DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
 import type { MeshCurveConfig } from "./curve.js";
+import { DEFAULT_PEER_DNS_INTERVAL_SECS, DnsPeerDiscovery, type DnsPeerEntry } from "./dns-peers.js";
 import { MeshInbound } from "./inbound.js";
 import { registerLagMetrics, registerMeshMetrics, type MeshStats } from "./mesh-metrics.js";
 import { Membership, type PeerView } from "./membership.js";
@@ -45,6 +46,9 @@ export interface ReplicaMeshOptions {
   /** How peers reach this replica's PUB (needed when publishBind is a wildcard). */
   readonly advertiseEndpoint?: string | undefined;
   readonly peers?: readonly string[];
+  /** Peers found by DNS (`dns:NAME:PORT`), re-resolved every `peerDnsIntervalMs` (mesh/dns-peers.ts). */
+  readonly dnsPeers?: readonly DnsPeerEntry[];
+  readonly peerDnsIntervalMs?: number;
   readonly logger: Logger;
   /** Wall clock (ms since the Unix epoch): lag is publish-to-apply across processes. Lag stamps only. */
   readonly wallClock?: Clock;
@@ -82,6 +86,7 @@ export class ReplicaMesh implements MeshControl {
   readonly #membership: Membership;
   readonly #control: ControlServer;
   readonly #housekeeping: TimerHandle;
+  #dns: DnsPeerDiscovery | undefined;
   #closed = false;
 
   private constructor(o: ReplicaMeshOptions, transport: MeshTransport) {
@@ -162,6 +167,20 @@ export class ReplicaMesh implements MeshControl {
     });
     const mesh = new ReplicaMesh(o, transport);
     for (const p of o.peers ?? []) await mesh.registerPeer(p);
+    if (o.dnsPeers !== undefined && o.dnsPeers.length > 0) {
+      const dns = new DnsPeerDiscovery({
+        entries: o.dnsPeers,
+        intervalMs: o.peerDnsIntervalMs ?? DEFAULT_PEER_DNS_INTERVAL_SECS * 1_000,
+        self: mesh.publishEndpoint,
+        register: (ep) => mesh.registerPeer(ep),
+        deregister: (ep) => mesh.deregisterPeer(ep),
+        timers: o.timers ?? systemTimers,
+        logger: o.logger.child({ component: "peer-dns" }),
+      });
+      mesh.#dns = dns;
+      // Not awaited: a slow resolver must not hold the daemon's start (the first round runs now).
+      void dns.start();
+    }
     return mesh;
   }
 
@@ -198,6 +217,8 @@ export class ReplicaMesh implements MeshControl {
       receiveHandovers: r?.handovers ?? 0,
       receiveBatchesMerged: r?.merged ?? 0,
       receiveThreadRestarts: r?.restarts ?? 0,
+      peerDnsResolutions: this.#dns?.stats.resolutions ?? 0,
+      peerDnsFailures: this.#dns?.stats.failures ?? 0,
     };
   }
 
@@ -221,6 +242,7 @@ export class ReplicaMesh implements MeshControl {
     if (this.#closed) return;
     this.#closed = true;
     // Flush what is queued so peers see the last frees before we go.
+    this.#dns?.close();
     await this.#publisher.close();
     this.#housekeeping.cancel();
     this.#inbound.close();

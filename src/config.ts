@@ -10,6 +10,7 @@
  */
 import { loadMeshCurveConfig, type MeshCurveConfig } from "../mesh/curve.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
+import { DEFAULT_PEER_DNS_INTERVAL_SECS } from "../mesh/dns-peers.js";
 import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_APPLY_INTERVAL_MS, DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../mesh/replica-mesh.js";
 import type { LoadReplication } from "./core/replica-events.js";
 import { isKvmeshError, KvmeshError } from "./core/errors.js";
@@ -59,8 +60,10 @@ export interface DaemonConfig {
   readonly bodyLimitBytes: number;
   /** Enables the replica mesh: the PUB binds here on `host` (the control ROUTER on the next port). */
   readonly replicaSyncPort?: number | undefined;
-  /** Peers' replica-sync endpoints (`tcp://host:port`); needs replicaSyncPort. */
+  /** Peers' replica-sync endpoints (`tcp://host:port`), or `dns:NAME:PORT` entries re-resolved (mesh/dns-peers.ts); needs replicaSyncPort. */
   readonly peers: readonly string[];
+  /** How often `dns:` peers are re-resolved, s. */
+  readonly peerDnsIntervalSecs: number;
   /** Host peers use to reach this replica, when `host` is a wildcard (default: `host`, or 127.0.0.1). */
   readonly replicaSyncAdvertiseHost?: string | undefined;
   /**
@@ -110,6 +113,7 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   bodyLimitBytes: DEFAULT_BODY_LIMIT_BYTES,
   replicaSyncPort: undefined,
   peers: [],
+  peerDnsIntervalSecs: DEFAULT_PEER_DNS_INTERVAL_SECS,
   replicaSyncAdvertiseHost: undefined,
   loadReplication: "aggregate",
   meshFlushIntervalMs: DEFAULT_MESH_FLUSH_INTERVAL_MS,

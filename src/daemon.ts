@@ -13,6 +13,7 @@ import { createMetricsRegistry } from "./metrics/registry.js";
 import { registerServiceMetrics } from "./metrics/service-metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "./http/server.js";
 import { ReplicaMesh } from "../mesh/replica-mesh.js";
+import { isDnsPeer, parseDnsPeer } from "../mesh/dns-peers.js";
 import { SelectionService } from "./core/selection-service.js";
 import { hasUnusableKvEndpoint, kvEventsEndpointRefused } from "./core/worker-catalog.js";
 
@@ -21,6 +22,7 @@ export { DEFAULT_DAEMON_CONFIG, type DaemonConfig, type LogLevel } from "./confi
 
 /** How often expiry, reservation sweeps and cache reaping run, ms. */
 export const MAINTENANCE_INTERVAL_MS = 1_000;
+const MS_PER_SECOND = 1_000;
 
 export interface Daemon {
   readonly host: string;
@@ -131,7 +133,9 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
         service,
         publishBind: sync.bind,
         advertiseEndpoint: sync.advertise,
-        peers: config.peers,
+        peers: config.peers.filter((p) => !isDnsPeer(p)),
+        dnsPeers: config.peers.filter(isDnsPeer).map(parseDnsPeer),
+        peerDnsIntervalMs: config.peerDnsIntervalSecs * MS_PER_SECOND,
         logger: logger.child({ subsystem: "mesh" }),
         ...(config.meshCurve === undefined ? {} : { curve: config.meshCurve }),
         tieSpread: config.replicaTieSpread,

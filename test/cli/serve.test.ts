@@ -134,10 +134,11 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--selection-cache-max-entries", "100"],
   ["--body-limit-bytes", "1048576"],
   ["--replica-sync-port", "7100"],
-  ["--peers", "tcp://b.example:7100,tcp://c.example:7100"],
+  ["--peers", "tcp://b.example:7100,tcp://c.example:7100,dns:kvmesh-mesh.default.svc.cluster.local:7100"],
   ["--replica-sync-advertise-host", "a.example"],
   ["--mesh-receive-thread", "false"],
   ["--mesh-apply-interval-ms", "5"],
+  ["--peer-dns-interval-secs", "9"],
 ];
 
 // Fields no flag sets (the mesh's flush and heartbeat intervals) keep their defaults.
@@ -169,10 +170,11 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
   selectionCacheMaxEntries: 100,
   bodyLimitBytes: 1_048_576,
   replicaSyncPort: 7100,
-  peers: ["tcp://b.example:7100", "tcp://c.example:7100"],
+  peers: ["tcp://b.example:7100", "tcp://c.example:7100", "dns:kvmesh-mesh.default.svc.cluster.local:7100"],
   replicaSyncAdvertiseHost: "a.example",
   meshReceiveThread: false,
   meshApplyIntervalMs: 5,
+  peerDnsIntervalSecs: 9,
 };
 
 afterEach(() => {
@@ -427,6 +429,9 @@ describe("kvmesh serve: replica mesh flags", () => {
     [["--replica-sync-port", "7100", "--peers", "http://b:1"], `endpoint "http://b:1": unsupported transport "http"`],
     [["--replica-sync-port", "7100", "--peers", "tcp://b:0"], "port must be in 1-65535"],
     [["--replica-sync-port", "7100", "--peers", "tcp://*:7100"], "wildcard host is only valid for a bind"],
+    [["--replica-sync-port", "7100", "--peers", "dns:kvmesh-mesh"], `argument 'dns:kvmesh-mesh' is invalid. "dns:kvmesh-mesh": expected dns:NAME:PORT`],
+    [["--replica-sync-port", "7100", "--peers", "dns:kvmesh-mesh:0"], "port must be 1 ... 65535"],
+    [["--replica-sync-port", "7100", "--peer-dns-interval-secs", "0"], "error: option '--peer-dns-interval-secs <s>' argument '0' is invalid."],
     [["--replica-sync-port", "7100", "--replica-sync-advertise-host", "0.0.0.0"], "error: option '--replica-sync-advertise-host <host>' argument '0.0.0.0' is invalid. must be an address peers can connect to, not a wildcard"],
     [["--replica-sync-port", "7100", "--replica-sync-advertise-host", "::"], "not a wildcard"],
     [["--replica-sync-port", "7100", "--replica-sync-advertise-host", "node:7100"], "must be a hostname or an IP address (no scheme, no port)"],

@@ -107,6 +107,8 @@ describe("mesh counters and gauges", () => {
     receiveHandovers: 13,
     receiveBatchesMerged: 14,
     receiveThreadRestarts: 15,
+    peerDnsResolutions: 16,
+    peerDnsFailures: 17,
   });
 
   it("are read from their sources at each scrape; no CURVE family without CURVE", async () => {

@@ -125,6 +125,32 @@ describe("ReplicaMesh over fake ports", () => {
     await waitFor(() => b.port.applied.length === frees.length + 1, 5_000, "later events still applied");
   });
 
+  it("peers with what a dns:NAME:PORT entry resolves to, through the system resolver, and not with itself", async () => {
+    const b = await start(0xb2n);
+    const port = new FakeReplicaPort(0xa1n);
+    const ownPort = await freePortPair();
+    const bPort = Number(new URL(b.mesh.publishEndpoint.replace("tcp://", "http://")).port);
+    const a = await ReplicaMesh.start({
+      service: port,
+      publishBind: `tcp://127.0.0.1:${ownPort}`,
+      logger: pino({ enabled: false }),
+      heartbeatIntervalMs: 50,
+      // An IP literal resolves to itself: the real resolver, without touching /etc/hosts. The
+      // second entry is this replica's own endpoint, which discovery must skip.
+      dnsPeers: [
+        { name: "127.0.0.1", port: bPort },
+        { name: "127.0.0.1", port: ownPort },
+      ],
+      peerDnsIntervalMs: 100,
+    });
+    open.push(a);
+    await waitFor(() => a.listPeers().some((p) => p.endpoint === b.mesh.publishEndpoint && p.sync === "live"), 5_000, "A peered with B by DNS");
+    await waitFor(() => b.mesh.listPeers().some((p) => p.sync === "live"), 5_000, "B peered back");
+    expect(a.listPeers().map((p) => p.endpoint)).toEqual([b.mesh.publishEndpoint]);
+    expect(a.stats.peerDnsResolutions).toBeGreaterThanOrEqual(2);
+    expect(a.stats.peerDnsFailures).toBe(0);
+  });
+
   it("clears the replica slot on close", async () => {
     const a = await start(0xa1n);
     expect(a.port.slot).not.toBeNull();
