@@ -56,7 +56,8 @@ const MAX_BODY_LIMIT_BYTES = 512 * 1024 * 1024;
 const MAX_MESH_INTERVAL_MS = 1_000;
 
 /** The part of a running daemon the CLI uses (a test double needs nothing more). */
-export type RunningDaemon = Pick<Daemon, "host" | "port" | "close">;
+/** What serve drives: drain is optional (test doubles close at once). */
+export type RunningDaemon = Pick<Daemon, "host" | "port" | "close"> & Partial<Pick<Daemon, "drain">>;
 export type StartDaemonFn = (config: ResolvedDaemonConfig, logger: Logger) => Promise<RunningDaemon>;
 
 /** process.on/off, narrowed to the signals serve handles (injectable for tests). */
@@ -252,6 +253,7 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
         ).argParser(accumulatePeers),
       ),
     )
+    .addOption(valueOption("--drain-secs <s>", "on SIGTERM/SIGINT: seconds /ready answers 503 while everything else is served, before shutting down (0 = at once; a second signal ends the wait)", integerInRange(0, 3_600), d.drainSecs))
     .addOption(valueOption("--peer-dns-interval-secs <s>", "how often dns:NAME:PORT peers are re-resolved (added and removed as the answer changes)", integerInRange(1, 3_600), d.peerDnsIntervalSecs))
     .addOption(
       valueOption("--replica-sync-advertise-host <host>", "host peers use to reach this replica when --host is a wildcard [default: --host, or 127.0.0.1]", parseAdvertiseHost),
@@ -398,9 +400,10 @@ export function createLogger(level: LogLevel, destination: DestinationStream): L
 }
 
 /**
- * Starts the daemon and resolves once it has shut down. First SIGINT/SIGTERM: close, exit 0
- * (1 if close failed). A second signal while closing: exit 130 at once, because a close stuck
- * on a wedged socket must not leave the operator without a way out.
+ * Starts the daemon and resolves once it has shut down. First SIGINT/SIGTERM: drain (`/ready`
+ * 503 for --drain-secs, still serving), then close, exit 0 (1 if close failed). A second signal
+ * while draining ends the wait and closes now; one while closing exits 130 at once, because a
+ * close stuck on a wedged socket must not leave the operator without a way out.
  */
 export async function runServe(config: ResolvedDaemonConfig, deps: ServeDeps): Promise<void> {
   const logger = createLogger(config.logLevel, deps.logDestination);
@@ -415,7 +418,7 @@ export async function runServe(config: ResolvedDaemonConfig, deps: ServeDeps): P
   logger.info({ host: daemon.host, port: daemon.port }, "listening");
 
   await new Promise<void>((resolve) => {
-    let state: "running" | "closing" | "done" = "running";
+    let state: "running" | "draining" | "closing" | "done" = "running";
     const finish = (code: number): void => {
       if (state === "done") return;
       state = "done";
@@ -430,6 +433,18 @@ export async function runServe(config: ResolvedDaemonConfig, deps: ServeDeps): P
         return;
       }
       if (state === "done") return;
+      if (state === "running" && daemon.drain !== undefined) {
+        state = "draining";
+        logger.info({ signal }, "shutting down: draining first");
+        void daemon.drain().then(() => {
+          close(signal);
+        });
+        return;
+      }
+      close(signal);
+    }
+    function close(signal: ShutdownSignal): void {
+      if (state === "closing" || state === "done") return;
       state = "closing";
       logger.info({ signal }, "shutting down");
       daemon.close().then(

@@ -38,6 +38,13 @@ const MS_PER_SEC = 1_000;
  */
 export const DEFAULT_DAEMON_BINDING_REFRESH_COALESCE_MS = 1_000;
 
+/**
+ * Default drain window, s: long enough for a load balancer or a Kubernetes endpoints controller to
+ * see `/ready` fail (a 1-2 s probe period, then propagation) and stop sending, short against the
+ * pod's default 30 s termination grace.
+ */
+export const DEFAULT_DRAIN_SECS = 5;
+
 export interface DaemonConfig {
   readonly host: string;
   readonly port: number;
@@ -58,6 +65,8 @@ export interface DaemonConfig {
   readonly selectionCacheTtlSecs: number;
   readonly selectionCacheMaxEntries: number;
   readonly bodyLimitBytes: number;
+  /** On SIGTERM: seconds `/ready` answers 503 while everything else is served, before shutting down (0: at once). */
+  readonly drainSecs: number;
   /** Enables the replica mesh: the PUB binds here on `host` (the control ROUTER on the next port). */
   readonly replicaSyncPort?: number | undefined;
   /** Peers' replica-sync endpoints (`tcp://host:port`), or `dns:NAME:PORT` entries re-resolved (mesh/dns-peers.ts); needs replicaSyncPort. */
@@ -111,6 +120,7 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   selectionCacheTtlSecs: DEFAULT_PENDING_TTL_MS / MS_PER_SEC,
   selectionCacheMaxEntries: DEFAULT_PENDING_MAX_ENTRIES,
   bodyLimitBytes: DEFAULT_BODY_LIMIT_BYTES,
+  drainSecs: DEFAULT_DRAIN_SECS,
   replicaSyncPort: undefined,
   peers: [],
   peerDnsIntervalSecs: DEFAULT_PEER_DNS_INTERVAL_SECS,

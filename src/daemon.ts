@@ -29,6 +29,12 @@ export interface Daemon {
   readonly port: number;
   readonly service: SelectionService;
   readonly mesh: ReplicaMesh | undefined;
+  /**
+   * Draining (SIGTERM): `/ready` answers 503 at once while everything else is served, for the
+   * config's drainSecs; resolves then, or at once when close() is called meanwhile.
+   */
+  drain(): Promise<void>;
+  /** Stops accepting work and closes; peers keep this replica's bookings and bindings (handed over). */
   close(): Promise<void>;
 }
 
@@ -176,13 +182,31 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   timer.unref();
 
   let closing: Promise<void> | undefined;
+  let endDrain: (() => void) | undefined;
   return {
     host: http.host,
     port: http.port,
     service,
     mesh,
+    drain(): Promise<void> {
+      if (closing !== undefined || service.draining) return Promise.resolve();
+      service.drain();
+      logger.info({ drain_secs: config.drainSecs }, "draining: /ready answers 503, still serving");
+      return new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, config.drainSecs * MS_PER_SECOND);
+        endDrain = () => {
+          clearTimeout(t);
+          resolve();
+        };
+      });
+    },
     close(): Promise<void> {
+      endDrain?.();
       closing ??= (async () => {
+        // Bookings are handed over, not freed: peers keep mirroring them, and a frontend's
+        // prefill_complete or free for one at any replica counts it out there, so the load stays
+        // accounted while the requests run (freeing them here instead made 10 lifecycle calls
+        // answer 404 at live replicas in test/faults/shutdown-under-load.test.ts).
         service.shutdown();
         clearInterval(timer);
         await http.close();

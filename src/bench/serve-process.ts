@@ -94,6 +94,8 @@ export async function spawnServe(o: ServeProcessOptions = {}): Promise<ServeProc
     "0",
     "--log-level",
     o.logLevel ?? "info",
+    // A harness stops its daemons with SIGTERM: no drain window unless the caller asks for one.
+    ...((o.args ?? []).includes("--drain-secs") ? [] : ["--drain-secs", "0"]),
     ...(o.args ?? []),
   ];
   const [cmd, ...pre] = o.prefix !== undefined && o.prefix.length > 0 ? [...o.prefix, process.execPath] : [process.execPath];

@@ -79,6 +79,7 @@ export class SelectionService {
   readonly #loadChangeListeners = new Set<() => void>();
   readonly #exactLoadEvents: boolean;
   #shuttingDown = false;
+  #draining = false;
 
   constructor(options: SelectionServiceOptions = {}) {
     const o = resolveServiceOptions(options);
@@ -228,9 +229,22 @@ export class SelectionService {
     return this.#fleet.getWorker(workerId);
   }
 
-  ready(): { ready: boolean; schedulable_workers: number; workers: number } {
+  ready(): { ready: boolean; schedulable_workers: number; workers: number; draining?: true } {
     const r = this.#fleet.readiness();
-    return { ready: !this.#shuttingDown && r.schedulable > 0, schedulable_workers: r.schedulable, workers: r.workers };
+    const base = { ready: !this.#shuttingDown && !this.#draining && r.schedulable > 0, schedulable_workers: r.schedulable, workers: r.workers };
+    return this.#draining ? { ...base, draining: true } : base;
+  }
+
+  /**
+   * Starts draining: `ready()` turns false at once (load balancers move away) while every call
+   * keeps being served. The daemon then waits its drain window and shuts down.
+   */
+  drain(): void {
+    this.#draining = true;
+  }
+
+  get draining(): boolean {
+    return this.#draining;
   }
 
   // ---------------------------------------------------------------- KV events from workers

@@ -139,6 +139,7 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--mesh-receive-thread", "false"],
   ["--mesh-apply-interval-ms", "5"],
   ["--peer-dns-interval-secs", "9"],
+  ["--drain-secs", "2"],
 ];
 
 // Fields no flag sets (the mesh's flush and heartbeat intervals) keep their defaults.
@@ -175,6 +176,7 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
   meshReceiveThread: false,
   meshApplyIntervalMs: 5,
   peerDnsIntervalSecs: 9,
+  drainSecs: 2,
 };
 
 afterEach(() => {
@@ -561,6 +563,54 @@ describe("kvmesh serve: lifecycle", () => {
     await new Promise<void>((resolve) => setImmediate(resolve));
     expect(d.closeCalls).toBe(1);
     expect(h.exits).toEqual([130]);
+  });
+
+  it("drains first on SIGTERM, then closes; a second signal while draining ends the wait", async () => {
+    const events: string[] = [];
+    let endDrain = (): void => undefined;
+    const d: FakeDaemon = {
+      ...fakeDaemon(),
+      drain: () => {
+        events.push("drain");
+        return new Promise<void>((resolve) => (endDrain = resolve));
+      },
+    };
+    d.close = () => {
+      d.closeCalls++;
+      events.push("close");
+      // As the real daemon's close does: it ends a drain still waiting.
+      endDrain();
+      return Promise.resolve();
+    };
+    const h = harness(d);
+    const done = h.run("serve");
+    await waitFor(() => h.signals.listeners() === 2);
+    h.signals.send("SIGTERM");
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    expect(events).toEqual(["drain"]);
+    expect(h.exits).toEqual([]);
+    // The second signal does not force an exit while draining: it closes now.
+    h.signals.send("SIGTERM");
+    expect(await done).toBeUndefined();
+    expect(events).toEqual(["drain", "close"]);
+    expect(d.closeCalls).toBe(1);
+    expect(h.exits).toEqual([0]);
+    expect(h.logs.map((l) => l["msg"])).toEqual(["listening", "shutting down: draining first", "shutting down", "stopped"]);
+  });
+
+  it("closes by itself when the drain window ends", async () => {
+    const d: FakeDaemon = { ...fakeDaemon(), drain: () => Promise.resolve() };
+    d.close = () => {
+      d.closeCalls++;
+      return Promise.resolve();
+    };
+    const h = harness(d);
+    const done = h.run("serve");
+    await waitFor(() => h.signals.listeners() === 2);
+    h.signals.send("SIGINT");
+    await done;
+    expect(d.closeCalls).toBe(1);
+    expect(h.exits).toEqual([0]);
   });
 
   it("exits 1 when close fails", async () => {

@@ -19,7 +19,7 @@ afterEach(async () => {
   for (const s of sockets.splice(0)) s.close();
 });
 
-async function replica(peers: string[] = [], affinity = true): Promise<{ d: Daemon; sync: string }> {
+async function replica(peers: string[] = [], affinity = true, drainSecs = 0): Promise<{ d: Daemon; sync: string }> {
   let port = 0;
   const d = await withFreePortPair(async (p) => {
     port = p;
@@ -30,6 +30,7 @@ async function replica(peers: string[] = [], affinity = true): Promise<{ d: Daem
         kvEvents: false,
         replicaSyncPort: p,
         peers,
+        drainSecs,
         ...(affinity ? { sessionAffinityTtlSecs: 600, sessionAffinityMode: "hard" as const } : {}),
       },
       log,
@@ -57,6 +58,36 @@ const loads = async (d: Daemon): Promise<string> => JSON.stringify((await call(d
 const totalActive = (d: Daemon): number => d.service.loads().reduce((n, p) => n + p.loads.reduce((m, l) => m + l.active_requests, 0), 0);
 
 describe("replica mesh", () => {
+  it("draining: /ready 503 at once while serving; after close its peers keep its bookings (freed through any of them) and its bindings", async () => {
+    const a = await replica([], true, 1);
+    const b = await replica([a.sync]);
+    for (const r of [a, b]) await addWorkers(r.d, [1, 2]);
+    await waitFor(() => [a, b].every((r) => (r.d.mesh?.listPeers() ?? []).some((p) => p.sync === "live")), 5_000, "a live mesh");
+    const booked = await call(a.d, "POST", "/select_and_reserve", { token_ids: tokens(4, 7), selection_id: "d1", session_id: "s-drain" });
+    expect(booked.status).toBe(200);
+    await waitFor(() => totalActive(b.d) === 1, 5_000, "B mirrors A's booking");
+
+    const drained = a.d.drain();
+    const ready = await call(a.d, "GET", "/ready");
+    expect(ready.status).toBe(503);
+    expect(ready.json).toMatchObject({ ready: false, draining: true });
+    // Still serving while the load balancer moves away.
+    expect((await call(a.d, "POST", "/select", { token_ids: tokens(4, 8) })).status).toBe(200);
+    expect((await call(b.d, "GET", "/ready")).status).toBe(200);
+
+    await a.d.close();
+    await drained;
+    // Handed over: B still accounts A's booking while its request runs, and the frontend's free
+    // at B counts it out (no 404 for a replica that left).
+    expect(totalActive(b.d)).toBe(1);
+    expect((await call(b.d, "DELETE", "/reservations/d1")).status).toBe(200);
+    expect(totalActive(b.d)).toBe(0);
+    const chosen = (booked.json as { worker_id: number }).worker_id;
+    const probe = await call(b.d, "POST", "/select", { token_ids: tokens(4, 9), session_id: "s-drain" });
+    expect(probe.status).toBe(200);
+    expect((probe.json as { worker_id: number }).worker_id).toBe(chosen);
+  });
+
   it("three replicas converge on load through select_and_reserve, prefill_complete and free", async () => {
     const a = await replica();
     const b = await replica([a.sync]);
