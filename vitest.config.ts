@@ -15,6 +15,7 @@ const SYSTEM_TESTS = [
   "test/cli/keys.test.ts",
   "test/cli/peers.test.ts",
   "test/cli/serve.test.ts",
+  "test/deploy/k8s.test.ts",
   "test/http/auth.test.ts",
   "test/http/metrics.test.ts",
   "test/http/server.test.ts",

@@ -1,0 +1,25 @@
+# kvmesh daemon image: `docker build -t kvmesh:0.1.0 .` (deploy/k8s uses image "kvmesh").
+# Two stages: the build needs the dev dependencies (TypeScript); the image ships dist/ and the
+# production node_modules only (zeromq's prebuilt libzmq for linux-x64 glibc comes with it).
+FROM node:20-bookworm-slim AS build
+WORKDIR /app
+COPY package.json package-lock.json ./
+RUN npm ci
+COPY tsconfig.json tsconfig.build.json ./
+COPY src src
+COPY mesh mesh
+COPY cli cli
+RUN npm run build && npm prune --omit=dev
+
+FROM node:20-bookworm-slim
+ENV NODE_ENV=production
+WORKDIR /app
+COPY --from=build /app/package.json ./
+COPY --from=build /app/node_modules node_modules
+COPY --from=build /app/dist dist
+# The image's node user (uid 1000); the Deployment runs as it too.
+USER 1000
+# HTTP API, mesh PUB (--replica-sync-port), mesh control (the next port).
+EXPOSE 8092 7100 7101
+ENTRYPOINT ["node", "dist/cli/main.js"]
+CMD ["serve", "--host=0.0.0.0"]
