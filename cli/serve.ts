@@ -253,6 +253,7 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
         ).argParser(accumulatePeers),
       ),
     )
+    .addOption(withEnv(new Option("--workers-file <path>", "a JSON or YAML list of workers (the POST /workers shape), registered at start and reconciled when it changes (a ConfigMap, say)").argParser(parseNonEmpty)))
     .addOption(valueOption("--drain-secs <s>", "on SIGTERM/SIGINT: seconds /ready answers 503 while everything else is served, before shutting down (0 = at once; a second signal ends the wait)", integerInRange(0, 3_600), d.drainSecs))
     .addOption(valueOption("--peer-dns-interval-secs <s>", "how often dns:NAME:PORT peers are re-resolved (added and removed as the answer changes)", integerInRange(1, 3_600), d.peerDnsIntervalSecs))
     .addOption(

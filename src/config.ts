@@ -65,6 +65,8 @@ export interface DaemonConfig {
   readonly selectionCacheTtlSecs: number;
   readonly selectionCacheMaxEntries: number;
   readonly bodyLimitBytes: number;
+  /** A JSON or YAML list of workers (the POST /workers shape) reconciled into the catalogue and watched (src/workers-file.ts). */
+  readonly workersFile?: string | undefined;
   /** On SIGTERM: seconds `/ready` answers 503 while everything else is served, before shutting down (0: at once). */
   readonly drainSecs: number;
   /** Enables the replica mesh: the PUB binds here on `host` (the control ROUTER on the next port). */
@@ -120,6 +122,7 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   selectionCacheTtlSecs: DEFAULT_PENDING_TTL_MS / MS_PER_SEC,
   selectionCacheMaxEntries: DEFAULT_PENDING_MAX_ENTRIES,
   bodyLimitBytes: DEFAULT_BODY_LIMIT_BYTES,
+  workersFile: undefined,
   drainSecs: DEFAULT_DRAIN_SECS,
   replicaSyncPort: undefined,
   peers: [],

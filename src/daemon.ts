@@ -14,6 +14,7 @@ import { registerServiceMetrics } from "./metrics/service-metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "./http/server.js";
 import { ReplicaMesh } from "../mesh/replica-mesh.js";
 import { isDnsPeer, parseDnsPeer } from "../mesh/dns-peers.js";
+import { WorkersFile } from "./workers-file.js";
 import { SelectionService } from "./core/selection-service.js";
 import { hasUnusableKvEndpoint, kvEventsEndpointRefused } from "./core/worker-catalog.js";
 
@@ -126,6 +127,19 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       });
     });
   }
+  // After the ingest follows the catalogue: the file's workers get their KV listeners. A refused
+  // file fails the start (there is no last good catalogue to keep yet).
+  let workersFile: WorkersFile | undefined;
+  if (config.workersFile !== undefined) {
+    workersFile = new WorkersFile(config.workersFile, service, logger.child({ subsystem: "workers-file" }));
+    try {
+      workersFile.load();
+    } catch (err) {
+      await ingest.close();
+      throw err;
+    }
+    workersFile.watch();
+  }
   // One registry per daemon (several run in one test process); each component adds its series.
   const registry = createMetricsRegistry();
   let mesh: ReplicaMesh | undefined;
@@ -203,6 +217,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
     close(): Promise<void> {
       endDrain?.();
       closing ??= (async () => {
+        workersFile?.close();
         // Bookings are handed over, not freed: peers keep mirroring them, and a frontend's
         // prefill_complete or free for one at any replica counts it out there, so the load stays
         // accounted while the requests run (freeing them here instead made 10 lifecycle calls

@@ -140,6 +140,7 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--mesh-apply-interval-ms", "5"],
   ["--peer-dns-interval-secs", "9"],
   ["--drain-secs", "2"],
+  ["--workers-file", "/etc/kvmesh/workers.yaml"],
 ];
 
 // Fields no flag sets (the mesh's flush and heartbeat intervals) keep their defaults.
@@ -177,6 +178,7 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
   meshApplyIntervalMs: 5,
   peerDnsIntervalSecs: 9,
   drainSecs: 2,
+  workersFile: "/etc/kvmesh/workers.yaml",
 };
 
 afterEach(() => {

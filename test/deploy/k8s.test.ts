@@ -84,7 +84,7 @@ describe.skipIf(!kubectl())("deploy/k8s", () => {
   it("renders a Deployment, its Services and a PodDisruptionBudget, wired for discovery and draining", () => {
     const docs = render();
     const kinds = docs.map((d) => `${/^kind: (\S+)$/m.exec(d)?.[1]}/${/^ {2}name: (\S+)$/m.exec(d)?.[1]}`).sort();
-    expect(kinds).toEqual(["Deployment/kvmesh", "PodDisruptionBudget/kvmesh", "Service/kvmesh", "Service/kvmesh-mesh"]);
+    expect(kinds).toEqual(["ConfigMap/kvmesh-workers", "Deployment/kvmesh", "PodDisruptionBudget/kvmesh", "Service/kvmesh", "Service/kvmesh-mesh"]);
     const mesh = docs.find((d) => d.includes("name: kvmesh-mesh")) ?? "";
     // Headless, and listing pods before they are ready: a new replica must peer to become ready.
     expect(mesh).toMatch(/clusterIP: None/);
@@ -112,6 +112,9 @@ describe.skipIf(!kubectl())("deploy/k8s", () => {
       peers: ["dns:kvmesh-mesh.prod.svc.cluster.local:7100"],
       peerDnsIntervalSecs: 5,
       drainSecs: 5,
+      workersFile: "/etc/kvmesh/workers.yaml",
     });
+    // The file is the mounted ConfigMap's key.
+    expect(deployment).toMatch(/mountPath: \/etc\/kvmesh/);
   });
 });

@@ -2,6 +2,9 @@
  * The daemon end to end on loopback: real HTTP, real ZeroMQ KV-event publishers (a mock engine
  * per worker) in both wire encodings, a gap repaired through replay, then selection by overlap.
  */
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
@@ -53,6 +56,24 @@ async function engine(encoding: KvWireEncoding): Promise<MockKvPublisher> {
 }
 
 describe("kvmesh daemon", () => {
+  it("--workers-file: registers the file's workers before serving, and refuses to start on a bad file naming line and field", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "kvmesh-daemon-workers-"));
+    try {
+      const file = join(dir, "workers.yaml");
+      writeFileSync(file, "- worker_id: 5\n  endpoint: http://w5\n  block_size: 16\n");
+      daemon = await startDaemon({ ...DEFAULT_DAEMON_CONFIG, port: 0, kvEvents: false, workersFile: file }, log);
+      expect((await call("GET", "/ready")).json).toMatchObject({ ready: true, schedulable_workers: 1 });
+      expect(((await call("GET", "/workers")).json as { worker_id: number }[]).map((w) => w.worker_id)).toEqual([5]);
+      await daemon.close();
+      daemon = undefined;
+
+      writeFileSync(file, "- worker_id: 5\n  endpoint: http://w5\n  block_size: sixteen\n");
+      await expect(startDaemon({ ...DEFAULT_DAEMON_CONFIG, port: 0, kvEvents: false, workersFile: file }, log)).rejects.toThrow(/workers\.yaml:3: \[0\]\.block_size: /);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it("ingests KV events in both encodings, repairs a gap through replay, and routes by overlap", async () => {
     daemon = await startDaemon({ ...DEFAULT_DAEMON_CONFIG, port: 0 }, log);
     const engines = [await engine("map"), await engine("array")];
