@@ -125,7 +125,10 @@ export class Chooser {
       cpu: (device + host) * bs,
       disk: (device + host + disk) * bs,
     };
-    this.#o.counters.selections++;
+    const counters = this.#o.counters;
+    counters.selections++;
+    counters.selectionPromptBlocks += hashCount(prompt.seqHashes);
+    counters.selectionOverlapBlocks += device;
     return {
       partition: p,
       rank,

@@ -8,6 +8,10 @@
 export interface ServiceStats {
   /** Workers selected (select and select_and_reserve). */
   readonly selections: number;
+  /** Prompt blocks of those selections, and the blocks the chosen rank held on device: their
+   * ratio of rates is the hit ratio the router achieves (the dashboard's "overlap"). */
+  readonly selectionPromptBlocks: number;
+  readonly selectionOverlapBlocks: number;
   /** Bookings this replica made. */
   readonly reservations: number;
   /** select / selectAndReserve / createReservation calls that threw (refused or invalid). */
@@ -41,6 +45,8 @@ type Mutable<T> = { -readonly [K in keyof T]: T[K] };
 /** The writable counters the core's parts share; never handed out (see `view`). */
 export class ServiceCounters implements Mutable<ServiceStats> {
   selections = 0;
+  selectionPromptBlocks = 0;
+  selectionOverlapBlocks = 0;
   reservations = 0;
   selectionErrors = 0;
   kvEventsApplied = 0;

@@ -52,3 +52,17 @@ export function collectedLabelledCounter<L extends string>(registry: Registry, m
     },
   });
 }
+
+/** A labelled gauge whose samples are read at each scrape (a label set no longer read is gone). */
+export function collectedLabelledGauge<L extends string>(registry: Registry, m: CollectedMetric, labelNames: readonly L[], read: () => Iterable<LabelledSample<L>>): Gauge<L> {
+  return new Gauge<L>({
+    name: m.name,
+    help: m.help,
+    labelNames,
+    registers: [registry],
+    collect(this: Gauge<L>) {
+      this.reset();
+      for (const [labels, value] of read()) this.set(labels, value);
+    },
+  });
+}

@@ -5,10 +5,11 @@
 import type { Registry } from "prom-client";
 
 import type { SelectionService, ServiceStats } from "../core/selection-service.js";
-import { collectedCounter, collectedGauge } from "./collected.js";
+import type { RankLoad } from "../core/types.js";
+import { collectedCounter, collectedGauge, collectedLabelledGauge, type LabelledSample } from "./collected.js";
 
 /** What the metrics read from the service: read-only views only. */
-export type ServiceMetricsSource = Pick<SelectionService, "sizes" | "parkedBindings" | "sessionBindingSubscribers" | "reservationCount"> & {
+export type ServiceMetricsSource = Pick<SelectionService, "sizes" | "parkedBindings" | "sessionBindingSubscribers" | "reservationCount" | "loads"> & {
   readonly stats: Readonly<ServiceStats>;
 };
 
@@ -16,6 +17,8 @@ type Sizes = ReturnType<SelectionService["sizes"]>;
 
 const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: keyof ServiceStats])[] = [
   ["kvmesh_selections_total", "Workers selected (select and select_and_reserve).", "selections"],
+  ["kvmesh_selection_prompt_blocks_total", "Prompt blocks of the selections made (full blocks, hashed).", "selectionPromptBlocks"],
+  ["kvmesh_selection_overlap_blocks_total", "Of those, blocks the chosen rank held on device: rate over the prompt blocks' rate is the router's hit ratio.", "selectionOverlapBlocks"],
   ["kvmesh_reservations_total", "Bookings made by this replica.", "reservations"],
   ["kvmesh_kv_events_applied_total", "Worker KV events applied to the prefix index.", "kvEventsApplied"],
   ["kvmesh_kv_events_dropped_total", "Worker KV events dropped (unknown rank, block size or parent mismatch).", "kvEventsDropped"],
@@ -63,4 +66,14 @@ export function registerServiceMetrics(registry: Registry, svc: ServiceMetricsSo
   // sizes() walks the partitions (a handful: one per model and routing group), once per family.
   for (const [name, help, key] of SIZE_GAUGES) collectedGauge(registry, { name, help }, () => svc.sizes()[key]);
   for (const [name, help, key] of SIZE_COUNTERS) collectedCounter(registry, { name, help }, () => svc.sizes()[key]);
+
+  // Per rank, as GET /loads gives it (this replica's bookings plus its peers'): one series per
+  // (model, group, worker, dp rank), 1,024 ranks are 3,072 series. A removed rank's series ends.
+  const rankLabels = ["model_name", "routing_group", "worker_id", "dp_rank"] as const;
+  type RankLabel = (typeof rankLabels)[number];
+  const perRank = (pick: (l: RankLoad) => number) => (): LabelledSample<RankLabel>[] =>
+    svc.loads().flatMap((m) => m.loads.map((l): LabelledSample<RankLabel> => [{ model_name: m.model_name, routing_group: m.routing_group, worker_id: l.worker_id.toString(), dp_rank: String(l.dp_rank) }, pick(l)]));
+  collectedLabelledGauge(registry, { name: "kvmesh_rank_active_requests", help: "Requests in flight per worker rank (booked here and by peers)." }, rankLabels, perRank((l) => l.active_requests));
+  collectedLabelledGauge(registry, { name: "kvmesh_rank_decode_blocks", help: "Active KV blocks per worker rank (potential_decode_blocks of GET /loads)." }, rankLabels, perRank((l) => l.potential_decode_blocks));
+  collectedLabelledGauge(registry, { name: "kvmesh_rank_prefill_tokens", help: "Prefill tokens still owed per worker rank (potential_prefill_tokens of GET /loads)." }, rankLabels, perRank((l) => l.potential_prefill_tokens));
 }

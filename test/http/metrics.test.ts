@@ -114,6 +114,35 @@ describe("GET /metrics", () => {
     const listed = new Set([...section.matchAll(/`((?:kvmesh|process|nodejs)_[a-z0-9_]+)/g)].map((m) => m[1] as string));
     expect([...served].filter((n) => !listed.has(n)).sort()).toEqual([]);
     expect([...listed].filter((n) => !served.has(n)).sort()).toEqual([]);
+
+    // The Grafana dashboard queries only families daemons serve (a renamed metric fails here).
+    const dashboard = JSON.parse(readFileSync(new URL("../../deploy/grafana/kvmesh.json", import.meta.url), "utf8")) as {
+      panels: { id: number; type: string; title: string; gridPos: { x: number; w: number }; targets?: { expr: string }[] }[];
+    };
+    const graphs = dashboard.panels.filter((p) => p.type !== "row");
+    expect(graphs.length).toBeGreaterThan(20);
+    expect(new Set(dashboard.panels.map((p) => p.id)).size).toBe(dashboard.panels.length);
+    const queried = new Set<string>();
+    for (const p of graphs) {
+      expect(p.targets?.length ?? 0, p.title).toBeGreaterThan(0);
+      expect(p.gridPos.x + p.gridPos.w, p.title).toBeLessThanOrEqual(24);
+      for (const t of p.targets ?? []) for (const m of t.expr.matchAll(/\b((?:kvmesh|process|nodejs)_[a-z0-9_]+)/g)) queried.add((m[1] as string).replace(/_(bucket|sum|count)$/, (suffix, _k, offset: number, whole: string) => (served.has(whole.slice(0, offset)) ? "" : suffix)));
+    }
+    expect([...queried].filter((n) => !served.has(n)).sort()).toEqual([]);
+  });
+
+  it("serves per-rank load as GET /loads gives it (a removed rank's series ends) and the prompt and overlap blocks selected", async () => {
+    const d = await daemon({ kvEvents: false });
+    expect((await call(d, "POST", "/workers", { worker_id: 7, endpoint: "http://w7", block_size: BS, data_parallel_size: 2 })).status).toBe(201);
+    expect((await call(d, "POST", "/select_and_reserve", { token_ids: tokens(3, 1), selection_id: "r1" })).status).toBe(200);
+    const text = await scrape(d);
+    const rank = (name: string): number[] => [...text.matchAll(new RegExp(`^${name}\\{[^}]*worker_id="7",dp_rank="(\\d)"\\} (\\S+)$`, "gm"))].map((m) => Number(m[2]));
+    expect(rank("kvmesh_rank_active_requests").sort()).toEqual([0, 1]);
+    expect(rank("kvmesh_rank_decode_blocks").reduce((a, b) => a + b, 0)).toBe(3);
+    expect(text).toMatch(/^kvmesh_selection_prompt_blocks_total 3$/m);
+    expect(text).toMatch(/^kvmesh_selection_overlap_blocks_total 0$/m);
+    expect((await call(d, "DELETE", "/workers/7")).status).toBe(200);
+    expect(await scrape(d)).not.toMatch(/^kvmesh_rank_active_requests\{/m);
   });
 
   it("counts coalesced binding refreshes: the daemon's --binding-refresh-coalesce-ms (1,000 ms by default) reaches the service", async () => {
