@@ -13,7 +13,7 @@
  * follows the symlink a ConfigMap update swaps: an inotify watch on the old file would go quiet).
  */
 import { createHash } from "node:crypto";
-import { readFileSync, statSync, unwatchFile, watchFile, type Stats } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
 import type { Logger } from "pino";
 import { isMap, isSeq, LineCounter, parseDocument, type Node } from "yaml";
 
@@ -110,7 +110,9 @@ export class WorkersFile {
   /** Worker id -> fingerprint of what the file last registered. */
   readonly #applied = new Map<WorkerId, string>();
   #digest = "";
-  #watching = false;
+  /** The stat of what was last read (mtime, size, inode): a poll that sees another re-reads. */
+  #seen = "";
+  #timer: NodeJS.Timeout | undefined;
 
   constructor(file: string, target: WorkerCatalogTarget, logger: Logger) {
     this.#file = file;
@@ -151,23 +153,36 @@ export class WorkersFile {
     return true;
   }
 
-  /** Polls the path for changes (every WORKERS_FILE_POLL_MS) until close(). */
+  /**
+   * Polls the path's stat every `pollMs` until close(), and re-reads when it differs from the stat
+   * taken when the file was last read. (Not fs.watchFile: its baseline is taken asynchronously
+   * after the call, so a write landing in between was never noticed; measured as a flaky test.)
+   */
   watch(pollMs = WORKERS_FILE_POLL_MS): void {
-    if (this.#watching) return;
-    this.#watching = true;
-    watchFile(this.#file, { interval: pollMs, persistent: false }, (cur: Stats, prev: Stats) => {
-      if (cur.mtimeMs === prev.mtimeMs && cur.size === prev.size && cur.ino === prev.ino) return;
-      this.reload();
-    });
+    if (this.#timer !== undefined) return;
+    this.#timer = setInterval(() => {
+      if (this.#statKey() !== this.#seen) this.reload();
+    }, pollMs);
+    this.#timer.unref();
   }
 
   close(): void {
-    if (!this.#watching) return;
-    this.#watching = false;
-    unwatchFile(this.#file);
+    clearInterval(this.#timer);
+    this.#timer = undefined;
+  }
+
+  #statKey(): string {
+    try {
+      const st = statSync(this.#file);
+      return `${st.mtimeMs}:${st.size}:${st.ino}`;
+    } catch {
+      return "missing";
+    }
   }
 
   #read(): string {
+    // The stat before the read: a write after it shows as a different stat at the next poll.
+    this.#seen = this.#statKey();
     const size = statSync(this.#file).size;
     if (size > MAX_WORKERS_FILE_BYTES) throw new WorkersFileError(this.#file, null, null, `${size} bytes exceeds the limit of ${MAX_WORKERS_FILE_BYTES}`);
     return readFileSync(this.#file, "utf8");
