@@ -108,6 +108,14 @@ export const MAX_AFFINITY_SWEEP_INTERVAL_MS = 30_000;
 /** A full table sweeps before refusing a new session, but at most this often: a table full of
  * live bindings would otherwise scan 65 536 entries on every new session. */
 export const FULL_TABLE_SWEEP_MIN_INTERVAL_MS = 1_000;
+/**
+ * A full table evicts its least recently used binding that holds no lease (a request in flight),
+ * looking at most this far from the oldest: one client minting session ids can then only push out
+ * idle bindings, oldest first, instead of locking every new session out for a TTL (#17 F6: 80,000
+ * distinct ids filled the 65,536 entries in 12 s). If the oldest this many all hold leases, the
+ * new session routes unpinned (counted), as before.
+ */
+export const LRU_EVICTION_SCAN = 64;
 
 const U64_MAX = (1n << 64n) - 1n;
 
@@ -181,6 +189,7 @@ export class AffinityTable {
   readonly #listeners: BindingListener[] = [];
   #nextSequence: bigint;
   #fallbacks = 0;
+  #evictions = 0;
   #lastFullSweepMs = Number.NEGATIVE_INFINITY;
 
   constructor(options: AffinityTableOptions) {
@@ -225,6 +234,11 @@ export class AffinityTable {
     return this.#entries.size;
   }
 
+  /** Bindings without a lease evicted, least recently used first, to make room in a full table. */
+  get evictions(): number {
+    return this.#evictions;
+  }
+
   /** New sessions routed unpinned because the table was full. */
   get fallbacks(): number {
     return this.#fallbacks;
@@ -263,7 +277,7 @@ export class AffinityTable {
     const entry = this.#live(sessionId, now);
 
     if (entry === undefined) {
-      if (!this.#hasRoom(now)) {
+      if (!this.#makeRoom(now)) {
         this.#fallbacks++;
         return { kind: "unpinned" };
       }
@@ -318,6 +332,7 @@ export class AffinityTable {
     const entry = lease.entry;
     if (this.#entries.get(lease.sessionId) !== entry) return; // dropped since; nothing to count
     if (entry.leases > 0) entry.leases--;
+    this.#touch(lease.sessionId, entry);
     if (compareVersions(entry.version, lease.version) !== 0) return;
     const now = this.#clock.now();
     entry.idleDeadlineMs = now + this.ttlMs;
@@ -405,16 +420,19 @@ export class AffinityTable {
     const entry = this.#entries.get(sessionId);
 
     if (entry === undefined) {
-      if (!this.#hasRoom(now)) return "rejected-capacity";
+      if (!this.#makeRoom(now)) return "rejected-capacity";
       this.#entries.set(sessionId, this.#replicaEntry(incoming, adopted, now));
       return "inserted";
     }
     if (this.#idleExpired(entry, now)) {
       // A fresh entry object: no lease can refer to an idle-expired incarnation anyway.
+      this.#entries.delete(sessionId);
       this.#entries.set(sessionId, this.#replicaEntry(incoming, adopted, now));
       return "replaced-expired";
     }
     const order = compareVersions(adopted, entry.version);
+    // A peer's use is a use here too (LRU): a session active elsewhere is not evicted first.
+    if (order >= 0) this.#touch(sessionId, entry);
     if (sameTarget(entry.target, incoming) && order >= 0) {
       entry.version = adopted;
       entry.idleDeadlineMs = now + this.ttlMs;
@@ -473,7 +491,7 @@ export class AffinityTable {
     return entry.leases === 0 && now >= entry.idleDeadlineMs;
   }
 
-  /** The live entry, removing an idle-expired one on the way. */
+  /** The live entry, removing an idle-expired one on the way; a live one counts as used (LRU). */
   #live(sessionId: string, now: number): Entry | undefined {
     const entry = this.#entries.get(sessionId);
     if (entry === undefined) return undefined;
@@ -481,7 +499,28 @@ export class AffinityTable {
       this.#entries.delete(sessionId);
       return undefined;
     }
+    this.#touch(sessionId, entry);
     return entry;
+  }
+
+  /** Moves a used entry to the end: the Map's order is then least recently used first. */
+  #touch(sessionId: string, entry: Entry): void {
+    this.#entries.delete(sessionId);
+    this.#entries.set(sessionId, entry);
+  }
+
+  /** Room for one more entry: a sweep of idle-expired ones (#hasRoom), else the LRU eviction. */
+  #makeRoom(now: number): boolean {
+    if (this.#hasRoom(now)) return true;
+    let scanned = 0;
+    for (const [sessionId, entry] of this.#entries) {
+      if (++scanned > LRU_EVICTION_SCAN) break;
+      if (entry.leases > 0) continue;
+      this.#entries.delete(sessionId);
+      this.#evictions++;
+      return true;
+    }
+    return false;
   }
 
   #hasRoom(now: number): boolean {

@@ -48,6 +48,7 @@ export interface FleetSizes {
   indexNodes: number;
   affinityEntries: number;
   affinityFallbacks: number;
+  affinityEvictions: number;
 }
 
 /** What the fleet tells the parts that keep per-partition state of their own. */
@@ -353,12 +354,14 @@ export class Fleet {
     let indexNodes = 0;
     let affinityEntries = 0;
     let affinityFallbacks = 0;
+    let affinityEvictions = 0;
     for (const p of this.#partitions.values()) {
       indexedBlocks += p.index.size;
       indexNodes += p.index.nodeCount;
       affinityEntries += p.affinity?.size ?? 0;
       affinityFallbacks += p.affinity?.fallbacks ?? 0;
+      affinityEvictions += p.affinity?.evictions ?? 0;
     }
-    return { partitions: this.#partitions.size, indexedBlocks, indexNodes, affinityEntries, affinityFallbacks };
+    return { partitions: this.#partitions.size, indexedBlocks, indexNodes, affinityEntries, affinityFallbacks, affinityEvictions };
   }
 }

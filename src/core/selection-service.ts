@@ -409,6 +409,7 @@ export class SelectionService {
     indexNodes: number;
     affinityEntries: number;
     affinityFallbacks: number;
+    affinityEvictions: number;
     pendingSelections: number;
     pendingEvictions: number;
     reorderEntries: number;

@@ -149,7 +149,25 @@ describe("AffinityTable commit", () => {
     expect(events).toHaveLength(4);
   });
 
-  it("a full table routes new sessions unpinned and counts the fallback", () => {
+  it("a full table evicts the least recently used binding without a lease for a new session", () => {
+    const clock = new ManualClock(0);
+    const table = makeTable({ maxEntries: 3 }, clock);
+    for (const s of ["a", "b", "c"]) table.release(leaseOf(table.commit(s, { workerId: 1n, dpRank: 0 })));
+    // "a" used again (a select's lookup) and "b" refreshed by a peer: "c" is now the oldest use.
+    clock.advance(1);
+    expect(table.resolve("a")).toBeDefined();
+    expect(table.applyReplica({ sessionId: "b", target: { workerId: 1n, dpRank: 0 }, version: { sequence: 90n, writerId: 9n } })).toBe("refreshed");
+    expect(table.commit("d", { workerId: 2n, dpRank: 0 }).kind).toBe("bound");
+    expect(table.get("c")).toBeUndefined();
+    expect(["a", "b", "d"].map((s) => table.get(s) !== undefined)).toEqual([true, true, true]);
+    expect(table.evictions).toBe(1);
+    // A peer's new binding makes room the same way (the LRU now is "a").
+    expect(table.applyReplica({ sessionId: "e", target: { workerId: 1n, dpRank: 0 }, version: { sequence: 91n, writerId: 9n } })).toBe("inserted");
+    expect(table.get("a")).toBeUndefined();
+    expect(table.fallbacks).toBe(0);
+  });
+
+  it("a full table of leased bindings routes new sessions unpinned and counts the fallback", () => {
     const clock = new ManualClock(0);
     const table = makeTable({ maxEntries: 2 }, clock);
     table.commit("a", { workerId: 1n, dpRank: 0 });
