@@ -9,6 +9,7 @@
  */
 import { pino, type Logger } from "pino";
 import { Dealer, type Observer, Subscriber } from "zeromq";
+import { LogThrottle } from "../util/log-throttle.js";
 import { observe, retireObserver } from "../util/zmq-observers.js";
 
 import { decodeKvEventBatch, type KvEventBatch } from "./kv-event-decoder.js";
@@ -26,6 +27,12 @@ export const DEFAULT_RECONNECT_MAX_INTERVAL_MS = 5_000;
 /** seq = -1 (all 0xff) terminates a replay stream. */
 const REPLAY_END_SEQ = 0xffff_ffff_ffff_ffffn;
 const SEQ_BYTES = 8;
+/**
+ * Largest forward jump of a live seq taken as a gap (repaired by replay, or counted as lost):
+ * a million batches is ~17 minutes at 1,000 batches/s, past any engine's replay buffer. Beyond
+ * it the seq is corrupt; see #onLive.
+ */
+export const MAX_SEQ_JUMP = 1_000_000n;
 
 export interface KvEventListenerOptions {
   readonly endpoint: string;
@@ -49,6 +56,8 @@ export interface KvEventListenerStats {
   malformed: number;
   /** Live messages with seq below the cursor, dropped. */
   stale: number;
+  /** Live messages whose seq jumped more than MAX_SEQ_JUMP ahead, dropped as corrupt (unless the stream continues from there). */
+  implausible: number;
   /** Sequence numbers never received (no replay endpoint, replay timeout, or evicted from the engine's replay buffer). */
   lost: number;
   resets: number;
@@ -85,7 +94,13 @@ export class KvEventListener {
   #closed = false;
   /** Last applied (or skipped-as-malformed) seq; null until the first message. */
   #lastSeq: bigint | null = null;
-  readonly #stats = { received: 0, applied: 0, replayed: 0, malformed: 0, stale: 0, lost: 0, resets: 0 };
+  readonly #stats = { received: 0, applied: 0, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0 };
+  /** The seq of the last implausible jump: the stream continuing from it is a real renumbering. */
+  #jumpedTo: bigint | null = null;
+  /** Warnings a flapping or garbage-sending publisher would repeat thousands of times (#17 F10). */
+  readonly #malformedLog = new LogThrottle();
+  readonly #resetLog = new LogThrottle();
+  readonly #jumpLog = new LogThrottle();
 
   constructor(options: KvEventListenerOptions) {
     this.#endpoint = options.endpoint;
@@ -187,19 +202,27 @@ export class KvEventListener {
     // a seq that went back on a new connection: the publisher restarted and its old blocks are
     // gone. Missed batches of the new process are then replayed from 0 like a first contact.
     if (last !== null && (seq === 0n || (reconnected && seq <= last))) {
-      this.#stats.resets++;
-      this.#log.warn({ lastSeq: last, seq, reconnected }, "kv event publisher restarted (seq went back): resetting rank state");
-      this.#lastSeq = null;
-      try {
-        this.#onReset?.();
-      } catch (err) {
-        this.#log.error({ err }, "onReset handler threw");
-      }
+      this.#reset(last, seq, reconnected ? "seq went back on a new connection" : "seq 0");
     } else if (last !== null && seq <= last) {
       this.#stats.stale++;
       this.#log.debug({ seq, lastSeq: last }, "stale kv event batch dropped");
       return;
+    } else if (last !== null && seq - last > MAX_SEQ_JUMP) {
+      // A seq this far ahead is corrupt (1 + 2^63 between 1 and 2 froze the rank until the
+      // publisher reconnected: every later batch looked stale, #17 F9), unless the publisher keeps
+      // numbering from there: then it restarted with a new base, and the rank starts over.
+      if (this.#jumpedTo === null || seq !== this.#jumpedTo + 1n) {
+        this.#stats.implausible++;
+        this.#jumpedTo = seq;
+        this.#jumpLog.hit((suppressed) => {
+          this.#log.warn({ lastSeq: last, seq, suppressed }, "kv event seq jumped implausibly far: batch dropped as corrupt");
+        });
+        return;
+      }
+      this.#reset(last, seq, "seq continued from an implausible jump");
+      this.#lastSeq = seq - 1n;
     }
+    this.#jumpedTo = null;
     const expected = this.#lastSeq === null ? 0n : this.#lastSeq + 1n;
     if (seq > expected) await this.#repair(expected, seq);
     if (this.#closed) return;
@@ -278,7 +301,23 @@ export class KvEventListener {
 
   #malformed(reason: string, seq?: bigint): void {
     this.#stats.malformed++;
-    this.#log.warn({ reason, seq }, "malformed kv event message skipped");
+    this.#malformedLog.hit((suppressed) => {
+      this.#log.warn({ reason, seq, suppressed }, "malformed kv event message skipped");
+    });
+  }
+
+  /** The publisher restarted: the caller drops this rank's blocks; numbering starts over. */
+  #reset(last: bigint, seq: bigint, why: string): void {
+    this.#stats.resets++;
+    this.#resetLog.hit((suppressed) => {
+      this.#log.warn({ lastSeq: last, seq, why, suppressed }, "kv event publisher restarted: resetting rank state");
+    });
+    this.#lastSeq = null;
+    try {
+      this.#onReset?.();
+    } catch (err) {
+      this.#log.error({ err }, "onReset handler threw");
+    }
   }
 }
 

@@ -16,6 +16,7 @@ const RANK_COUNTERS: readonly (readonly [name: string, help: string, pick: (s: R
   ["kvmesh_kv_batches_replayed_total", "KV-event batches recovered through replay.", (s) => s.replayed],
   ["kvmesh_kv_batches_malformed_total", "Undecodable KV-event messages.", (s) => s.malformed],
   ["kvmesh_kv_batches_stale_total", "KV-event messages behind the sequence cursor, dropped.", (s) => s.stale],
+  ["kvmesh_kv_batches_implausible_total", "KV-event messages whose seq jumped implausibly far ahead (> 1,000,000), dropped as corrupt.", (s) => s.implausible],
   ["kvmesh_kv_batches_lost_total", "KV-event sequence numbers never received.", (s) => s.lost],
   ["kvmesh_kv_publisher_resets_total", "KV-event publisher restarts detected.", (s) => s.resets],
 ];

@@ -694,7 +694,7 @@ describe("HTTP API: bad input", () => {
 describe("HTTP API: metrics and lifecycle", () => {
   it("exposes request, selection and ingest counters in Prometheus text", async () => {
     const ingestStats = () => [
-      { workerId: "1", rank: 0, endpoint: "tcp://w1", stats: { received: 5, applied: 4, replayed: 1, malformed: 1, stale: 0, lost: 2, resets: 1, lastSeq: 9n } },
+      { workerId: "1", rank: 0, endpoint: "tcp://w1", stats: { received: 5, applied: 4, replayed: 1, malformed: 1, stale: 0, implausible: 3, lost: 2, resets: 1, lastSeq: 9n } },
     ];
     const t = await serveWithWorkers({ ingestStats });
     await t.call("POST", "/select", { token_ids: tokens(2) });
@@ -722,6 +722,7 @@ describe("HTTP API: metrics and lifecycle", () => {
     expect(text).toContain("kvmesh_reservations_active 0\n");
     expect(text).toContain(`kvmesh_kv_batches_received_total{worker_id="1",dp_rank="0"} 5`);
     expect(text).toContain(`kvmesh_kv_batches_lost_total{worker_id="1",dp_rank="0"} 2`);
+    expect(text).toContain(`kvmesh_kv_batches_implausible_total{worker_id="1",dp_rank="0"} 3`);
     expect(text).toContain(`kvmesh_kv_publisher_resets_total{worker_id="1",dp_rank="0"} 1`);
     expect(text).toMatch(/process_resident_memory_bytes \d+/);
     expect(text).not.toContain("secret-session");

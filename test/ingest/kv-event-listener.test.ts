@@ -1,3 +1,4 @@
+import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 import { Router } from "zeromq";
 
@@ -58,7 +59,7 @@ describe("KvEventListener", () => {
     expect(got.map((r) => r.seq)).toEqual([0n, 1n, 2n, 3n]);
     expect(got.map(firstHash)).toEqual(hashes);
     expect(got.every((r) => !r.replayed)).toBe(true);
-    expect(listener.stats).toEqual({ received: 4, applied: 4, replayed: 0, malformed: 0, stale: 0, lost: 0, resets: 0, lastSeq: 3n });
+    expect(listener.stats).toEqual({ received: 4, applied: 4, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0, lastSeq: 3n });
   });
 
   it.each([3, 4] as const)("repairs a gap through replay (%s-frame replies) before applying the live message", async (replayFrames) => {
@@ -158,6 +159,41 @@ describe("KvEventListener", () => {
     expect(got.map((r) => r.seq)).toEqual([0n, 1n, 2n, 3n]);
     expect(got.map(firstHash)).not.toContain(99n);
     expect(listener.stats).toMatchObject({ stale: 1, resets: 0 });
+  });
+
+  it("logs a storm of malformed messages once per throttle window, counting all of them (#17 F10)", async () => {
+    const lines: { msg?: string; suppressed?: number }[] = [];
+    const logger = pino({ level: "warn" }, { write: (l: string) => void lines.push(JSON.parse(l) as { msg?: string }) });
+    const { pub, listener } = await setup({}, { logger });
+    for (let i = 0; i < 200; i++) await pub.publishRaw([pub.topic, encodeSeqFrame(BigInt(i))]); // 2 frames each
+    await waitFor(() => listener.stats.malformed === 200, 5_000, () => `200 malformed, got ${listener.stats.malformed}`);
+    // Before: one warn line per message (50,000 messages wrote 16 MB at the default level).
+    expect(lines.filter((l) => l.msg === "malformed kv event message skipped")).toHaveLength(1);
+  });
+
+  it("drops a seq that jumps implausibly far as corrupt instead of freezing the rank, and counts it (#17 F9)", async () => {
+    const { pub, listener, got, resets } = await setup({}, { useReplay: false });
+    await pub.publish(stored(0n), { seq: 0n });
+    await pub.publish(stored(1n), { seq: 1n });
+    await pub.publish(stored(66n), { seq: 1n + (1n << 63n) });
+    await pub.publish(stored(2n), { seq: 2n });
+    await pub.publish(stored(3n), { seq: 3n });
+    await waitFor(() => listener.stats.lastSeq === 3n, 5_000, () => `seq 3 applied, stats ${JSON.stringify(listener.stats, (_k, v: unknown) => (typeof v === "bigint" ? String(v) : v))}`);
+    // Before: 1 + 2^63 became the cursor, 2 and 3 were dropped as stale, and lost read ~9.2e18.
+    expect(got.map((r) => r.seq)).toEqual([0n, 1n, 2n, 3n]);
+    expect(listener.stats).toMatchObject({ implausible: 1, stale: 0, lost: 0, resets: 0 });
+    expect(resets).toEqual([]);
+  });
+
+  it("takes a stream that keeps numbering from an implausible jump as a restarted publisher", async () => {
+    const { pub, listener, got, resets } = await setup({}, { useReplay: false });
+    const base = 5_000_000_000n;
+    await pub.publish(stored(0n), { seq: 0n });
+    for (let i = 0n; i < 3n; i++) await pub.publish(stored(100n + i), { seq: base + i });
+    await waitFor(() => listener.stats.lastSeq === base + 2n, 5_000, "the new numbering applied");
+    expect(got.map((r) => firstHash(r))).toEqual([0n, 101n, 102n]);
+    expect(resets).toEqual([1]);
+    expect(listener.stats).toMatchObject({ implausible: 1, resets: 1, lost: 0 });
   });
 
   it("detects a publisher restart (seq back to 0) and fires onReset before applying it", async () => {
