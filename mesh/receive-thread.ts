@@ -4,8 +4,9 @@
  * hand-over (receive-coalescer.ts) and posts that hand-over to the main thread once per apply
  * interval, so the main thread wakes once per interval instead of once per peer batch.
  *
- * Messages (receive-worker.ts's types): in, connect/disconnect/close; out, entries (with the
- * running counters and up to MAX_FAILURES_PER_HANDOVER decode failures to log) and closed.
+ * Messages (receive-protocol.ts): in, connect/disconnect/flush/close; out, ready, entries (with
+ * the running counters and up to MAX_FAILURES_PER_HANDOVER decode failures to log), flushed,
+ * command-failed, fatal and closed.
  */
 import { parentPort, workerData } from "node:worker_threads";
 import { Subscriber } from "zeromq";

@@ -3,8 +3,8 @@
  * which peers' PUBs to read, and hands its decoded, folded entries to `onEntries` once per apply
  * interval (receive-coalescer.ts says why).
  *
- * A thread that dies (an uncaught error, or its SUB loop failing) is started again at once with
- * the same peers, and counted and logged. What it held is lost to this replica, like messages a
+ * A thread that dies (an uncaught error, or its SUB loop failing) is started again with the same
+ * peers, after a backoff that doubles while it keeps dying, and counted and logged. What it held is lost to this replica, like messages a
  * SUB misses while reconnecting: the next batch of each origin then shows a seq gap, and the
  * origin tracker repairs it with a snapshot. Nothing is lost silently.
  */
