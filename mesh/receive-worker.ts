@@ -20,14 +20,15 @@ import type { ThreadCommand, ThreadData, ThreadReport } from "./receive-protocol
  * Default hand-over interval of the receive thread, ms. Each hand-over costs the main thread a
  * wake-up plus the apply of what it carries, and on a busy 2-core machine a wake-up of cold code
  * costs 200-500 us whatever it carries. bench:scale measured a passive peer's main thread per
- * replicated request (100 / 200 req/s) at 525 / 256 us reading on the main thread, 150 / 88 us with
- * 20 ms and 100 / 63 us with 50 ms. But the interval is also how much staler peers' load is here
- * than at its origin: under load, a restarted replica's /loads matched its peers' within 365 ms at
- * 10 ms, 412 ms at 20 ms and 3-8 s at 50 ms (`npm run faults -- --only 1`; 111 ms on the main
- * thread). 20 ms keeps that within the fault suite's 1 s; fleets that value capacity over
- * freshness can raise it (hit ratio and stickiness were unchanged at 50 ms, see the README).
+ * replicated request (100 / 200 req/s) at 525 / 256 us reading on the main thread, 213 / 100 us
+ * with 10 ms, 150 / 88 us with 20 ms and 100 / 63 us with 50 ms. But the interval is also how much
+ * staler peers' load is here than at its origin, and the fault suite's restart scenario
+ * (`npm run faults -- --only 1`: a restarted replica's /loads must match its peers' under load
+ * within 1 s) converged in 124-578 ms at 10 ms, 412-1,607 ms at 20 ms (3 of 5 runs over the
+ * second) and 3-8 s at 50 ms, against 111 ms on the main thread. Hence 10 ms; fleets that value
+ * capacity over freshness can raise it (hit ratio and stickiness were unchanged at 50 ms).
  */
-export const DEFAULT_MESH_APPLY_INTERVAL_MS = 20;
+export const DEFAULT_MESH_APPLY_INTERVAL_MS = 10;
 /** How long a starting thread may take to open its socket and say so, ms (tsx compiles it first from source). */
 export const RECEIVE_THREAD_START_TIMEOUT_MS = 15_000;
 /** Backoff between restarts of a thread that keeps dying, ms: first, then doubling to the max. */
