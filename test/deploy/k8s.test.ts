@@ -4,15 +4,11 @@
  * manifest edit that drops the DNS peers or the drain, fails here rather than in a cluster.
  */
 import { execFileSync } from "node:child_process";
-import { EventEmitter } from "node:events";
 import { fileURLToPath } from "node:url";
-import { CommanderError, type Command } from "commander";
 import { describe, expect, it } from "vitest";
 
-import { buildCli, defaultCliDeps } from "../../cli/program.js";
-import type { RunningDaemon, ShutdownSignal } from "../../cli/serve.js";
 import type { DaemonConfig } from "../../src/daemon.js";
-import { waitFor } from "../helpers/wait.js";
+import { serveInProcess } from "../helpers/serve-in-process.js";
 
 const BASE = fileURLToPath(new URL("../../deploy/k8s", import.meta.url));
 
@@ -44,40 +40,12 @@ function containerArgs(deployment: string): string[] {
   return out;
 }
 
-/** `kvmesh serve ...args` through the real parser with a fake daemon; the config it got. */
+/** `kvmesh serve ...args` (args after "serve") through the real parser with a fake daemon; the config it got. */
 async function serveConfig(args: string[]): Promise<DaemonConfig> {
-  const signals = new EventEmitter();
-  let config: DaemonConfig | undefined;
-  let err = "";
-  const daemon: RunningDaemon = { host: "0.0.0.0", port: 8092, close: () => Promise.resolve() };
-  const program = buildCli({
-    ...defaultCliDeps(),
-    startDaemon: (c) => {
-      config = c;
-      return Promise.resolve(daemon);
-    },
-    signals: { on: (s: ShutdownSignal, h: (s: ShutdownSignal) => void) => signals.on(s, h), off: (s: ShutdownSignal, h: (s: ShutdownSignal) => void) => signals.off(s, h) },
-    logDestination: { write: () => undefined },
-    exit: () => undefined,
-    writeOut: () => undefined,
-    writeErr: (t: string) => {
-      err += t;
-    },
-  });
-  const all = (c: Command): Command[] => [c, ...c.commands.flatMap(all)];
-  for (const c of all(program)) c.exitOverride();
-  const run = program.parseAsync(args, { from: "user" });
-  try {
-    await Promise.race([run, waitFor(() => signals.listenerCount("SIGTERM") > 0 || err !== "", 5_000, "serve to start")]);
-    expect(err).toBe("");
-    signals.emit("SIGTERM", "SIGTERM");
-    await run;
-  } catch (e) {
-    if (e instanceof CommanderError) throw new Error(`kvmesh refused the manifest's args: ${err}`);
-    throw e;
-  }
-  if (config === undefined) throw new Error("serve did not start");
-  return config;
+  const r = await serveInProcess(args);
+  expect(r.err).toBe("");
+  if (r.config === undefined) throw new Error(`kvmesh refused the manifest's args: ${r.err}`);
+  return r.config;
 }
 
 describe.skipIf(!kubectl())("deploy/k8s", () => {
@@ -103,7 +71,7 @@ describe.skipIf(!kubectl())("deploy/k8s", () => {
     // What the kubelet substitutes from the env (downward API).
     const args = containerArgs(deployment).map((a) => a.replace("$(POD_IP)", "10.1.2.3").replace("$(POD_NAMESPACE)", "prod"));
     expect(args[0]).toBe("serve");
-    const config = await serveConfig(args);
+    const config = await serveConfig(args.slice(1));
     expect(config).toMatchObject({
       host: "0.0.0.0",
       port: 8092,

@@ -3,55 +3,16 @@
  * parser, then two real `kvmesh serve` processes whose bindings a "host" (this test) relays from
  * one's NDJSON stream to the other's POST /session_bindings.
  */
-import { EventEmitter } from "node:events";
 import { request } from "node:http";
-import { CommanderError, type Command } from "commander";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { buildCli, defaultCliDeps } from "../../cli/program.js";
-import { type RunningDaemon, type ShutdownSignal } from "../../cli/serve.js";
 import { hostReplicationProblem } from "../../src/config.js";
-import { DEFAULT_DAEMON_CONFIG, type DaemonConfig } from "../../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG } from "../../src/daemon.js";
 import { spawnDaemon, stopDaemon, type DaemonProcess } from "../helpers/daemon-process.js";
+import { serveInProcess, type ServeOutcome } from "../helpers/serve-in-process.js";
 import { waitFor } from "../helpers/wait.js";
 
 /** Runs `kvmesh serve ...args` in process with a fake daemon; the config it got, or the usage error. */
-async function serveWith(...args: string[]): Promise<{ config?: DaemonConfig; code?: number; err: string }> {
-  const signals = new EventEmitter();
-  let err = "";
-  let config: DaemonConfig | undefined;
-  const daemon: RunningDaemon = { host: "127.0.0.1", port: 1, close: () => Promise.resolve() };
-  const program = buildCli({
-    ...defaultCliDeps(),
-    startDaemon: (c) => {
-      config = c;
-      return Promise.resolve(daemon);
-    },
-    signals: {
-      on: (s: ShutdownSignal, h: (s: ShutdownSignal) => void) => signals.on(s, h),
-      off: (s: ShutdownSignal, h: (s: ShutdownSignal) => void) => signals.off(s, h),
-    },
-    logDestination: { write: () => undefined },
-    exit: () => undefined,
-    writeOut: () => undefined,
-    writeErr: (t: string) => {
-      err += t;
-    },
-  });
-  const all = (c: Command): Command[] => [c, ...c.commands.flatMap(all)];
-  for (const c of all(program)) c.exitOverride();
-  const run = program.parseAsync(["serve", ...args], { from: "user" });
-  try {
-    await Promise.race([run, waitFor(() => signals.listenerCount("SIGTERM") > 0 || err !== "", 5_000, "serve to start")]);
-    if (err === "") {
-      signals.emit("SIGTERM", "SIGTERM");
-      await run;
-    } else await run;
-  } catch (e) {
-    if (e instanceof CommanderError) return { code: e.exitCode, err };
-    throw e;
-  }
-  return config === undefined ? { err } : { config, err };
-}
+const serveWith = (...args: string[]): Promise<ServeOutcome> => serveInProcess(args);
 
 afterEach(() => {
   vi.unstubAllEnvs();
