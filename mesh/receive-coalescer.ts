@@ -21,7 +21,7 @@
  */
 import type { LoadAggregateRow, LoadAggregates } from "../src/core/replica-events.js";
 import { MeshWireError } from "./errors.js";
-import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type MeshEvent } from "./types.js";
+import { PROTOCOL_VERSION, TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type MeshEvent } from "./types.js";
 import { decodeBatch, decodeHeartbeat } from "./wire.js";
 
 /**
@@ -165,7 +165,7 @@ export class ReceiveCoalescer {
 }
 
 function freeze(b: Building): MeshBatch {
-  const batch: MeshBatch = { v: 1, origin: b.origin, epoch: b.epoch, seq: b.seq, sentAtMs: b.sentAtMs, events: b.events };
+  const batch: MeshBatch = { v: PROTOCOL_VERSION, origin: b.origin, epoch: b.epoch, seq: b.seq, sentAtMs: b.sentAtMs, events: b.events };
   return b.firstSeq === b.seq ? batch : { ...batch, firstSeq: b.firstSeq };
 }
 

@@ -35,6 +35,7 @@ export { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_FLUSH_INTERVAL_M
 
 /** How often due snapshot retries, peer-health transitions and silent-peer redials are checked, ms. */
 export const MESH_HOUSEKEEPING_INTERVAL_MS = 100;
+const MS_PER_SECOND = 1_000;
 
 /** The wall clock: ms since the Unix epoch. */
 const systemWallClock: Clock = { now: () => Date.now() };
@@ -170,7 +171,7 @@ export class ReplicaMesh implements MeshControl {
     if (o.dnsPeers !== undefined && o.dnsPeers.length > 0) {
       const dns = new DnsPeerDiscovery({
         entries: o.dnsPeers,
-        intervalMs: o.peerDnsIntervalMs ?? DEFAULT_PEER_DNS_INTERVAL_SECS * 1_000,
+        intervalMs: o.peerDnsIntervalMs ?? DEFAULT_PEER_DNS_INTERVAL_SECS * MS_PER_SECOND,
         self: mesh.publishEndpoint,
         register: (ep) => mesh.registerPeer(ep),
         deregister: (ep) => mesh.deregisterPeer(ep),
