@@ -80,6 +80,7 @@ if (config.stress) {
     retries: config.stressRetries,
     loadReplication: config.loadReplication,
     meshAggregateIntervalMs: config.meshAggregateIntervalMs,
+    serveArgs: config.serveArgs,
     aggregateIntervalMs,
     log,
   });
@@ -91,12 +92,13 @@ if (config.stress) {
         rates: config.rates,
         seconds: config.seconds,
         warmupSeconds: config.warmupSeconds,
-    idleSeconds: config.idleSeconds,
+        idleSeconds: config.idleSeconds,
         workers: config.workers,
         sessions: config.sessions,
         seed: config.seed,
         loadReplication: config.loadReplication,
         meshAggregateIntervalMs: config.meshAggregateIntervalMs,
+        serveArgs: config.serveArgs,
         log,
       })),
     );

@@ -84,6 +84,8 @@ export interface BenchScaleConfig {
   readonly loadReplication: LoadReplication;
   /** --mesh-aggregate-interval-ms for every serve and the fake origin; undefined = the daemon's default. */
   readonly meshAggregateIntervalMs: number | undefined;
+  /** --serve-args: more `kvmesh serve` flags for every replica, after the bench's own (a design variant to measure). */
+  readonly serveArgs: readonly string[];
 }
 
 /** Each stress step's measured seconds: `seconds`, or less so that `steps` steps fit the budget. */
@@ -93,8 +95,14 @@ export function stressStepSeconds(steps: number, seconds: number): number {
 }
 
 /** The `kvmesh serve` flags of every replica of a bench:scale run (origin and peers alike): `extra`, then the load replication ones. */
-export function scaleServeArgs(o: Pick<BenchScaleConfig, "loadReplication" | "meshAggregateIntervalMs">, extra: readonly string[] = []): string[] {
-  return [...extra, "--load-replication", o.loadReplication, ...(o.meshAggregateIntervalMs === undefined ? [] : ["--mesh-aggregate-interval-ms", String(o.meshAggregateIntervalMs)])];
+export function scaleServeArgs(o: Pick<BenchScaleConfig, "loadReplication" | "meshAggregateIntervalMs" | "serveArgs">, extra: readonly string[] = []): string[] {
+  return [
+    ...extra,
+    "--load-replication",
+    o.loadReplication,
+    ...(o.meshAggregateIntervalMs === undefined ? [] : ["--mesh-aggregate-interval-ms", String(o.meshAggregateIntervalMs)]),
+    ...o.serveArgs,
+  ];
 }
 
 function intList(min: number, max: number): (value: string) => number[] {
@@ -154,7 +162,8 @@ export function benchScaleCommand(): Command {
         .choices(LOAD_REPLICATION_MODES)
         .default(DEFAULT_LOAD_REPLICATION),
     )
-    .addOption(new Option("--mesh-aggregate-interval-ms <ms>", "every serve's --mesh-aggregate-interval-ms, and the fake origin's flush spacing in aggregate mode [default: the daemon's, 10]").argParser(integerInRange(0, MAX_AGGREGATE_INTERVAL_MS)));
+    .addOption(new Option("--mesh-aggregate-interval-ms <ms>", "every serve's --mesh-aggregate-interval-ms, and the fake origin's flush spacing in aggregate mode [default: the daemon's, 10]").argParser(integerInRange(0, MAX_AGGREGATE_INTERVAL_MS)))
+    .addOption(new Option("--serve-args <flags>", 'more `kvmesh serve` flags for every replica, space-separated (e.g. "--no-mesh-receive-thread"); a bad flag fails the first serve with its usage error').default(""));
 }
 
 interface RawOptions {
@@ -177,6 +186,7 @@ interface RawOptions {
   lagTargetMs: number;
   loadReplication: LoadReplication;
   meshAggregateIntervalMs?: number;
+  serveArgs: string;
 }
 
 /** `argv`: the user's arguments (no node, no script). Throws commander's error on bad input when `cmd` has exitOverride. */
@@ -205,5 +215,6 @@ export function parseBenchScaleArgs(argv: readonly string[], defaultLabel: strin
     lagTargetMs: o.lagTargetMs,
     loadReplication: o.loadReplication,
     meshAggregateIntervalMs: o.meshAggregateIntervalMs,
+    serveArgs: o.serveArgs.split(" ").filter((a) => a !== ""),
   };
 }

@@ -47,6 +47,8 @@ export interface HttpRunOptions {
   /** Every serve's --load-replication, and --mesh-aggregate-interval-ms when set. */
   readonly loadReplication: LoadReplication;
   readonly meshAggregateIntervalMs: number | undefined;
+  /** bench:scale --serve-args: more serve flags for every replica. */
+  readonly serveArgs: readonly string[];
   readonly log: (line: string) => void;
 }
 

@@ -57,6 +57,8 @@ export interface StressRunOptions {
   readonly loadReplication: LoadReplication;
   /** The peer's --mesh-aggregate-interval-ms when set (it only receives, so only for the record). */
   readonly meshAggregateIntervalMs: number | undefined;
+  /** bench:scale --serve-args: more serve flags for every replica. */
+  readonly serveArgs: readonly string[];
   /** Aggregate mode: the fake origin's flush spacing, ms (the daemon's default when not set). */
   readonly aggregateIntervalMs: number;
   readonly log: (line: string) => void;

@@ -46,11 +46,16 @@ export interface ServeProcess {
   readonly exited: Promise<number | string>;
 }
 
-/** The CLI entry point: cli/main.ts through tsx from source, dist/cli/main.js when built. */
+/**
+ * The CLI entry point: cli/main.ts through tsx from source, dist/cli/main.js when built, after
+ * the node flags in KVMESH_BENCH_NODE_ARGS (space-separated; node refuses --cpu-prof in
+ * NODE_OPTIONS, so this is how a benchmark's daemons get profiled).
+ */
 export function cliCommand(): string[] {
   const fromSource = import.meta.url.endsWith(".ts");
   const main = fileURLToPath(new URL(`../../cli/main.${fromSource ? "ts" : "js"}`, import.meta.url));
-  return fromSource ? ["--import", "tsx", main] : [main];
+  const extra = process.env.KVMESH_BENCH_NODE_ARGS?.split(" ").filter((a) => a !== "") ?? [];
+  return fromSource ? [...extra, "--import", "tsx", main] : [...extra, main];
 }
 
 /** Every child still running: killed if this process exits first (a crash, Ctrl-C), so no daemon keeps its ports. */
