@@ -290,6 +290,14 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
         integerInRange(0, MAX_MESH_INTERVAL_MS),
         d.meshApplyIntervalMs,
       ),
+    )
+    .addOption(
+      valueOption(
+        "--mesh-apply-max-delay-ms <ms>",
+        "with the receive thread: the longest its hand-overs wait before the main thread applies them when no HTTP request (which applies them first) comes",
+        integerInRange(1, MAX_MESH_INTERVAL_MS),
+        d.meshApplyMaxDelayMs,
+      ),
     );
   addBooleanPair(cmd, "--mesh-receive-thread", "read peers' updates on a worker thread that decodes and merges them, so the main thread pays per apply interval, not per peer message (plain mesh; CURVE meshes read on the main thread)", d.meshReceiveThread);
   addServeSecurityOptions(cmd);

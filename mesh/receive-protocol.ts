@@ -3,6 +3,8 @@
  * (receive-thread.ts). Structured clone carries them: bigints, typed arrays and plain objects
  * survive it; class instances would not, and none are sent.
  */
+import type { MessagePort } from "node:worker_threads";
+
 import type { CoalescerStats, DecodeFailure, ReceivedEntry } from "./receive-coalescer.js";
 
 /** Decode failures reported per hand-over (the rest are only counted). */
@@ -17,6 +19,20 @@ export interface ThreadData {
   readonly applyIntervalMs: number;
   /** This replica's origin: its own frames, looped back, are skipped. */
   readonly self: bigint | null;
+  /**
+   * Where hand-overs ("entries" reports) go: a port the main thread never listens on, but drains
+   * synchronously (receiveMessageOnPort) when it needs peers' state, so a hand-over runs no
+   * JavaScript there until then. Every other report goes to parentPort.
+   */
+  readonly handoff: MessagePort;
+}
+
+/** A hand-over, on ThreadData.handoff. */
+export interface HandoffReport {
+  readonly t: "entries";
+  readonly entries: ReceivedEntry[];
+  readonly stats: CoalescerStats;
+  readonly failures: DecodeFailure[];
 }
 
 export type ThreadCommand =
@@ -28,7 +44,6 @@ export type ThreadCommand =
 
 export type ThreadReport =
   | { readonly t: "ready" }
-  | { readonly t: "entries"; readonly entries: ReceivedEntry[]; readonly stats: CoalescerStats; readonly failures: DecodeFailure[] }
   | { readonly t: "command-failed"; readonly op: ThreadCommand["op"]; readonly message: string }
   | { readonly t: "flushed"; readonly token: number }
   | { readonly t: "fatal"; readonly message: string }

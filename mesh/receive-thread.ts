@@ -4,15 +4,16 @@
  * hand-over (receive-coalescer.ts) and posts that hand-over to the main thread once per apply
  * interval, so the main thread wakes once per interval instead of once per peer batch.
  *
- * Messages (receive-protocol.ts): in, connect/disconnect/flush/close; out, ready, entries (with
- * the running counters and up to MAX_FAILURES_PER_HANDOVER decode failures to log), flushed,
- * command-failed, fatal and closed.
+ * Messages (receive-protocol.ts): in, connect/disconnect/flush/close; out on parentPort, ready,
+ * flushed, command-failed, fatal and closed; out on the hand-off port, entries (with the running
+ * counters and up to MAX_FAILURES_PER_HANDOVER decode failures to log), which the main thread
+ * drains when it needs them rather than on arrival.
  */
 import { parentPort, workerData } from "node:worker_threads";
 import { Subscriber } from "zeromq";
 
 import { ReceiveCoalescer, type DecodeFailure } from "./receive-coalescer.js";
-import { MAX_FAILURES_PER_HANDOVER, type ThreadCommand, type ThreadData, type ThreadReport } from "./receive-protocol.js";
+import { MAX_FAILURES_PER_HANDOVER, type HandoffReport, type ThreadCommand, type ThreadData, type ThreadReport } from "./receive-protocol.js";
 
 const port = parentPort;
 if (port === null) throw new Error("receive-thread.ts runs as a worker thread only");
@@ -34,7 +35,8 @@ function handOver(): void {
   timer = undefined;
   const entries = coalescer.take();
   if (entries.length === 0 && failures.length === 0) return;
-  post({ t: "entries", entries, stats: { ...coalescer.stats }, failures });
+  const report: HandoffReport = { t: "entries", entries, stats: { ...coalescer.stats }, failures };
+  data.handoff.postMessage(report);
   failures = [];
 }
 

@@ -1,7 +1,13 @@
 /**
  * The main thread's handle on the mesh's receive thread (receive-thread.ts): starts it, tells it
- * which peers' PUBs to read, and hands its decoded, folded entries to `onEntries` once per apply
- * interval (receive-coalescer.ts says why).
+ * which peers' PUBs to read, and hands its decoded, folded entries to `onEntries`.
+ *
+ * The thread posts a hand-over once per apply interval (receive-coalescer.ts says why) to a port
+ * this thread never listens on. `applyReceived()` drains that port synchronously: the HTTP layer
+ * calls it before each request, so a decision sees every hand-over posted until then, and a timer
+ * calls it every `maxApplyDelayMs` otherwise. A replica that routes nothing (a passive peer) thus
+ * runs the apply about 10 times a second, not 100, whatever its peers send: bench:scale measured
+ * the cold wake-up of each apply at 150-300 us of main-thread CPU however little it carried.
  *
  * A thread that dies (an uncaught error, or its SUB loop failing) is started again with the same
  * peers, after a backoff that doubles while it keeps dying, and counted and logged. What it held is lost to this replica, like messages a
@@ -10,11 +16,11 @@
  */
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
-import { Worker } from "node:worker_threads";
+import { MessageChannel, type MessagePort, receiveMessageOnPort, Worker } from "node:worker_threads";
 import type { Logger } from "pino";
 
 import type { CoalescerStats, ReceivedEntry } from "./receive-coalescer.js";
-import type { ThreadCommand, ThreadData, ThreadReport } from "./receive-protocol.js";
+import type { HandoffReport, ThreadCommand, ThreadData, ThreadReport } from "./receive-protocol.js";
 
 /**
  * Default hand-over interval of the receive thread, ms. Each hand-over costs the main thread a
@@ -29,6 +35,13 @@ import type { ThreadCommand, ThreadData, ThreadReport } from "./receive-protocol
  * capacity over freshness can raise it (hit ratio and stickiness were unchanged at 50 ms).
  */
 export const DEFAULT_MESH_APPLY_INTERVAL_MS = 10;
+/**
+ * Default longest wait, ms, before hand-overs nobody pulled (no HTTP request came) are applied
+ * anyway: what peer health, gap detection, snapshot repair and the divergence check lag by on a
+ * replica that serves no requests. Each apply wakes the main thread (see the module comment);
+ * 100 ms matches the mesh's housekeeping tick.
+ */
+export const DEFAULT_MESH_APPLY_MAX_DELAY_MS = 100;
 /** How long a starting thread may take to open its socket and say so, ms (tsx compiles it first from source). */
 export const RECEIVE_THREAD_START_TIMEOUT_MS = 15_000;
 /** Backoff between restarts of a thread that keeps dying, ms: first, then doubling to the max. */
@@ -41,7 +54,9 @@ export const RECEIVE_THREAD_FLUSH_TIMEOUT_MS = 1_000;
 /** How long close() waits for the thread to hand over and close its socket before terminating it, ms. */
 export const RECEIVE_THREAD_CLOSE_TIMEOUT_MS = 2_000;
 
-export interface ReceiveWorkerOptions extends ThreadData {
+export interface ReceiveWorkerOptions extends Omit<ThreadData, "handoff"> {
+  /** Hand-overs not pulled by applyReceived() are applied after at most this long, ms. */
+  readonly maxApplyDelayMs: number;
   readonly logger: Logger;
   readonly onEntries: (entries: ReceivedEntry[]) => void;
 }
@@ -59,12 +74,13 @@ const ZERO: CoalescerStats = { received: 0, malformed: 0, decodeErrors: 0, merge
  * through it.
  */
 function spawn(file: URL, workerData: ThreadData): Worker {
-  if (!file.pathname.endsWith(".ts")) return new Worker(file, { workerData });
+  const transferList = [workerData.handoff];
+  if (!file.pathname.endsWith(".ts")) return new Worker(file, { workerData, transferList });
   // tsx's ESM build of its API: the CommonJS one fails to load its ESM half from a worker that
   // inherited tsx's loader (ERR_MODULE_NOT_FOUND on .../esm/api/esm/index.mjs, tsx 4.23).
   const tsx = pathToFileURL(createRequire(import.meta.url).resolve("tsx/esm/api").replace(/\.cjs$/, ".mjs")).href;
   const code = `import(${JSON.stringify(tsx)}).then((api) => api.tsImport(${JSON.stringify(file.href)}, ${JSON.stringify(import.meta.url)}))`;
-  return new Worker(code, { eval: true, workerData });
+  return new Worker(code, { eval: true, workerData, transferList });
 }
 
 const THREAD_FILE = new URL(import.meta.url.endsWith(".ts") ? "./receive-thread.ts" : "./receive-thread.js", import.meta.url);
@@ -75,6 +91,10 @@ export class ReceiveWorker {
   /** Endpoint -> ipv6: what a restarted thread connects to again. */
   readonly #peers = new Map<string, boolean>();
   #worker: Worker;
+  /** Where #worker posts its hand-overs (drained by applyReceived, never listened on). */
+  #handoff: MessagePort;
+  /** Applies what nobody pulled, every maxApplyDelayMs. */
+  readonly #applyTimer: NodeJS.Timeout;
   /** Resolves when #worker has exited (whether it was asked to or not). */
   #workerExited!: Promise<void>;
   #startedAtMs: number;
@@ -88,24 +108,46 @@ export class ReceiveWorker {
   #flushToken = 0;
   readonly #flushes = new Map<number, () => void>();
 
-  private constructor(o: ReceiveWorkerOptions, first: Worker) {
+  private constructor(o: ReceiveWorkerOptions, first: Spawned) {
     this.#o = o;
     this.#log = o.logger;
-    this.#worker = first;
+    this.#worker = first.worker;
+    this.#handoff = first.handoff;
     this.#startedAtMs = performance.now();
-    this.#wire(first);
+    this.#wire(first.worker);
+    this.#applyTimer = setInterval(() => {
+      this.applyReceived();
+    }, o.maxApplyDelayMs);
+    this.#applyTimer.unref();
   }
 
   /** Starts the thread; rejects if it does not come up (so a daemon fails at start, not in a restart loop). */
   static async start(o: ReceiveWorkerOptions): Promise<ReceiveWorker> {
-    const w = spawnThread(o);
+    const s = spawnThread(o);
     try {
-      await ready(w);
+      await ready(s.worker);
     } catch (err) {
-      await w.terminate();
+      s.handoff.close();
+      await s.worker.terminate();
       throw err;
     }
-    return new ReceiveWorker(o, w);
+    return new ReceiveWorker(o, s);
+  }
+
+  /**
+   * Applies, now and synchronously, every hand-over the thread has posted (through onEntries);
+   * returns how many. Costs one empty port read when there is none.
+   */
+  applyReceived(): number {
+    let n = 0;
+    for (let m = receiveMessageOnPort(this.#handoff); m !== undefined; m = receiveMessageOnPort(this.#handoff)) {
+      const r = m.message as HandoffReport;
+      this.#live = r.stats;
+      for (const f of r.failures) this.#log.debug({ field: f.field, topic: f.topic }, `malformed mesh frame: ${f.message}`);
+      if (r.entries.length > 0) this.#o.onEntries(r.entries);
+      n++;
+    }
+    return n;
   }
 
   get stats(): ReceiveWorkerStats {
@@ -160,6 +202,7 @@ export class ReceiveWorker {
 
   async #close(): Promise<void> {
     clearTimeout(this.#restartTimer);
+    clearInterval(this.#applyTimer);
     const w = this.#worker;
     const exited = this.#workerExited;
     const closed = new Promise<void>((resolve) => {
@@ -172,6 +215,9 @@ export class ReceiveWorker {
     await Promise.race([closed.then(() => w.terminate()), exited]);
     clearTimeout(timer);
     await exited;
+    // The thread's last hand-over was posted before "closed".
+    this.applyReceived();
+    this.#handoff.close();
   }
 
   #send(cmd: ThreadCommand): void {
@@ -201,6 +247,8 @@ export class ReceiveWorker {
   #died(reason: string): void {
     if (this.#restartTimer !== undefined) return;
     this.#restarts++;
+    // What the dead thread posted before it died is still good.
+    this.applyReceived();
     for (const done of [...this.#flushes.values()]) done();
     this.#base = this.stats;
     this.#live = { ...ZERO };
@@ -212,10 +260,13 @@ export class ReceiveWorker {
     this.#restartTimer = setTimeout(() => {
       this.#restartTimer = undefined;
       if (this.#closing !== undefined) return;
-      const w = spawnThread(this.#o);
-      this.#worker = w;
+      this.applyReceived();
+      this.#handoff.close();
+      const s = spawnThread(this.#o);
+      this.#worker = s.worker;
+      this.#handoff = s.handoff;
       this.#startedAtMs = performance.now();
-      this.#wire(w);
+      this.#wire(s.worker);
       for (const [endpoint, ipv6] of this.#peers) this.#send({ op: "connect", endpoint, ipv6 });
     }, delayMs);
     this.#restartTimer.unref();
@@ -225,15 +276,13 @@ export class ReceiveWorker {
     switch (r.t) {
       case "ready":
         break;
-      case "entries":
-        this.#live = r.stats;
-        for (const f of r.failures) this.#log.debug({ field: f.field, topic: f.topic }, `malformed mesh frame: ${f.message}`);
-        if (r.entries.length > 0) this.#o.onEntries(r.entries);
-        break;
       case "closed":
+        this.applyReceived();
         this.#live = r.stats;
         break;
       case "flushed":
+        // The thread posted its hand-over before this answer, so it is on the port now.
+        this.applyReceived();
         this.#flushes.get(r.token)?.();
         break;
       case "command-failed":
@@ -246,9 +295,18 @@ export class ReceiveWorker {
   }
 }
 
-function spawnThread(o: ReceiveWorkerOptions): Worker {
-  const data: ThreadData = { topics: o.topics, socket: o.socket, applyIntervalMs: o.applyIntervalMs, self: o.self };
-  return spawn(THREAD_FILE, data);
+interface Spawned {
+  readonly worker: Worker;
+  /** Our end of the thread's hand-off port (ThreadData.handoff). */
+  readonly handoff: MessagePort;
+}
+
+function spawnThread(o: ReceiveWorkerOptions): Spawned {
+  const { port1, port2 } = new MessageChannel();
+  // Never listened on, so never started: it must not keep the process alive either.
+  port1.unref();
+  const data: ThreadData = { topics: o.topics, socket: o.socket, applyIntervalMs: o.applyIntervalMs, self: o.self, handoff: port2 };
+  return { worker: spawn(THREAD_FILE, data), handoff: port1 };
 }
 
 /** Resolves on the thread's "ready"; rejects on its error, exit or the start timeout. */

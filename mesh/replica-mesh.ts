@@ -27,7 +27,7 @@ import { systemTimers, type TimerHandle, type Timers } from "./timers.js";
 import { MeshTransport } from "./transport.js";
 
 export { DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
-export { DEFAULT_MESH_APPLY_INTERVAL_MS } from "./receive-worker.js";
+export { DEFAULT_MESH_APPLY_INTERVAL_MS, DEFAULT_MESH_APPLY_MAX_DELAY_MS } from "./receive-worker.js";
 export { MAX_CONCURRENT_SNAPSHOT_PULLS, WORKER_CHANGE_RESNAPSHOT_DELAY_MS } from "./inbound.js";
 export type { MeshStats } from "./mesh-metrics.js";
 export { SILENT_PEER_REDIAL_MAX_MS, SILENT_PEER_REDIAL_MS, type PeerView } from "./membership.js";
@@ -76,6 +76,8 @@ export interface ReplicaMeshOptions {
    * unset: on the main thread, per message. Ignored with `curve` (see MeshTransportOptions).
    */
   readonly receiveThreadApplyIntervalMs?: number | undefined;
+  /** With the receive thread: hand-overs nobody pulled (applyReceived) are applied after this long, ms. */
+  readonly receiveThreadMaxApplyDelayMs?: number | undefined;
 }
 
 export class ReplicaMesh implements MeshControl {
@@ -164,7 +166,7 @@ export class ReplicaMesh implements MeshControl {
       publishBind: o.publishBind,
       logger: o.logger,
       ...(o.curve === undefined ? {} : { curve: o.curve }),
-      ...(o.receiveThreadApplyIntervalMs === undefined ? {} : { receiveThread: { applyIntervalMs: o.receiveThreadApplyIntervalMs, self: o.service.replicaId } }),
+      ...(o.receiveThreadApplyIntervalMs === undefined ? {} : { receiveThread: { applyIntervalMs: o.receiveThreadApplyIntervalMs, maxApplyDelayMs: o.receiveThreadMaxApplyDelayMs, self: o.service.replicaId } }),
     });
     const mesh = new ReplicaMesh(o, transport);
     for (const p of o.peers ?? []) await mesh.registerPeer(p);
@@ -233,6 +235,10 @@ export class ReplicaMesh implements MeshControl {
 
   listPeers(): PeerView[] {
     return this.#membership.list();
+  }
+
+  applyReceived(): void {
+    if (!this.#closed) this.#transport.applyReceived();
   }
 
   catchUp(): Promise<void> {

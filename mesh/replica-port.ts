@@ -63,6 +63,12 @@ export interface MeshControl {
   deregisterPeer(endpoint: string): Promise<boolean>;
   listPeers(): unknown[];
   /**
+   * Applies, synchronously, every peer update the receive thread has handed over so far (a no-op
+   * without one): the HTTP layer calls it before each request, so an answer reflects every peer
+   * message received up to the thread's last hand-over rather than up to the last timed apply.
+   */
+  applyReceived(): void;
+  /**
    * Resolves once every peer message this replica has received is applied (the receive thread
    * hands over between intervals): what a lifecycle call for an unknown reservation waits for
    * before answering 404, since the booking may sit in the thread's next hand-over.

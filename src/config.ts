@@ -11,7 +11,7 @@
 import { loadMeshCurveConfig, type MeshCurveConfig } from "../mesh/curve.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
 import { DEFAULT_PEER_DNS_INTERVAL_SECS } from "../mesh/dns-peers.js";
-import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_APPLY_INTERVAL_MS, DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../mesh/replica-mesh.js";
+import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_APPLY_INTERVAL_MS, DEFAULT_MESH_APPLY_MAX_DELAY_MS, DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../mesh/replica-mesh.js";
 import type { LoadReplication } from "./core/replica-events.js";
 import { isKvmeshError, KvmeshError } from "./core/errors.js";
 import { DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "./core/pending-selections.js";
@@ -93,6 +93,8 @@ export interface DaemonConfig {
   readonly meshReceiveThread: boolean;
   /** With the receive thread: how often it hands what arrived to the main thread, ms. */
   readonly meshApplyIntervalMs: number;
+  /** With the receive thread: the longest its hand-overs wait for the main thread when no HTTP request pulls them, ms. */
+  readonly meshApplyMaxDelayMs: number;
   /** CURVE for the mesh (`--mesh-key`, `--mesh-allow`): this replica's key pair and the keys it accepts. Needs replicaSyncPort. */
   readonly meshCurve?: MeshCurveConfig | undefined;
   /** Bearer token the state-changing HTTP routes require (`--api-token-file`, src/http/auth.ts); unset: no authentication. */
@@ -134,6 +136,7 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   meshHeartbeatIntervalMs: DEFAULT_MESH_HEARTBEAT_INTERVAL_MS,
   meshReceiveThread: true,
   meshApplyIntervalMs: DEFAULT_MESH_APPLY_INTERVAL_MS,
+  meshApplyMaxDelayMs: DEFAULT_MESH_APPLY_MAX_DELAY_MS,
   meshCurve: undefined,
   apiToken: undefined,
   sessionReplicationWriterId: undefined,

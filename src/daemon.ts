@@ -162,7 +162,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
         flushIntervalMs: service.loadReplication === "aggregate" ? config.meshAggregateIntervalMs : config.meshFlushIntervalMs,
         heartbeatIntervalMs: config.meshHeartbeatIntervalMs,
         metrics: registry,
-        ...(config.meshReceiveThread ? { receiveThreadApplyIntervalMs: config.meshApplyIntervalMs } : {}),
+        ...(config.meshReceiveThread ? { receiveThreadApplyIntervalMs: config.meshApplyIntervalMs, receiveThreadMaxApplyDelayMs: config.meshApplyMaxDelayMs } : {}),
       });
       logger.info({ publish: sync.advertise, peers: config.peers, origin: service.replicaId.toString() }, "replica mesh up");
     } catch (err) {

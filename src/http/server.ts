@@ -437,6 +437,8 @@ class HttpApi {
       if (this.#o.apiToken !== undefined && requiresApiToken(route.method, label)) checkBearer(req.headers.authorization, this.#o.apiToken);
       const params = m.params.map(decodeSegment);
       const body = route.body === "none" ? undefined : await this.#readBody(req, route.body, route.prompt === true);
+      // Peers' updates the receive thread handed over since: a decision or a view sees them all.
+      this.#o.mesh?.applyReceived();
       const r = await route.handle({ params, query: q < 0 ? undefined : new URLSearchParams(url.slice(q + 1)), body });
       answered = r.body;
       if (r.stream !== undefined) r.stream(req, res);

@@ -371,6 +371,7 @@ describe("HTTP API: replica sync routes", () => {
   it("drive a MeshControl: 201 added, 200 present, 404 unknown, errors pass through", async () => {
     const peers = new Set<string>();
     const mesh: MeshControl = {
+      applyReceived: () => undefined,
       catchUp: () => Promise.resolve(),
       registerPeer: (e) => {
         if (!e.startsWith("tcp://")) return Promise.reject(new KvmeshError("KVMESH_BAD_REQUEST", `invalid endpoint ${e}`));
@@ -417,6 +418,38 @@ describe("HTTP API: replica sync routes", () => {
   });
 });
 
+describe("HTTP API: peers' updates the receive thread handed over", () => {
+  it("are applied before each request is answered, so the answer reflects them", async () => {
+    const { svc } = makeService();
+    // What the receive thread handed over and nobody applied yet: a booking a peer made on worker 1.
+    const pending: (() => void)[] = [];
+    let applies = 0;
+    const mesh: MeshControl = {
+      applyReceived: () => {
+        applies++;
+        for (const apply of pending.splice(0)) apply();
+      },
+      catchUp: () => Promise.resolve(),
+      registerPeer: () => Promise.resolve(false),
+      deregisterPeer: () => Promise.resolve(false),
+      listPeers: () => [],
+    };
+    const t = await serve({ svc, mesh });
+    for (const id of [1, 2]) expect((await t.call("POST", "/workers", worker(id))).status).toBe(201);
+    pending.push(() => void svc.createReservation({ selection_id: "peer-booking", worker_id: 1n, token_ids: tokens(8) }));
+    // Without the apply, both workers are idle and the tie goes to worker 1; with it, worker 1
+    // carries the peer's booking and the selection goes to worker 2.
+    const sel = await t.call("POST", "/select", { token_ids: tokens(2) });
+    expect(sel.status).toBe(200);
+    expect(obj(sel.json).worker_id).toBe(2);
+    expect(pending).toHaveLength(0);
+    const before = applies;
+    await t.call("GET", "/loads");
+    await t.call("GET", "/health");
+    expect(applies).toBe(before + 2);
+  });
+});
+
 describe("HTTP API: lifecycle calls for a peer's booking not applied yet", () => {
   it("wait for the mesh to catch up once before answering 404", async () => {
     let catchUps = 0;
@@ -428,6 +461,7 @@ describe("HTTP API: lifecycle calls for a peer's booking not applied yet", () =>
         catchUps++;
         for (const id of late.splice(0)) expect((await holder.t?.call("POST", "/reservations", { selection_id: id, worker_id: 2, token_ids: tokens(2) }))?.status).toBe(201);
       },
+      applyReceived: () => undefined,
       registerPeer: () => Promise.resolve(false),
       deregisterPeer: () => Promise.resolve(false),
       listPeers: () => [],

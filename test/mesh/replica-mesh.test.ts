@@ -41,7 +41,7 @@ describe("ReplicaMesh over fake ports", () => {
     await Promise.all(open.splice(0).map((m) => m.close()));
   });
 
-  async function start(id: bigint, receiveThreadApplyIntervalMs?: number): Promise<{ mesh: ReplicaMesh; port: FakeReplicaPort; metrics: Registry }> {
+  async function start(id: bigint, receiveThreadApplyIntervalMs?: number, receiveThreadMaxApplyDelayMs?: number): Promise<{ mesh: ReplicaMesh; port: FakeReplicaPort; metrics: Registry }> {
     const port = new FakeReplicaPort(id);
     const metrics = new Registry();
     const mesh = await ReplicaMesh.start({
@@ -51,6 +51,7 @@ describe("ReplicaMesh over fake ports", () => {
       heartbeatIntervalMs: 50,
       metrics,
       ...(receiveThreadApplyIntervalMs === undefined ? {} : { receiveThreadApplyIntervalMs }),
+      ...(receiveThreadMaxApplyDelayMs === undefined ? {} : { receiveThreadMaxApplyDelayMs }),
     });
     open.push(mesh);
     return { mesh, port, metrics };
@@ -123,6 +124,42 @@ describe("ReplicaMesh over fake ports", () => {
     }
     a.port.emitLoad(frees[0] as LoadEvent);
     await waitFor(() => b.port.applied.length === frees.length + 1, 5_000, "later events still applied");
+  });
+
+  it("with a receive thread: what it hands over waits for applyReceived() (or the max delay), then applies synchronously", async () => {
+    const a = await start(0xa1n);
+    // A max delay far beyond the test: only applyReceived() (and catchUp) deliver.
+    const b = await start(0xb2n, 5, 600_000);
+    expect(await b.mesh.registerPeer(a.mesh.publishEndpoint)).toBe(true);
+    await waitFor(
+      () => {
+        b.mesh.applyReceived();
+        return b.mesh.listPeers()[0]?.sync === "live";
+      },
+      5_000,
+      "B live with A",
+    );
+    const free: LoadEvent = { type: "free", origin: 0xa1n, owner: 0xa1n, request_id: "pulled", partition: { model_name: "m", routing_group: "g" } };
+    a.port.emitLoad(free);
+    // Handed over by the thread (every 5 ms), received by nobody until asked.
+    await waitFor(() => b.mesh.stats.receiveHandovers > 0 && b.mesh.stats.batchesApplied === 0 && b.port.applied.length === 0, 5_000, "a hand-over pending");
+    await new Promise((r) => setTimeout(r, 100));
+    expect(b.port.applied).toEqual([]);
+    await waitFor(
+      () => {
+        b.mesh.applyReceived();
+        return b.port.applied.length === 1;
+      },
+      5_000,
+      "the event applied by applyReceived()",
+    );
+    expect(b.port.applied).toEqual([free]);
+    // catchUp() delivers too: the thread hands over at once and the answer applies it.
+    a.port.emitLoad({ ...free, request_id: "caught-up" });
+    await waitFor(async () => {
+      await b.mesh.catchUp();
+      return b.port.applied.length === 2;
+    }, 5_000, "the event applied by catchUp()");
   });
 
   it("peers with what a dns:NAME:PORT entry resolves to, through the system resolver, and not with itself", async () => {
