@@ -12,6 +12,12 @@
  * measured first: finding its front after front deletions walks V8's tombstones (4.7 us per
  * evicting insert at 4 096 entries against 1.3 us for this list, same loaded 2-core box), and a
  * composite string key pays a fresh string hash per lookup, hence the list and nested maps.
+ *
+ * Large entries (a prompt of millions of tokens) have a budget of their own inside the byte
+ * budget, and past it they evict each other, oldest first, before anything else: 67 `/select`s
+ * of 2M-token prompts (~4 MB each) used to fill the whole 256 MiB and push every other caller's
+ * selection out, so their `POST /reservations` got 404. Now such a caller churns only the large
+ * entries; everyone else's stay until they expire or the entry cap is reached.
  */
 
 import { KvmeshError } from "./errors.js";
@@ -21,12 +27,20 @@ export const DEFAULT_PENDING_TTL_MS = 120_000;
 export const DEFAULT_PENDING_MAX_ENTRIES = 4_096;
 /** 256 MiB. */
 export const DEFAULT_PENDING_MAX_BYTES = 268_435_456;
+/** An entry above maxBytes / this is large: 1 MiB by default, a prompt of ~64k blocks (4M tokens at block size 64, 1M at 16). */
+export const PENDING_LARGE_ENTRY_DIVISOR = 256;
+/** Large entries together hold at most maxBytes / this: 64 MiB by default. */
+export const PENDING_LARGE_BUDGET_DIVISOR = 4;
 
 export interface PendingSelectionsOptions {
   readonly clock: Clock;
   readonly ttlMs?: number;
   readonly maxEntries?: number;
   readonly maxBytes?: number;
+  /** Entries above this many bytes are large. Default maxBytes / PENDING_LARGE_ENTRY_DIVISOR. */
+  readonly largeEntryBytes?: number;
+  /** Byte budget of the large entries together. Default maxBytes / PENDING_LARGE_BUDGET_DIVISOR. */
+  readonly maxLargeBytes?: number;
 }
 
 export interface PendingHit<V> {
@@ -43,12 +57,18 @@ interface Slot<V> {
   readonly insertedAtMs: number;
   prev: Slot<V> | undefined;
   next: Slot<V> | undefined;
+  /** Large entries only: their own list, oldest first. */
+  readonly large: boolean;
+  largePrev: Slot<V> | undefined;
+  largeNext: Slot<V> | undefined;
 }
 
 export class PendingSelections<V> {
   readonly ttlMs: number;
   readonly maxEntries: number;
   readonly maxBytes: number;
+  readonly largeEntryBytes: number;
+  readonly maxLargeBytes: number;
   readonly #clock: Clock;
   /** partition -> selection id -> slot; an emptied partition map is deleted. */
   readonly #byPartition = new Map<string, Map<string, Slot<V>>>();
@@ -56,13 +76,19 @@ export class PendingSelections<V> {
   #tail: Slot<V> | undefined;
   #size = 0;
   #bytes = 0;
+  #largeHead: Slot<V> | undefined;
+  #largeTail: Slot<V> | undefined;
+  #largeBytes = 0;
   #evictions = 0;
+  #largeEvictions = 0;
   #nextGeneration = 1;
 
   constructor(options: PendingSelectionsOptions) {
     this.ttlMs = positive("ttlMs", options.ttlMs ?? DEFAULT_PENDING_TTL_MS);
     this.maxEntries = positive("maxEntries", options.maxEntries ?? DEFAULT_PENDING_MAX_ENTRIES);
     this.maxBytes = positive("maxBytes", options.maxBytes ?? DEFAULT_PENDING_MAX_BYTES);
+    this.largeEntryBytes = positive("largeEntryBytes", options.largeEntryBytes ?? this.maxBytes / PENDING_LARGE_ENTRY_DIVISOR);
+    this.maxLargeBytes = positive("maxLargeBytes", options.maxLargeBytes ?? this.maxBytes / PENDING_LARGE_BUDGET_DIVISOR);
     this.#clock = options.clock;
   }
 
@@ -75,15 +101,26 @@ export class PendingSelections<V> {
     return this.#bytes;
   }
 
-  /** Live entries pushed out by the entry cap or the byte budget (expiry is not counted). */
+  /** Live entries pushed out by the entry cap or the byte budgets (expiry is not counted). */
   get evictions(): number {
     return this.#evictions;
   }
 
+  /** Of `evictions`, large entries pushed out by other large entries (the large budget). */
+  get largeEvictions(): number {
+    return this.#largeEvictions;
+  }
+
+  /** Bytes held by large entries. */
+  get largeBytes(): number {
+    return this.#largeBytes;
+  }
+
   /**
-   * Caches a selection and returns its generation. The latest insert for a key wins. Past the
-   * entry cap or byte budget the oldest entries go first; the entry just inserted is never
-   * evicted, so one entry larger than the whole budget is kept alone rather than lost.
+   * Caches a selection and returns its generation. The latest insert for a key wins. A large
+   * entry past the large budget evicts the oldest large entries first; then, past the entry cap
+   * or byte budget, the oldest entries go. The entry just inserted is never evicted, so one entry
+   * larger than the whole budget is kept alone rather than lost.
    */
   insert(partitionKey: string, selectionId: string, value: V, bytes: number): number {
     if (!Number.isFinite(bytes) || bytes < 0) {
@@ -108,6 +145,9 @@ export class PendingSelections<V> {
       insertedAtMs: now,
       prev: this.#tail,
       next: undefined,
+      large: bytes > this.largeEntryBytes,
+      largePrev: undefined,
+      largeNext: undefined,
     };
     if (this.#tail === undefined) this.#head = slot;
     else this.#tail.next = slot;
@@ -115,6 +155,18 @@ export class PendingSelections<V> {
     partition.set(selectionId, slot);
     this.#size++;
     this.#bytes += bytes;
+    if (slot.large) {
+      slot.largePrev = this.#largeTail;
+      if (this.#largeTail === undefined) this.#largeHead = slot;
+      else this.#largeTail.largeNext = slot;
+      this.#largeTail = slot;
+      this.#largeBytes += bytes;
+      while (this.#largeHead !== undefined && this.#largeHead !== slot && this.#largeBytes > this.maxLargeBytes) {
+        this.#drop(this.#largeHead);
+        this.#evictions++;
+        this.#largeEvictions++;
+      }
+    }
     while (this.#head !== undefined && this.#head !== slot && (this.#size > this.maxEntries || this.#bytes > this.maxBytes)) {
       this.#drop(this.#head);
       this.#evictions++;
@@ -182,6 +234,14 @@ export class PendingSelections<V> {
     slot.next = undefined;
     this.#size--;
     this.#bytes -= slot.bytes;
+    if (!slot.large) return;
+    if (slot.largePrev === undefined) this.#largeHead = slot.largeNext;
+    else slot.largePrev.largeNext = slot.largeNext;
+    if (slot.largeNext === undefined) this.#largeTail = slot.largePrev;
+    else slot.largeNext.largePrev = slot.largePrev;
+    slot.largePrev = undefined;
+    slot.largeNext = undefined;
+    this.#largeBytes -= slot.bytes;
   }
 }
 

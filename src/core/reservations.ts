@@ -349,4 +349,8 @@ export class ReservationBook {
   get pendingEvictions(): number {
     return this.#pending.evictions;
   }
+
+  get pendingLargeEvictions(): number {
+    return this.#pending.largeEvictions;
+  }
 }

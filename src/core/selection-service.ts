@@ -412,6 +412,7 @@ export class SelectionService {
     affinityEvictions: number;
     pendingSelections: number;
     pendingEvictions: number;
+    pendingLargeEvictions: number;
     reorderEntries: number;
     reorderShed: number;
   } {
@@ -419,6 +420,7 @@ export class SelectionService {
       ...this.#fleet.sizes(),
       pendingSelections: this.#book.pendingSelections,
       pendingEvictions: this.#book.pendingEvictions,
+      pendingLargeEvictions: this.#book.pendingLargeEvictions,
       reorderEntries: this.#replica.reorderEntries,
       reorderShed: this.#replica.reorderShed,
     };

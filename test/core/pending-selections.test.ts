@@ -8,7 +8,7 @@ import {
 import { ManualClock } from "../../src/core/clock.js";
 import { KvmeshError } from "../../src/core/errors.js";
 
-function make(overrides: { ttlMs?: number; maxEntries?: number; maxBytes?: number } = {}, clock = new ManualClock(0)) {
+function make(overrides: { ttlMs?: number; maxEntries?: number; maxBytes?: number; largeEntryBytes?: number; maxLargeBytes?: number } = {}, clock = new ManualClock(0)) {
   return new PendingSelections<string>({ clock, ...overrides });
 }
 
@@ -97,7 +97,8 @@ describe("PendingSelections", () => {
   });
 
   it("the byte budget evicts the oldest first but keeps an oversized newest entry", () => {
-    const cache = make({ maxBytes: 100 });
+    // No entry counts as large here (see the next test for those).
+    const cache = make({ maxBytes: 100, largeEntryBytes: 1_000 });
     cache.insert("p", "a", "a", 40);
     cache.insert("p", "b", "b", 40);
     cache.insert("p", "c", "c", 40);
@@ -109,6 +110,36 @@ describe("PendingSelections", () => {
     expect(cache.peek("p", "huge")?.value).toBe("h");
     expect(cache.bytes).toBe(500);
     expect(cache.evictions).toBe(3);
+  });
+
+  it("large entries evict each other past their budget, not the other callers' entries (F7)", () => {
+    // Defaults: large above 1 MiB, 64 MiB for all of them, inside the 256 MiB budget.
+    const d = make();
+    expect([d.largeEntryBytes, d.maxLargeBytes]).toEqual([1024 * 1024, 64 * 1024 * 1024]);
+    // Budget 1,000 bytes; entries over 100 bytes are large and share 500 of them.
+    const cache = make({ maxBytes: 1_000, largeEntryBytes: 100, maxLargeBytes: 500 });
+    for (const id of ["a", "b", "c"]) cache.insert("p", id, id, 50);
+    // One caller's flood of big prompts (as 2M-token selects were): 20 x 240 bytes = 4,800.
+    for (let i = 0; i < 20; i++) cache.insert("p", `big${i}`, "big", 240);
+    for (const id of ["a", "b", "c"]) expect(cache.peek("p", id)?.value).toBe(id);
+    // Only the newest two big ones fit the large budget (2 x 240 <= 500).
+    expect(cache.peek("p", "big17")).toBeUndefined();
+    expect([cache.peek("p", "big18")?.value, cache.peek("p", "big19")?.value]).toEqual(["big", "big"]);
+    expect(cache.largeBytes).toBe(480);
+    expect(cache.bytes).toBe(630);
+    expect(cache.largeEvictions).toBe(18);
+    expect(cache.evictions).toBe(18);
+    // Removing and expiring keep the large accounting exact.
+    expect(cache.remove("p", "big18")).toBe(true);
+    expect(cache.largeBytes).toBe(240);
+    // A small entry past the whole budget still evicts the oldest of any kind.
+    const small = make({ maxBytes: 300, largeEntryBytes: 100, maxLargeBytes: 250 });
+    small.insert("p", "L", "L", 200);
+    small.insert("p", "s1", "s1", 90);
+    small.insert("p", "s2", "s2", 90);
+    expect(small.peek("p", "L")).toBeUndefined();
+    expect(small.largeBytes).toBe(0);
+    expect([small.evictions, small.largeEvictions]).toEqual([1, 0]);
   });
 
   it("a re-insert replaces the byte count of the previous value", () => {
