@@ -19,7 +19,7 @@ import {
 } from "../src/config.js";
 import type { KvmeshError } from "../src/core/errors.js";
 import type { Daemon } from "../src/daemon.js";
-import { MAX_AFFINITY_TTL_SECS, MIN_AFFINITY_TTL_SECS } from "../src/core/selection-service.js";
+import { MAX_AFFINITY_TTL_SECS, MAX_RANK_KEYS, MIN_AFFINITY_TTL_SECS } from "../src/core/selection-service.js";
 import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/core/selector-config.js";
 import { LOAD_REPLICATION_MODES } from "../src/core/replica-events.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
@@ -50,6 +50,7 @@ const MAX_RESERVATIONS_FLAG = 16_777_216;
 const MAX_REPLAY_TIMEOUT_MS = 600_000;
 /** Each cached selection holds a prompt's hashes (KBs); 10 M of them would not fit in memory anyway. */
 const MAX_SELECTION_CACHE_ENTRIES = 10_000_000;
+const MAX_PARTITIONS_FLAG = 1_000_000;
 /** Node cannot hold a string much larger than 512 MiB. */
 const MAX_BODY_LIMIT_BYTES = 512 * 1024 * 1024;
 /** Mesh flush spacing ceiling, ms: a second between batches is already past any useful lag. */
@@ -235,6 +236,8 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     .addOption(valueOption("--replay-timeout-ms <ms>", "how long to wait for a worker's KV-event replay", integerInRange(1, MAX_REPLAY_TIMEOUT_MS), d.replayTimeoutMs))
     .addOption(valueOption("--selection-cache-ttl-secs <secs>", "how long a /select answer can be reserved", integerInRange(1, SECS_PER_YEAR), d.selectionCacheTtlSecs))
     .addOption(valueOption("--selection-cache-max-entries <n>", "most cached selections", integerInRange(1, MAX_SELECTION_CACHE_ENTRIES), d.selectionCacheMaxEntries))
+    .addOption(valueOption("--max-partitions <n>", "most partitions (model_name, routing_group) at once: a registration past it gets 409", integerInRange(1, MAX_PARTITIONS_FLAG), d.maxPartitions))
+    .addOption(valueOption("--max-ranks <n>", "most worker ranks (sum of data_parallel_size) at once: a registration past it gets 409", integerInRange(1, MAX_RANK_KEYS), d.maxRanks))
     .addOption(valueOption("--body-limit-bytes <bytes>", "largest HTTP request body", integerInRange(1, MAX_BODY_LIMIT_BYTES), d.bodyLimitBytes));
   addBooleanPair(cmd, "--kv-events", "subscribe to workers' KV events (off: workers need no kv_events_endpoint)", d.kvEvents);
   cmd

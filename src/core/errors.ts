@@ -40,6 +40,7 @@ export const ERROR_CODES = {
   KVMESH_METHOD_NOT_ALLOWED: { kind: "bad_request", status: 405, description: "method not allowed" },
   KVMESH_DUPLICATE_ID: { kind: "conflict", status: 409, description: "selection_id is already live" },
   KVMESH_CONFIG_CONFLICT: { kind: "conflict", status: 409, description: "configuration conflicts with existing state" },
+  KVMESH_FLEET_LIMIT: { kind: "conflict", status: 409, description: "the registration would exceed a fleet limit: partitions or ranks (the message names the limit and the option that sets it)" },
   KVMESH_SESSION_CONFLICT: { kind: "bad_request", status: 400, description: "session is bound to another worker (hard affinity)" },
   KVMESH_OVERLOADED: { kind: "overloaded", status: 429, description: "capacity exhausted" },
   KVMESH_NOT_READY: { kind: "not_ready", status: 503, description: "no schedulable workers" },

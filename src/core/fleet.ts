@@ -61,6 +61,8 @@ export interface FleetHooks {
   bookingsGone(p: Partition, selectionIds: readonly string[]): void;
   /** A partition was created (before any worker joins it). */
   partitionCreated(p: Partition): void;
+  /** A partition lost its last worker and left the fleet (its ranks have all left already). */
+  partitionRemoved(p: Partition): void;
   /** A rank is leaving `p` (its worker was removed or shrank); its key is still interned. */
   rankLeaving(p: Partition, rank: number): void;
 }
@@ -70,6 +72,10 @@ export interface FleetOptions {
   readonly random: Random;
   readonly expiryMs: number;
   readonly requireKvEventsEndpoint: boolean;
+  /** Most partitions at once (KVMESH_FLEET_LIMIT past it). */
+  readonly maxPartitions: number;
+  /** Most ranks (sum of data_parallel_size over registered workers) at once (KVMESH_FLEET_LIMIT past it). */
+  readonly maxRanks: number;
   readonly counters: ServiceCounters;
   readonly hooks: FleetHooks;
 }
@@ -81,6 +87,8 @@ export class Fleet {
   /** One prompt-hash memo per partition (its block size and Eagle mode fix the memo's layout). */
   readonly #promptHashCaches = new Map<Partition, PromptHashCache>();
   readonly #workerListeners = new Set<(c: WorkerChange) => void>();
+  /** Sum of data_parallel_size over the catalog's records. */
+  #ranks = 0;
 
   constructor(options: FleetOptions) {
     this.#o = options;
@@ -125,7 +133,19 @@ export class Fleet {
     return this.#promptHashCaches.get(p);
   }
 
+  /** Registered ranks (the sum of data_parallel_size), against maxRanks. */
+  get rankCount(): number {
+    return this.#ranks;
+  }
+
   #createPartition(model: string, group: string, blockSize: number, isEagle: boolean): Partition {
+    if (this.#partitions.size >= this.#o.maxPartitions) {
+      throw new KvmeshError(
+        "KVMESH_FLEET_LIMIT",
+        `partition ${partitionKey(model, group)} would be one more than the limit of ${this.#o.maxPartitions} partitions (maxPartitions, serve --max-partitions)`,
+        { details: { field: "model_name", limit: "maxPartitions" } },
+      );
+    }
     const p = new Partition(model, group, blockSize, isEagle, this.#o.clock, this.#o.random, this.#o.expiryMs);
     p.affinity = this.#o.hooks.createAffinity(p);
     this.#o.hooks.partitionCreated(p);
@@ -148,7 +168,8 @@ export class Fleet {
   deleteWorker(workerId: WorkerId): WorkerCatalogRecord {
     validateWorkerId(workerId, "worker_id");
     const removed = this.#catalog.remove(workerId);
-    for (const p of this.#partitions.values()) this.#dropMember(p, workerId);
+    this.#ranks -= removed.data_parallel_size;
+    for (const p of [...this.#partitions.values()]) this.#dropMember(p, workerId);
     this.#notifyWorker({ workerId, record: null });
     return removed;
   }
@@ -181,13 +202,23 @@ export class Fleet {
   }
 
   #storeWorker(record: WorkerCatalogRecord): WorkerCatalogRecord {
+    // Limits first: nothing has changed yet, so a refusal keeps every accepted worker as it was.
+    const previous = this.#catalog.get(record.worker_id);
+    const ranks = this.#ranks - (previous?.data_parallel_size ?? 0) + record.data_parallel_size;
+    if (ranks > this.#o.maxRanks && record.data_parallel_size > (previous?.data_parallel_size ?? 0)) {
+      throw new KvmeshError(
+        "KVMESH_FLEET_LIMIT",
+        `worker ${record.worker_id} would make ${ranks} registered ranks, over the limit of ${this.#o.maxRanks} (maxRanks, serve --max-ranks)`,
+        { details: { field: "data_parallel_size", limit: "maxRanks" } },
+      );
+    }
     const key = partitionKey(record.model_name, record.routing_group);
     let partition = this.#partitions.get(key);
     if (partition === undefined && record.lifecycle === "schedulable" && record.block_size !== null) {
       partition = this.#createPartition(record.model_name, record.routing_group, record.block_size, record.is_eagle ?? false);
     }
     // A worker that moved partitions leaves its old one entirely.
-    for (const p of this.#partitions.values()) {
+    for (const p of [...this.#partitions.values()]) {
       if (p !== partition && p.members.has(record.worker_id)) this.#dropMember(p, record.worker_id);
     }
     if (partition !== undefined && record.block_size === partition.blockSize) {
@@ -196,13 +227,19 @@ export class Fleet {
       else this.#o.hooks.workerJoined(partition, record.worker_id);
     }
     this.#catalog.store(record);
+    this.#ranks = ranks;
     this.#notifyWorker({ workerId: record.worker_id, record });
     return record;
   }
 
+  /** `workerId` leaves `p`; a partition left without workers leaves the fleet (F4: 5,000 PATCHes moving one worker through new model names used to leave 5,000 partitions, +975 MB). */
   #dropMember(p: Partition, workerId: WorkerId): void {
     for (const rank of p.removeMember(workerId)) this.#clearRank(p, rank);
     p.affinity?.dropWorker(workerId);
+    if (p.members.size > 0 || this.#partitions.get(p.key) !== p) return;
+    this.#partitions.delete(p.key);
+    this.#promptHashCaches.delete(p);
+    this.#o.hooks.partitionRemoved(p);
   }
 
   /** Removes everything a rank held: indexed blocks, bookings (and their rows), bindings, the rank key. */

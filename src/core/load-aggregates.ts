@@ -47,6 +47,8 @@ export interface MirroredBooking {
 export class LoadAggregation {
   readonly #o: LoadAggregatesOptions;
   readonly #published = new Map<Partition, Published>();
+  /** Partitions that left the fleet with rows or ids still to publish (once, at the next take). */
+  #retired: [Partition, Published][] = [];
   #publishedRequests = 0;
   /** Peer origin -> when its totals last changed here, clock ms. */
   readonly #heardAt = new Map<bigint, number>();
@@ -66,6 +68,18 @@ export class LoadAggregation {
   /** A new partition: start recording which of its ranks change. */
   track(p: Partition): void {
     p.ledger.trackChanges();
+  }
+
+  /**
+   * `p` left the fleet (its last worker went; rankLeaving ran for each of its ranks): its zero
+   * rows and ended ids still go out at the next take, then nothing of it is kept.
+   */
+  retire(p: Partition): void {
+    const pub = this.#published.get(p);
+    if (pub === undefined) return;
+    this.#published.delete(p);
+    for (const requests of pub.requests.values()) this.#publishedRequests -= requests;
+    if (pub.gone.length > 0 || pub.removed.size > 0) this.#retired.push([p, pub]);
   }
 
   /** A rank is leaving `p` (its worker went): peers get a zero row for it at the next take. */
@@ -95,6 +109,8 @@ export class LoadAggregation {
    */
   take(): LoadAggregates[] {
     const out: LoadAggregates[] = [];
+    for (const [p, pub] of this.#retired) out.push({ partition: partitionRef(p), block_size: p.blockSize, rows: pub.gone, added: [], removed: [...pub.removed] });
+    this.#retired = [];
     for (const p of this.#o.fleet.partitions()) {
       const pub = this.#pub(p);
       const ranks = this.#scratch;
@@ -129,6 +145,7 @@ export class LoadAggregation {
 
   /** Whether a take now would publish anything that a change has not already announced (decay). */
   get decaying(): boolean {
+    if (this.#retired.length > 0) return true;
     for (const pub of this.#published.values()) if (pub.decaying.length > 0) return true;
     return false;
   }

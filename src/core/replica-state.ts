@@ -187,6 +187,11 @@ export class ReplicaState {
     this.#agg?.track(p);
   }
 
+  /** `p` left the fleet: what it still owes peers (zero rows, ended ids) goes with the next take. */
+  partitionRemoved(p: Partition): void {
+    this.#agg?.retire(p);
+  }
+
   /** A rank is leaving `p`: peers' totals for it go, and ours is published as zero. */
   rankLeaving(p: Partition, rank: number): void {
     p.mirrored.dropRank(rank);

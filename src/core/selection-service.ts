@@ -47,8 +47,11 @@ import type {
 export { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS } from "./load-ledger.js";
 export { MAX_ID_BYTES } from "./request-ids.js";
 export { DEFAULT_PARKED_BINDING_TTL_MS, DEFAULT_PARKED_BINDINGS_MAX } from "./bindings.js";
+export { MAX_RANK_KEYS } from "./rank-registry.js";
 export {
   DEFAULT_MAX_LOCAL_RESERVATIONS,
+  DEFAULT_MAX_PARTITIONS,
+  DEFAULT_MAX_RANKS,
   MAX_AFFINITY_TTL_SECS,
   MIN_AFFINITY_TTL_SECS,
   resolveServiceOptions,
@@ -94,6 +97,8 @@ export class SelectionService {
       random: o.random,
       expiryMs: o.expiryMs,
       requireKvEventsEndpoint: o.requireKvEventsEndpoint,
+      maxPartitions: o.maxPartitions,
+      maxRanks: o.maxRanks,
       counters,
       hooks: {
         createAffinity: (p) => this.#bindings.createTable(p),
@@ -106,6 +111,9 @@ export class SelectionService {
         },
         partitionCreated: (p) => {
           this.#replica.partitionCreated(p);
+        },
+        partitionRemoved: (p) => {
+          this.#replica.partitionRemoved(p);
         },
         rankLeaving: (p, rank) => {
           this.#replica.rankLeaving(p, rank);

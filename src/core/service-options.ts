@@ -9,6 +9,7 @@ import { DEFAULT_AFFINITY_MAX_ENTRIES, type AffinityMode } from "./affinity-tabl
 import { mathRandom, systemClock, systemWallClockNs, type Clock, type Random, type WallClockNs } from "./clock.js";
 import { badRequest } from "./errors.js";
 import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS } from "./load-ledger.js";
+import { MAX_RANK_KEYS } from "./rank-registry.js";
 import { MAX_ID_BYTES } from "./request-ids.js";
 import { DEFAULT_SELECTOR_CONFIG, validateSelectorConfig, type SelectorConfig } from "./selector-config.js";
 import type { WorkerType } from "./selector.js";
@@ -21,6 +22,20 @@ import type { WorkerType } from "./selector.js";
  * would make this replica's view of the fleet wrong; each peer caps its own.
  */
 export const DEFAULT_MAX_LOCAL_RESERVATIONS = 131_072;
+/**
+ * Most partitions at once. A partition costs ~200 KB before any worker load (its prefix index,
+ * affinity table and prompt-hash memo: 5,000 partitions measured +975 MB RSS), and real fleets
+ * have one per (model, routing group): tens.
+ */
+export const DEFAULT_MAX_PARTITIONS = 1_024;
+/**
+ * Most worker ranks registered at once, across partitions. A /select scores every rank of its
+ * partition and /loads lists every rank: at 1.78 M ranks one /select blocked the event loop for
+ * 2.1 s and /loads took 6.6 s, linear in ranks, so 16,384 ranks keep both near 20 ms and 60 ms.
+ * With KV events each rank also holds a ZeroMQ socket, which caps a daemon near 3,400 of them
+ * first (src/ingest/zmq-socket-limit.ts).
+ */
+export const DEFAULT_MAX_RANKS = 16_384;
 /** Bounds on session affinity TTL, seconds (reference: 1 s ..= 1 year). */
 export const MIN_AFFINITY_TTL_SECS = 1;
 export const MAX_AFFINITY_TTL_SECS = 31_536_000;
@@ -94,6 +109,10 @@ export interface SelectionServiceOptions {
   readonly selectionCache?: { readonly ttlMs?: number; readonly maxEntries?: number; readonly maxBytes?: number };
   /** Daemon mode: a rank without a KV-events endpoint cannot be scheduled. */
   readonly requireKvEventsEndpoint?: boolean;
+  /** Most partitions (model_name, routing_group) at once. Default DEFAULT_MAX_PARTITIONS. */
+  readonly maxPartitions?: number;
+  /** Most worker ranks (the sum of data_parallel_size) registered at once. Default DEFAULT_MAX_RANKS. */
+  readonly maxRanks?: number;
   /**
    * Wall clock in ns since the epoch; seeds the Lamport sequence of session bindings so a restart
    * (or a move to another host) does not go backwards. Default Date.now() in ns.
@@ -122,6 +141,8 @@ export interface ServiceSettings {
   readonly wallClockNs: WallClockNs;
   readonly selectionCache: NonNullable<SelectionServiceOptions["selectionCache"]>;
   readonly requireKvEventsEndpoint: boolean;
+  readonly maxPartitions: number;
+  readonly maxRanks: number;
 }
 
 /** Defaults and checks every option; throws KVMESH_BAD_REQUEST naming the first bad field. */
@@ -139,6 +160,10 @@ export function resolveServiceOptions(options: SelectionServiceOptions = {}): Se
   if (!LOAD_REPLICATION_MODES.includes(loadReplication)) throw badRequest(`loadReplication must be one of ${LOAD_REPLICATION_MODES.join(", ")}`, "loadReplication");
   const maxLocalReservations = options.maxLocalReservations ?? DEFAULT_MAX_LOCAL_RESERVATIONS;
   if (!Number.isSafeInteger(maxLocalReservations) || maxLocalReservations < 1) throw badRequest("maxLocalReservations must be a positive integer", "maxLocalReservations");
+  const maxPartitions = options.maxPartitions ?? DEFAULT_MAX_PARTITIONS;
+  if (!Number.isSafeInteger(maxPartitions) || maxPartitions < 1) throw badRequest("maxPartitions must be a positive integer", "maxPartitions");
+  const maxRanks = options.maxRanks ?? DEFAULT_MAX_RANKS;
+  if (!Number.isSafeInteger(maxRanks) || maxRanks < 1 || maxRanks > MAX_RANK_KEYS) throw badRequest(`maxRanks must be an integer in [1, ${MAX_RANK_KEYS}]`, "maxRanks");
   const bindingRefreshCoalesceMs = options.bindingRefreshCoalesceMs ?? 0;
   if (!Number.isSafeInteger(bindingRefreshCoalesceMs) || bindingRefreshCoalesceMs < 0) {
     throw badRequest("bindingRefreshCoalesceMs must be a non-negative integer (ms)", "bindingRefreshCoalesceMs");
@@ -159,6 +184,8 @@ export function resolveServiceOptions(options: SelectionServiceOptions = {}): Se
     wallClockNs: options.wallClockNs ?? systemWallClockNs,
     selectionCache: options.selectionCache ?? {},
     requireKvEventsEndpoint: options.requireKvEventsEndpoint ?? false,
+    maxPartitions,
+    maxRanks,
   };
 }
 
