@@ -1,19 +1,9 @@
 import { describe, expect, it } from "vitest";
 
 import { ManualClock, seededRandom } from "../../src/core/clock.js";
-import { KvmeshError } from "../../src/core/errors.js";
 import { DEFAULT_MAX_PARTITIONS, DEFAULT_MAX_RANKS, SelectionService } from "../../src/core/selection-service.js";
 import { makeService, tokens, worker } from "../helpers/core-fixtures.js";
-
-function fleetLimit(fn: () => unknown): KvmeshError {
-  try {
-    fn();
-  } catch (err) {
-    if (err instanceof KvmeshError) return err;
-    throw err;
-  }
-  throw new Error("expected KVMESH_FLEET_LIMIT, nothing was thrown");
-}
+import { kvmeshErrorOf as fleetLimit } from "../helpers/errors.js";
 
 describe("partitions leave with their last worker (#17 F4)", () => {
   it("a worker moved through 200 model names leaves one partition behind, not 200", () => {
