@@ -15,7 +15,7 @@ import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_APPLY_INTERVAL_M
 import type { LoadReplication } from "./core/replica-events.js";
 import { isKvmeshError, KvmeshError } from "./core/errors.js";
 import { DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "./core/pending-selections.js";
-import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS, DEFAULT_MAX_PARTITIONS, DEFAULT_MAX_RANKS, type SelectionServiceOptions } from "./core/selection-service.js";
+import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS, DEFAULT_MAX_PARTITIONS, DEFAULT_MAX_RANKS, DEFAULT_MAX_RESERVATION_BYTES, type SelectionServiceOptions } from "./core/selection-service.js";
 import { resolveServiceOptions } from "./core/service-options.js";
 import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "./core/selector-config.js";
 import { loadApiTokenFile, type ApiToken } from "./http/auth.js";
@@ -64,6 +64,8 @@ export interface DaemonConfig {
   readonly replayTimeoutMs: number;
   readonly selectionCacheTtlSecs: number;
   readonly selectionCacheMaxEntries: number;
+  /** Byte budget of this replica's live bookings; a booking past it gets 429 KVMESH_OVERLOADED. */
+  readonly maxReservationBytes: number;
   /** Most partitions (model_name, routing_group) at once; a registration past it gets 409 KVMESH_FLEET_LIMIT. */
   readonly maxPartitions: number;
   /** Most worker ranks (sum of data_parallel_size) at once; a registration past it gets 409 KVMESH_FLEET_LIMIT. */
@@ -127,6 +129,7 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   replayTimeoutMs: DEFAULT_REPLAY_TIMEOUT_MS,
   selectionCacheTtlSecs: DEFAULT_PENDING_TTL_MS / MS_PER_SEC,
   selectionCacheMaxEntries: DEFAULT_PENDING_MAX_ENTRIES,
+  maxReservationBytes: DEFAULT_MAX_RESERVATION_BYTES,
   maxPartitions: DEFAULT_MAX_PARTITIONS,
   maxRanks: DEFAULT_MAX_RANKS,
   bodyLimitBytes: DEFAULT_BODY_LIMIT_BYTES,
@@ -295,6 +298,7 @@ export function serviceOptionsOf(config: DaemonConfig): SelectionServiceOptions 
     selector: config.selector,
     activeRequestExpiryMs: config.activeRequestExpirySecs * MS_PER_SEC,
     maxLocalReservations: config.maxReservations,
+    maxReservationBytes: config.maxReservationBytes,
     maxPartitions: config.maxPartitions,
     maxRanks: config.maxRanks,
     bindingRefreshCoalesceMs: config.bindingRefreshCoalesceMs,

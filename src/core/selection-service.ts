@@ -51,6 +51,7 @@ export { MAX_RANK_KEYS } from "./rank-registry.js";
 export {
   DEFAULT_MAX_LOCAL_RESERVATIONS,
   DEFAULT_MAX_PARTITIONS,
+  DEFAULT_MAX_RESERVATION_BYTES,
   DEFAULT_MAX_RANKS,
   MAX_AFFINITY_TTL_SECS,
   MIN_AFFINITY_TTL_SECS,
@@ -134,6 +135,7 @@ export class SelectionService {
     this.#book = new ReservationBook({
       replicaId: o.replicaId,
       maxLocalReservations: o.maxLocalReservations,
+      maxReservationBytes: o.maxReservationBytes,
       clock: o.clock,
       selectionCache: o.selectionCache,
       counters,
@@ -421,6 +423,8 @@ export class SelectionService {
     pendingSelections: number;
     pendingEvictions: number;
     pendingLargeEvictions: number;
+    reservationBytes: number;
+    mirroredReservationBytes: number;
     reorderEntries: number;
     reorderShed: number;
   } {
@@ -429,6 +433,8 @@ export class SelectionService {
       pendingSelections: this.#book.pendingSelections,
       pendingEvictions: this.#book.pendingEvictions,
       pendingLargeEvictions: this.#book.pendingLargeEvictions,
+      reservationBytes: this.#book.bytes.own,
+      mirroredReservationBytes: this.#book.bytes.mirrored,
       reorderEntries: this.#replica.reorderEntries,
       reorderShed: this.#replica.reorderShed,
     };

@@ -23,6 +23,12 @@ import type { WorkerType } from "./selector.js";
  */
 export const DEFAULT_MAX_LOCAL_RESERVATIONS = 131_072;
 /**
+ * Byte budget of a replica's live bookings, 1 GiB: ~5.6 M booked blocks at BOOKED_BLOCK_BYTES
+ * (reservations.ts), e.g. 170 bookings of 2M-token prompts or 131,072 of 2,500 tokens. Before it,
+ * 250 bookings of 2M-token prompts took RSS from 69 MB to 2.35 GB under the count cap alone.
+ */
+export const DEFAULT_MAX_RESERVATION_BYTES = 1_073_741_824;
+/**
  * Most partitions at once. A partition costs ~200 KB before any worker load (its prefix index,
  * affinity table and prompt-hash memo: 5,000 partitions measured +975 MB RSS), and real fleets
  * have one per (model, routing group): tens.
@@ -111,6 +117,8 @@ export interface SelectionServiceOptions {
   readonly requireKvEventsEndpoint?: boolean;
   /** Most partitions (model_name, routing_group) at once. Default DEFAULT_MAX_PARTITIONS. */
   readonly maxPartitions?: number;
+  /** Byte budget of this replica's live bookings (reservations.ts bookingBytes); 429 past it. Default DEFAULT_MAX_RESERVATION_BYTES. */
+  readonly maxReservationBytes?: number;
   /** Most worker ranks (the sum of data_parallel_size) registered at once. Default DEFAULT_MAX_RANKS. */
   readonly maxRanks?: number;
   /**
@@ -143,6 +151,7 @@ export interface ServiceSettings {
   readonly requireKvEventsEndpoint: boolean;
   readonly maxPartitions: number;
   readonly maxRanks: number;
+  readonly maxReservationBytes: number;
 }
 
 /** Defaults and checks every option; throws KVMESH_BAD_REQUEST naming the first bad field. */
@@ -160,6 +169,8 @@ export function resolveServiceOptions(options: SelectionServiceOptions = {}): Se
   if (!LOAD_REPLICATION_MODES.includes(loadReplication)) throw badRequest(`loadReplication must be one of ${LOAD_REPLICATION_MODES.join(", ")}`, "loadReplication");
   const maxLocalReservations = options.maxLocalReservations ?? DEFAULT_MAX_LOCAL_RESERVATIONS;
   if (!Number.isSafeInteger(maxLocalReservations) || maxLocalReservations < 1) throw badRequest("maxLocalReservations must be a positive integer", "maxLocalReservations");
+  const maxReservationBytes = options.maxReservationBytes ?? DEFAULT_MAX_RESERVATION_BYTES;
+  if (!Number.isSafeInteger(maxReservationBytes) || maxReservationBytes < 1) throw badRequest("maxReservationBytes must be a positive integer", "maxReservationBytes");
   const maxPartitions = options.maxPartitions ?? DEFAULT_MAX_PARTITIONS;
   if (!Number.isSafeInteger(maxPartitions) || maxPartitions < 1) throw badRequest("maxPartitions must be a positive integer", "maxPartitions");
   const maxRanks = options.maxRanks ?? DEFAULT_MAX_RANKS;
@@ -186,6 +197,7 @@ export function resolveServiceOptions(options: SelectionServiceOptions = {}): Se
     requireKvEventsEndpoint: options.requireKvEventsEndpoint ?? false,
     maxPartitions,
     maxRanks,
+    maxReservationBytes,
   };
 }
 

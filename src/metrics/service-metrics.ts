@@ -47,6 +47,8 @@ const SIZE_GAUGES: readonly (readonly [name: string, help: string, key: keyof Si
   ["kvmesh_index_nodes", "Nodes in the prefix indexes.", "indexNodes"],
   ["kvmesh_affinity_entries", "Session bindings held.", "affinityEntries"],
   ["kvmesh_pending_selections", "Cached selections awaiting POST /reservations.", "pendingSelections"],
+  ["kvmesh_reservation_bytes", "Estimated bytes of this replica's live bookings (192 per booked block + 1 KiB each), against --max-reservation-bytes.", "reservationBytes"],
+  ["kvmesh_mirrored_reservation_bytes", "Estimated bytes of the bookings mirrored from peers (exact load replication; 0 in aggregate mode).", "mirroredReservationBytes"],
 ];
 
 const SIZE_COUNTERS: readonly (readonly [name: string, help: string, key: keyof Sizes])[] = [
