@@ -101,7 +101,7 @@ describe("a KV-event endpoint the listener cannot use", () => {
     const r = svc.upsertWorker(worker(1, { kv_events_endpoint: "not a url" }));
     expect(r.lifecycle).toBe("incomplete");
     expect(r.not_schedulable_reasons).toEqual(["reconciliation failed: invalid kv_events endpoint for worker 1 dp_rank 0: invalid ZMQ endpoint `not a url`: missing scheme"]);
-    expect(svc.ready()).toEqual({ ready: false, schedulable_workers: 0, workers: 1 });
+    expect(svc.ready()).toEqual({ ready: false, schedulable_workers: 0, workers: [r] });
     expect(kvmeshErrorOf(() => svc.select({ token_ids: tokens(1) })).code).toBe("KVMESH_NOT_READY");
 
     // Another, good worker is chosen; the bad one never is.

@@ -39,7 +39,7 @@ describe("HTTP API: readiness and workers", () => {
     const t = await serve();
     const ready = await t.call("GET", "/ready");
     expect(ready.status).toBe(503);
-    expect(ready.json).toEqual({ ready: false, schedulable_workers: 0, workers: 0 });
+    expect(ready.json).toEqual({ ready: false, schedulable_workers: 0, workers: [] });
     const sel = await t.call("POST", "/select", { token_ids: tokens(2) });
     expect(sel.status).toBe(503);
     expect(obj(sel.json).code).toBe("KVMESH_NOT_READY");
@@ -53,7 +53,8 @@ describe("HTTP API: readiness and workers", () => {
     expect(obj(r.json).lifecycle).toBe("incomplete");
     expect(obj(r.json).not_schedulable_reasons).toEqual(["missing block_size"]);
     expect((await t.call("POST", "/select", { token_ids: tokens(2) })).status).toBe(503);
-    expect((await t.call("GET", "/ready")).json).toEqual({ ready: false, schedulable_workers: 0, workers: 1 });
+    // `workers` lists the catalog's records, as the reference's ReadyResponse (types.rs); it was a count.
+    expect((await t.call("GET", "/ready")).json).toEqual({ ready: false, schedulable_workers: 0, workers: [r.json] });
     // PATCH completes it.
     const p = await t.call("PATCH", "/workers/1", { block_size: BLOCK });
     expect(p.status).toBe(200);
