@@ -15,7 +15,7 @@ import { effectivePrefillFor, type Chooser, type Selection } from "./choose.js";
 import type { Fleet } from "./fleet.js";
 import { partitionRef, type Partition } from "./partition.js";
 import { PendingSelections } from "./pending-selections.js";
-import type { NormalizedPrompt } from "./prompt.js";
+import { normalizeReservationPrompt, type NormalizedPrompt } from "./prompt.js";
 import type { LoadAddEvent, LoadEvent } from "./replica-events.js";
 import { sessionIdOf, validateId } from "./request-ids.js";
 import type { ServiceCounters } from "./service-stats.js";
@@ -177,7 +177,7 @@ export class ReservationBook {
       throw new KvmeshError("KVMESH_WORKER_NOT_SCHEDULABLE", `worker ${workerId} dp_rank ${dpRank} is not schedulable in ${p.key}`);
     }
     const config = this.#o.chooser.configFor(req.router_config_override);
-    const prompt = this.#o.chooser.promptOf(p, req, config);
+    const prompt = normalizeReservationPrompt(req, (q) => this.#o.chooser.promptOf(p, q, config));
     let effective = req.effective_prefill_tokens;
     if (effective !== undefined) {
       if (!Number.isInteger(effective) || effective < 0) throw badRequest("effective_prefill_tokens must be a non-negative integer", "effective_prefill_tokens");

@@ -162,6 +162,24 @@ describe("HTTP API: readiness and workers", () => {
 });
 
 describe("HTTP API: selection and reservations", () => {
+  // The reference's normalize_for_reservation (services/selection/input.rs) needs only
+  // sequence_hashes + isl_tokens without token_ids: how a client replays a booking from the
+  // hashes select_and_reserve returned (tests.rs explicit_reservation_books_after_select,
+  // explicit_replay_preserves_disabled_prefill_tracking). kvmesh asked for block_hashes too (400).
+  it("books an explicit reservation from sequence_hashes + isl_tokens alone", async () => {
+    const t = await serveWithWorkers();
+    const sel = obj((await t.call("POST", "/select_and_reserve", { token_ids: tokens(3), selection_id: "src" })).json);
+    await t.call("DELETE", "/reservations/src");
+    const r = await t.call("POST", "/reservations", { selection_id: "replayed", worker_id: sel.worker_id, sequence_hashes: sel.sequence_hashes, isl_tokens: sel.isl_tokens });
+    expect(r.status).toBe(201);
+    expect(await totalBlocks(t)).toBe(3);
+    // No block hashes: nothing to match against the cache, the whole prompt is prefill.
+    expect((await loadsOf(t)).find((l) => l.worker_id === sel.worker_id)).toMatchObject({ active_requests: 1 });
+    const noIsl = await t.call("POST", "/reservations", { selection_id: "x", worker_id: 1, sequence_hashes: [1] });
+    expect(noIsl.status).toBe(400);
+    expect(obj(noIsl.json).error).toContain("isl_tokens");
+  });
+
   it("select echoes selection_id and books nothing", async () => {
     const t = await serveWithWorkers();
     const r = await t.call("POST", "/select", { token_ids: tokens(3), selection_id: "s1" });
