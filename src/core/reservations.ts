@@ -19,8 +19,8 @@ import { normalizeReservationPrompt, type NormalizedPrompt } from "./prompt.js";
 import type { LoadAddEvent, LoadEvent } from "./replica-events.js";
 import { sessionIdOf, validateId } from "./request-ids.js";
 import type { ServiceCounters } from "./service-stats.js";
-import type { ReservationRequest, ReservationResponse, SelectRequest, WorkerId } from "./types.js";
-import { validateWorkerId } from "./worker-catalog.js";
+import { DEFAULT_MODEL_NAME, DEFAULT_ROUTING_GROUP, type ReservationRequest, type ReservationResponse, type SelectRequest, type WorkerId } from "./types.js";
+import { partitionKey, validateWorkerId } from "./worker-catalog.js";
 
 export interface ReservationRow {
   readonly selectionId: string;
@@ -163,8 +163,20 @@ export class ReservationBook {
     if (typeof req.selection_id !== "string") throw new KvmeshError("KVMESH_INVALID_FIELD", "selection_id: required string", { details: { field: "selection_id" } });
     validateId(req.selection_id, "selection_id");
     this.assertIdFree(req.selection_id);
+    // Replay form: a selection cached under another partition (or none) is a plain miss, 404,
+    // before the partition's readiness is asked (the reference's cached_reservation_needs_matching_model);
+    // a cached one whose partition lost its workers is 503 and stays for a retry.
+    if (req.worker_id === undefined) this.#pendingOrThrow(partitionKey(req.model_name ?? DEFAULT_MODEL_NAME, req.routing_group ?? DEFAULT_ROUTING_GROUP), req.selection_id);
     const p = this.#o.fleet.requirePartition(req.model_name, req.routing_group);
     return req.worker_id !== undefined ? this.#createExplicit(p, req, req.worker_id) : this.#createFromPending(p, req.selection_id);
+  }
+
+  #pendingOrThrow(key: string, selectionId: string): NonNullable<ReturnType<PendingSelections<PendingEntry>["peek"]>> {
+    const cached = this.#pending.peek(key, selectionId);
+    if (cached === undefined) {
+      throw new KvmeshError("KVMESH_PENDING_SELECTION_NOT_FOUND", `no pending selection ${selectionId} in ${key} (expired, consumed, or made on another replica)`);
+    }
+    return cached;
   }
 
   /** Explicit form: the caller names the worker; any cached selection for the id is discarded. */
@@ -198,10 +210,7 @@ export class ReservationBook {
 
   /** Replay form: book exactly what /select chose and cached under this id. */
   #createFromPending(p: Partition, selectionId: string): ReservationResponse {
-    const cached = this.#pending.peek(p.key, selectionId);
-    if (cached === undefined) {
-      throw new KvmeshError("KVMESH_PENDING_SELECTION_NOT_FOUND", `no pending selection ${selectionId} in ${p.key} (expired, consumed, or made on another replica)`);
-    }
+    const cached = this.#pendingOrThrow(p.key, selectionId);
     const e = cached.value;
     const rank = p.ranks.get(e.workerId, e.dpRank);
     if (rank === undefined || !p.isSchedulable(rank)) {

@@ -180,6 +180,18 @@ describe("HTTP API: selection and reservations", () => {
     expect(obj(noIsl.json).error).toContain("isl_tokens");
   });
 
+  // The reference's replay peeks (partition, selection_id) first: another model is a plain 404 miss
+  // that leaves the entry (tests.rs cached_reservation_needs_matching_model); kvmesh answered 503
+  // because the other model had no workers.
+  it("answers 404 to a replay under a partition without workers, and keeps the entry", async () => {
+    const t = await serveWithWorkers();
+    await t.call("POST", "/select", { token_ids: tokens(2), selection_id: "s" });
+    const miss = await t.call("POST", "/reservations", { model_name: "other", selection_id: "s" });
+    expect(miss.status).toBe(404);
+    expect(obj(miss.json).code).toBe("KVMESH_PENDING_SELECTION_NOT_FOUND");
+    expect((await t.call("POST", "/reservations", { selection_id: "s" })).status).toBe(201);
+  });
+
   it("select echoes selection_id and books nothing", async () => {
     const t = await serveWithWorkers();
     const r = await t.call("POST", "/select", { token_ids: tokens(3), selection_id: "s1" });
