@@ -10,6 +10,8 @@ const SYSTEM_TESTS = [
   "test/faults/**/*.test.ts",
   "test/fuzz/**/*.test.ts",
   "test/integration/**/*.test.ts",
+  // The conformance suite walks the HTTP API over real sockets.
+  "test/conformance/**/*.test.ts",
   // Mixed folders: the files that start a daemon, a server, a child process or a ZeroMQ socket.
   "test/cli/clients.test.ts",
   "test/cli/keys.test.ts",
