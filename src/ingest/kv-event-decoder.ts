@@ -4,6 +4,8 @@
  *  - maps: `{ts, events, data_parallel_rank}` with events tagged by a `type` key (current vLLM);
  *  - arrays: `[ts, events, dp_rank]` with events whose first element is the tag (msgspec
  *    `array_like=True, tag=True`: older vLLM, SGLang).
+ * Block hashes are integers (signed or unsigned 64-bit) or bytes (vLLM with
+ * VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0), the latter reduced to 64 bits as vLLM's integer mode does.
  * Every field is type-checked; a violation throws KVMESH_BAD_REQUEST naming the field path.
  * Unknown map keys and unknown trailing array elements are ignored, so engines can add fields.
  */
@@ -182,9 +184,22 @@ function isMainGroup(groupIdx: unknown, kind: unknown, ev: number): boolean {
   return MAIN_KV_CACHE_SPEC_KINDS.has(kind);
 }
 
+/**
+ * A hash sent as bytes (msgpack bin): what vLLM publishes with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0
+ * (`ExternalBlockHash = bytes | int`, vllm/v1/core/kv_cache_utils.py). Reduced to the u64 vLLM
+ * itself sends in integer mode (`maybe_convert_block_hash`: `int.from_bytes(b, "big") & (2^64 - 1)`,
+ * the last 8 bytes big-endian), so an engine keeps the same block identities in either mode.
+ */
+function bytesHash(b: Uint8Array): bigint {
+  let v = 0n;
+  for (let i = Math.max(0, b.length - 8); i < b.length; i++) v = (v << 8n) | BigInt(b[i] as number);
+  return v;
+}
+
 function toHash(value: unknown, ev: number, at: string): bigint {
   let v: bigint;
   if (typeof value === "bigint") v = value;
+  else if (value instanceof Uint8Array) return bytesHash(value);
   else if (typeof value === "number") {
     // Above 2^53 msgpackr hands back a float: the hash would already be rounded, so refuse it.
     if (!Number.isSafeInteger(value)) throw fail(loc(ev, at), Number.isInteger(value) ? "integer is not exact (float above 2^53)" : "not an integer");

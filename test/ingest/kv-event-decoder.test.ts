@@ -116,6 +116,22 @@ describe.each<KvWireEncoding>(["map", "array"])("decodeKvEventBatch (%s encoding
     ]);
   });
 
+  // vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 sends `bytes` hashes (msgpack bin; vllm/v1/core/
+  // kv_cache_utils.py ExternalBlockHash = bytes | int); they were refused as "not an integer".
+  it("accepts bytes hashes and reduces them to the u64 vLLM's integer mode would send", () => {
+    const sha = Buffer.from("00112233445566778899aabbccddeeff0011223344556677fedcba9876543210", "hex");
+    const short = Buffer.from([0x01, 0x02]);
+    const event =
+      encoding === "map"
+        ? { type: "BlockStored", block_hashes: [sha, short], parent_block_hash: sha, token_ids: [1, 2], block_size: 1, lora_id: null, medium: "GPU", lora_name: null }
+        : ["BlockStored", [sha, short], sha, [1, 2], 1, null, "GPU", null];
+    const removed = encoding === "map" ? { type: "BlockRemoved", block_hashes: [sha], medium: "GPU" } : ["BlockRemoved", [sha], "GPU"];
+    const [stored, gone] = decodeKvEventBatch(packMsgpack({ ts: 1, events: [event, removed], data_parallel_rank: 0 })).events;
+    // int.from_bytes(b, "big") & (2**64 - 1): the last 8 bytes.
+    expect(stored).toMatchObject({ blockHashes: [0xfedcba9876543210n, 0x0102n], parentHash: 0xfedcba9876543210n });
+    expect(gone).toMatchObject({ blockHashes: [0xfedcba9876543210n] });
+  });
+
   it("rejects a hash that is not an integer, naming the event and index", () => {
     const event =
       encoding === "map"
@@ -159,7 +175,8 @@ describe("decodeKvEventBatch details", () => {
   it("rejects a float hash above 2^53 (already rounded) and a non-integer hash", () => {
     expectRejected(packMsgpack({ ts: 1, events: [{ type: "BlockRemoved", block_hashes: [2 ** 60] }] }), /events\[0\]\.block_hashes\[0\]: integer is not exact/);
     expectRejected(packMsgpack({ ts: 1, events: [{ type: "BlockRemoved", block_hashes: [1.5] }] }), /events\[0\]\.block_hashes\[0\]: not an integer/);
-    expectRejected(packMsgpack({ ts: 1, events: [{ type: "BlockRemoved", block_hashes: [Buffer.from([1, 2])] }] }), /block_hashes\[0\]: not an integer \(got binary\)/);
+    // Bytes are a hash (vLLM's non-integer mode, see "accepts bytes hashes"); a boolean is not.
+    expectRejected(packMsgpack({ ts: 1, events: [{ type: "BlockRemoved", block_hashes: [true] }] }), /block_hashes\[0\]: not an integer \(got boolean\)/);
   });
 
   it("rejects truncated msgpack and trailing garbage", () => {
