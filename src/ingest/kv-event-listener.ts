@@ -12,6 +12,7 @@ import { Dealer, type Observer, Subscriber } from "zeromq";
 import { LogThrottle } from "../util/log-throttle.js";
 import { observe, retireObserver } from "../util/zmq-observers.js";
 
+import { CacheSaltChain } from "./cache-salt-chain.js";
 import { decodeKvEventBatch, type KvEventBatch } from "./kv-event-decoder.js";
 
 export const DEFAULT_REPLAY_TIMEOUT_MS = 2_000;
@@ -101,6 +102,8 @@ export class KvEventListener {
   readonly #malformedLog = new LogThrottle();
   readonly #resetLog = new LogThrottle();
   readonly #jumpLog = new LogThrottle();
+  /** Salts a continued chain inherits from its parent block (vLLM salts only a request's first block). */
+  readonly #salts = new CacheSaltChain();
 
   constructor(options: KvEventListenerOptions) {
     this.#endpoint = options.endpoint;
@@ -290,6 +293,7 @@ export class KvEventListener {
       this.#malformed(err instanceof Error ? err.message : String(err), seq);
       return;
     }
+    this.#salts.process(batch);
     this.#stats.applied++;
     if (replayed) this.#stats.replayed++;
     try {
@@ -313,6 +317,7 @@ export class KvEventListener {
       this.#log.warn({ lastSeq: last, seq, why, suppressed }, "kv event publisher restarted: resetting rank state");
     });
     this.#lastSeq = null;
+    this.#salts.clear();
     try {
       this.#onReset?.();
     } catch (err) {

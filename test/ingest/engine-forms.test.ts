@@ -126,6 +126,38 @@ describe("engines as they ship today: vLLM (map batches)", () => {
     await waitOverlap(d, 1, toks, BS);
   });
 
+  // vLLM stamps a request's cache_salt only in its first block's extra_keys, and a multimodal
+  // object's identifier in the extra_keys of the blocks it covers (vllm/v1/core/kv_cache_utils.py);
+  // the reference folds both into its block hashes (Dynamo's zmq wire types). Before, kvmesh
+  // indexed such blocks unsalted and text-only, so salted and multimodal prompts never matched.
+  it("a salted request's chain (salt in the first block's extra_keys, inherited by later events) and a multimodal block match the prompts that name them", async () => {
+    const d = await daemon();
+    const pub = await engine();
+    await register(d, 1, pub);
+    const toks = prompt(3, 6);
+    await pub.publishPayload(packMsgpack({ ts: 1, events: [vllmStored([101n, 102n], null, toks.slice(0, 2 * BS), { extra_keys: [["tenant-a"], null] })], data_parallel_rank: 0 }));
+    await pub.publishPayload(packMsgpack({ ts: 2, events: [vllmStored([103n], 102n, block(toks, 2), { extra_keys: [null] })], data_parallel_rank: 0 }));
+    const salted = async (): Promise<number> => {
+      const r = await call(d, "POST", "/select", { token_ids: toks, cache_salt: "tenant-a", allowed_worker_ids: [1] });
+      return (r.json.overlap as { gpu: number }).gpu;
+    };
+    await waitFor(async () => (await salted()) === 3 * BS, 5_000, "salted overlap");
+    // The same tokens without the salt are another tenant's: nothing cached for them.
+    expect((await overlapOn(d, 1, toks)).gpu).toBe(0);
+
+    const img = "ab".repeat(32); // a 64-hex-digit mm identifier: the prompt's mm_hash is its first 16 digits
+    const mmToks = prompt(2, 7);
+    await pub.publishPayload(packMsgpack({ ts: 3, events: [vllmStored([201n, 202n], null, mmToks, { extra_keys: [null, [[img, 0]]] })], data_parallel_rank: 0 }));
+    const mmOverlap = async (infos: unknown): Promise<number> => {
+      const r = await call(d, "POST", "/select", { token_ids: mmToks, block_mm_infos: infos, allowed_worker_ids: [1] });
+      return (r.json.overlap as { gpu: number }).gpu;
+    };
+    const withImage = [null, { mm_objects: [{ mm_hash: BigInt(`0x${img.slice(0, 16)}`), offsets: [[0, 4]] }] }];
+    await waitFor(async () => (await mmOverlap(withImage)) === 2 * BS, 5_000, "multimodal overlap");
+    // Text only, the second block is another block: only the first matches.
+    expect(await mmOverlap([null, null])).toBe(BS);
+  });
+
   it("a data-parallel engine: one publisher per rank on its own port (vLLM offsets them by rank), each batch naming its rank", async () => {
     const d = await daemon();
     const [p0, p1] = [await engine(), await engine()];

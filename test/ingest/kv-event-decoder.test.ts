@@ -236,3 +236,34 @@ describe("decodeKvEventBatch details", () => {
     }
   });
 });
+
+// vLLM's BlockStored.extra_keys (vllm/distributed/kv_events.py; one entry per block: lora name,
+// mm identifiers, cache salt, prompt-embedding bytes) and TRT-LLM's top-level cache_salt, read as
+// the reference reads them (Dynamo's zmq wire types: extract_cache_namespace_from_extra_keys,
+// extra_keys_to_block_mm_infos). kvmesh dropped them, so salted and multimodal prompts never
+// matched what the engine cached.
+describe("decodeKvEventBatch: cache salt and multimodal hashes", () => {
+  const DIGEST = "0123456789abcdef".repeat(4); // a 64-hex-digit mm identifier
+  const stored = (extra: Record<string, unknown>) => ({ type: "BlockStored", block_hashes: [1, 2], parent_block_hash: null, token_ids: [1, 2], block_size: 1, lora_id: null, medium: "GPU", lora_name: "adapter", ...extra });
+  const first = (payload: Buffer): KvEvent | undefined => decodeKvEventBatch(payload).events[0];
+
+  it("takes the salt from the first block's extra_keys, skipping mm digests and the lora name", () => {
+    const ev = first(packMsgpack({ ts: 1, events: [stored({ extra_keys: [["adapter", DIGEST, "tenant-a", Buffer.from([1])], null] })] }));
+    expect(ev).toMatchObject({ cacheSalt: "tenant-a", blockMmHashes: [[0x0123456789abcdefn], undefined] });
+    // An event without extra keys, or whose first block has none, carries neither.
+    expect(first(packMsgpack({ ts: 1, events: [stored({})] }))).not.toHaveProperty("cacheSalt");
+    expect(first(packMsgpack({ ts: 1, events: [stored({ extra_keys: [null, null] })] }))).not.toHaveProperty("blockMmHashes");
+  });
+
+  it("prefers a top-level cache_salt and block_mm_infos; reads [digest, offset] items (vLLM 0.19+) and positional slot 8", () => {
+    const ev = first(packMsgpack({ ts: 1, events: [stored({ cache_salt: "top", extra_keys: [["other"], null], block_mm_infos: [null, { mm_objects: [{ mm_hash: 7, offsets: [] }] }] })] }));
+    expect(ev).toMatchObject({ cacheSalt: "top", blockMmHashes: [undefined, [7n]] });
+    const pos = first(packMsgpack([1, [["BlockStored", [1, 2], null, [1, 2], 1, null, "GPU", null, [[[DIGEST, 3], "salt"], null]]]]));
+    expect(pos).toMatchObject({ cacheSalt: "salt", blockMmHashes: [[0x0123456789abcdefn], undefined] });
+  });
+
+  it("rejects extra_keys or block_mm_infos of the wrong type, naming them", () => {
+    expectRejected(packMsgpack({ ts: 1, events: [stored({ extra_keys: "x" })] }), /events\[0\]\.extra_keys: expected an array or null/);
+    expectRejected(packMsgpack({ ts: 1, events: [stored({ block_mm_infos: [{ mm_objects: [{ mm_hash: "x" }] }] })] }), /block_mm_infos\[0\]\.mm_objects\[0\]\.mm_hash/);
+  });
+});
