@@ -176,6 +176,38 @@ describe("engines as they ship today: vLLM (map batches)", () => {
   });
 });
 
+describe("engines as they ship today: data-parallel replay", () => {
+  // A DP engine runs one replay ROUTER per rank next to its publisher (vLLM's ZmqEventPublisher
+  // offsets both ports by the rank). The reference takes a replay endpoint for single-rank workers
+  // only (a multi-rank worker with `replay_endpoint` is incomplete), so a rank's gaps were lost;
+  // kvmesh's `replay_endpoints` (rank -> endpoint) repairs each rank's gaps from its own ROUTER.
+  it("replay_endpoints: a gap on one rank is repaired from that rank's replay ROUTER", async () => {
+    const d = await daemon();
+    const [p0, p1] = [await engine(), await engine()];
+    const r = await call(d, "POST", "/workers", {
+      worker_id: 8,
+      endpoint: "http://w8",
+      block_size: BS,
+      data_parallel_size: 2,
+      kv_events_endpoints: { "0": p0.endpoint, "1": p1.endpoint },
+      replay_endpoints: { "0": p0.replayEndpoint, "1": p1.replayEndpoint },
+    });
+    expect(r.json).toMatchObject({ lifecycle: "schedulable", replay_endpoints: { "0": p0.replayEndpoint, "1": p1.replayEndpoint } });
+    await Promise.all([p0.waitForSubscribers(1), p1.waitForSubscribers(1)]);
+    const toks = prompt(3, 9);
+    const batch = (b: number): Buffer => packMsgpack({ ts: b, events: [vllmStored([BigInt(300 + b)], b === 0 ? null : BigInt(299 + b), block(toks, b))], data_parallel_rank: 1 });
+    await p1.publishPayload(batch(0));
+    await p1.publishPayload(batch(1), { deliver: false });
+    await p1.publishPayload(batch(2));
+    await waitFor(async () => (await overlapOn(d, 8, toks)).dp["1"] === 3 * BS, 5_000, "rank 1 repaired");
+    expect(p1.replayRequests).toEqual([1n]);
+    expect(p0.replayRequests).toEqual([]);
+    // The reference's single replay_endpoint stays refused for a multi-rank worker.
+    const single = await call(d, "PATCH", "/workers/8", { replay_endpoint: p0.replayEndpoint });
+    expect(single.json.lifecycle).toBe("incomplete");
+  });
+});
+
 describe("engines as they ship today: SGLang (array batches)", () => {
   it("current `[ts, events, attn_dp_rank]` and older `[ts, events]` batches, signed hashes, the minimal positional BlockStored and BlockRemoved", async () => {
     const d = await daemon();
