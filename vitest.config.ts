@@ -10,6 +10,8 @@ const SYSTEM_TESTS = [
   "test/faults/**/*.test.ts",
   "test/fuzz/**/*.test.ts",
   "test/integration/**/*.test.ts",
+  // The conformance suite walks the HTTP API over real sockets.
+  "test/conformance/**/*.test.ts",
   // Mixed folders: the files that start a daemon, a server, a child process or a ZeroMQ socket.
   "test/cli/clients.test.ts",
   "test/cli/keys.test.ts",
@@ -20,6 +22,7 @@ const SYSTEM_TESTS = [
   "test/http/metrics.test.ts",
   "test/http/server.test.ts",
   "test/http/session-bindings.test.ts",
+  "test/ingest/engine-forms.test.ts",
   "test/ingest/kv-event-listener.test.ts",
   "test/ingest/kv-ingest.test.ts",
   "test/ingest/zmq-socket-limit.test.ts",

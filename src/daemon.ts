@@ -16,7 +16,7 @@ import { ReplicaMesh } from "../mesh/replica-mesh.js";
 import { isDnsPeer, parseDnsPeer } from "../mesh/dns-peers.js";
 import { WorkersFile } from "./workers-file.js";
 import { SelectionService } from "./core/selection-service.js";
-import { hasUnusableKvEndpoint, kvEventsEndpointRefused } from "./core/worker-catalog.js";
+import { hasUnusableKvEndpoint, kvEventsEndpointRefused, replayEndpointFor } from "./core/worker-catalog.js";
 
 /** The daemon's configuration lives in src/config.ts; re-exported for the daemon's callers. */
 export { DEFAULT_DAEMON_CONFIG, type DaemonConfig, type LogLevel } from "./config.js";
@@ -111,7 +111,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
               service.kvEventsEndpointsOf(workerId).map(({ dpRank, endpoint }) => ({
                 rank: dpRank,
                 endpoint,
-                replayEndpoint: record.data_parallel_size === 1 ? record.replay_endpoint : null,
+                replayEndpoint: replayEndpointFor(record, dpRank),
               })),
             );
       done.catch((err: unknown) => {

@@ -280,7 +280,12 @@ export class Fleet {
             ok = false;
             break;
           }
-          const local = computeBlockHashes(ev.tokenIds, p.blockSize, { loraName: ev.loraName, isEagle: ev.eagle });
+          const local = computeBlockHashes(ev.tokenIds, p.blockSize, {
+            loraName: ev.loraName,
+            isEagle: ev.eagle,
+            ...(ev.cacheSalt === undefined ? {} : { cacheSalt: ev.cacheSalt }),
+            ...(ev.blockMmHashes === undefined ? {} : { blockMmHashes: ev.blockMmHashes }),
+          });
           const engine = hashListFromBigInts(ev.blockHashes);
           if (hashCount(local) !== hashCount(engine)) {
             ok = false;

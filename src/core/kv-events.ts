@@ -18,6 +18,13 @@ export type KvEvent =
       tier: StorageTier;
       /** token_ids arrived as (first, second) pairs: an Eagle speculative-decoding engine. */
       eagle: boolean;
+      /**
+       * The request's cache salt (a request's `cache_salt`), when the engine said or the ingest
+       * inherited it from the parent block: it seeds the blocks' content hashes as it does a prompt's.
+       */
+      cacheSalt?: string;
+      /** Per block, the multimodal objects' hashes that enter its content hash (absent: text only). */
+      blockMmHashes?: (bigint[] | undefined)[];
     }
   | { type: "removed"; blockHashes: bigint[]; tier: StorageTier }
   | { type: "cleared" };

@@ -76,6 +76,21 @@ export function normalizePrompt(
 }
 
 /**
+ * The prompt of an explicit reservation (POST /reservations with `worker_id`), as the reference's
+ * `normalize_for_reservation` (services/selection/input.rs): tokens are hashed as for a
+ * selection, but precomputed input needs only `sequence_hashes` + `isl_tokens`, since a booking
+ * loads the ledger by sequence hash and block hashes only look the cache up. This is how a
+ * client replays a booking on another replica from the `sequence_hashes` select_and_reserve
+ * returned. Without block hashes nothing is matched against the cache (no overlap).
+ */
+export function normalizeReservationPrompt(p: PromptFields, normalize: (p: PromptFields) => NormalizedPrompt): NormalizedPrompt {
+  if (routingTokens(p) !== undefined || p.block_hashes !== undefined || p.sequence_hashes === undefined) return normalize(p);
+  if (p.isl_tokens === undefined) throw badRequest("isl_tokens is required with sequence_hashes and no token_ids", "isl_tokens");
+  if (!Number.isInteger(p.isl_tokens) || p.isl_tokens <= 0) throw badRequest("isl_tokens must be a positive integer", "isl_tokens");
+  return { localHashes: new Uint32Array(0), seqHashes: toHashList(p.sequence_hashes, "sequence_hashes"), islTokens: p.isl_tokens };
+}
+
+/**
  * The tokens a prompt is hashed from, as the reference's `routing_tokens_and_mm_infos`
  * (services/selection/input.rs): `mm_routing_info.routing_token_ids` when non-empty, with its own
  * `block_mm_infos`; otherwise `token_ids` with the top-level `block_mm_infos`. Undefined: the

@@ -16,12 +16,12 @@ import { hashCount } from "./hash64.js";
 import type { Fleet } from "./fleet.js";
 import { partitionRef, type Partition } from "./partition.js";
 import { PendingSelections } from "./pending-selections.js";
-import type { NormalizedPrompt } from "./prompt.js";
+import { normalizeReservationPrompt, type NormalizedPrompt } from "./prompt.js";
 import type { LoadAddEvent, LoadEvent } from "./replica-events.js";
 import { sessionIdOf, validateId } from "./request-ids.js";
 import type { ServiceCounters } from "./service-stats.js";
-import type { ReservationRequest, ReservationResponse, SelectRequest, WorkerId } from "./types.js";
-import { validateWorkerId } from "./worker-catalog.js";
+import { DEFAULT_MODEL_NAME, DEFAULT_ROUTING_GROUP, type ReservationRequest, type ReservationResponse, type SelectRequest, type WorkerId } from "./types.js";
+import { partitionKey, validateWorkerId } from "./worker-catalog.js";
 
 export interface ReservationRow {
   readonly selectionId: string;
@@ -197,8 +197,20 @@ export class ReservationBook {
     if (typeof req.selection_id !== "string") throw new KvmeshError("KVMESH_INVALID_FIELD", "selection_id: required string", { details: { field: "selection_id" } });
     validateId(req.selection_id, "selection_id");
     this.assertIdFree(req.selection_id);
+    // Replay form: a selection cached under another partition (or none) is a plain miss, 404,
+    // before the partition's readiness is asked (the reference's cached_reservation_needs_matching_model);
+    // a cached one whose partition lost its workers is 503 and stays for a retry.
+    if (req.worker_id === undefined) this.#pendingOrThrow(partitionKey(req.model_name ?? DEFAULT_MODEL_NAME, req.routing_group ?? DEFAULT_ROUTING_GROUP), req.selection_id);
     const p = this.#o.fleet.requirePartition(req.model_name, req.routing_group);
     return req.worker_id !== undefined ? this.#createExplicit(p, req, req.worker_id) : this.#createFromPending(p, req.selection_id);
+  }
+
+  #pendingOrThrow(key: string, selectionId: string): NonNullable<ReturnType<PendingSelections<PendingEntry>["peek"]>> {
+    const cached = this.#pending.peek(key, selectionId);
+    if (cached === undefined) {
+      throw new KvmeshError("KVMESH_PENDING_SELECTION_NOT_FOUND", `no pending selection ${selectionId} in ${key} (expired, consumed, or made on another replica)`);
+    }
+    return cached;
   }
 
   /** Explicit form: the caller names the worker; any cached selection for the id is discarded. */
@@ -211,7 +223,7 @@ export class ReservationBook {
       throw new KvmeshError("KVMESH_WORKER_NOT_SCHEDULABLE", `worker ${workerId} dp_rank ${dpRank} is not schedulable in ${p.key}`);
     }
     const config = this.#o.chooser.configFor(req.router_config_override);
-    const prompt = this.#o.chooser.promptOf(p, req, config);
+    const prompt = normalizeReservationPrompt(req, (q) => this.#o.chooser.promptOf(p, q, config));
     let effective = req.effective_prefill_tokens;
     if (effective !== undefined) {
       if (!Number.isInteger(effective) || effective < 0) throw badRequest("effective_prefill_tokens must be a non-negative integer", "effective_prefill_tokens");
@@ -232,10 +244,7 @@ export class ReservationBook {
 
   /** Replay form: book exactly what /select chose and cached under this id. */
   #createFromPending(p: Partition, selectionId: string): ReservationResponse {
-    const cached = this.#pending.peek(p.key, selectionId);
-    if (cached === undefined) {
-      throw new KvmeshError("KVMESH_PENDING_SELECTION_NOT_FOUND", `no pending selection ${selectionId} in ${p.key} (expired, consumed, or made on another replica)`);
-    }
+    const cached = this.#pendingOrThrow(p.key, selectionId);
     const e = cached.value;
     const rank = p.ranks.get(e.workerId, e.dpRank);
     if (rank === undefined || !p.isSchedulable(rank)) {

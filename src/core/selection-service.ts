@@ -239,9 +239,13 @@ export class SelectionService {
     return this.#fleet.getWorker(workerId);
   }
 
-  ready(): { ready: boolean; schedulable_workers: number; workers: number; draining?: true } {
+  /**
+   * GET /ready: as the reference's `ReadyResponse` (services/selection/types.rs), `workers` is
+   * every catalog record (`catalog.list(None, None)`), not a count.
+   */
+  ready(): { ready: boolean; schedulable_workers: number; workers: WorkerCatalogRecord[]; draining?: true } {
     const r = this.#fleet.readiness();
-    const base = { ready: !this.#shuttingDown && !this.#draining && r.schedulable > 0, schedulable_workers: r.schedulable, workers: r.workers };
+    const base = { ready: !this.#shuttingDown && !this.#draining && r.schedulable > 0, schedulable_workers: r.schedulable, workers: this.#fleet.listWorkers() };
     return this.#draining ? { ...base, draining: true } : base;
   }
 

@@ -16,6 +16,12 @@ export interface WorkerRequest {
   kv_events_endpoint?: string | undefined;
   kv_events_endpoints?: Readonly<Record<string, string>> | undefined;
   replay_endpoint?: string | undefined;
+  /**
+   * kvmesh addition: a replay endpoint per dp rank (rank -> endpoint), for a data-parallel engine
+   * that runs one publisher and one replay socket per rank (vLLM and SGLang offset both ports by
+   * the rank). The reference takes `replay_endpoint` for a single-rank worker only.
+   */
+  replay_endpoints?: Readonly<Record<string, string>> | undefined;
   block_size?: number | undefined;
   data_parallel_start_rank?: number | undefined;
   data_parallel_size?: number | undefined;
@@ -51,6 +57,8 @@ export interface WorkerCatalogRecord {
   kv_events_endpoint: string | null;
   kv_events_endpoints: Record<string, string>;
   replay_endpoint: string | null;
+  /** kvmesh addition (see WorkerRequest); omitted from the record when empty. */
+  replay_endpoints?: Record<string, string>;
   block_size: number | null;
   data_parallel_start_rank: number;
   data_parallel_size: number;

@@ -119,6 +119,8 @@ export class WorkerCatalog {
     if (Object.keys(hintEndpoints).length > 0) draft.router_hint_source_control_endpoints = hintEndpoints;
     const sourceMode = text(req.kv_event_source_mode, "kv_event_source_mode");
     if (sourceMode !== null) draft.kv_event_source_mode = sourceMode;
+    const replays = endpointMap(req.replay_endpoints, "replay_endpoints");
+    if (Object.keys(replays).length > 0) draft.replay_endpoints = replays;
     if (draft.data_parallel_start_rank + draft.data_parallel_size - 1 > U32_MAX) {
       throw badRequest("data_parallel_start_rank + data_parallel_size exceeds the u32 rank range", "data_parallel_size");
     }
@@ -191,6 +193,10 @@ export class WorkerCatalog {
       }
       const problem = draft.replay_endpoint === null ? null : zmqEndpointProblem(draft.replay_endpoint);
       if (problem !== null) reasons.push(`${REPLAY_ENDPOINT_REASON} for worker ${draft.worker_id}: ${problem}`);
+      for (const [rank, ep] of Object.entries(draft.replay_endpoints ?? {})) {
+        const p = zmqEndpointProblem(ep);
+        if (p !== null) reasons.push(`${REPLAY_ENDPOINT_REASON} for worker ${draft.worker_id} dp_rank ${rank}: ${p}`);
+      }
     }
     const lifecycle: Lifecycle = reasons.length > 0 ? "incomplete" : (forced ?? "schedulable");
     return { ...draft, lifecycle, not_schedulable_reasons: reasons };
@@ -201,6 +207,16 @@ export function ranksOf(r: Pick<WorkerCatalogRecord, "data_parallel_start_rank" 
   const out: number[] = [];
   for (let i = 0; i < r.data_parallel_size; i++) out.push(r.data_parallel_start_rank + i);
   return out;
+}
+
+/**
+ * The replay endpoint of one rank, if any: its entry in `replay_endpoints` (kvmesh addition),
+ * else `replay_endpoint` for a single-rank worker (a multi-rank worker with one is incomplete).
+ */
+export function replayEndpointFor(r: WorkerCatalogRecord, dpRank: number): string | null {
+  const specific = r.replay_endpoints?.[String(dpRank)];
+  if (specific !== undefined) return specific;
+  return r.data_parallel_size === 1 ? r.replay_endpoint : null;
 }
 
 /** The ZeroMQ endpoint publishing KV events for one rank, if any. */
@@ -234,6 +250,7 @@ function recordToRequest(r: WorkerCatalogRecord): WorkerRequest {
     router_hint_worker_type: r.router_hint_worker_type,
     router_hint_source_control_endpoints: r.router_hint_source_control_endpoints,
     kv_event_source_mode: r.kv_event_source_mode,
+    replay_endpoints: r.replay_endpoints,
   };
 }
 

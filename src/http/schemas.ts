@@ -201,6 +201,8 @@ const workerFields: Shape<Omit<WorkerRequest, "worker_id">> = {
   kv_events_endpoint: opt(str()),
   kv_events_endpoints: opt(recordOf(str(), "strings")),
   replay_endpoint: opt(str()),
+  // kvmesh addition: one replay endpoint per dp rank (README, Compatibility with the reference).
+  replay_endpoints: opt(recordOf(str(), "strings")),
   block_size: opt(u32),
   data_parallel_start_rank: opt(u32),
   data_parallel_size: opt(u32),

@@ -4,6 +4,8 @@
  *  - maps: `{ts, events, data_parallel_rank}` with events tagged by a `type` key (current vLLM);
  *  - arrays: `[ts, events, dp_rank]` with events whose first element is the tag (msgspec
  *    `array_like=True, tag=True`: older vLLM, SGLang).
+ * Block hashes are integers (signed or unsigned 64-bit) or bytes (vLLM with
+ * VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0), the latter reduced to 64 bits as vLLM's integer mode does.
  * Every field is type-checked; a violation throws KVMESH_BAD_REQUEST naming the field path.
  * Unknown map keys and unknown trailing array elements are ignored, so engines can add fields.
  */
@@ -107,7 +109,8 @@ function decodeMapEvent(fields: Fields, ev: number): KvEvent | null {
       const tier = toTier(fields["medium"], ev, ".medium");
       const loraName = optionalString(fields["lora_name"], ev, ".lora_name");
       if (!isMainGroup(fields["group_idx"], fields["kv_cache_spec_kind"], ev)) return null;
-      return { type: "stored", blockHashes, parentHash, tokenIds, blockSize, loraName, tier, eagle };
+      const extras = storedExtras(fields["extra_keys"], fields["block_mm_infos"], optionalString(fields["cache_salt"], ev, ".cache_salt"), loraName, ev, ".extra_keys");
+      return { type: "stored", blockHashes, parentHash, tokenIds, blockSize, loraName, tier, eagle, ...extras };
     }
     case "BlockRemoved": {
       const blockHashes = toHashes(requiredField(fields, "block_hashes", ev), ev, ".block_hashes");
@@ -148,7 +151,8 @@ function decodeArrayEvent(items: unknown[], ev: number): KvEvent | null {
       const groupIdx = typeof items[9] === "number" || typeof items[9] === "bigint" ? items[9] : undefined;
       const kind = typeof items[10] === "string" ? items[10] : undefined;
       if (!isMainGroup(groupIdx, kind, ev)) return null;
-      return { type: "stored", blockHashes, parentHash, tokenIds, blockSize, loraName, tier, eagle };
+      const extras = storedExtras(items[8], undefined, null, loraName, ev, "[8] (extra_keys)");
+      return { type: "stored", blockHashes, parentHash, tokenIds, blockSize, loraName, tier, eagle, ...extras };
     }
     case "BlockRemoved": {
       const blockHashes = toHashes(requiredItem(items, 1, ev, "[1] (block_hashes)"), ev, "[1] (block_hashes)");
@@ -162,6 +166,69 @@ function decodeArrayEvent(items: unknown[], ev: number): KvEvent | null {
     default:
       throw fail(loc(ev, "[0]"), `unknown event tag ${JSON.stringify(tag)}`);
   }
+}
+
+/** A vLLM multimodal identifier in extra_keys: a 64-hex-digit digest (Dynamo takes its first 16 digits as the u64 mm_hash). */
+const MM_DIGEST = /^[0-9a-fA-F]{64}$/;
+
+/**
+ * What a BlockStored's optional metadata adds to its content hashes, as the reference's vLLM wire
+ * types read it (Dynamo lib/kv-router zmq wire types: `extra_keys_to_block_mm_infos`,
+ * `extract_cache_namespace_from_extra_keys`):
+ * - `cache_salt` given on the event (TRT-LLM style), else the salt vLLM stamps in the first
+ *   block's `extra_keys` (vllm/v1/core/kv_cache_utils.py `_gen_*_extra_hash_keys`: lora name,
+ *   mm identifiers, cache salt, prompt-embedding bytes): its first string that is neither an mm
+ *   digest nor the lora name;
+ * - per block, the multimodal objects' hashes: `block_mm_infos` when given, else each block's
+ *   `extra_keys` mm digests (a bare digest, or `[digest, start offset]` in vLLM 0.19+).
+ * Items of other kinds (bytes, numbers) are ignored, as new ones an engine may add.
+ */
+function storedExtras(
+  extraKeys: unknown,
+  mmInfos: unknown,
+  cacheSalt: string | null,
+  loraName: string | null,
+  ev: number,
+  at: string,
+): { cacheSalt?: string; blockMmHashes?: (bigint[] | undefined)[] } {
+  const out: { cacheSalt?: string; blockMmHashes?: (bigint[] | undefined)[] } = {};
+  let keys: unknown[] | null = null;
+  if (extraKeys !== undefined && extraKeys !== null) {
+    if (!Array.isArray(extraKeys)) throw fail(loc(ev, at), `expected an array or null, got ${describe(extraKeys)}`);
+    keys = extraKeys as unknown[];
+  }
+  if (cacheSalt !== null && cacheSalt !== "") out.cacheSalt = cacheSalt;
+  else if (keys !== null && Array.isArray(keys[0])) {
+    for (const item of keys[0] as unknown[]) {
+      if (typeof item === "string" && !MM_DIGEST.test(item) && item !== loraName && item !== "") {
+        out.cacheSalt = item;
+        break;
+      }
+    }
+  }
+  let mm: (bigint[] | undefined)[] | undefined;
+  if (mmInfos !== undefined && mmInfos !== null) {
+    if (!Array.isArray(mmInfos)) throw fail(loc(ev, ".block_mm_infos"), `expected an array or null, got ${describe(mmInfos)}`);
+    mm = (mmInfos as unknown[]).map((info, b) => {
+      if (info === null || info === undefined) return undefined;
+      const objects = isMap(info) ? info["mm_objects"] : undefined;
+      if (!Array.isArray(objects)) throw fail(loc(ev, `.block_mm_infos[${b}].mm_objects`), "expected an array");
+      const hashes = (objects as unknown[]).map((o, k) => toHash(isMap(o) ? o["mm_hash"] : undefined, ev, `.block_mm_infos[${b}].mm_objects[${k}].mm_hash`));
+      return hashes.length > 0 ? hashes : undefined;
+    });
+  } else if (keys !== null) {
+    mm = keys.map((blockKeys) => {
+      if (!Array.isArray(blockKeys)) return undefined;
+      const hashes: bigint[] = [];
+      for (const item of blockKeys as unknown[]) {
+        const digest = typeof item === "string" ? item : Array.isArray(item) && typeof item[0] === "string" ? item[0] : undefined;
+        if (digest !== undefined && MM_DIGEST.test(digest)) hashes.push(BigInt(`0x${digest.slice(0, 16)}`));
+      }
+      return hashes.length > 0 ? hashes : undefined;
+    });
+  }
+  if (mm !== undefined && mm.some((h) => h !== undefined)) out.blockMmHashes = mm;
+  return out;
 }
 
 function requiredField(fields: Fields, name: string, ev: number): unknown {
@@ -182,9 +249,22 @@ function isMainGroup(groupIdx: unknown, kind: unknown, ev: number): boolean {
   return MAIN_KV_CACHE_SPEC_KINDS.has(kind);
 }
 
+/**
+ * A hash sent as bytes (msgpack bin): what vLLM publishes with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0
+ * (`ExternalBlockHash = bytes | int`, vllm/v1/core/kv_cache_utils.py). Reduced to the u64 vLLM
+ * itself sends in integer mode (`maybe_convert_block_hash`: `int.from_bytes(b, "big") & (2^64 - 1)`,
+ * the last 8 bytes big-endian), so an engine keeps the same block identities in either mode.
+ */
+function bytesHash(b: Uint8Array): bigint {
+  let v = 0n;
+  for (let i = Math.max(0, b.length - 8); i < b.length; i++) v = (v << 8n) | BigInt(b[i] as number);
+  return v;
+}
+
 function toHash(value: unknown, ev: number, at: string): bigint {
   let v: bigint;
   if (typeof value === "bigint") v = value;
+  else if (value instanceof Uint8Array) return bytesHash(value);
   else if (typeof value === "number") {
     // Above 2^53 msgpackr hands back a float: the hash would already be rounded, so refuse it.
     if (!Number.isSafeInteger(value)) throw fail(loc(ev, at), Number.isInteger(value) ? "integer is not exact (float above 2^53)" : "not an integer");

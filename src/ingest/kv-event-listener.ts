@@ -7,11 +7,13 @@
  * message that revealed it is applied. Nothing a publisher sends can crash the loop: bad frames
  * and payloads are counted, logged and skipped.
  */
+import { xxh3 } from "@node-rs/xxhash";
 import { pino, type Logger } from "pino";
 import { Dealer, type Observer, Subscriber } from "zeromq";
 import { LogThrottle } from "../util/log-throttle.js";
 import { observe, retireObserver } from "../util/zmq-observers.js";
 
+import { CacheSaltChain } from "./cache-salt-chain.js";
 import { decodeKvEventBatch, type KvEventBatch } from "./kv-event-decoder.js";
 
 export const DEFAULT_REPLAY_TIMEOUT_MS = 2_000;
@@ -101,6 +103,10 @@ export class KvEventListener {
   readonly #malformedLog = new LogThrottle();
   readonly #resetLog = new LogThrottle();
   readonly #jumpLog = new LogThrottle();
+  /** xxh64 of the last applied payload: a reconnected publisher that still holds it is the same process. */
+  #lastDigest: bigint | null = null;
+  /** Salts a continued chain inherits from its parent block (vLLM salts only a request's first block). */
+  readonly #salts = new CacheSaltChain();
 
   constructor(options: KvEventListenerOptions) {
     this.#endpoint = options.endpoint;
@@ -207,6 +213,13 @@ export class KvEventListener {
       this.#stats.stale++;
       this.#log.debug({ seq, lastSeq: last }, "stale kv event batch dropped");
       return;
+    } else if (last !== null && reconnected && this.#replayEndpoint !== null && !(await this.#stillHolds(this.#replayEndpoint, last))) {
+      // A new connection whose first seq is past ours: either the same publisher (we missed its
+      // messages while apart: a gap to replay) or one that restarted and already counted past our
+      // cursor (vLLM numbers from 0 again and publishes while our SUB backs off). Only the second
+      // has lost the very batch we applied last; then the rank starts over and is replayed from 0.
+      if (this.#closed) return;
+      this.#reset(last, seq, "publisher restarted and counted past the old seq");
     } else if (last !== null && seq - last > MAX_SEQ_JUMP) {
       // A seq this far ahead is corrupt (1 + 2^63 between 1 and 2 froze the rank until the
       // publisher reconnected: every later batch looked stale, #17 F9), unless the publisher keeps
@@ -227,6 +240,29 @@ export class KvEventListener {
     if (seq > expected) await this.#repair(expected, seq);
     if (this.#closed) return;
     this.#apply(seq, payload, false);
+  }
+
+  /**
+   * Whether the publisher's replay buffer still holds, as seq `last`, the payload applied last.
+   * Unknown (no answer, a timeout, a malformed reply) counts as yes: the stream goes on as before.
+   */
+  async #stillHolds(endpoint: string, last: bigint): Promise<boolean> {
+    if (this.#lastDigest === null) return true;
+    const dealer = new Dealer({ linger: 0, receiveTimeout: this.#replayTimeoutMs, sendTimeout: this.#replayTimeoutMs });
+    this.#replaySock = dealer;
+    try {
+      dealer.connect(endpoint);
+      await dealer.send(["", encodeSeq(last)]);
+      const parsed = parseReplayReply(await dealer.receive());
+      if (typeof parsed === "string") return true;
+      return parsed.seq === last && parsed.payload.length > 0 && xxh3.xxh64(parsed.payload) === this.#lastDigest;
+    } catch (err) {
+      if (!this.#closed) this.#log.warn({ err, endpoint, seq: last }, "kv event publisher identity probe failed or timed out");
+      return true;
+    } finally {
+      this.#replaySock = null;
+      dealer.close();
+    }
   }
 
   /** Fills [from, to) before the live message `to` is applied. */
@@ -283,6 +319,7 @@ export class KvEventListener {
   #apply(seq: bigint, payload: Buffer, replayed: boolean): void {
     // The seq is consumed even when the payload is bad: replaying it would return the same bytes.
     this.#lastSeq = seq;
+    if (this.#replayEndpoint !== null) this.#lastDigest = xxh3.xxh64(payload);
     let batch: KvEventBatch;
     try {
       batch = decodeKvEventBatch(payload);
@@ -290,6 +327,7 @@ export class KvEventListener {
       this.#malformed(err instanceof Error ? err.message : String(err), seq);
       return;
     }
+    this.#salts.process(batch);
     this.#stats.applied++;
     if (replayed) this.#stats.replayed++;
     try {
@@ -313,6 +351,7 @@ export class KvEventListener {
       this.#log.warn({ lastSeq: last, seq, why, suppressed }, "kv event publisher restarted: resetting rank state");
     });
     this.#lastSeq = null;
+    this.#salts.clear();
     try {
       this.#onReset?.();
     } catch (err) {

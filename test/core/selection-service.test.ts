@@ -11,10 +11,12 @@ const code = (fn: () => unknown): string => {
 describe("workers and readiness", () => {
   it("reports not ready with no schedulable workers, and selects once one registers", () => {
     const { svc } = makeService();
-    expect(svc.ready()).toEqual({ ready: false, schedulable_workers: 0, workers: 0 });
+    // `workers` is the catalog's records, as the reference's ReadyResponse (types.rs); it was a count.
+    expect(svc.ready()).toEqual({ ready: false, schedulable_workers: 0, workers: [] });
     expect(code(() => svc.select({ token_ids: tokens(2) }))).toBe("503 KVMESH_NOT_READY");
     svc.upsertWorker(worker(1));
-    expect(svc.ready()).toEqual({ ready: true, schedulable_workers: 1, workers: 1 });
+    expect(svc.ready()).toEqual({ ready: true, schedulable_workers: 1, workers: svc.listWorkers() });
+    expect(svc.ready().workers.map((w) => [w.worker_id, w.lifecycle])).toEqual([[1n, "schedulable"]]);
     expect(svc.select({ token_ids: tokens(2) }).worker_id).toBe(1n);
   });
 

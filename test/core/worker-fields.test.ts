@@ -15,7 +15,7 @@ import { describe, expect, it } from "vitest";
 
 import { makeService, tokens, worker } from "../helpers/core-fixtures.js";
 import { kvmeshErrorOf } from "../helpers/errors.js";
-import { zmqEndpointProblem } from "../../src/core/worker-catalog.js";
+import { replayEndpointFor, zmqEndpointProblem } from "../../src/core/worker-catalog.js";
 
 const REFERENCE_FIELDS = {
   stable_routing_id: "worker-0",
@@ -101,7 +101,7 @@ describe("a KV-event endpoint the listener cannot use", () => {
     const r = svc.upsertWorker(worker(1, { kv_events_endpoint: "not a url" }));
     expect(r.lifecycle).toBe("incomplete");
     expect(r.not_schedulable_reasons).toEqual(["reconciliation failed: invalid kv_events endpoint for worker 1 dp_rank 0: invalid ZMQ endpoint `not a url`: missing scheme"]);
-    expect(svc.ready()).toEqual({ ready: false, schedulable_workers: 0, workers: 1 });
+    expect(svc.ready()).toEqual({ ready: false, schedulable_workers: 0, workers: [r] });
     expect(kvmeshErrorOf(() => svc.select({ token_ids: tokens(1) })).code).toBe("KVMESH_NOT_READY");
 
     // Another, good worker is chosen; the bad one never is.
@@ -141,6 +141,32 @@ describe("a KV-event endpoint the listener cannot use", () => {
     expect(second.lifecycle).toBe("schedulable");
     expect(svc.markKvEndpointUnusable(first, reason)).toBeUndefined();
     expect(svc.getWorker(1n)?.lifecycle).toBe("schedulable");
+  });
+});
+
+// kvmesh addition (README, Compatibility with the reference): a replay endpoint per dp rank, for
+// engines that run one replay socket per rank; the reference's single replay_endpoint stays
+// single-rank only.
+describe("replay_endpoints", () => {
+  const ranks = { data_parallel_size: 2, kv_events_endpoints: { "0": "tcp://w:5557", "1": "tcp://w:5558" } };
+
+  it("are echoed, resolved per rank, checked for form, and cleared by a PATCH with {}", () => {
+    const { svc } = makeService({ requireKvEventsEndpoint: true });
+    const r = svc.upsertWorker(worker(1, { ...ranks, replay_endpoints: { "0": "tcp://w:5567", "1": "tcp://w:5568" } }));
+    expect(r.lifecycle).toBe("schedulable");
+    expect(r.replay_endpoints).toEqual({ "0": "tcp://w:5567", "1": "tcp://w:5568" });
+    expect([replayEndpointFor(r, 0), replayEndpointFor(r, 1), replayEndpointFor(r, 2)]).toEqual(["tcp://w:5567", "tcp://w:5568", null]);
+    const bad = svc.patchWorker(1n, { replay_endpoints: { "1": "nope" } });
+    expect(bad.lifecycle).toBe("incomplete");
+    expect(bad.not_schedulable_reasons).toEqual(["reconciliation failed: invalid replay endpoint for worker 1 dp_rank 1: invalid ZMQ endpoint `nope`: missing scheme"]);
+    const cleared = svc.patchWorker(1n, { replay_endpoints: {} });
+    expect(cleared.lifecycle).toBe("schedulable");
+    expect(cleared).not.toHaveProperty("replay_endpoints");
+    expect(replayEndpointFor(cleared, 1)).toBeNull();
+    // A single-rank worker's replay_endpoint is its rank's, as before.
+    const single = svc.upsertWorker(worker(2, { kv_events_endpoint: "tcp://v:1", replay_endpoint: "tcp://v:2" }));
+    expect(replayEndpointFor(single, 0)).toBe("tcp://v:2");
+    expect(kvmeshErrorOf(() => svc.upsertWorker(worker(3, { replay_endpoints: { x: "tcp://v:2" } }))).message).toContain("replay_endpoints");
   });
 });
 

@@ -66,6 +66,43 @@ describe("fault: KV-event publisher restart at the listener", () => {
     expect(listener.stats).toMatchObject({ resets: 1, lost: 0, lastSeq: 1n });
   });
 
+  // Issue #14: vLLM numbers from 0 again after a restart and keeps publishing while the SUB backs
+  // off; once it has counted past the old cursor, the first seq seen looks like a gap of the old
+  // process. Before, the gap was replayed from the new process on top of the old blocks (its seq
+  // 0 .. old cursor never applied, the old blocks never cleared). The listener now asks the replay
+  // buffer for the batch it applied last: a new process does not hold it, so the rank resets.
+  it("a new process that counts past the old seq before the SUB is back: reset, then replay from 0", async () => {
+    const { pub, got, resets, listener } = await setup();
+    for (const h of [1n, 2n, 3n]) await pub.publish([stored(h)]);
+    await waitFor(() => got.length === 3, 5_000, "old batches");
+    await pub.restartProcess();
+    // Seqs 0-4 of the new process go out while the SUB is still reconnecting.
+    for (const h of [100n, 101n, 102n, 103n, 104n]) await pub.publish([stored(h)]);
+    await waitFor(() => pub.subscriptions >= 1, 5_000, "the SUB to reconnect");
+    await pub.publish([stored(105n)]);
+    await waitFor(() => got.includes(105n), 5_000, () => `the new batch, got ${got.join(",")}`);
+    expect(resets).toEqual([3]);
+    expect(got.slice(3)).toEqual([100n, 101n, 102n, 103n, 104n, 105n]);
+    expect(listener.stats).toMatchObject({ resets: 1, lost: 0, lastSeq: 5n });
+  });
+
+  it("a reconnection to the same process with a gap replays the gap without a reset", async () => {
+    const { pub, got, resets, listener } = await setup();
+    for (const h of [1n, 2n, 3n]) await pub.publish([stored(h)]);
+    await waitFor(() => got.length === 3, 5_000, "first batches");
+    // The connection drops while the process keeps its replay buffer: emulated by a restart that
+    // re-publishes the same batches as seqs 0-2 (byte for byte, unseen by the reconnecting SUB),
+    // then seqs 3-4 go out before the SUB is back.
+    await pub.restartProcess();
+    for (const h of [1n, 2n, 3n, 4n, 5n]) await pub.publish([stored(h)]);
+    await waitFor(() => pub.subscriptions >= 1, 5_000, "the SUB to reconnect");
+    await pub.publish([stored(6n)]);
+    await waitFor(() => got.includes(6n), 5_000, () => `the live batch, got ${got.join(",")}`);
+    expect(resets).toEqual([]);
+    expect(got).toEqual([1n, 2n, 3n, 4n, 5n, 6n]);
+    expect(listener.stats).toMatchObject({ resets: 0, lost: 0, lastSeq: 5n });
+  });
+
   it("a restart after a single batch (seq 0, then seq 0 again) resets", async () => {
     const { pub, got, resets } = await setup();
     await pub.publish([stored(1n)]);

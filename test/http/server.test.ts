@@ -39,7 +39,7 @@ describe("HTTP API: readiness and workers", () => {
     const t = await serve();
     const ready = await t.call("GET", "/ready");
     expect(ready.status).toBe(503);
-    expect(ready.json).toEqual({ ready: false, schedulable_workers: 0, workers: 0 });
+    expect(ready.json).toEqual({ ready: false, schedulable_workers: 0, workers: [] });
     const sel = await t.call("POST", "/select", { token_ids: tokens(2) });
     expect(sel.status).toBe(503);
     expect(obj(sel.json).code).toBe("KVMESH_NOT_READY");
@@ -53,7 +53,8 @@ describe("HTTP API: readiness and workers", () => {
     expect(obj(r.json).lifecycle).toBe("incomplete");
     expect(obj(r.json).not_schedulable_reasons).toEqual(["missing block_size"]);
     expect((await t.call("POST", "/select", { token_ids: tokens(2) })).status).toBe(503);
-    expect((await t.call("GET", "/ready")).json).toEqual({ ready: false, schedulable_workers: 0, workers: 1 });
+    // `workers` lists the catalog's records, as the reference's ReadyResponse (types.rs); it was a count.
+    expect((await t.call("GET", "/ready")).json).toEqual({ ready: false, schedulable_workers: 0, workers: [r.json] });
     // PATCH completes it.
     const p = await t.call("PATCH", "/workers/1", { block_size: BLOCK });
     expect(p.status).toBe(200);
@@ -161,6 +162,36 @@ describe("HTTP API: readiness and workers", () => {
 });
 
 describe("HTTP API: selection and reservations", () => {
+  // The reference's normalize_for_reservation (services/selection/input.rs) needs only
+  // sequence_hashes + isl_tokens without token_ids: how a client replays a booking from the
+  // hashes select_and_reserve returned (tests.rs explicit_reservation_books_after_select,
+  // explicit_replay_preserves_disabled_prefill_tracking). kvmesh asked for block_hashes too (400).
+  it("books an explicit reservation from sequence_hashes + isl_tokens alone", async () => {
+    const t = await serveWithWorkers();
+    const sel = obj((await t.call("POST", "/select_and_reserve", { token_ids: tokens(3), selection_id: "src" })).json);
+    await t.call("DELETE", "/reservations/src");
+    const r = await t.call("POST", "/reservations", { selection_id: "replayed", worker_id: sel.worker_id, sequence_hashes: sel.sequence_hashes, isl_tokens: sel.isl_tokens });
+    expect(r.status).toBe(201);
+    expect(await totalBlocks(t)).toBe(3);
+    // No block hashes: nothing to match against the cache, the whole prompt is prefill.
+    expect((await loadsOf(t)).find((l) => l.worker_id === sel.worker_id)).toMatchObject({ active_requests: 1 });
+    const noIsl = await t.call("POST", "/reservations", { selection_id: "x", worker_id: 1, sequence_hashes: [1] });
+    expect(noIsl.status).toBe(400);
+    expect(obj(noIsl.json).error).toContain("isl_tokens");
+  });
+
+  // The reference's replay peeks (partition, selection_id) first: another model is a plain 404 miss
+  // that leaves the entry (tests.rs cached_reservation_needs_matching_model); kvmesh answered 503
+  // because the other model had no workers.
+  it("answers 404 to a replay under a partition without workers, and keeps the entry", async () => {
+    const t = await serveWithWorkers();
+    await t.call("POST", "/select", { token_ids: tokens(2), selection_id: "s" });
+    const miss = await t.call("POST", "/reservations", { model_name: "other", selection_id: "s" });
+    expect(miss.status).toBe(404);
+    expect(obj(miss.json).code).toBe("KVMESH_PENDING_SELECTION_NOT_FOUND");
+    expect((await t.call("POST", "/reservations", { selection_id: "s" })).status).toBe(201);
+  });
+
   it("select echoes selection_id and books nothing", async () => {
     const t = await serveWithWorkers();
     const r = await t.call("POST", "/select", { token_ids: tokens(3), selection_id: "s1" });

@@ -116,6 +116,22 @@ describe.each<KvWireEncoding>(["map", "array"])("decodeKvEventBatch (%s encoding
     ]);
   });
 
+  // vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 sends `bytes` hashes (msgpack bin; vllm/v1/core/
+  // kv_cache_utils.py ExternalBlockHash = bytes | int); they were refused as "not an integer".
+  it("accepts bytes hashes and reduces them to the u64 vLLM's integer mode would send", () => {
+    const sha = Buffer.from("00112233445566778899aabbccddeeff0011223344556677fedcba9876543210", "hex");
+    const short = Buffer.from([0x01, 0x02]);
+    const event =
+      encoding === "map"
+        ? { type: "BlockStored", block_hashes: [sha, short], parent_block_hash: sha, token_ids: [1, 2], block_size: 1, lora_id: null, medium: "GPU", lora_name: null }
+        : ["BlockStored", [sha, short], sha, [1, 2], 1, null, "GPU", null];
+    const removed = encoding === "map" ? { type: "BlockRemoved", block_hashes: [sha], medium: "GPU" } : ["BlockRemoved", [sha], "GPU"];
+    const [stored, gone] = decodeKvEventBatch(packMsgpack({ ts: 1, events: [event, removed], data_parallel_rank: 0 })).events;
+    // int.from_bytes(b, "big") & (2**64 - 1): the last 8 bytes.
+    expect(stored).toMatchObject({ blockHashes: [0xfedcba9876543210n, 0x0102n], parentHash: 0xfedcba9876543210n });
+    expect(gone).toMatchObject({ blockHashes: [0xfedcba9876543210n] });
+  });
+
   it("rejects a hash that is not an integer, naming the event and index", () => {
     const event =
       encoding === "map"
@@ -159,7 +175,8 @@ describe("decodeKvEventBatch details", () => {
   it("rejects a float hash above 2^53 (already rounded) and a non-integer hash", () => {
     expectRejected(packMsgpack({ ts: 1, events: [{ type: "BlockRemoved", block_hashes: [2 ** 60] }] }), /events\[0\]\.block_hashes\[0\]: integer is not exact/);
     expectRejected(packMsgpack({ ts: 1, events: [{ type: "BlockRemoved", block_hashes: [1.5] }] }), /events\[0\]\.block_hashes\[0\]: not an integer/);
-    expectRejected(packMsgpack({ ts: 1, events: [{ type: "BlockRemoved", block_hashes: [Buffer.from([1, 2])] }] }), /block_hashes\[0\]: not an integer \(got binary\)/);
+    // Bytes are a hash (vLLM's non-integer mode, see "accepts bytes hashes"); a boolean is not.
+    expectRejected(packMsgpack({ ts: 1, events: [{ type: "BlockRemoved", block_hashes: [true] }] }), /block_hashes\[0\]: not an integer \(got boolean\)/);
   });
 
   it("rejects truncated msgpack and trailing garbage", () => {
@@ -217,5 +234,36 @@ describe("decodeKvEventBatch details", () => {
       const err = expectRejected(packMsgpack({ ts: 1, events: [event] }), pattern);
       expect(err.details?.["field"]).toBeTypeOf("string");
     }
+  });
+});
+
+// vLLM's BlockStored.extra_keys (vllm/distributed/kv_events.py; one entry per block: lora name,
+// mm identifiers, cache salt, prompt-embedding bytes) and TRT-LLM's top-level cache_salt, read as
+// the reference reads them (Dynamo's zmq wire types: extract_cache_namespace_from_extra_keys,
+// extra_keys_to_block_mm_infos). kvmesh dropped them, so salted and multimodal prompts never
+// matched what the engine cached.
+describe("decodeKvEventBatch: cache salt and multimodal hashes", () => {
+  const DIGEST = "0123456789abcdef".repeat(4); // a 64-hex-digit mm identifier
+  const stored = (extra: Record<string, unknown>) => ({ type: "BlockStored", block_hashes: [1, 2], parent_block_hash: null, token_ids: [1, 2], block_size: 1, lora_id: null, medium: "GPU", lora_name: "adapter", ...extra });
+  const first = (payload: Buffer): KvEvent | undefined => decodeKvEventBatch(payload).events[0];
+
+  it("takes the salt from the first block's extra_keys, skipping mm digests and the lora name", () => {
+    const ev = first(packMsgpack({ ts: 1, events: [stored({ extra_keys: [["adapter", DIGEST, "tenant-a", Buffer.from([1])], null] })] }));
+    expect(ev).toMatchObject({ cacheSalt: "tenant-a", blockMmHashes: [[0x0123456789abcdefn], undefined] });
+    // An event without extra keys, or whose first block has none, carries neither.
+    expect(first(packMsgpack({ ts: 1, events: [stored({})] }))).not.toHaveProperty("cacheSalt");
+    expect(first(packMsgpack({ ts: 1, events: [stored({ extra_keys: [null, null] })] }))).not.toHaveProperty("blockMmHashes");
+  });
+
+  it("prefers a top-level cache_salt and block_mm_infos; reads [digest, offset] items (vLLM 0.19+) and positional slot 8", () => {
+    const ev = first(packMsgpack({ ts: 1, events: [stored({ cache_salt: "top", extra_keys: [["other"], null], block_mm_infos: [null, { mm_objects: [{ mm_hash: 7, offsets: [] }] }] })] }));
+    expect(ev).toMatchObject({ cacheSalt: "top", blockMmHashes: [undefined, [7n]] });
+    const pos = first(packMsgpack([1, [["BlockStored", [1, 2], null, [1, 2], 1, null, "GPU", null, [[[DIGEST, 3], "salt"], null]]]]));
+    expect(pos).toMatchObject({ cacheSalt: "salt", blockMmHashes: [[0x0123456789abcdefn], undefined] });
+  });
+
+  it("rejects extra_keys or block_mm_infos of the wrong type, naming them", () => {
+    expectRejected(packMsgpack({ ts: 1, events: [stored({ extra_keys: "x" })] }), /events\[0\]\.extra_keys: expected an array or null/);
+    expectRejected(packMsgpack({ ts: 1, events: [stored({ block_mm_infos: [{ mm_objects: [{ mm_hash: "x" }] }] })] }), /block_mm_infos\[0\]\.mm_objects\[0\]\.mm_hash/);
   });
 });
