@@ -410,6 +410,8 @@ export class SelectionService {
     affinityEntries: number;
     affinityFallbacks: number;
     affinityEvictions: number;
+    affinityRebinds: number;
+    affinityConflicts: number;
     pendingSelections: number;
     pendingEvictions: number;
     reorderEntries: number;
