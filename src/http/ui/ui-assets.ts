@@ -1,5 +1,5 @@
 /**
- * The status page's files (index.html, app.js, app.css under ./static/): plain files, no bundler
+ * The status page's files (index.html, app.js, app.css, favicon.svg under ./static/): plain files, no bundler
  * and nothing fetched from the network, read once when the HTTP server is built. `npm run build`
  * copies ./static next to the compiled module (dist/src/http/ui/static), so the same lookup works
  * from source (tsx) and from dist.
@@ -17,6 +17,7 @@ export const UI_ASSET_FILES: readonly (readonly [path: string, file: string, con
   ["/ui", "index.html", "text/html; charset=utf-8"],
   ["/ui/app.js", "app.js", "text/javascript; charset=utf-8"],
   ["/ui/app.css", "app.css", "text/css; charset=utf-8"],
+  ["/ui/favicon.svg", "favicon.svg", "image/svg+xml"],
 ];
 
 /** Where the files are: ./static next to this module (source or dist). */

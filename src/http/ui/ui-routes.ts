@@ -76,6 +76,7 @@ export class StatusPage {
       file("/ui"),
       file("/ui/app.js"),
       file("/ui/app.css"),
+      file("/ui/favicon.svg"),
       { method: "GET", pattern: "/ui/state", body: "none", handle: (c) => ({ status: 200, body: this.state(c), headers: NO_STORE }) },
     ];
   }
