@@ -20,6 +20,7 @@ const SYSTEM_TESTS = [
   "test/http/metrics.test.ts",
   "test/http/server.test.ts",
   "test/http/session-bindings.test.ts",
+  "test/http/ui-browser.test.ts",
   "test/http/ui-routes.test.ts",
   "test/ingest/kv-event-listener.test.ts",
   "test/ingest/kv-ingest.test.ts",
