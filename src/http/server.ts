@@ -399,7 +399,7 @@ class HttpApi {
       this.#log.error({ err }, "http server error");
     });
     const addr = server.address() as AddressInfo;
-    this.#page.start(`${addr.address}:${String(addr.port)}`);
+    this.#page.start(`${addr.family === "IPv6" ? `[${addr.address}]` : addr.address}:${String(addr.port)}`);
     this.#log.info({ host: addr.address, port: addr.port }, "http api listening");
     return { host: addr.address, port: addr.port, close: () => this.close() };
   }

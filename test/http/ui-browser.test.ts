@@ -197,6 +197,35 @@ describe.skipIf(CHROMIUM === undefined)(`the status page in headless Chromium${C
     expect(errors).toEqual([]);
   }, 120_000);
 
+  it("stays readable at 1,024 ranks: a summary, the busiest 48 drawn, more on request, and a search", async () => {
+    const d = await spawnDaemon(["--no-kv-events"]);
+    procs.push(d);
+    // 512 workers of 2 ranks; a few carry load, so "busiest first" has something to sort.
+    for (let i = 0; i < 512; i += 64) {
+      await Promise.all(
+        Array.from({ length: 64 }, async (_, k) => {
+          const r = await post(d.url, "/workers", { worker_id: 1_000 + i + k, endpoint: `http://w${String(i + k)}`, block_size: 16, total_kv_blocks: 128, data_parallel_size: 2 });
+          expect(r.status).toBe(201);
+        }),
+      );
+    }
+    for (let i = 0; i < 5; i++) expect((await post(d.url, "/select_and_reserve", { token_ids: prompt(8, i) })).status).toBe(200);
+    const page = await browser.newPage();
+    await page.setViewport({ width: 1280, height: 1000 });
+    await page.goto(`${d.url}/ui`, { waitUntil: "domcontentloaded" });
+    const v = await waitForView(page, (x) => x.ranks.length === 48, "48 rank rows");
+    expect(v.rankSummary).toContain("1,024 ranks; showing the 48 busiest");
+    expect(v.rankSummary).toContain("In flight: 5 requests on 5 ranks");
+    expect(v.ranks.slice(0, 5).every((r) => r.blocksFill > 0)).toBe(true);
+    expect(v.ranks.slice(5).every((r) => r.blocksFill === 0)).toBe(true);
+    await page.select("#top", "1024");
+    await waitForView(page, (x) => x.ranks.length === 1_024, "all 1,024 rank rows on request");
+    await page.type("#search", "1077");
+    const found = await waitForView(page, (x) => x.ranks.length === 2, "worker 1077's two ranks");
+    expect(found.ranks.map((r) => `${r.worker}/${r.rank}`).sort()).toEqual(["1077/0", "1077/1"]);
+    expect(found.rankSummary).toContain('2 of 1,024 ranks match "1077"');
+  }, 60_000);
+
   it("with --api-token-file, shows a token prompt and no data until the right token is entered", async () => {
     const tokenFile = join(dir, "token");
     writeFileSync(tokenFile, `${TOKEN}\n`, { mode: 0o600 });
