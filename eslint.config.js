@@ -19,4 +19,12 @@ export default defineConfig(
     },
   },
   { files: ["**/*.js"], extends: [tseslint.configs.disableTypeChecked] },
+  // The status page's script runs in the browser (a classic script, no modules, no bundler).
+  {
+    files: ["src/http/ui/static/**/*.js"],
+    languageOptions: {
+      sourceType: "script",
+      globals: { document: "readonly", sessionStorage: "readonly", fetch: "readonly", AbortController: "readonly", URLSearchParams: "readonly", setTimeout: "readonly", clearTimeout: "readonly" },
+    },
+  },
 );

@@ -23,6 +23,8 @@ const SYSTEM_TESTS = [
   "test/http/server.test.ts",
   "test/http/session-bindings.test.ts",
   "test/ingest/engine-forms.test.ts",
+  "test/http/ui-browser.test.ts",
+  "test/http/ui-routes.test.ts",
   "test/ingest/kv-event-listener.test.ts",
   "test/ingest/kv-ingest.test.ts",
   "test/ingest/zmq-socket-limit.test.ts",

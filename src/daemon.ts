@@ -13,6 +13,7 @@ import { createMetricsRegistry } from "./metrics/registry.js";
 import { registerServiceMetrics } from "./metrics/service-metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "./http/server.js";
 import { ReplicaMesh } from "../mesh/replica-mesh.js";
+import type { UiMeshSelf } from "./http/ui/ui-routes.js";
 import { isDnsPeer, parseDnsPeer } from "../mesh/dns-peers.js";
 import { WorkersFile } from "./workers-file.js";
 import { SelectionService } from "./core/selection-service.js";
@@ -42,6 +43,15 @@ export interface Daemon {
 export interface DaemonHooks {
   /** A host-provided mesh control instead of the built-in ZeroMQ mesh. */
   readonly mesh?: MeshControl;
+}
+
+/** What the status page (GET /ui) shows of this replica's side of the mesh; undefined without one. */
+function meshSelfOf(mesh: ReplicaMesh | undefined): (() => UiMeshSelf) | undefined {
+  if (mesh === undefined) return undefined;
+  return () => {
+    const st = mesh.stats;
+    return { endpoint: mesh.publishEndpoint, events_shed: mesh.shed, snapshots_served: st.snapshotsServed, snapshots_installed: st.snapshotsInstalled, divergence_resyncs: st.divergenceResyncs };
+  };
 }
 
 const LOOPBACK_HOSTS = new Set(["localhost", "::1", "[::1]"]);
@@ -184,6 +194,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       bodyLimitBytes: config.bodyLimitBytes,
       mesh: hooks.mesh ?? mesh,
       apiToken: config.apiToken,
+      meshSelf: meshSelfOf(mesh),
     });
   } catch (err) {
     await mesh?.close();

@@ -190,6 +190,8 @@ export class AffinityTable {
   #nextSequence: bigint;
   #fallbacks = 0;
   #evictions = 0;
+  #rebinds = 0;
+  #conflicts = 0;
   #lastFullSweepMs = Number.NEGATIVE_INFINITY;
 
   constructor(options: AffinityTableOptions) {
@@ -242,6 +244,16 @@ export class AffinityTable {
   /** New sessions routed unpinned because the table was full. */
   get fallbacks(): number {
     return this.#fallbacks;
+  }
+
+  /** Soft mode: bindings that followed a dispatch to another worker (rank). */
+  get rebinds(): number {
+    return this.#rebinds;
+  }
+
+  /** Hard mode: dispatches away from a live binding, refused with KVMESH_SESSION_CONFLICT. */
+  get conflicts(): number {
+    return this.#conflicts;
   }
 
   /** The sequence the next local bind or rebind will carry. */
@@ -307,6 +319,7 @@ export class AffinityTable {
       // Reference 4.9 (selection core): a mismatch invalidates the binding, so the next request
       // of the session binds afresh instead of being refused for as long as leases keep it alive.
       this.#entries.delete(sessionId);
+      this.#conflicts++;
       throw new KvmeshError(
         "KVMESH_SESSION_CONFLICT",
         `session ${JSON.stringify(sessionId)} is bound to worker ${describeTarget(bound)} but was dispatched to worker ${describeTarget(dispatched)}`,
@@ -320,6 +333,7 @@ export class AffinityTable {
     entry.leases++;
     entry.idleDeadlineMs = now + this.ttlMs;
     entry.lastPublishedMs = now;
+    this.#rebinds++;
     this.#emit(sessionId, entry, "rebind");
     return { kind: "rebound", lease: new LeaseToken(sessionId, entry.version, entry) };
   }

@@ -49,6 +49,8 @@ export interface FleetSizes {
   affinityEntries: number;
   affinityFallbacks: number;
   affinityEvictions: number;
+  affinityRebinds: number;
+  affinityConflicts: number;
 }
 
 /** What the fleet tells the parts that keep per-partition state of their own. */
@@ -397,13 +399,17 @@ export class Fleet {
     let affinityEntries = 0;
     let affinityFallbacks = 0;
     let affinityEvictions = 0;
+    let affinityRebinds = 0;
+    let affinityConflicts = 0;
     for (const p of this.#partitions.values()) {
       indexedBlocks += p.index.size;
       indexNodes += p.index.nodeCount;
       affinityEntries += p.affinity?.size ?? 0;
       affinityFallbacks += p.affinity?.fallbacks ?? 0;
       affinityEvictions += p.affinity?.evictions ?? 0;
+      affinityRebinds += p.affinity?.rebinds ?? 0;
+      affinityConflicts += p.affinity?.conflicts ?? 0;
     }
-    return { partitions: this.#partitions.size, indexedBlocks, indexNodes, affinityEntries, affinityFallbacks, affinityEvictions };
+    return { partitions: this.#partitions.size, indexedBlocks, indexNodes, affinityEntries, affinityFallbacks, affinityEvictions, affinityRebinds, affinityConflicts };
   }
 }

@@ -424,6 +424,8 @@ export class SelectionService {
     affinityEntries: number;
     affinityFallbacks: number;
     affinityEvictions: number;
+    affinityRebinds: number;
+    affinityConflicts: number;
     pendingSelections: number;
     pendingEvictions: number;
     pendingLargeEvictions: number;

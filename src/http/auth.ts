@@ -18,7 +18,9 @@
  *   binds loopback unless told otherwise. The exception is the host-replication feed GET
  *   /session_bindings/updates: it streams every session id and binding (the read half of a
  *   replication channel whose write half, POST /session_bindings, needs the token) and holds a
- *   connection open, so it needs the token too.
+ *   connection open, so it needs the token too. So does the status page's data, GET /ui/state:
+ *   the page (GET /ui and its script and style, which hold no data) stays open so that a browser,
+ *   which cannot send a bearer token on navigation, can load it and ask for the token.
  *
  * The presented token is hashed and compared with timingSafeEqual: hashing first makes both
  * sides 32 bytes whatever the token's length, so neither the content nor the length of the
@@ -40,7 +42,7 @@ export const MAX_API_TOKEN_CHARS = 4_096;
 /** RFC 6750 b64token (token68): the characters a bearer token may use. */
 const TOKEN68 = /^[A-Za-z0-9\-._~+/]+=*$/;
 /** GET routes that need the token despite the read-only default (see the module comment). */
-export const PROTECTED_READ_ROUTES: ReadonlySet<string> = new Set(["/session_bindings/updates"]);
+export const PROTECTED_READ_ROUTES: ReadonlySet<string> = new Set(["/session_bindings/updates", "/ui/state"]);
 
 /** Why a request was refused (the metric label and the KvmeshError detail). */
 export type AuthFailure = "missing" | "malformed" | "invalid";

@@ -23,6 +23,7 @@ import { authFailureOf, checkBearer, requiresApiToken, wwwAuthenticateFor, type 
 import { SessionBindingsHttp } from "./session-bindings.js";
 import { decisionFields, REQUEST_ID_HEADER, requestIdOf } from "./request-id.js";
 import type { MeshControl } from "../../mesh/replica-port.js";
+import { StatusPage, type UiMeshSelf } from "./ui/ui-routes.js";
 
 /** The mesh as this server drives it; defined on the mesh side (mesh/replica-port.ts). */
 export type { MeshControl };
@@ -75,6 +76,8 @@ export interface HttpServerOptions {
   mesh?: MeshControl | undefined;
   /** Bearer token for state-changing routes (src/http/auth.ts); unset: no authentication. */
   apiToken?: ApiToken | undefined;
+  /** What the status page (GET /ui) shows of this replica's mesh; unset without one. */
+  meshSelf?: (() => UiMeshSelf) | undefined;
 }
 
 export interface RunningHttpServer {
@@ -85,22 +88,24 @@ export interface RunningHttpServer {
 
 type BodyMode = "none" | "required" | "optional";
 
-interface Reply {
+export interface Reply {
   readonly status: number;
   readonly body: unknown;
-  /** Pre-rendered non-JSON body (GET /metrics). */
+  /** Pre-rendered non-JSON body (GET /metrics, the status page's files). */
   readonly text?: { readonly body: string; readonly contentType: string };
+  /** Extra response headers (a redirect's location, the status page's cache and CSP headers). */
+  readonly headers?: Readonly<Record<string, string>>;
   /** Takes over the response (GET /session_bindings/updates streams NDJSON). */
   readonly stream?: (req: IncomingMessage, res: ServerResponse) => void;
 }
 
-interface RequestContext {
+export interface RequestContext {
   readonly params: readonly string[];
   readonly query: URLSearchParams | undefined;
   readonly body: unknown;
 }
 
-interface Route {
+export interface Route {
   readonly method: "GET" | "POST" | "PATCH" | "DELETE";
   /** Metric label and matcher: ":id" matches one URL-decoded path segment. */
   readonly pattern: string;
@@ -146,7 +151,7 @@ async function withCatchUp(mesh: MeshControl | undefined, call: () => void): Pro
   }
 }
 
-function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp): Route[] {
+function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp, page: StatusPage): Route[] {
   const svc = o.service;
   const mesh = (): MeshControl => {
     if (o.mesh === undefined) throw new KvmeshError("KVMESH_REPLICA_SYNC_DISABLED", "replica sync is disabled");
@@ -277,6 +282,8 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp): Route
       body: "none",
       handle: async () => ({ status: 200, body: undefined, text: { body: await o.metrics.registry.metrics(), contentType: o.metrics.registry.contentType } }),
     },
+    // The status page: GET / redirects to /ui, its files, and GET /ui/state (src/http/ui/).
+    ...page.routes(),
   ];
 }
 
@@ -346,6 +353,7 @@ class HttpApi {
   readonly #log: Logger;
   readonly #router: Router;
   readonly #bindings: SessionBindingsHttp;
+  readonly #page: StatusPage;
   readonly #limit: number;
   readonly #server: Server;
   /** Refused tokens are logged at most once per 10 s (a scanner must not flood the log). */
@@ -358,7 +366,8 @@ class HttpApi {
     this.#log = o.logger.child({ component: "http" });
     // Host replication's HTTP side (409 on its routes unless the service has a writer id).
     this.#bindings = new SessionBindingsHttp({ service: o.service, logger: this.#log.child({ component: "session-bindings" }), registry: o.metrics.registry });
-    this.#router = new Router(buildRoutes(o, this.#bindings));
+    this.#page = new StatusPage({ service: o.service, mesh: o.mesh, meshSelf: o.meshSelf });
+    this.#router = new Router(buildRoutes(o, this.#bindings, this.#page));
     this.#limit = o.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES;
     if (!(Number.isInteger(this.#limit) && this.#limit > 0)) throw new RangeError(`bodyLimitBytes must be a positive integer, got ${this.#limit}`);
     const t = o.timeouts ?? {};
@@ -390,6 +399,7 @@ class HttpApi {
       this.#log.error({ err }, "http server error");
     });
     const addr = server.address() as AddressInfo;
+    this.#page.start(`${addr.family === "IPv6" ? `[${addr.address}]` : addr.address}:${String(addr.port)}`);
     this.#log.info({ host: addr.address, port: addr.port }, "http api listening");
     return { host: addr.address, port: addr.port, close: () => this.close() };
   }
@@ -399,6 +409,7 @@ class HttpApi {
       this.#closing = true;
       // Open binding streams would otherwise hold the server open until the grace period cuts them.
       this.#bindings.close();
+      this.#page.close();
       const timer = setTimeout(() => {
         this.#server.closeAllConnections();
       }, DEFAULT_CLOSE_GRACE_MS);
@@ -442,8 +453,8 @@ class HttpApi {
       const r = await route.handle({ params, query: q < 0 ? undefined : new URLSearchParams(url.slice(q + 1)), body });
       answered = r.body;
       if (r.stream !== undefined) r.stream(req, res);
-      else if (r.text !== undefined) this.#send(req, res, r.status, r.text.body, r.text.contentType);
-      else this.#send(req, res, r.status, stringifyJson(r.body), JSON_CONTENT_TYPE);
+      else if (r.text !== undefined) this.#send(req, res, r.status, r.text.body, r.text.contentType, r.headers);
+      else this.#send(req, res, r.status, stringifyJson(r.body), JSON_CONTENT_TYPE, r.headers);
     } catch (err) {
       this.#sendError(req, res, err, label, requestId);
     } finally {

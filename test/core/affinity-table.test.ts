@@ -110,6 +110,22 @@ describe("AffinityTable commit", () => {
     expect(table.commit("sess-a", { workerId: 2n, dpRank: 0 }).kind).toBe("bound");
   });
 
+  it("counts hard-mode conflicts and soft-mode rebinds (not refreshes or fresh binds)", () => {
+    const hard = makeTable({ mode: "hard" });
+    hard.commit("s", { workerId: 1n, dpRank: 0 });
+    hard.commit("s", { workerId: 1n, dpRank: 0 });
+    catchError(() => hard.commit("s", { workerId: 2n, dpRank: 0 }));
+    hard.commit("s", { workerId: 2n, dpRank: 0 });
+    expect([hard.conflicts, hard.rebinds]).toEqual([1, 0]);
+
+    const soft = makeTable({ mode: "soft" });
+    soft.commit("s", { workerId: 1n, dpRank: 0 });
+    soft.commit("s", { workerId: 2n, dpRank: 0 });
+    soft.commit("s", { workerId: 2n, dpRank: 0 });
+    soft.commit("s", { workerId: 3n, dpRank: 0 });
+    expect([soft.conflicts, soft.rebinds]).toEqual([0, 2]);
+  });
+
   it("hard mode rejects a different rank of a ranked binding", () => {
     const table = makeTable({ mode: "hard" });
     table.commit("s", { workerId: 1n, dpRank: 0 });

@@ -301,6 +301,7 @@ const ENDPOINTS: readonly Endpoint[] = [
   { name: "POST /replica_sync/register_peer", method: "POST", path: () => "/replica_sync/register_peer", body: (f) => ({ endpoint: `tcp://10.255.${f.int(256)}.${f.int(256)}:7100` }) },
   { name: "POST /replica_sync/deregister_peer", method: "POST", path: () => "/replica_sync/deregister_peer", body: (f) => ({ endpoint: `tcp://10.255.${f.int(256)}.${f.int(256)}:7100` }) },
   { name: "GET /metrics", method: "GET", path: () => "/metrics" },
+  { name: "GET /ui/state", method: "GET", path: (f) => (f.chance(0.5) ? "/ui/state" : `/ui/state?top=${String(1 + f.int(1_024))}&q=${String(f.int(100))}`) },
   // Host-replication routes (issue #6): 409 unless enabled, 404 before they exist; either way 4xx JSON.
   { name: "POST /session_bindings", method: "POST", path: () => "/session_bindings", body: () => ({ bindings: [] }), maybeAbsent: true },
   { name: "GET /session_bindings/updates", method: "GET", path: () => "/session_bindings/updates", maybeAbsent: true },
@@ -314,7 +315,7 @@ const BAD_RESERVATION_SEGMENTS: readonly string[] = ["%ZZ", "%", "%E", "%E2%82",
 /** Decodable odd ids (NUL is a character like any other, and the storm may have booked it): 404 or 200. */
 const ODD_RESERVATION_SEGMENTS: readonly string[] = ["%00", "%F0%9F%8E%89", "%2F", "a%2Fb"];
 const WRONG_METHODS: readonly string[] = ["PUT", "OPTIONS", "PATCH", "DELETE", "POST", "GET"];
-const UNKNOWN_PATHS: readonly string[] = ["/", "/workers/1/extra", "/select/", "//select", "/SELECT", "/reservations", "/reservations/x/unknown", "/..%2f..%2fetc%2fpasswd", "/metrics.json", "/%", "/workers/%ZZ/x"];
+const UNKNOWN_PATHS: readonly string[] = ["/workers/1/extra", "/select/", "//select", "/SELECT", "/reservations", "/reservations/x/unknown", "/..%2f..%2fetc%2fpasswd", "/metrics.json", "/%", "/workers/%ZZ/x"];
 
 function mutateCase(f: Fuzz, ep: Endpoint): Case {
   const c = mutateCaseStrict(f, ep);

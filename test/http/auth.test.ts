@@ -67,6 +67,9 @@ describe("ApiToken and checkBearer", () => {
       expect(requiresApiToken("HEAD", route), route).toBe(false);
     }
     expect(requiresApiToken("GET", "/session_bindings/updates")).toBe(true);
+    // The status page's data needs it; the page and its files (no data) do not, so a browser can load it and ask.
+    expect(requiresApiToken("GET", "/ui/state")).toBe(true);
+    for (const route of ["/", "/ui", "/ui/app.js", "/ui/app.css"]) expect(requiresApiToken("GET", route), route).toBe(false);
   });
 
   it("words the challenge per RFC 6750", () => {
@@ -192,6 +195,7 @@ describe("a daemon with --api-token-file", () => {
       ["POST", "/replica_sync/register_peer", JSON.stringify({ endpoint: "tcp://127.0.0.1:1" })],
       ["POST", "/replica_sync/deregister_peer", JSON.stringify({ endpoint: "tcp://127.0.0.1:1" })],
       ["GET", "/session_bindings/updates", undefined],
+      ["GET", "/ui/state", undefined],
     ];
     for (const [method, path, body] of routes) {
       const r = await send(d, method, path, body === undefined ? {} : { body });
