@@ -1,8 +1,14 @@
 /**
  * The mesh's control channel (ROUTER/DEALER, see transport.ts): requests this replica sends to a
- * peer (snapshot, peer, unpeer) and the handling of the ones peers send to it. A snapshot is
- * served from the core's live state, consistent with the publisher's seq; peering requests go
+ * peer (snapshot, status, peer, unpeer) and the handling of the ones peers send to it. A snapshot
+ * is served from the core's live state, consistent with the publisher's seq; peering requests go
  * to membership.
+ *
+ * Without CURVE anyone who reaches the control port can send these, so membership checks each
+ * request's claims before acting (membership.ts `checkSnapshot`, `onPeerRequest`,
+ * `onUnpeerRequest`): a refused request gets an error reply and is counted by kind. The checks
+ * stop blind and forged requests (an unpeer naming a live peer, a snapshot from a process that
+ * is no replica); they cannot stop a reachable rogue replica, which only CURVE keeps out.
  */
 import { parsePeerEndpoint } from "./endpoints.js";
 import { MeshRemoteError } from "./errors.js";
@@ -25,10 +31,13 @@ export interface ControlLink {
 export class ControlClient {
   readonly #link: ControlLink;
   readonly #timeoutMs: number;
+  readonly #advertise: string | undefined;
 
-  constructor(link: ControlLink, timeoutMs = DEFAULT_CONTROL_TIMEOUT_MS) {
+  /** `advertise`: our PUB as peers reach it, sent with snapshot requests for the peer's check of who asks. */
+  constructor(link: ControlLink, timeoutMs = DEFAULT_CONTROL_TIMEOUT_MS, advertise?: string) {
     this.#link = link;
     this.#timeoutMs = timeoutMs;
+    this.#advertise = advertise;
   }
 
   /** Sends `req`; rejects with MeshRemoteError on an error reply, as the transport does on failures. */
@@ -40,34 +49,51 @@ export class ControlClient {
 
   /** Asks `endpoint` for a snapshot of its origin. */
   async snapshot(endpoint: string, from: bigint): Promise<Snapshot> {
-    const reply = await this.request(endpoint, { type: "snapshot", from });
+    const reply = await this.request(endpoint, { type: "snapshot", from, publishEndpoint: this.#advertise });
     if (reply.type !== "snapshot") throw new MeshRemoteError(endpoint, `unexpected control reply ${reply.type} to a snapshot request`);
     return reply.snapshot;
   }
 }
 
-/** What the control server asks membership to do for a peer's request. */
+/**
+ * What the control server asks membership for a peer's request. The handlers check the request
+ * first and resolve to null when it was carried out, or to why it was refused.
+ */
 export interface PeeringRequests {
   /** "Connect your SUB to my PUB at `publishEndpoint`" from the process `from`. */
-  onPeerRequest(publishEndpoint: string, from: bigint): void;
+  onPeerRequest(publishEndpoint: string, from: bigint): Promise<string | null>;
   /** "Stop receiving from me". */
-  onUnpeerRequest(publishEndpoint: string, from: bigint): void;
+  onUnpeerRequest(publishEndpoint: string, from: bigint): Promise<string | null>;
+  /** Whether `from` (whose PUB is `publishEndpoint`, when it says) may read our snapshot. */
+  checkSnapshot(from: bigint, publishEndpoint: string | undefined): Promise<string | null>;
+  /** The publish endpoints registered here (a status reply). */
+  peerEndpoints(): string[];
+}
+
+/** Control requests refused by kind (kvmesh_mesh_control_refused_total{request}). */
+export interface ControlRefusals {
+  snapshot: number;
+  peer: number;
+  unpeer: number;
 }
 
 export interface ControlServerOptions {
   readonly port: Pick<ReplicaPort, "bookingsSnapshot" | "bindingsSnapshot" | "loadAggregatesSnapshot" | "mirroredAggregatesSnapshot">;
   readonly publisher: Pick<MeshPublisher, "origin" | "epoch" | "seq" | "settled">;
   readonly peering: PeeringRequests;
+  /** Told of each refusal (the mesh logs them, throttled). */
+  readonly onRefused?: (kind: keyof ControlRefusals, reason: string) => void;
 }
 
 export interface ControlServerStats {
   snapshotsServed: number;
   /** Control requests that failed to decode. */
   malformed: number;
+  readonly refused: ControlRefusals;
 }
 
 export class ControlServer {
-  readonly stats: ControlServerStats = { snapshotsServed: 0, malformed: 0 };
+  readonly stats: ControlServerStats = { snapshotsServed: 0, malformed: 0, refused: { snapshot: 0, peer: 0, unpeer: 0 } };
   readonly #o: ControlServerOptions;
 
   constructor(o: ControlServerOptions) {
@@ -83,8 +109,13 @@ export class ControlServer {
       this.stats.malformed++;
       return encodeControlReply({ type: "error", message: err instanceof Error ? err.message : "malformed request" });
     }
+    const peering = this.#o.peering;
     switch (req.type) {
+      case "status":
+        return encodeControlReply({ type: "status", origin: this.#o.publisher.origin, peers: peering.peerEndpoints() });
       case "snapshot": {
+        const refused = await peering.checkSnapshot(req.from, req.publishEndpoint);
+        if (refused !== null) return this.#refuse("snapshot", refused);
         this.stats.snapshotsServed++;
         const p = this.#o.publisher;
         await p.settled();
@@ -101,12 +132,20 @@ export class ControlServer {
         };
         return encodeControlReply({ type: "snapshot", snapshot });
       }
-      case "peer":
-        this.#o.peering.onPeerRequest(parsePeerEndpoint(req.publishEndpoint), req.from);
-        return encodeControlReply({ type: "ok" });
-      case "unpeer":
-        this.#o.peering.onUnpeerRequest(parsePeerEndpoint(req.publishEndpoint), req.from);
-        return encodeControlReply({ type: "ok" });
+      case "peer": {
+        const refused = await peering.onPeerRequest(parsePeerEndpoint(req.publishEndpoint), req.from);
+        return refused === null ? encodeControlReply({ type: "ok" }) : this.#refuse("peer", refused);
+      }
+      case "unpeer": {
+        const refused = await peering.onUnpeerRequest(parsePeerEndpoint(req.publishEndpoint), req.from);
+        return refused === null ? encodeControlReply({ type: "ok" }) : this.#refuse("unpeer", refused);
+      }
     }
+  }
+
+  #refuse(kind: keyof ControlRefusals, reason: string): Buffer {
+    this.stats.refused[kind]++;
+    this.#o.onRefused?.(kind, reason);
+    return encodeControlReply({ type: "error", message: `${kind} refused: ${reason}` });
   }
 }

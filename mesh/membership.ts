@@ -21,6 +21,13 @@ export const SLOT_REFRESH_MS = 250;
 /** A registered peer silent this long (the suspect timeout) is redialed; then backoff to the max, ms. */
 export const SILENT_PEER_REDIAL_MS = 3_000;
 export const SILENT_PEER_REDIAL_MAX_MS = 30_000;
+/**
+ * Status checks of peering and snapshot requests in flight at once; past it a request is refused
+ * at once. Each check may wait for the control timeout (2 s) on an endpoint that never answers,
+ * and the control ROUTER serves 64 requests at a time: without this cap, requests naming dead
+ * endpoints could hold every slot and stall peers' snapshot pulls.
+ */
+export const MAX_CONCURRENT_STATUS_CHECKS = 8;
 
 export interface PeerView {
   endpoint: string;
@@ -70,6 +77,7 @@ export class Membership implements InboundMembership, PeeringRequests {
   readonly #askingPeerBack = new Set<string>();
   /** Silent registered peers: when to redial each next, and the backoff after that. */
   readonly #redial = new Map<string, { atMs: number; backoffMs: number }>();
+  #checking = 0;
   #slot: ReplicaSlot = { index: 0, count: 1 };
   #slotAtMs = -Infinity;
   #closed = false;
@@ -125,8 +133,19 @@ export class Membership implements InboundMembership, PeeringRequests {
 
   // ------------------------------------------------------------------ requests from peers
 
-  onPeerRequest(ep: string, from: bigint): void {
-    if (ep !== this.#self && this.#connect(ep)) {
+  /**
+   * A peer-back request: carried out once the replica at `ep` answers as `from` (so nobody can
+   * make us subscribe to an endpoint in another process's name); a known (endpoint, origin) pair
+   * is not asked again.
+   */
+  async onPeerRequest(ep: string, from: bigint): Promise<string | null> {
+    if (ep === this.#self) return null;
+    if (this.#peers.get(ep) !== from) {
+      const status = await this.#status(ep, from);
+      if (typeof status === "string") return status;
+    }
+    if (this.#closed) return "this replica is closing";
+    if (this.#connect(ep)) {
       this.#log.info({ peer: ep }, "peered back on request");
       this.#o.inbound.pullSnapshot(controlEndpointFor(ep), null);
     } else if (this.#peers.has(ep) && this.#peers.get(ep) !== from) {
@@ -137,11 +156,52 @@ export class Membership implements InboundMembership, PeeringRequests {
       this.#o.links.disconnectPeer(ep);
       this.#o.links.connectPeer(ep);
     }
+    // What checkSnapshot accepts from now on: the snapshot pull that follows a peer-back.
+    if (this.#peers.get(ep) === null) this.#peers.set(ep, from);
+    return null;
   }
 
-  onUnpeerRequest(ep: string, from: bigint): void {
+  /**
+   * An unpeer request: carried out only when the replica at `ep` answers as `from` and no longer
+   * lists us among its peers, which is what its own deregistration does before it asks. A forged
+   * unpeer naming a live peer used to drop that peer and every booking mirrored of it (#17 F13).
+   */
+  async onUnpeerRequest(ep: string, from: bigint): Promise<string | null> {
+    const status = await this.#status(ep, from);
+    if (typeof status === "string") return status;
+    if (status.peers.includes(this.#self)) return `${ep} still lists ${this.#self} among its peers`;
     if (this.#peers.has(ep)) this.#drop(ep);
     this.forgetOrigin(from);
+    return null;
+  }
+
+  /** A registered peer's origin may read our snapshot; another replica only once its endpoint answers as `from` (#17 F14). */
+  async checkSnapshot(from: bigint, ep: string | undefined): Promise<string | null> {
+    for (const origin of this.#peers.values()) if (origin === from) return null;
+    if (this.#o.inbound.peerStates().has(from)) return null;
+    if (ep === undefined) return `origin ${from} is not a registered peer and gave no endpoint to check`;
+    const status = await this.#status(parsePeerEndpoint(ep), from);
+    return typeof status === "string" ? status : null;
+  }
+
+  peerEndpoints(): string[] {
+    return [...this.#peers.keys()].sort();
+  }
+
+  /** Asks the replica at `ep` who it is: its status, or why it is not `from`. */
+  async #status(ep: string, from: bigint): Promise<{ origin: bigint; peers: readonly string[] } | string> {
+    if (this.#checking >= MAX_CONCURRENT_STATUS_CHECKS) return `${MAX_CONCURRENT_STATUS_CHECKS} other requests are being checked (retry later)`;
+    this.#checking++;
+    try {
+      const reply = await this.#o.control.request(controlEndpointFor(ep), { type: "status", from: this.#o.origin });
+      if (reply.type !== "status") return `${ep} answered a status request with ${reply.type}`;
+      if (reply.origin !== from) return `${ep} is origin ${reply.origin}, not ${from}`;
+      return reply;
+    } catch (err) {
+      return `${ep} could not be checked: ${err instanceof Error ? err.message : String(err)}`;
+    } finally {
+      this.#checking--;
+    }
   }
 
   // ------------------------------------------------------------------ what inbound reports

@@ -38,6 +38,8 @@ export interface MeshStats {
   /** `dns:` peers: names resolved, and resolutions that failed (the last known peers kept). */
   peerDnsResolutions: number;
   peerDnsFailures: number;
+  /** Control requests refused by membership's checks, by request (control.ts says which). */
+  readonly controlRefused: Readonly<Record<"snapshot" | "peer" | "unpeer", number>>;
 }
 
 /** What the mesh's series read at each scrape. */
@@ -51,7 +53,9 @@ export interface MeshMetricsSources {
   readonly curve: () => MeshCurveStats | null;
 }
 
-const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: keyof MeshStats])[] = [
+type CountStat = { [K in keyof MeshStats]: MeshStats[K] extends number ? K : never }[keyof MeshStats];
+
+const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: CountStat])[] = [
   ["kvmesh_mesh_batches_sent_total", "Batches published to peers.", "batchesSent"],
   ["kvmesh_mesh_events_sent_total", "Events published to peers.", "eventsSent"],
   ["kvmesh_mesh_batches_applied_total", "Peer batches applied.", "batchesApplied"],
@@ -113,6 +117,15 @@ export function registerMeshMetrics(registry: Registry, src: MeshMetricsSources)
   collectedCounter(registry, { name: "kvmesh_mesh_events_shed_total", help: "Outbound events shed by the bounded queue (repaired by snapshot)." }, src.shed);
   collectedCounter(registry, { name: "kvmesh_mesh_origins_evicted_total", help: "Tracked origins evicted (never synced, or silent) to make room for new ones." }, () => src.receiver.evicted);
   collectedCounter(registry, { name: "kvmesh_mesh_origins_refused_total", help: "Frames from new origins ignored because the origin table was full of live ones." }, () => src.receiver.refused);
+  collectedLabelledCounter<"request">(
+    registry,
+    { name: "kvmesh_mesh_control_refused_total", help: "Control requests refused because their claims did not check out (an unpeer its sender does not confirm, a snapshot or peer request from a process that is not the replica it names), by request." },
+    ["request"],
+    () => {
+      const r = src.stats().controlRefused;
+      return (["snapshot", "peer", "unpeer"] as const).map((request): LabelledSample<"request"> => [{ request }, r[request]]);
+    },
+  );
 
   // Per tracked origin; a forgotten origin's series end at the next scrape.
   const { receiver } = src;

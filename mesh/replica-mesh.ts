@@ -15,6 +15,7 @@
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 import { systemClock, type Clock, type Random } from "../src/core/clock.js";
+import { LogThrottle } from "../src/util/log-throttle.js";
 import { ControlClient, ControlServer, DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
 import type { MeshCurveConfig } from "./curve.js";
 import { DEFAULT_PEER_DNS_INTERVAL_SECS, DnsPeerDiscovery, type DnsPeerEntry } from "./dns-peers.js";
@@ -102,7 +103,7 @@ export class ReplicaMesh implements MeshControl {
     this.#service = service;
     this.#transport = transport;
     this.#advertise = o.advertiseEndpoint ?? transport.publishEndpoint;
-    const client = new ControlClient(transport, o.controlTimeoutMs ?? DEFAULT_CONTROL_TIMEOUT_MS);
+    const client = new ControlClient(transport, o.controlTimeoutMs ?? DEFAULT_CONTROL_TIMEOUT_MS, this.#advertise);
     this.#publisher = new MeshPublisher({
       origin,
       epoch: randomU64(o.random),
@@ -121,7 +122,17 @@ export class ReplicaMesh implements MeshControl {
     this.#inbound = new MeshInbound({ origin, port: service, control: client, logger, clock, wallClock, timers, ...(lagObserver === undefined ? {} : { lagObserver }) });
     this.#membership = new Membership({ origin, advertise: this.#advertise, links: transport, control: client, inbound: this.#inbound, port: service, logger, clock });
     this.#inbound.bindMembership(this.#membership);
-    this.#control = new ControlServer({ port: service, publisher: this.#publisher, peering: this.#membership });
+    const refusalLog = new LogThrottle();
+    this.#control = new ControlServer({
+      port: service,
+      publisher: this.#publisher,
+      peering: this.#membership,
+      onRefused: (kind, reason) => {
+        refusalLog.hit((suppressed) => {
+          logger.warn({ request: kind, suppressed }, `mesh control request refused: ${reason}`);
+        });
+      },
+    });
     if (o.metrics !== undefined) {
       registerMeshMetrics(o.metrics, { stats: () => this.stats, shed: () => this.#publisher.shed, receiver: this.#inbound.receiver, health: this.#inbound.health, curve: () => transport.curveStats });
     }
@@ -222,6 +233,7 @@ export class ReplicaMesh implements MeshControl {
       receiveThreadRestarts: r?.restarts ?? 0,
       peerDnsResolutions: this.#dns?.stats.resolutions ?? 0,
       peerDnsFailures: this.#dns?.stats.failures ?? 0,
+      controlRefused: { ...c.refused },
     };
   }
 

@@ -81,7 +81,13 @@ export interface Snapshot {
 
 /** Requests on the control channel (DEALER -> ROUTER), and their replies. */
 export type ControlRequest =
-  | { readonly type: "snapshot"; readonly from: bigint }
+  /**
+   * `publishEndpoint`: the requester's PUB as peers reach it, so a replica that has not
+   * registered it yet can check who asks (omitted by kvmesh before the status request).
+   */
+  | { readonly type: "snapshot"; readonly from: bigint; readonly publishEndpoint?: string | undefined }
+  /** "Who are you, and whom do you peer with?": how a replica checks a peering request's claims. */
+  | { readonly type: "status"; readonly from: bigint }
   /** "Connect your SUB to my PUB at `publishEndpoint`" (symmetric peering). */
   | { readonly type: "peer"; readonly from: bigint; readonly publishEndpoint: string }
   /** "Stop receiving from me" (deregistration both ways). */
@@ -90,4 +96,6 @@ export type ControlRequest =
 export type ControlReply =
   | { readonly type: "snapshot"; readonly snapshot: Snapshot }
   | { readonly type: "ok" }
+  /** The answering replica's origin and the publish endpoints it has registered. */
+  | { readonly type: "status"; readonly origin: bigint; readonly peers: readonly string[] }
   | { readonly type: "error"; readonly message: string };

@@ -63,6 +63,8 @@ export const MAX_SNAPSHOT_ORIGINS = 4_096;
 export const MAX_ID_BYTES = 256;
 export const MAX_ENDPOINT_BYTES = 1_024;
 export const MAX_ERROR_MESSAGE_BYTES = 4_096;
+/** Peer endpoints in a status reply. */
+export const MAX_STATUS_PEERS = 4_096;
 /** A full batch of 256 add events of 219 hashes is ~470 KiB; 64 MiB leaves room for big prompts. */
 export const MAX_BATCH_FRAME_BYTES = 64 * 1024 * 1024;
 export const MAX_HEARTBEAT_FRAME_BYTES = 64 * 1024;
@@ -240,8 +242,15 @@ export function encodeSnapshot(s: Snapshot): Buffer {
 }
 
 export function encodeControlRequest(r: ControlRequest): Buffer {
-  if (r.type === "snapshot") return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, f: r.from });
-  return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, f: r.from, pe: r.publishEndpoint });
+  switch (r.type) {
+    case "snapshot":
+      return packr.pack(r.publishEndpoint === undefined ? { v: PROTOCOL_VERSION, ty: r.type, f: r.from } : { v: PROTOCOL_VERSION, ty: r.type, f: r.from, pe: r.publishEndpoint });
+    case "status":
+      return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, f: r.from });
+    case "peer":
+    case "unpeer":
+      return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, f: r.from, pe: r.publishEndpoint });
+  }
 }
 
 export function encodeControlReply(r: ControlReply): Buffer {
@@ -250,6 +259,8 @@ export function encodeControlReply(r: ControlReply): Buffer {
       return packLarge({ v: PROTOCOL_VERSION, ty: r.type, sn: snapshotToWire(r.snapshot) }, estimateSnapshotBytes(r.snapshot));
     case "ok":
       return packr.pack({ v: PROTOCOL_VERSION, ty: r.type });
+    case "status":
+      return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, o: r.origin, ps: r.peers });
     case "error":
       return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, msg: r.message });
   }
@@ -589,6 +600,8 @@ export function decodeControlRequest(buf: Uint8Array): ControlRequest {
   const type = m.ty;
   switch (type) {
     case "snapshot":
+      return { type, from: nonZeroU64(m.f, "from"), publishEndpoint: m.pe === undefined ? undefined : str(m.pe, "publishEndpoint", MAX_ENDPOINT_BYTES, false) };
+    case "status":
       return { type, from: nonZeroU64(m.f, "from") };
     case "peer":
     case "unpeer":
@@ -606,6 +619,8 @@ export function decodeControlReply(buf: Uint8Array): ControlReply {
       return { type, snapshot: decodeSnapshotFields(map(m.sn, "snapshot"), "snapshot") };
     case "ok":
       return { type };
+    case "status":
+      return { type, origin: nonZeroU64(m.o, "origin"), peers: array(m.ps, "peers", MAX_STATUS_PEERS).map((e, i) => str(e, `peers[${i}]`, MAX_ENDPOINT_BYTES, false)) };
     case "error":
       return { type, message: str(m.msg, "message", MAX_ERROR_MESSAGE_BYTES, true) };
     default:

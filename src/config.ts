@@ -103,6 +103,11 @@ export interface DaemonConfig {
   readonly meshApplyMaxDelayMs: number;
   /** CURVE for the mesh (`--mesh-key`, `--mesh-allow`): this replica's key pair and the keys it accepts. Needs replicaSyncPort. */
   readonly meshCurve?: MeshCurveConfig | undefined;
+  /**
+   * Run a plain (no CURVE) mesh on a non-loopback --host anyway: refused without it, since anyone
+   * who reaches the mesh ports can then join, read and cut the mesh (README "Security").
+   */
+  readonly meshInsecure: boolean;
   /** Bearer token the state-changing HTTP routes require (`--api-token-file`, src/http/auth.ts); unset: no authentication. */
   readonly apiToken?: ApiToken | undefined;
   /**
@@ -146,6 +151,7 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   meshReceiveThread: true,
   meshApplyIntervalMs: DEFAULT_MESH_APPLY_INTERVAL_MS,
   meshApplyMaxDelayMs: DEFAULT_MESH_APPLY_MAX_DELAY_MS,
+  meshInsecure: false,
   meshCurve: undefined,
   apiToken: undefined,
   sessionReplicationWriterId: undefined,
@@ -274,7 +280,23 @@ export function meshSecurityProblem(config: DaemonConfig, files: SecretFiles, na
   if ((key || config.meshCurve !== undefined) && config.replicaSyncPort === undefined) {
     return { field, message: `${name(field)} requires ${name("replicaSyncPort")} (CURVE secures the replica mesh)` };
   }
+  if (config.replicaSyncPort !== undefined && !key && config.meshCurve === undefined && !isLoopbackHost(config.host) && !config.meshInsecure) {
+    return {
+      field: "meshInsecure",
+      message:
+        `${name("replicaSyncPort")} on ${name("host")} ${config.host} without CURVE lets anyone who reaches ports ${config.replicaSyncPort} and ${config.replicaSyncPort + CONTROL_PORT_OFFSET} ` +
+        `join the mesh, read every booking and binding, and inject or cut peers: give ${name("meshKeyFile")} and ${name("meshAllowFiles")}, ` +
+        `or ${name("meshInsecure")} on a network where only replicas can reach them`,
+    };
+  }
   return undefined;
+}
+
+const LOOPBACK_HOSTS: ReadonlySet<string> = new Set(["localhost", "::1", "[::1]"]);
+
+/** 127.0.0.0/8, ::1 and localhost: reachable from this machine only. */
+export function isLoopbackHost(host: string): boolean {
+  return LOOPBACK_HOSTS.has(host.toLowerCase()) || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
 }
 
 const WILDCARD_HOSTS: ReadonlySet<string> = new Set(["0.0.0.0", "::", "*"]);

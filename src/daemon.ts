@@ -4,7 +4,7 @@
  * resolves its flags into a config (src/config.ts) and calls startDaemon; tests start it in process.
  */
 import type { Logger } from "pino";
-import { replicaSyncEndpoints, resolveDaemonConfig, serviceOptionsOf, type DaemonConfig } from "./config.js";
+import { isLoopbackHost, replicaSyncEndpoints, resolveDaemonConfig, serviceOptionsOf, type DaemonConfig } from "./config.js";
 import { KvEndpointError, KvIngest } from "./ingest/kv-ingest.js";
 import { raiseZmqSocketLimit } from "./ingest/zmq-socket-limit.js";
 import { HttpMetrics } from "./http/metrics.js";
@@ -54,12 +54,7 @@ function meshSelfOf(mesh: ReplicaMesh | undefined): (() => UiMeshSelf) | undefin
   };
 }
 
-const LOOPBACK_HOSTS = new Set(["localhost", "::1", "[::1]"]);
-
-/** 127.0.0.0/8, ::1 and localhost: reachable from this machine only. */
-export function isLoopbackHost(host: string): boolean {
-  return LOOPBACK_HOSTS.has(host.toLowerCase()) || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
-}
+export { isLoopbackHost } from "./config.js";
 
 /**
  * Says at startup what is protected, and warns when a socket others can reach is not: the
@@ -80,7 +75,16 @@ function logSecurityPosture(config: DaemonConfig, logger: Logger): void {
     logger.warn({ host: config.host }, "HTTP API listens beyond loopback without --api-token-file: anyone who can reach it can register workers and book or free load");
   }
   if (exposed && config.replicaSyncPort !== undefined && curve === undefined) {
-    logger.warn({ host: config.host, port: config.replicaSyncPort }, "replica mesh listens beyond loopback without --mesh-key: anyone who can reach it can read the replication stream and inject bookings");
+    logger.warn(
+      { host: config.host, port: config.replicaSyncPort },
+      "replica mesh listens beyond loopback without CURVE (--mesh-insecure): anyone who can reach it can read the replication stream, inject bookings and bindings, and join the mesh",
+    );
+  }
+  if (config.apiToken !== undefined && config.replicaSyncPort !== undefined && curve === undefined) {
+    logger.warn(
+      { port: config.replicaSyncPort },
+      "--api-token-file does not cover the replica mesh: without --mesh-key its ports take bookings, bindings and peering from anyone who reaches them",
+    );
   }
 }
 

@@ -74,7 +74,7 @@ describe("resolveDaemonConfig", () => {
   });
 
   it("maps the config to the core's options (seconds to ms, the mesh's endpoints)", () => {
-    const o = serviceOptionsOf(resolveDaemonConfig({ host: "0.0.0.0", replicaSyncPort: 7100, peers: ["tcp://b:7100"], sessionAffinityTtlSecs: 60, sessionAffinityMode: "soft" }));
+    const o = serviceOptionsOf(resolveDaemonConfig({ host: "0.0.0.0", replicaSyncPort: 7100, meshInsecure: true, peers: ["tcp://b:7100"], sessionAffinityTtlSecs: 60, sessionAffinityMode: "soft" }));
     expect(o).toMatchObject({
       replicaSync: { publishBind: "tcp://*:7100", advertiseEndpoint: "tcp://127.0.0.1:7100", peers: ["tcp://b:7100"] },
       activeRequestExpiryMs: DEFAULT_ACTIVE_REQUEST_EXPIRY_MS,
@@ -100,6 +100,8 @@ describe("resolveDaemonConfig", () => {
       [{ meshAllowFiles: ["a.pub"] }, "meshAllowFiles", "meshAllowFiles requires meshKeyFile"],
       [{ replicaSyncPort: 7100, meshKeyFile: "a.key" }, "meshKeyFile", "meshKeyFile requires meshAllowFiles"],
       [{ meshKeyFile: "a.key", meshAllowFiles: ["a.pub"] }, "meshKeyFile", "meshKeyFile requires replicaSyncPort"],
+      [{ host: "0.0.0.0", replicaSyncPort: 7100 }, "meshInsecure", "replicaSyncPort on host 0.0.0.0 without CURVE lets anyone who reaches ports 7100 and 7101 join the mesh"],
+      [{ host: "10.1.2.3", replicaSyncPort: 7100, meshInsecure: false }, "meshInsecure", "give meshKeyFile and meshAllowFiles, or meshInsecure"],
     ];
     for (const [input, field, message] of cases) {
       it(`refuses ${JSON.stringify(input, (_k, v: unknown) => (typeof v === "bigint" ? `${v}n` : v))}`, () => {
@@ -108,6 +110,13 @@ describe("resolveDaemonConfig", () => {
         expect(err.message).toContain(message);
       });
     }
+
+    it("runs a plain mesh beyond loopback only when told it is insecure; loopback and CURVE need nothing (#17 F12)", () => {
+      expect(resolveDaemonConfig({ host: "0.0.0.0", replicaSyncPort: 7100, meshInsecure: true }).meshInsecure).toBe(true);
+      for (const host of ["127.0.0.1", "127.9.9.9", "localhost", "::1"]) expect(resolveDaemonConfig({ host, replicaSyncPort: 7100 }).replicaSyncPort).toBe(7100);
+      // An HTTP API beyond loopback without a mesh is a warning at startup, not this refusal.
+      expect(resolveDaemonConfig({ host: "0.0.0.0" }).host).toBe("0.0.0.0");
+    });
 
     it("refuses a CURVE config without a mesh (an embedder's meshCurve, not files)", () => {
       const meshCurve = { keyPair: { publicKey: "p" }, allow: [], warnings: [] } as unknown as NonNullable<DaemonConfigInput["meshCurve"]>;

@@ -92,6 +92,8 @@ export class FakeOrigin {
   readonly #o: FakeOriginOptions;
   readonly #heartbeat: NodeJS.Timeout;
   readonly #mono: Clock;
+  /** Publish endpoints that asked us to peer back (what a status request answers). */
+  readonly #peers = new Set<string>();
   #seq = 0;
   /** Aggregate mode: monotonic ms of the last flush (-Infinity: the first change goes out at once), and the one scheduled. */
   #lastFlushAtMs = -Infinity;
@@ -230,11 +232,15 @@ export class FakeOrigin {
               ? { v: PROTOCOL_VERSION, origin: this.origin, epoch: this.epoch, seq: this.#seq, bookings: this.#o.bookings?.snapshotBookings() ?? [], bindings: [] }
               : { v: PROTOCOL_VERSION, origin: this.origin, epoch: this.epoch, seq: this.#seq, bookings: [], bindings: [], aggregates: this.#o.aggregates.snapshot() },
         });
+      case "status":
+        return encodeControlReply({ type: "status", origin: this.origin, peers: [...this.#peers] });
       case "peer":
         this.stats.peerRequests++;
+        this.#peers.add(req.publishEndpoint);
         this.#transport.connectPeer(req.publishEndpoint);
         return encodeControlReply({ type: "ok" });
       case "unpeer":
+        this.#peers.delete(req.publishEndpoint);
         this.#transport.disconnectPeer(req.publishEndpoint);
         return encodeControlReply({ type: "ok" });
     }

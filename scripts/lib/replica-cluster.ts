@@ -12,6 +12,7 @@ import { readFileSync } from "node:fs";
 import { Agent, request } from "node:http";
 import { mapLimited } from "../../src/bench/bounded.js";
 import { metricSum } from "../../src/bench/router-client.js";
+import { isLoopbackHost } from "../../src/config.js";
 import { isRunning as childRunning, spawnServe, stopServe } from "../../src/bench/serve-process.js";
 
 export const REPLICA_START_TIMEOUT_MS = 20_000;
@@ -76,6 +77,8 @@ export async function startReplica(spec: ReplicaSpec): Promise<Replica> {
       String(spec.syncPort),
       ...(spec.peers === undefined || spec.peers.length === 0 ? [] : ["--peers", spec.peers.join(",")]),
       ...(spec.advertiseHost === undefined ? [] : ["--replica-sync-advertise-host", spec.advertiseHost]),
+      // A test mesh beyond loopback (network namespaces) is plain on purpose.
+      ...(isLoopbackHost(host) ? [] : ["--mesh-insecure"]),
       ...(spec.args ?? DEFAULT_REPLICA_ARGS),
     ],
   });

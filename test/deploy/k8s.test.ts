@@ -79,6 +79,7 @@ describe.skipIf(!kubectl())("deploy/k8s", () => {
       replicaSyncAdvertiseHost: "10.1.2.3",
       peers: ["dns:kvmesh-mesh.prod.svc.cluster.local:7100"],
       peerDnsIntervalSecs: 5,
+      meshInsecure: true,
       drainSecs: 5,
       workersFile: "/etc/kvmesh/workers.yaml",
     });

@@ -517,12 +517,13 @@ describe("mesh live fuzz: a rogue peer towards a running replica", () => {
       const req = i % 3 === 0 ? encodeControlRequest({ type: "snapshot", from: forgedOrigin() }) : i % 3 === 1 ? f.bytes(1 + f.int(100)) : packTree({ v: 1, ty: "nope", f: 1n });
       await dealer.send(["", req]);
       const [, status, body] = await dealer.receive();
-      // A request that does not decode is answered with an error reply (or an ERR frame), never dropped.
+      // A request that does not decode is answered with an error reply (or an ERR frame), never
+      // dropped; a snapshot for a forged origin (no registered peer, no endpoint) is refused (#17 F14).
       const reply = status?.toString() === "OK" ? decodeControlReply(body ?? Buffer.alloc(0)) : undefined;
       if (status?.toString() === "ERR" || reply?.type === "error") errReplies++;
-      else if (i % 3 === 0) expect(reply?.type).toBe("snapshot");
+      if (i % 3 === 0) expect(reply?.type === "error" && reply.message).toMatch(/^snapshot refused: origin \d+ is not a registered peer/);
     }
-    expect(errReplies).toBe(20);
+    expect(errReplies).toBe(30);
 
     // Quiesce: final valid traffic, then B and C must equal A (and each other).
     for (let i = 0; i < 20; i++) traffic.step();

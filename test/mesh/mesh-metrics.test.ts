@@ -109,6 +109,7 @@ describe("mesh counters and gauges", () => {
     receiveThreadRestarts: 15,
     peerDnsResolutions: 16,
     peerDnsFailures: 17,
+    controlRefused: { snapshot: 18, peer: 19, unpeer: 20 },
   });
 
   it("are read from their sources at each scrape; no CURVE family without CURVE", async () => {
@@ -128,6 +129,8 @@ describe("mesh counters and gauges", () => {
     expect(sample(text, "kvmesh_mesh_receive_handovers_total")).toBe(13);
     expect(sample(text, "kvmesh_mesh_receive_batches_merged_total")).toBe(14);
     expect(sample(text, "kvmesh_mesh_receive_thread_restarts_total")).toBe(15);
+    expect(sample(text, 'kvmesh_mesh_control_refused_total{request="snapshot"}')).toBe(18);
+    expect(sample(text, 'kvmesh_mesh_control_refused_total{request="unpeer"}')).toBe(20);
     expect(sample(text, "kvmesh_mesh_events_shed_total")).toBe(0);
     expect(sample(text, 'kvmesh_mesh_peers{state="alive"}')).toBe(0);
     expect(sample(text, 'kvmesh_mesh_peers{state="down"}')).toBe(0);

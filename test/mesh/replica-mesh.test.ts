@@ -4,7 +4,10 @@ import { Publisher } from "zeromq";
 import { afterEach, describe, expect, expectTypeOf, it } from "vitest";
 import type { LoadEvent } from "../../src/core/replica-events.js";
 import type { SelectionService } from "../../src/core/selection-service.js";
+import { controlEndpointFor } from "../../mesh/endpoints.js";
 import { ReplicaMesh } from "../../mesh/replica-mesh.js";
+import { MeshTransport } from "../../mesh/transport.js";
+import { decodeControlReply, encodeControlRequest } from "../../mesh/wire.js";
 import type { ReplicaPort } from "../../mesh/replica-port.js";
 import { makeService } from "../helpers/core-fixtures.js";
 import { freePortPair } from "../helpers/ports.js";
@@ -160,6 +163,39 @@ describe("ReplicaMesh over fake ports", () => {
       await b.mesh.catchUp();
       return b.port.applied.length === 2;
     }, 5_000, "the event applied by catchUp()");
+  });
+
+  it("refuses forged control requests: an unpeer its sender does not confirm, a snapshot for a process that is no replica (#17 F13, F14)", async () => {
+    const a = await start(0xa1n);
+    const b = await start(0xb2n);
+    expect(await a.mesh.registerPeer(b.mesh.publishEndpoint)).toBe(true);
+    await waitFor(() => a.mesh.listPeers()[0]?.sync === "live" && b.mesh.listPeers()[0]?.sync === "live", 5_000, "both directions live");
+    const rogue = await MeshTransport.bind({ publishBind: `tcp://127.0.0.1:${await freePortPair()}`, logger: pino({ enabled: false }) });
+    try {
+      const ask = async (req: Parameters<typeof encodeControlRequest>[0]) => decodeControlReply(await rogue.request(controlEndpointFor(a.mesh.publishEndpoint), encodeControlRequest(req), 3_000));
+      // B's origin and endpoint are public (GET /replica_sync/status): an unpeer in B's name.
+      const forged = await ask({ type: "unpeer", from: 0xb2n, publishEndpoint: b.mesh.publishEndpoint });
+      expect(forged).toMatchObject({ type: "error" });
+      expect(forged.type === "error" && forged.message).toMatch(/^unpeer refused: .* still lists .* among its peers$/);
+      // A snapshot for an origin nobody registered, with no endpoint, or with one that answers for someone else.
+      expect(await ask({ type: "snapshot", from: 0xeen })).toMatchObject({ type: "error", message: expect.stringMatching(/^snapshot refused: origin 238 is not a registered peer/) as unknown });
+      expect(await ask({ type: "snapshot", from: 0xeen, publishEndpoint: b.mesh.publishEndpoint })).toMatchObject({ type: "error", message: expect.stringMatching(/is origin 178, not 238/) as unknown });
+      // A peer request in B's name for an endpoint that is not B.
+      expect(await ask({ type: "peer", from: 0xb2n, publishEndpoint: rogue.publishEndpoint })).toMatchObject({ type: "error" });
+      // The status request answers anyone: who A is and whom it peers with (as GET /replica_sync/peers does).
+      expect(await ask({ type: "status", from: 0xeen })).toEqual({ type: "status", origin: 0xa1n, peers: [b.mesh.publishEndpoint] });
+      expect(a.mesh.stats.controlRefused).toEqual({ snapshot: 2, peer: 1, unpeer: 1 });
+      expect(await a.metrics.metrics()).toMatch(/^kvmesh_mesh_control_refused_total\{request="unpeer"\} 1$/m);
+      // A still mirrors B.
+      expect(a.mesh.listPeers().map((p) => [p.endpoint, p.sync])).toEqual([[b.mesh.publishEndpoint, "live"]]);
+      expect(a.port.dropped).toEqual([]);
+    } finally {
+      await rogue.close();
+    }
+    // B's own deregistration is confirmed by B, and A lets go of it.
+    expect(await b.mesh.deregisterPeer(a.mesh.publishEndpoint)).toBe(true);
+    await waitFor(() => a.mesh.listPeers().length === 0, 5_000, "A dropped B");
+    expect(a.port.dropped).toEqual([0xb2n]);
   });
 
   it("peers with what a dns:NAME:PORT entry resolves to, through the system resolver, and not with itself", async () => {

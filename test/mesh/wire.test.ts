@@ -140,11 +140,19 @@ describe("wire round trips", () => {
   it("round-trips every control request and reply", () => {
     const requests: ControlRequest[] = [
       { type: "snapshot", from: U64_MAX },
+      { type: "snapshot", from: 3n, publishEndpoint: "tcp://c:7100" },
+      { type: "status", from: 9n },
       { type: "peer", from: 1n, publishEndpoint: "tcp://a:1" },
       { type: "unpeer", from: ABOVE_2_53, publishEndpoint: "ipc:///tmp/x" },
     ];
     for (const r of requests) expect(decodeControlRequest(encodeControlRequest(r))).toEqual(r);
-    const replies: ControlReply[] = [{ type: "snapshot", snapshot }, { type: "ok" }, { type: "error", message: "no such thing" }];
+    const replies: ControlReply[] = [
+      { type: "snapshot", snapshot },
+      { type: "ok" },
+      { type: "status", origin: U64_MAX, peers: ["tcp://a:1", "tcp://b:2"] },
+      { type: "status", origin: 1n, peers: [] },
+      { type: "error", message: "no such thing" },
+    ];
     for (const r of replies) expect(decodeControlReply(encodeControlReply(r))).toEqual(r);
   });
 
