@@ -68,6 +68,8 @@ export interface PeeringRequests {
   checkSnapshot(from: bigint, publishEndpoint: string | undefined): Promise<string | null>;
   /** The publish endpoints registered here (a status reply). */
   peerEndpoints(): string[];
+  /** Whether `from` is a registered or heard peer (a lifecycle request must come from one). */
+  knows(from: bigint): boolean;
 }
 
 /** Control requests refused by kind (kvmesh_mesh_control_refused_total{request}). */
@@ -75,10 +77,11 @@ export interface ControlRefusals {
   snapshot: number;
   peer: number;
   unpeer: number;
+  lifecycle: number;
 }
 
 export interface ControlServerOptions {
-  readonly port: Pick<ReplicaPort, "bookingsSnapshot" | "bindingsSnapshot" | "loadAggregatesSnapshot" | "mirroredAggregatesSnapshot">;
+  readonly port: Pick<ReplicaPort, "bookingsSnapshot" | "bindingsSnapshot" | "loadAggregatesSnapshot" | "mirroredAggregatesSnapshot" | "applyLoadEvent">;
   readonly publisher: Pick<MeshPublisher, "origin" | "epoch" | "seq" | "settled">;
   readonly peering: PeeringRequests;
   /** Told of each refusal (the mesh logs them, throttled). */
@@ -89,11 +92,13 @@ export interface ControlServerStats {
   snapshotsServed: number;
   /** Control requests that failed to decode. */
   malformed: number;
+  /** Lifecycle calls for our bookings that another replica sent directly (applied; repeats are no-ops). */
+  lifecycleReceived: number;
   readonly refused: ControlRefusals;
 }
 
 export class ControlServer {
-  readonly stats: ControlServerStats = { snapshotsServed: 0, malformed: 0, refused: { snapshot: 0, peer: 0, unpeer: 0 } };
+  readonly stats: ControlServerStats = { snapshotsServed: 0, malformed: 0, lifecycleReceived: 0, refused: { snapshot: 0, peer: 0, unpeer: 0, lifecycle: 0 } };
   readonly #o: ControlServerOptions;
 
   constructor(o: ControlServerOptions) {
@@ -131,6 +136,15 @@ export class ControlServer {
           mirrored: this.#o.port.mirroredAggregatesSnapshot(),
         };
         return encodeControlReply({ type: "snapshot", snapshot });
+      }
+      case "lifecycle": {
+        const e = req.event;
+        if (e.owner !== this.#o.publisher.origin) return this.#refuse("lifecycle", `booking ${e.request_id} is owned by ${e.owner}, not this replica`);
+        if (e.origin !== req.from || !peering.knows(req.from)) return this.#refuse("lifecycle", `origin ${req.from} is not a registered or heard peer`);
+        // The same path as the event in the sender's stream: idempotent, so both may arrive.
+        this.#o.port.applyLoadEvent(e);
+        this.stats.lifecycleReceived++;
+        return encodeControlReply({ type: "ok" });
       }
       case "peer": {
         const refused = await peering.onPeerRequest(parsePeerEndpoint(req.publishEndpoint), req.from);

@@ -251,6 +251,11 @@ export class MeshInbound {
    * `refresh`: a live origin's state is re-read (divergence, or workers that registered since),
    * outside the tracker's resync protocol.
    */
+  /** The control endpoint `origin` last announced (heartbeat) or answered a snapshot from. */
+  controlEndpointOf(origin: bigint): string | undefined {
+    return this.#control.get(origin);
+  }
+
   pullSnapshot(controlEndpoint: string, origin: bigint | null, refresh = false): void {
     if (this.#closed) return;
     if (origin !== null) {

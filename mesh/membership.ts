@@ -177,11 +177,15 @@ export class Membership implements InboundMembership, PeeringRequests {
 
   /** A registered peer's origin may read our snapshot; another replica only once its endpoint answers as `from` (#17 F14). */
   async checkSnapshot(from: bigint, ep: string | undefined): Promise<string | null> {
-    for (const origin of this.#peers.values()) if (origin === from) return null;
-    if (this.#o.inbound.peerStates().has(from)) return null;
+    if (this.knows(from)) return null;
     if (ep === undefined) return `origin ${from} is not a registered peer and gave no endpoint to check`;
     const status = await this.#status(parsePeerEndpoint(ep), from);
     return typeof status === "string" ? status : null;
+  }
+
+  knows(from: bigint): boolean {
+    for (const origin of this.#peers.values()) if (origin === from) return true;
+    return this.#o.inbound.peerStates().has(from);
   }
 
   peerEndpoints(): string[] {

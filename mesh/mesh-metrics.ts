@@ -39,7 +39,12 @@ export interface MeshStats {
   peerDnsResolutions: number;
   peerDnsFailures: number;
   /** Control requests refused by membership's checks, by request (control.ts says which). */
-  readonly controlRefused: Readonly<Record<"snapshot" | "peer" | "unpeer", number>>;
+  readonly controlRefused: Readonly<Record<"snapshot" | "peer" | "unpeer" | "lifecycle", number>>;
+  /**
+   * Lifecycle calls taken here for a peer's booking and sent to the owner directly (besides the
+   * stream), by outcome: sent (acknowledged), failed, skipped (too many in flight).
+   */
+  readonly lifecycleForwards: Readonly<Record<"sent" | "failed" | "skipped", number>>;
 }
 
 /** What the mesh's series read at each scrape. */
@@ -123,7 +128,16 @@ export function registerMeshMetrics(registry: Registry, src: MeshMetricsSources)
     ["request"],
     () => {
       const r = src.stats().controlRefused;
-      return (["snapshot", "peer", "unpeer"] as const).map((request): LabelledSample<"request"> => [{ request }, r[request]]);
+      return (["snapshot", "peer", "unpeer", "lifecycle"] as const).map((request): LabelledSample<"request"> => [{ request }, r[request]]);
+    },
+  );
+  collectedLabelledCounter<"outcome">(
+    registry,
+    { name: "kvmesh_mesh_lifecycle_forwards_total", help: "Lifecycle calls (free, prefill_complete) taken here for a peer's booking and sent to its owner over the control channel, by outcome (the stream carries them too)." },
+    ["outcome"],
+    () => {
+      const f = src.stats().lifecycleForwards;
+      return (["sent", "failed", "skipped"] as const).map((outcome): LabelledSample<"outcome"> => [{ outcome }, f[outcome]]);
     },
   );
 

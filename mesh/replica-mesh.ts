@@ -15,6 +15,7 @@
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 import { systemClock, type Clock, type Random } from "../src/core/clock.js";
+import type { LoadMarkEvent } from "../src/core/replica-events.js";
 import { LogThrottle } from "../src/util/log-throttle.js";
 import { ControlClient, ControlServer, DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
 import type { MeshCurveConfig } from "./curve.js";
@@ -33,6 +34,9 @@ export { MAX_CONCURRENT_SNAPSHOT_PULLS, WORKER_CHANGE_RESNAPSHOT_DELAY_MS } from
 export type { MeshStats } from "./mesh-metrics.js";
 export { SILENT_PEER_REDIAL_MAX_MS, SILENT_PEER_REDIAL_MS, type PeerView } from "./membership.js";
 export { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "./publisher.js";
+
+/** Lifecycle calls being sent to their bookings' owners at once (see ReplicaMesh#forwardToOwner); past it the stream alone carries them. */
+export const MAX_LIFECYCLE_FORWARDS_IN_FLIGHT = 256;
 
 /** How often due snapshot retries, peer-health transitions and silent-peer redials are checked, ms. */
 export const MESH_HOUSEKEEPING_INTERVAL_MS = 100;
@@ -92,6 +96,10 @@ export class ReplicaMesh implements MeshControl {
   readonly #housekeeping: TimerHandle;
   #dns: DnsPeerDiscovery | undefined;
   #closed = false;
+  readonly #log: Logger;
+  readonly #forwards = { sent: 0, failed: 0, skipped: 0 };
+  #forwardsInFlight = 0;
+  readonly #forwardLog = new LogThrottle();
 
   private constructor(o: ReplicaMeshOptions, transport: MeshTransport) {
     const clock = o.clock ?? systemClock;
@@ -102,6 +110,7 @@ export class ReplicaMesh implements MeshControl {
     const origin = service.replicaId;
     this.#service = service;
     this.#transport = transport;
+    this.#log = logger;
     this.#advertise = o.advertiseEndpoint ?? transport.publishEndpoint;
     const client = new ControlClient(transport, o.controlTimeoutMs ?? DEFAULT_CONTROL_TIMEOUT_MS, this.#advertise);
     this.#publisher = new MeshPublisher({
@@ -139,6 +148,7 @@ export class ReplicaMesh implements MeshControl {
 
     service.onLoadEvent((event) => {
       this.#publisher.enqueue({ kind: "load", event });
+      if (event.type !== "add" && event.origin === origin && event.owner !== origin) this.#forwardToOwner(event, client);
     });
     service.onBindingEvent((event) => {
       this.#publisher.enqueue({ kind: "binding", event });
@@ -234,6 +244,7 @@ export class ReplicaMesh implements MeshControl {
       peerDnsResolutions: this.#dns?.stats.resolutions ?? 0,
       peerDnsFailures: this.#dns?.stats.failures ?? 0,
       controlRefused: { ...c.refused },
+      lifecycleForwards: { ...this.#forwards },
     };
   }
 
@@ -247,6 +258,40 @@ export class ReplicaMesh implements MeshControl {
 
   listPeers(): PeerView[] {
     return this.#membership.list();
+  }
+
+  /**
+   * A lifecycle call taken here for a peer's booking goes to its owner directly too, acknowledged
+   * on the control channel: the stream alone loses it when the owner is not subscribed to us yet
+   * (just after peering, or while its SUB reconnects), and the owner would then keep the booking,
+   * and republish it to everyone, until it expires (300 s). Best effort: at most
+   * MAX_LIFECYCLE_FORWARDS_IN_FLIGHT at once, the rest left to the stream, all counted.
+   */
+  #forwardToOwner(event: LoadMarkEvent, client: ControlClient): void {
+    const f = this.#forwards;
+    const endpoint = this.#inbound.controlEndpointOf(event.owner);
+    if (endpoint === undefined || this.#closed) return;
+    if (this.#forwardsInFlight >= MAX_LIFECYCLE_FORWARDS_IN_FLIGHT) {
+      f.skipped++;
+      return;
+    }
+    this.#forwardsInFlight++;
+    client
+      .request(endpoint, { type: "lifecycle", from: event.origin, event })
+      .then(
+        () => {
+          f.sent++;
+        },
+        (err: unknown) => {
+          f.failed++;
+          this.#forwardLog.hit((suppressed) => {
+            this.#log.warn({ err, owner: event.owner.toString(), request_id: event.request_id, suppressed }, "could not send a lifecycle call to the booking's owner (the stream still carries it)");
+          });
+        },
+      )
+      .finally(() => {
+        this.#forwardsInFlight--;
+      });
   }
 
   applyReceived(): void {

@@ -7,7 +7,7 @@
  * that peer's ROUTER for a snapshot and replaces what it mirrors of that origin (the ZeroMQ
  * Guide's Clone pattern).
  */
-import type { BindingEvent, LoadAddEvent, LoadAggregates, LoadEvent, OriginAggregates } from "../src/core/replica-events.js";
+import type { BindingEvent, LoadAddEvent, LoadAggregates, LoadEvent, LoadMarkEvent, OriginAggregates } from "../src/core/replica-events.js";
 
 export const TOPIC_BATCH = "kvmesh.batch.v1";
 export const TOPIC_HEARTBEAT = "kvmesh.hb.v1";
@@ -88,6 +88,11 @@ export type ControlRequest =
   | { readonly type: "snapshot"; readonly from: bigint; readonly publishEndpoint?: string | undefined }
   /** "Who are you, and whom do you peer with?": how a replica checks a peering request's claims. */
   | { readonly type: "status"; readonly from: bigint }
+  /**
+   * A lifecycle call another replica took for one of the receiver's bookings, sent to it directly
+   * (it also goes out in the sender's stream; applying both is idempotent).
+   */
+  | { readonly type: "lifecycle"; readonly from: bigint; readonly event: LoadMarkEvent }
   /** "Connect your SUB to my PUB at `publishEndpoint`" (symmetric peering). */
   | { readonly type: "peer"; readonly from: bigint; readonly publishEndpoint: string }
   /** "Stop receiving from me" (deregistration both ways). */

@@ -247,6 +247,8 @@ export function encodeControlRequest(r: ControlRequest): Buffer {
       return packr.pack(r.publishEndpoint === undefined ? { v: PROTOCOL_VERSION, ty: r.type, f: r.from } : { v: PROTOCOL_VERSION, ty: r.type, f: r.from, pe: r.publishEndpoint });
     case "status":
       return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, f: r.from });
+    case "lifecycle":
+      return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, f: r.from, ev: markToWire(r.event) });
     case "peer":
     case "unpeer":
       return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, f: r.from, pe: r.publishEndpoint });
@@ -603,6 +605,12 @@ export function decodeControlRequest(buf: Uint8Array): ControlRequest {
       return { type, from: nonZeroU64(m.f, "from"), publishEndpoint: m.pe === undefined ? undefined : str(m.pe, "publishEndpoint", MAX_ENDPOINT_BYTES, false) };
     case "status":
       return { type, from: nonZeroU64(m.f, "from") };
+    case "lifecycle": {
+      const ev = map(m.ev, "event");
+      const kind = ev.k;
+      if (kind !== "f" && kind !== "p") throw new MeshWireError("event.kind", `a lifecycle request carries a free or a prefill_complete, got ${JSON.stringify(describeScalar(kind))}`);
+      return { type, from: nonZeroU64(m.f, "from"), event: decodeMark(ev, "event", kind === "f" ? "free" : "prefill_complete") };
+    }
     case "peer":
     case "unpeer":
       return { type, from: nonZeroU64(m.f, "from"), publishEndpoint: str(m.pe, "publishEndpoint", MAX_ENDPOINT_BYTES, false) };

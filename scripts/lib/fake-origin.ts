@@ -234,6 +234,8 @@ export class FakeOrigin {
         });
       case "status":
         return encodeControlReply({ type: "status", origin: this.origin, peers: [...this.#peers] });
+      case "lifecycle":
+        return encodeControlReply({ type: "error", message: "the fake origin takes no lifecycle calls" });
       case "peer":
         this.stats.peerRequests++;
         this.#peers.add(req.publishEndpoint);

@@ -184,7 +184,7 @@ describe("ReplicaMesh over fake ports", () => {
       expect(await ask({ type: "peer", from: 0xb2n, publishEndpoint: rogue.publishEndpoint })).toMatchObject({ type: "error" });
       // The status request answers anyone: who A is and whom it peers with (as GET /replica_sync/peers does).
       expect(await ask({ type: "status", from: 0xeen })).toEqual({ type: "status", origin: 0xa1n, peers: [b.mesh.publishEndpoint] });
-      expect(a.mesh.stats.controlRefused).toEqual({ snapshot: 2, peer: 1, unpeer: 1 });
+      expect(a.mesh.stats.controlRefused).toEqual({ snapshot: 2, peer: 1, unpeer: 1, lifecycle: 0 });
       expect(await a.metrics.metrics()).toMatch(/^kvmesh_mesh_control_refused_total\{request="unpeer"\} 1$/m);
       // A still mirrors B.
       expect(a.mesh.listPeers().map((p) => [p.endpoint, p.sync])).toEqual([[b.mesh.publishEndpoint, "live"]]);
@@ -196,6 +196,57 @@ describe("ReplicaMesh over fake ports", () => {
     expect(await b.mesh.deregisterPeer(a.mesh.publishEndpoint)).toBe(true);
     await waitFor(() => a.mesh.listPeers().length === 0, 5_000, "A dropped B");
     expect(a.port.dropped).toEqual([0xb2n]);
+  });
+
+  it("sends a lifecycle call taken for a peer's booking to its owner directly, not only in the stream", async () => {
+    // A applies its stream only when asked (a receive thread with a 10 min max delay): what
+    // reaches A's port before that came over the control channel.
+    const a = await start(0xa1n, 5, 600_000);
+    const b = await start(0xb2n);
+    expect(await b.mesh.registerPeer(a.mesh.publishEndpoint)).toBe(true);
+    await waitFor(
+      () => {
+        a.mesh.applyReceived();
+        return a.mesh.listPeers()[0]?.sync === "live" && b.mesh.listPeers()[0]?.sync === "live";
+      },
+      5_000,
+      "both directions live",
+    );
+    const applied = a.port.applied.length;
+    // B took a free for A's booking (SelectionService emits this when it forwards one).
+    const free: LoadEvent = { type: "free", origin: 0xb2n, owner: 0xa1n, request_id: "a-booking", partition: { model_name: "m", routing_group: "g" } };
+    b.port.emitLoad(free);
+    await waitFor(() => a.port.applied.length === applied + 1, 5_000, "the free on A, over the control channel");
+    expect(a.port.applied.at(-1)).toEqual(free);
+    await waitFor(() => b.mesh.stats.lifecycleForwards.sent === 1, 5_000, "B counted it sent");
+    // The stream's copy arrives too (applying it again is a no-op in the core).
+    await waitFor(
+      () => {
+        a.mesh.applyReceived();
+        return a.port.applied.length === applied + 2;
+      },
+      5_000,
+      "the stream's copy on A",
+    );
+    expect(a.port.applied.slice(applied)).toEqual([free, free]);
+    // A's own events and other owners' are not sent anywhere directly.
+    b.port.emitLoad({ ...free, owner: 0xb2n, request_id: "b-own" });
+    b.port.emitLoad({ ...free, owner: 0xccn, request_id: "unknown-owner" });
+    await new Promise((r) => setTimeout(r, 100));
+    expect(b.mesh.stats.lifecycleForwards).toEqual({ sent: 1, failed: 0, skipped: 0 });
+
+    // Refused: from an origin A does not know, or for a booking A does not own.
+    const rogue = await MeshTransport.bind({ publishBind: `tcp://127.0.0.1:${await freePortPair()}`, logger: pino({ enabled: false }) });
+    try {
+      const ask = async (event: typeof free) =>
+        decodeControlReply(await rogue.request(controlEndpointFor(a.mesh.publishEndpoint), encodeControlRequest({ type: "lifecycle", from: event.origin, event }), 3_000));
+      expect(await ask({ ...free, origin: 0xeen })).toMatchObject({ type: "error", message: "lifecycle refused: origin 238 is not a registered or heard peer" });
+      expect(await ask({ ...free, owner: 0xccn })).toMatchObject({ type: "error", message: `lifecycle refused: booking a-booking is owned by 204, not this replica` });
+    } finally {
+      await rogue.close();
+    }
+    expect(a.mesh.stats.controlRefused.lifecycle).toBe(2);
+    expect(a.port.applied.slice(applied)).toEqual([free, free]);
   });
 
   it("peers with what a dns:NAME:PORT entry resolves to, through the system resolver, and not with itself", async () => {
