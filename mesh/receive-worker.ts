@@ -4,10 +4,11 @@
  *
  * The thread posts a hand-over once per apply interval (receive-coalescer.ts says why) to a port
  * this thread never listens on. `applyReceived()` drains that port synchronously: the HTTP layer
- * calls it before each request, so a decision sees every hand-over posted until then, and a timer
- * calls it every `maxApplyDelayMs` otherwise. A replica that routes nothing (a passive peer) thus
- * runs the apply about 10 times a second, not 100, whatever its peers send: bench:scale measured
- * the cold wake-up of each apply at 150-300 us of main-thread CPU however little it carried.
+ * calls it before each request, so a decision sees every hand-over posted until then, and the
+ * mesh's housekeeping tick calls it when none came for --mesh-apply-max-delay-ms (replica-mesh.ts).
+ * A replica that routes nothing (a passive peer) thus runs the apply about 10 times a second, not
+ * 100, whatever its peers send: bench:scale measured the cold wake-up of each apply at 150-300 us
+ * of main-thread CPU however little it carried.
  *
  * A thread that dies (an uncaught error, or its SUB loop failing) is started again with the same
  * peers, after a backoff that doubles while it keeps dying, and counted and logged. What it held is lost to this replica, like messages a
@@ -35,13 +36,6 @@ import type { HandoffReport, ThreadCommand, ThreadData, ThreadReport } from "./r
  * capacity over freshness can raise it (hit ratio and stickiness were unchanged at 50 ms).
  */
 export const DEFAULT_MESH_APPLY_INTERVAL_MS = 10;
-/**
- * Default longest wait, ms, before hand-overs nobody pulled (no HTTP request came) are applied
- * anyway: what peer health, gap detection, snapshot repair and the divergence check lag by on a
- * replica that serves no requests. Each apply wakes the main thread (see the module comment);
- * 100 ms matches the mesh's housekeeping tick.
- */
-export const DEFAULT_MESH_APPLY_MAX_DELAY_MS = 100;
 /** How long a starting thread may take to open its socket and say so, ms (tsx compiles it first from source). */
 export const RECEIVE_THREAD_START_TIMEOUT_MS = 15_000;
 /** Backoff between restarts of a thread that keeps dying, ms: first, then doubling to the max. */
@@ -55,8 +49,6 @@ export const RECEIVE_THREAD_FLUSH_TIMEOUT_MS = 1_000;
 export const RECEIVE_THREAD_CLOSE_TIMEOUT_MS = 2_000;
 
 export interface ReceiveWorkerOptions extends Omit<ThreadData, "handoff"> {
-  /** Hand-overs not pulled by applyReceived() are applied after at most this long, ms. */
-  readonly maxApplyDelayMs: number;
   readonly logger: Logger;
   readonly onEntries: (entries: ReceivedEntry[]) => void;
 }
@@ -93,8 +85,6 @@ export class ReceiveWorker {
   #worker: Worker;
   /** Where #worker posts its hand-overs (drained by applyReceived, never listened on). */
   #handoff: MessagePort;
-  /** Applies what nobody pulled, every maxApplyDelayMs. */
-  readonly #applyTimer: NodeJS.Timeout;
   /** Resolves when #worker has exited (whether it was asked to or not). */
   #workerExited!: Promise<void>;
   #startedAtMs: number;
@@ -115,10 +105,6 @@ export class ReceiveWorker {
     this.#handoff = first.handoff;
     this.#startedAtMs = performance.now();
     this.#wire(first.worker);
-    this.#applyTimer = setInterval(() => {
-      this.applyReceived();
-    }, o.maxApplyDelayMs);
-    this.#applyTimer.unref();
   }
 
   /** Starts the thread; rejects if it does not come up (so a daemon fails at start, not in a restart loop). */
@@ -202,7 +188,6 @@ export class ReceiveWorker {
 
   async #close(): Promise<void> {
     clearTimeout(this.#restartTimer);
-    clearInterval(this.#applyTimer);
     const w = this.#worker;
     const exited = this.#workerExited;
     const closed = new Promise<void>((resolve) => {

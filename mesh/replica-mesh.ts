@@ -29,7 +29,7 @@ import { systemTimers, type TimerHandle, type Timers } from "./timers.js";
 import { MeshTransport } from "./transport.js";
 
 export { DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
-export { DEFAULT_MESH_APPLY_INTERVAL_MS, DEFAULT_MESH_APPLY_MAX_DELAY_MS } from "./receive-worker.js";
+export { DEFAULT_MESH_APPLY_INTERVAL_MS } from "./receive-worker.js";
 export { MAX_CONCURRENT_SNAPSHOT_PULLS, WORKER_CHANGE_RESNAPSHOT_DELAY_MS } from "./inbound.js";
 export type { MeshStats } from "./mesh-metrics.js";
 export { SILENT_PEER_REDIAL_MAX_MS, SILENT_PEER_REDIAL_MS, type PeerView } from "./membership.js";
@@ -40,6 +40,13 @@ export const MAX_LIFECYCLE_FORWARDS_IN_FLIGHT = 256;
 
 /** How often due snapshot retries, peer-health transitions and silent-peer redials are checked, ms. */
 export const MESH_HOUSEKEEPING_INTERVAL_MS = 100;
+/**
+ * Default longest wait, ms, before the receive thread's hand-overs that no HTTP request pulled are
+ * applied anyway, on the housekeeping tick: what peer health, gap detection, snapshot repair and
+ * the divergence check lag by on a replica that serves no requests. The tick, not a timer of its
+ * own: every timer is a wake-up of the main thread, and an idle replica had ~33 a second.
+ */
+export const DEFAULT_MESH_APPLY_MAX_DELAY_MS = MESH_HOUSEKEEPING_INTERVAL_MS;
 const MS_PER_SECOND = 1_000;
 
 /** The wall clock: ms since the Unix epoch. */
@@ -100,6 +107,9 @@ export class ReplicaMesh implements MeshControl {
   readonly #forwards = { sent: 0, failed: 0, skipped: 0 };
   #forwardsInFlight = 0;
   readonly #forwardLog = new LogThrottle();
+  readonly #clock: Clock;
+  /** When the receive thread's hand-overs were last applied, monotonic ms. */
+  #appliedAtMs = -Infinity;
 
   private constructor(o: ReplicaMeshOptions, transport: MeshTransport) {
     const clock = o.clock ?? systemClock;
@@ -173,11 +183,18 @@ export class ReplicaMesh implements MeshControl {
     }
     transport.onControl((req) => this.#control.handle(req));
     this.#publisher.start();
-    this.#housekeeping = timers.setInterval(() => {
-      const now = clock.now();
-      this.#inbound.housekeeping(now);
-      this.#membership.redialSilentPeers(now);
-    }, MESH_HOUSEKEEPING_INTERVAL_MS);
+    const maxApplyDelayMs = o.receiveThreadMaxApplyDelayMs ?? DEFAULT_MESH_APPLY_MAX_DELAY_MS;
+    this.#clock = clock;
+    this.#housekeeping = timers.setInterval(
+      () => {
+        const now = clock.now();
+        // Hand-overs no HTTP request pulled since the last apply (each request applies them first).
+        if (now - this.#appliedAtMs >= maxApplyDelayMs) this.applyReceived();
+        this.#inbound.housekeeping(now);
+        this.#membership.redialSilentPeers(now);
+      },
+      Math.min(MESH_HOUSEKEEPING_INTERVAL_MS, maxApplyDelayMs),
+    );
   }
 
   static async start(o: ReplicaMeshOptions): Promise<ReplicaMesh> {
@@ -187,7 +204,7 @@ export class ReplicaMesh implements MeshControl {
       publishBind: o.publishBind,
       logger: o.logger,
       ...(o.curve === undefined ? {} : { curve: o.curve }),
-      ...(o.receiveThreadApplyIntervalMs === undefined ? {} : { receiveThread: { applyIntervalMs: o.receiveThreadApplyIntervalMs, maxApplyDelayMs: o.receiveThreadMaxApplyDelayMs, self: o.service.replicaId } }),
+      ...(o.receiveThreadApplyIntervalMs === undefined ? {} : { receiveThread: { applyIntervalMs: o.receiveThreadApplyIntervalMs, self: o.service.replicaId } }),
     });
     const mesh = new ReplicaMesh(o, transport);
     for (const p of o.peers ?? []) await mesh.registerPeer(p);
@@ -295,7 +312,9 @@ export class ReplicaMesh implements MeshControl {
   }
 
   applyReceived(): void {
-    if (!this.#closed) this.#transport.applyReceived();
+    if (this.#closed) return;
+    this.#appliedAtMs = this.#clock.now();
+    this.#transport.applyReceived();
   }
 
   catchUp(): Promise<void> {

@@ -29,7 +29,7 @@ import { CurveRuntime, type MeshCurveStats } from "./curve-runtime.js";
 import { controlEndpointFor, isIpv6Endpoint, parseBindEndpoint, parsePeerEndpoint } from "./endpoints.js";
 import { MeshAuthError, MeshClosedError, MeshRemoteError, MeshRequestTimeoutError, type MeshAuthFailure } from "./errors.js";
 import type { ReceivedEntry } from "./receive-coalescer.js";
-import { DEFAULT_MESH_APPLY_MAX_DELAY_MS, ReceiveWorker, type ReceiveWorkerStats } from "./receive-worker.js";
+import { ReceiveWorker, type ReceiveWorkerStats } from "./receive-worker.js";
 import { TOPIC_BATCH, TOPIC_HEARTBEAT } from "./types.js";
 
 export { MeshAuthError, MeshClosedError, MeshRemoteError, MeshRequestTimeoutError, type MeshAuthFailure, type MeshCurveStats };
@@ -80,12 +80,12 @@ export interface MeshTransportOptions {
   /**
    * Read peers' PUBs on a receive thread (receive-worker.ts) that decodes and folds what arrives
    * and hands it over once per `applyIntervalMs`, instead of on this thread through onMessage.
-   * What it hands over reaches onEntries when applyReceived() is called, or `maxApplyDelayMs`
-   * later (default DEFAULT_MESH_APPLY_MAX_DELAY_MS). Plain meshes only: with `curve` the per-peer
-   * SUBs stay on this thread (their key lookups and handshake watchers live here), and this is
-   * ignored.
+   * What it hands over reaches onEntries when applyReceived() is called (the owner calls it
+   * often enough: ReplicaMesh on each HTTP request and housekeeping tick). Plain meshes only:
+   * with `curve` the per-peer SUBs stay on this thread (their key lookups and handshake watchers
+   * live here), and this is ignored.
    */
-  readonly receiveThread?: { readonly applyIntervalMs: number; readonly maxApplyDelayMs?: number | undefined; readonly self: bigint } | undefined;
+  readonly receiveThread?: { readonly applyIntervalMs: number; readonly self: bigint } | undefined;
 }
 
 export interface MeshTransportStats {
@@ -247,7 +247,6 @@ export class MeshTransport {
               topics,
               socket: { ...common, receiveHighWaterMark: hwm },
               applyIntervalMs: threaded.applyIntervalMs,
-              maxApplyDelayMs: threaded.maxApplyDelayMs ?? DEFAULT_MESH_APPLY_MAX_DELAY_MS,
               self: threaded.self,
               logger: log,
               onEntries: (entries) => {
