@@ -20,16 +20,23 @@ export interface ThreadData {
   /** This replica's origin: its own frames, looped back, are skipped. */
   readonly self: bigint | null;
   /**
-   * Where hand-overs ("entries" reports) go: a port the main thread never listens on, but drains
-   * synchronously (receiveMessageOnPort) when it needs peers' state, so a hand-over runs no
-   * JavaScript there until then. Every other report goes to parentPort.
+   * Where hand-overs (HandoffReports, v8-serialized) go: a HandoffRing over this buffer, which the
+   * main thread reads when it needs peers' state, so a hand-over neither wakes it nor runs any of
+   * its JavaScript until then (handoff-ring.ts says why).
+   */
+  readonly ring: SharedArrayBuffer;
+  /**
+   * Where a hand-over goes that even the empty ring cannot take (larger than the ring): a port the
+   * main thread never listens on but drains with the ring (receiveMessageOnPort). Every other
+   * report goes to parentPort.
    */
   readonly handoff: MessagePort;
 }
 
-/** A hand-over, on ThreadData.handoff. */
+/** A hand-over (in the ring, or on the hand-off port), numbered so the main thread applies them in order. */
 export interface HandoffReport {
   readonly t: "entries";
+  readonly seq: number;
   readonly entries: ReceivedEntry[];
   readonly stats: CoalescerStats;
   readonly failures: DecodeFailure[];

@@ -2,8 +2,9 @@
  * The main thread's handle on the mesh's receive thread (receive-thread.ts): starts it, tells it
  * which peers' PUBs to read, and hands its decoded, folded entries to `onEntries`.
  *
- * The thread posts a hand-over once per apply interval (receive-coalescer.ts says why) to a port
- * this thread never listens on. `applyReceived()` drains that port synchronously: the HTTP layer
+ * The thread writes a hand-over once per apply interval (receive-coalescer.ts says why) into a
+ * shared ring (handoff-ring.ts), which wakes nobody. `applyReceived()` reads it synchronously
+ * (and the hand-off port, for what the ring cannot take): the HTTP layer
  * calls it before each request, so a decision sees every hand-over posted until then, and the
  * mesh's housekeeping tick calls it when none came for --mesh-apply-max-delay-ms (replica-mesh.ts).
  * A replica that routes nothing (a passive peer) thus runs the apply about 10 times a second, not
@@ -17,10 +18,12 @@
  */
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
+import { deserialize } from "node:v8";
 import { MessageChannel, type MessagePort, receiveMessageOnPort, Worker } from "node:worker_threads";
 import type { Logger } from "pino";
 
 import type { CoalescerStats, ReceivedEntry } from "./receive-coalescer.js";
+import { createHandoffRingBuffer, HandoffRing } from "./handoff-ring.js";
 import type { HandoffReport, ThreadCommand, ThreadData, ThreadReport } from "./receive-protocol.js";
 
 /**
@@ -48,7 +51,7 @@ export const RECEIVE_THREAD_FLUSH_TIMEOUT_MS = 1_000;
 /** How long close() waits for the thread to hand over and close its socket before terminating it, ms. */
 export const RECEIVE_THREAD_CLOSE_TIMEOUT_MS = 2_000;
 
-export interface ReceiveWorkerOptions extends Omit<ThreadData, "handoff"> {
+export interface ReceiveWorkerOptions extends Omit<ThreadData, "handoff" | "ring"> {
   readonly logger: Logger;
   readonly onEntries: (entries: ReceivedEntry[]) => void;
 }
@@ -83,7 +86,8 @@ export class ReceiveWorker {
   /** Endpoint -> ipv6: what a restarted thread connects to again. */
   readonly #peers = new Map<string, boolean>();
   #worker: Worker;
-  /** Where #worker posts its hand-overs (drained by applyReceived, never listened on). */
+  /** Where #worker writes its hand-overs, and posts those the ring cannot take (both read by applyReceived). */
+  #ring: HandoffRing;
   #handoff: MessagePort;
   /** Resolves when #worker has exited (whether it was asked to or not). */
   #workerExited!: Promise<void>;
@@ -103,6 +107,7 @@ export class ReceiveWorker {
     this.#log = o.logger;
     this.#worker = first.worker;
     this.#handoff = first.handoff;
+    this.#ring = first.ring;
     this.#startedAtMs = performance.now();
     this.#wire(first.worker);
   }
@@ -125,15 +130,21 @@ export class ReceiveWorker {
    * returns how many. Costs one empty port read when there is none.
    */
   applyReceived(): number {
-    let n = 0;
+    const reports: HandoffReport[] = [];
+    for (let b = this.#ring.read(); b !== undefined; b = this.#ring.read()) reports.push(deserialize(b) as HandoffReport);
+    let posted = false;
     for (let m = receiveMessageOnPort(this.#handoff); m !== undefined; m = receiveMessageOnPort(this.#handoff)) {
-      const r = m.message as HandoffReport;
+      reports.push(deserialize(m.message as Uint8Array) as HandoffReport);
+      posted = true;
+    }
+    // The thread posts only what the ring could not take after what it holds: seq restores the order.
+    if (posted) reports.sort((a, b) => a.seq - b.seq);
+    for (const r of reports) {
       this.#live = r.stats;
       for (const f of r.failures) this.#log.debug({ field: f.field, topic: f.topic }, `malformed mesh frame: ${f.message}`);
       if (r.entries.length > 0) this.#o.onEntries(r.entries);
-      n++;
     }
-    return n;
+    return reports.length;
   }
 
   get stats(): ReceiveWorkerStats {
@@ -250,6 +261,7 @@ export class ReceiveWorker {
       const s = spawnThread(this.#o);
       this.#worker = s.worker;
       this.#handoff = s.handoff;
+      this.#ring = s.ring;
       this.#startedAtMs = performance.now();
       this.#wire(s.worker);
       for (const [endpoint, ipv6] of this.#peers) this.#send({ op: "connect", endpoint, ipv6 });
@@ -284,14 +296,17 @@ interface Spawned {
   readonly worker: Worker;
   /** Our end of the thread's hand-off port (ThreadData.handoff). */
   readonly handoff: MessagePort;
+  /** The ring over ThreadData.ring. */
+  readonly ring: HandoffRing;
 }
 
 function spawnThread(o: ReceiveWorkerOptions): Spawned {
   const { port1, port2 } = new MessageChannel();
   // Never listened on, so never started: it must not keep the process alive either.
   port1.unref();
-  const data: ThreadData = { topics: o.topics, socket: o.socket, applyIntervalMs: o.applyIntervalMs, self: o.self, handoff: port2 };
-  return { worker: spawn(THREAD_FILE, data), handoff: port1 };
+  const sab = createHandoffRingBuffer();
+  const data: ThreadData = { topics: o.topics, socket: o.socket, applyIntervalMs: o.applyIntervalMs, self: o.self, ring: sab, handoff: port2 };
+  return { worker: spawn(THREAD_FILE, data), handoff: port1, ring: new HandoffRing(sab) };
 }
 
 /** Resolves on the thread's "ready"; rejects on its error, exit or the start timeout. */
