@@ -15,6 +15,7 @@ import { observe, retireObserver } from "../util/zmq-observers.js";
 
 import { CacheSaltChain } from "./cache-salt-chain.js";
 import { decodeKvEventBatch, type KvEventBatch } from "./kv-event-decoder.js";
+import { ResetDamper } from "./reset-damper.js";
 
 export const DEFAULT_REPLAY_TIMEOUT_MS = 2_000;
 /**
@@ -62,7 +63,10 @@ export interface KvEventListenerStats {
   implausible: number;
   /** Sequence numbers never received (no replay endpoint, replay timeout, or evicted from the engine's replay buffer). */
   lost: number;
+  /** Publisher restarts detected (seq numbering started over). */
   resets: number;
+  /** Of `resets`, those past MAX_RESETS_PER_WINDOW in a window: numbering restarted, rank blocks kept (reset-damper.ts). */
+  resetsDamped: number;
   lastSeq: bigint | null;
 }
 
@@ -96,13 +100,15 @@ export class KvEventListener {
   #closed = false;
   /** Last applied (or skipped-as-malformed) seq; null until the first message. */
   #lastSeq: bigint | null = null;
-  readonly #stats = { received: 0, applied: 0, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0 };
+  readonly #stats = { received: 0, applied: 0, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0, resetsDamped: 0 };
   /** The seq of the last implausible jump: the stream continuing from it is a real renumbering. */
   #jumpedTo: bigint | null = null;
   /** Warnings a flapping or garbage-sending publisher would repeat thousands of times (#17 F10). */
   readonly #malformedLog = new LogThrottle();
   readonly #resetLog = new LogThrottle();
   readonly #jumpLog = new LogThrottle();
+  readonly #flapLog = new LogThrottle();
+  readonly #damper = new ResetDamper();
   /** xxh64 of the last applied payload: a reconnected publisher that still holds it is the same process. */
   #lastDigest: bigint | null = null;
   /** Salts a continued chain inherits from its parent block (vLLM salts only a request's first block). */
@@ -344,13 +350,24 @@ export class KvEventListener {
     });
   }
 
-  /** The publisher restarted: the caller drops this rank's blocks; numbering starts over. */
+  /**
+   * The publisher restarted: the caller drops this rank's blocks; numbering starts over. A
+   * publisher flapping between resets keeps its numbering restarts but no longer clears the rank
+   * each time (see reset-damper.ts).
+   */
   #reset(last: bigint, seq: bigint, why: string): void {
     this.#stats.resets++;
+    this.#lastSeq = null;
+    if (!this.#damper.admit()) {
+      this.#stats.resetsDamped++;
+      this.#flapLog.hit((suppressed) => {
+        this.#log.warn({ lastSeq: last, seq, why, suppressed }, "kv event publisher flapping between resets: numbering restarted, rank state kept");
+      });
+      return;
+    }
     this.#resetLog.hit((suppressed) => {
       this.#log.warn({ lastSeq: last, seq, why, suppressed }, "kv event publisher restarted: resetting rank state");
     });
-    this.#lastSeq = null;
     this.#salts.clear();
     try {
       this.#onReset?.();
