@@ -60,7 +60,7 @@ describe("KvEventListener", () => {
     expect(got.map((r) => r.seq)).toEqual([0n, 1n, 2n, 3n]);
     expect(got.map(firstHash)).toEqual(hashes);
     expect(got.every((r) => !r.replayed)).toBe(true);
-    expect(listener.stats).toEqual({ received: 4, applied: 4, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0, resetsDamped: 0, lastSeq: 3n });
+    expect(listener.stats).toEqual({ received: 4, applied: 4, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0, oversized: 0, eventsShed: 0, resetsDamped: 0, lastSeq: 3n });
   });
 
   it.each([3, 4] as const)("repairs a gap through replay (%s-frame replies) before applying the live message", async (replayFrames) => {
