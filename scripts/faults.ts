@@ -49,12 +49,13 @@ import {
   type PhaseResult,
   type ScenarioRow,
 } from "./lib/fault-scenarios.js";
+import { HOSTILE_LONG, HOSTILE_SHORT, scenarioHostileInputs } from "./lib/hostile-inputs-scenario.js";
 import { MeshLoad } from "./lib/mesh-load.js";
 import { bindingDisagreements, loadsAgree, meshCounters, rssOf, sleep, timeUntil } from "./lib/replica-cluster.js";
 
 const args = scriptProgram("faults", "The mesh fault scenarios, long versions, with a report table (exit 1 when a check failed).")
   .option("--short", "the test-suite sizes (~1.5 min)", false)
-  .option("--only <list>", "scenario numbers to run, comma-separated (1 kill, 2 partition, 3 link faults, 4 stalled peer, 5 publisher restart, 6 shutdown)", positiveIntList)
+  .option("--only <list>", "scenario numbers to run, comma-separated (1 kill, 2 partition, 3 link faults, 4 stalled peer, 5 publisher restart, 6 shutdown, 7 hostile KV inputs)", positiveIntList)
   .option("--soak-minutes <m>", "also (or, without --only, only) a soak of this many minutes (>= 10 for the real one)", positiveNumber)
   .option("--soak-rate <n>", "soak load, requests/s", positiveNumber, 40)
   .option("--json <file>", "JSON report", "reports/faults.json")
@@ -86,6 +87,7 @@ const SCENARIOS: readonly { n: number; name: string; short: Runner; long: Runner
   { n: 4, name: "stalled peer", short: () => scenarioStalledPeer(STALLED_SHORT), long: () => scenarioStalledPeer(STALLED_LONG) },
   { n: 5, name: "publisher restart", short: () => scenarioPublisherRestart(PUBLISHER_SHORT), long: () => scenarioPublisherRestart(PUBLISHER_LONG) },
   { n: 6, name: "shutdown", short: () => scenarioShutdown(SHUTDOWN_SHORT), long: () => scenarioShutdown(SHUTDOWN_LONG) },
+  { n: 7, name: "hostile KV inputs", short: () => scenarioHostileInputs(HOSTILE_SHORT), long: () => scenarioHostileInputs(HOSTILE_LONG) },
 ];
 
 function failedRow(name: string, err: unknown): ScenarioRow {
@@ -136,6 +138,7 @@ function notes(rows: readonly ScenarioRow[]): string[] {
   for (const r of rows) {
     const failed = r.checks.filter((c) => !c.ok);
     for (const c of failed) out.push(`FAIL ${r.scenario}: ${c.name}: ${c.value}`);
+    if (typeof r.details.summary === "string") out.push(`${r.scenario}: ${r.details.summary}`);
     const phases = r.details.phases as PhaseResult[] | undefined;
     if (phases !== undefined) {
       out.push(`${r.scenario}, per phase (lag p50/p99 of peer batches+heartbeats, gaps, snapshots, proxy drops/truncations/cuts, recovery):`);

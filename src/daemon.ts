@@ -18,6 +18,7 @@ import { isDnsPeer, parseDnsPeer } from "../mesh/dns-peers.js";
 import { WorkersFile } from "./workers-file.js";
 import { SelectionService } from "./core/selection-service.js";
 import { hasUnusableKvEndpoint, kvEventsEndpointRefused, replayEndpointFor } from "./core/worker-catalog.js";
+import { LogThrottle } from "./util/log-throttle.js";
 
 /** The daemon's configuration lives in src/config.ts; re-exported for the daemon's callers. */
 export { DEFAULT_DAEMON_CONFIG, type DaemonConfig, type LogLevel } from "./config.js";
@@ -95,6 +96,8 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   raiseZmqSocketLimit();
   const service = new SelectionService(serviceOptionsOf(config));
   const ingestLog = logger.child({ subsystem: "ingest" });
+  const indexShedLog = new LogThrottle();
+  const cycleLog = new LogThrottle();
   const ingest = new KvIngest({
     logger: ingestLog,
     replayTimeoutMs: config.replayTimeoutMs,
@@ -102,6 +105,17 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       const r = service.applyKvEvents(BigInt(ref.workerId), ref.rank, batch);
       if (r.dropped > 0 && ingestLog.isLevelEnabled("debug")) {
         ingestLog.debug({ worker_id: ref.workerId, dp_rank: ref.rank, dropped: r.dropped }, "kv events dropped");
+      }
+      // An engine that overfills its rank or sends cycles does it on every batch: one line per 10 s.
+      if (r.shedBlocks > 0) {
+        indexShedLog.hit((suppressed) => {
+          ingestLog.warn({ worker_id: ref.workerId, dp_rank: ref.rank, shed_blocks: r.shedBlocks, suppressed }, "kv blocks shed: the rank's prefix index is at its bound (kvmesh_kv_index_blocks_shed_total)");
+        });
+      }
+      if (r.cycles > 0) {
+        cycleLog.hit((suppressed) => {
+          ingestLog.warn({ worker_id: ref.workerId, dp_rank: ref.rank, cycles: r.cycles, suppressed }, "kv stored event refused: parent-hash cycle (kvmesh_kv_parent_cycles_total)");
+        });
       }
     },
     onReset: (ref) => {

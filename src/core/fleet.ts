@@ -12,9 +12,10 @@ import type { Clock, Random } from "./clock.js";
 import { KvmeshError } from "./errors.js";
 import { hashCount, hashListFromBigInts } from "./hash64.js";
 import { computeBlockHashes } from "./hashing.js";
-import type { KvEventBatch } from "./kv-events.js";
+import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
 import { Partition } from "./partition.js";
 import { PromptHashCache } from "./prompt-hash-cache.js";
+import { rankIndexBound } from "./rank-index-bound.js";
 import type { ServiceCounters } from "./service-stats.js";
 import {
   DEFAULT_MODEL_NAME,
@@ -262,16 +263,20 @@ export class Fleet {
   /**
    * Applies one KV-event batch of a worker rank to its partition's prefix index. Returns how
    * many events applied and how many were dropped (unknown worker, block-size mismatch,
-   * a stored block whose parent this rank does not hold).
+   * a stored block whose parent this rank does not hold, a parent-hash cycle), and the blocks
+   * shed at the rank's index bound (rank-index-bound.ts).
    */
-  applyKvEvents(workerId: WorkerId, dpRank: number, batch: KvEventBatch): { applied: number; dropped: number } {
+  applyKvEvents(workerId: WorkerId, dpRank: number, batch: KvEventBatch): KvApplyResult {
     const c = this.#o.counters;
     const located = this.locateRank(workerId, batch.dpRank ?? dpRank);
     if (located === undefined) {
       c.kvEventsDropped += batch.events.length;
-      return { applied: 0, dropped: batch.events.length };
+      return { applied: 0, dropped: batch.events.length, shedBlocks: 0, cycles: 0 };
     }
     const { partition: p, rank } = located;
+    const bound = rankIndexBound(this.#catalog.get(workerId)?.total_kv_blocks);
+    const shed0 = p.index.shedPairs;
+    const cycles0 = p.index.cyclesRejected;
     let applied = 0;
     let dropped = 0;
     for (const ev of batch.events) {
@@ -293,7 +298,7 @@ export class Fleet {
             ok = false;
             break;
           }
-          ok = p.index.applyStored(rank, ev.tier, ev.parentHash, engine, local);
+          ok = p.index.applyStored(rank, ev.tier, ev.parentHash, engine, local, bound);
           break;
         }
         case "removed":
@@ -306,9 +311,13 @@ export class Fleet {
       if (ok) applied++;
       else dropped++;
     }
+    const shedBlocks = p.index.shedPairs - shed0;
+    const cycles = p.index.cyclesRejected - cycles0;
     c.kvEventsApplied += applied;
     c.kvEventsDropped += dropped;
-    return { applied, dropped };
+    c.kvIndexBlocksShed += shedBlocks;
+    c.kvParentCycles += cycles;
+    return { applied, dropped, shedBlocks, cycles };
   }
 
   /** A rank's KV-event publisher restarted: its old blocks are gone, rebuild from new events. */

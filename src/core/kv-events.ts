@@ -35,3 +35,14 @@ export interface KvEventBatch {
   /** The batch's own data-parallel rank; when present it overrides the registered rank. */
   dpRank: number | null;
 }
+
+/** What applying one batch to a rank's index did (Fleet.applyKvEvents). */
+export interface KvApplyResult {
+  readonly applied: number;
+  /** Unknown rank, block-size mismatch, a parent the rank does not hold, or a parent-hash cycle. */
+  readonly dropped: number;
+  /** New blocks refused at the rank's index bound (rank-index-bound.ts). */
+  readonly shedBlocks: number;
+  /** Stored events refused because a block would have been chained below itself. */
+  readonly cycles: number;
+}

@@ -185,6 +185,8 @@ export class PrefixIndex {
   #prevSib = new Int32Array(0);
   /** Lookup entries (any rank, any tier) pointing at the node; 0 with no children => pruned. */
   #holders = new Int32Array(0);
+  /** Edges from the root (root 0): an O(1) test that a node cannot be another's ancestor. */
+  #depth = new Int32Array(0);
   /** Device set: size; the member itself when size is 1; a sorted array when size >= 2. */
   #devSize = new Int32Array(0);
   #devInline = new Int32Array(0);
@@ -204,6 +206,8 @@ export class PrefixIndex {
   #lowerPairs = 0;
   #devArrBytes = 0;
   #auxCount = 0;
+  #shedPairs = 0;
+  #cyclesRejected = 0;
 
   // ---- findMatches scratch ----
   #path = new Int32Array(256);
@@ -240,6 +244,16 @@ export class PrefixIndex {
     return rank < this.#rankCap ? (this.#lookups[rank]?.size ?? 0) : 0;
   }
 
+  /** New (rank, tier, block) pairs applyStored refused at its maxRankPairs, since the index was made. */
+  get shedPairs(): number {
+    return this.#shedPairs;
+  }
+
+  /** Stored events refused because a block would have been chained below itself (#17 F11), since the index was made. */
+  get cyclesRejected(): number {
+    return this.#cyclesRejected;
+  }
+
   /** Approximate heap bytes (typed arrays exactly, JS-side objects estimated). */
   get approxBytes(): number {
     let lookupBytes = 0;
@@ -252,6 +266,7 @@ export class PrefixIndex {
       this.#nextSib.byteLength +
       this.#prevSib.byteLength +
       this.#holders.byteLength +
+      this.#depth.byteLength +
       this.#devSize.byteLength +
       this.#devInline.byteLength +
       2 * JS_SLOT_BYTES * this.#nodeCap;
@@ -274,6 +289,15 @@ export class PrefixIndex {
    * chained below the block `parentHash` (null: from the root). Returns false, changing nothing,
    * when this rank does not hold `parentHash` in any tier (out of order / gap: the caller counts
    * a dropped event).
+   *
+   * Also false when a block would be chained below itself: its hash already names, for this rank
+   * and tier, the parent or one of the parent's ancestors (a parent-hash cycle, A -> B -> A).
+   * Taking it would move the claim below its own descendants and leave the whole chain counted
+   * but unmatchable (#17 F11). The blocks before it stay stored, the rest of the event is refused,
+   * and `cyclesRejected` counts it. Chained engine hashes never cycle short of a 64-bit collision.
+   *
+   * A rank holding `maxRankPairs` pairs (all tiers) takes no new pair: the rest of the event is
+   * refused and counted in `shedPairs` (see rank-index-bound.ts). Blocks it already holds pass.
    */
   applyStored(
     rank: number,
@@ -281,6 +305,7 @@ export class PrefixIndex {
     parentHash: bigint | null,
     blockHashes: HashList,
     localHashes: HashList,
+    maxRankPairs = Infinity,
   ): boolean {
     checkRank(rank);
     const t = tierIndex(tier);
@@ -308,9 +333,17 @@ export class PrefixIndex {
       const ll = localHashes[2 * i + 1] as number;
       const bh = blockHashes[2 * i] as number;
       const bl = blockHashes[2 * i + 1] as number;
+      const old = table.get(t, bh, bl);
+      if (old < 0 && table.size >= maxRankPairs) {
+        this.#shedPairs += n - i;
+        break;
+      }
+      if (old >= 0 && this.#parent[old] !== cur && this.#isAncestorOrSelf(old, cur)) {
+        this.#cyclesRejected++;
+        return false;
+      }
       let child = this.#childOf(cur, lh, ll);
       if (child < 0) child = this.#newNode(cur, lh, ll);
-      const old = table.get(t, bh, bl);
       if (old !== child) {
         this.#holders[child] = (this.#holders[child] as number) + 1;
         table.set(t, bh, bl, child);
@@ -793,6 +826,23 @@ export class PrefixIndex {
   // =============================================================== nodes
 
   /**
+   * Whether `a` is `node` or one of its ancestors. Depths rule out most pairs at once; otherwise
+   * the walk climbs depth(node) - depth(a) edges. Only a hash that moved to another parent gets
+   * here, which chained engine hashes never do.
+   */
+  #isAncestorOrSelf(a: number, node: number): boolean {
+    const target = this.#depth[a] as number;
+    let x = node;
+    let d = this.#depth[x] as number;
+    if (target > d) return false;
+    while (d > target) {
+      x = this.#parent[x] as number;
+      d--;
+    }
+    return x === a;
+  }
+
+  /**
    * Child of `parent` keyed by local hash (hi, lo), or -1. Most nodes along a cached chain have a
    * single child, created right after its parent (adjacent ids, same cache lines), so checking the
    * head of the sibling list first skips the partition-wide table, whose random probes cost a cache
@@ -817,6 +867,7 @@ export class PrefixIndex {
     this.#keyLo[id] = lo;
     this.#firstChild[id] = NONE;
     this.#holders[id] = 0;
+    this.#depth[id] = (this.#depth[parent] as number) + 1;
     this.#devSize[id] = 0;
     const head = this.#firstChild[parent] as number;
     this.#nextSib[id] = head;
@@ -874,6 +925,7 @@ export class PrefixIndex {
     this.#nextSib = grow32(this.#nextSib);
     this.#prevSib = grow32(this.#prevSib);
     this.#holders = grow32(this.#holders);
+    this.#depth = grow32(this.#depth);
     this.#devSize = grow32(this.#devSize);
     this.#devInline = grow32(this.#devInline);
     for (let i = this.#nodeCap; i < cap; i++) {

@@ -19,7 +19,7 @@ import type { Clock, Random } from "./clock.js";
 import { KvmeshError } from "./errors.js";
 import { Fleet, type DumpEvent, type WorkerChange } from "./fleet.js";
 import { hashCount } from "./hash64.js";
-import type { KvEventBatch } from "./kv-events.js";
+import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
 import { ReplicaState } from "./replica-state.js";
 import type { BindingEvent, BookingSnapshot, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates } from "./replica-events.js";
 import { randomUuid, validateId } from "./request-ids.js";
@@ -268,7 +268,7 @@ export class SelectionService {
    * many events applied and how many were dropped (unknown worker, block-size mismatch,
    * a stored block whose parent this rank does not hold).
    */
-  applyKvEvents(workerId: WorkerId, dpRank: number, batch: KvEventBatch): { applied: number; dropped: number } {
+  applyKvEvents(workerId: WorkerId, dpRank: number, batch: KvEventBatch): KvApplyResult {
     return this.#fleet.applyKvEvents(workerId, dpRank, batch);
   }
 

@@ -19,6 +19,10 @@ export interface ServiceStats {
   readonly kvEventsApplied: number;
   /** KV events dropped: unknown rank, block-size mismatch, or a parent this rank does not hold. */
   readonly kvEventsDropped: number;
+  /** New blocks refused because their rank's index was at its bound (src/core/rank-index-bound.ts, #17 F8). */
+  readonly kvIndexBlocksShed: number;
+  /** Stored events refused because a block would have been chained below itself (#17 F11). */
+  readonly kvParentCycles: number;
   readonly replicaEventsApplied: number;
   /** Peer load events ignored: duplicate, unknown partition or rank, tombstoned, own echo. */
   readonly replicaEventsIgnored: number;
@@ -51,6 +55,8 @@ export class ServiceCounters implements Mutable<ServiceStats> {
   selectionErrors = 0;
   kvEventsApplied = 0;
   kvEventsDropped = 0;
+  kvIndexBlocksShed = 0;
+  kvParentCycles = 0;
   replicaEventsApplied = 0;
   replicaEventsIgnored = 0;
   bindingsApplied = 0;

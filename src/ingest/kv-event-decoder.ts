@@ -20,6 +20,29 @@ export type { KvEvent, KvEventBatch, StorageTier } from "../core/kv-events.js";
 /** Attention kinds whose blocks are prefix-indexed; any other declared kind is dropped (Dynamo's default registry). */
 const MAIN_KV_CACHE_SPEC_KINDS: ReadonlySet<string> = new Set(["full_attention", "mla_attention", "sink_full_attention"]);
 
+/**
+ * Per-message caps (#17 F8: one message of 500,000 hashes stalled every /select for up to 726 ms).
+ * A message is taken in order up to the first event that would pass a cap; that event and all
+ * after it are refused and counted (decodeKvEventBatchCapped). Cutting at an event boundary keeps
+ * what is applied exactly what the engine sent; the events after a cut would mostly chain below
+ * refused blocks and be dropped anyway.
+ *
+ * Events per message: as the mesh's MAX_EVENTS_PER_BATCH (mesh/wire.ts). An engine publishes its
+ * events once per scheduler step, a few hundred at most.
+ */
+export const MAX_KV_EVENTS_PER_MESSAGE = 16_384;
+/**
+ * Block hashes per message, all events together: as the mesh's MAX_HASHES_PER_EVENT, a 2M-token
+ * prompt at block size 16. A step stores at most max_num_batched_tokens / block_size blocks
+ * (8,192 tokens a step is common), so even SGLang's page size 1 stays far below it.
+ */
+export const MAX_KV_HASHES_PER_MESSAGE = 131_072;
+/**
+ * token_ids per message, all events together: 2,097,152, the largest prompt kvmesh routes
+ * (MAX_PROMPT_TOKENS, 2,000,000) stored in one step. Bounds the content hashing a message costs.
+ */
+export const MAX_KV_TOKENS_PER_MESSAGE = 2_097_152;
+
 const U32_MAX = 0xffff_ffff;
 const U64_MAX = (1n << 64n) - 1n;
 
@@ -50,8 +73,22 @@ function describe(value: unknown): string {
 const isMap = (value: unknown): value is Fields =>
   typeof value === "object" && value !== null && !Array.isArray(value) && !(value instanceof Uint8Array) && Object.getPrototypeOf(value) === Object.prototype;
 
-/** Decodes one msgpack payload (the third frame of a live message) into a normalised batch. */
+/** A decoded batch and what the per-message caps refused of it. */
+export interface CappedKvEventBatch {
+  readonly batch: KvEventBatch;
+  /** Events refused at a per-message cap (0: the whole message was taken). */
+  readonly shedEvents: number;
+  /** Block hashes of those events. */
+  readonly shedHashes: number;
+}
+
+/** Decodes one msgpack payload (the third frame of a live message) into a normalised batch, per-message caps applied. */
 export function decodeKvEventBatch(payload: Uint8Array): KvEventBatch {
+  return decodeKvEventBatchCapped(payload).batch;
+}
+
+/** As decodeKvEventBatch, saying what the per-message caps refused. */
+export function decodeKvEventBatchCapped(payload: Uint8Array): CappedKvEventBatch {
   if (payload.length === 0) throw fail("payload", "empty");
   let raw: unknown;
   try {
@@ -81,11 +118,29 @@ export function decodeKvEventBatch(payload: Uint8Array): KvEventBatch {
   };
   if (!Array.isArray(events)) throw fail("events", `expected an array, got ${describe(events)}`);
   const list = events as unknown[];
+  let hashes = 0;
+  let tokens = 0;
   for (let i = 0; i < list.length; i++) {
-    const event = decodeEvent(list[i], i);
+    const raw = list[i];
+    const h = rawLength(raw, "block_hashes", 1);
+    const t = rawLength(raw, "token_ids", 3);
+    if (i >= MAX_KV_EVENTS_PER_MESSAGE || hashes + h > MAX_KV_HASHES_PER_MESSAGE || tokens + t > MAX_KV_TOKENS_PER_MESSAGE) {
+      let shedHashes = 0;
+      for (let j = i; j < list.length; j++) shedHashes += rawLength(list[j], "block_hashes", 1);
+      return { batch: out, shedEvents: list.length - i, shedHashes };
+    }
+    hashes += h;
+    tokens += t;
+    const event = decodeEvent(raw, i);
     if (event !== null) out.events.push(event);
   }
-  return out;
+  return { batch: out, shedEvents: 0, shedHashes: 0 };
+}
+
+/** Length of an undecoded event's array field (map key, or array slot), 0 when it is not an array. */
+function rawLength(raw: unknown, key: string, slot: number): number {
+  const v = Array.isArray(raw) ? (raw as unknown[])[slot] : isMap(raw) ? raw[key] : undefined;
+  return Array.isArray(v) ? v.length : 0;
 }
 
 function decodeEvent(raw: unknown, ev: number): KvEvent | null {

@@ -14,7 +14,8 @@ import { LogThrottle } from "../util/log-throttle.js";
 import { observe, retireObserver } from "../util/zmq-observers.js";
 
 import { CacheSaltChain } from "./cache-salt-chain.js";
-import { decodeKvEventBatch, type KvEventBatch } from "./kv-event-decoder.js";
+import { decodeKvEventBatchCapped, MAX_KV_EVENTS_PER_MESSAGE, MAX_KV_HASHES_PER_MESSAGE, type KvEventBatch } from "./kv-event-decoder.js";
+import { ResetDamper } from "./reset-damper.js";
 
 export const DEFAULT_REPLAY_TIMEOUT_MS = 2_000;
 /**
@@ -35,6 +36,13 @@ const SEQ_BYTES = 8;
  * it the seq is corrupt; see #onLive.
  */
 export const MAX_SEQ_JUMP = 1_000_000n;
+/**
+ * Payload bytes of one message, refused whole before decoding: unpacking is what a huge message
+ * costs (a 34 MB message of 500,000 hashes and 8 M tokens took 636 ms to decode, stalling every
+ * /select, #17 F8), and the decoder's caps only apply after it. 16 MiB holds a message at those
+ * caps (2,097,152 tokens of at most 5 msgpack bytes and 131,072 hashes of 9: ~11.7 MB).
+ */
+export const MAX_KV_MESSAGE_BYTES = 16 * 1024 * 1024;
 
 export interface KvEventListenerOptions {
   readonly endpoint: string;
@@ -62,7 +70,14 @@ export interface KvEventListenerStats {
   implausible: number;
   /** Sequence numbers never received (no replay endpoint, replay timeout, or evicted from the engine's replay buffer). */
   lost: number;
+  /** Publisher restarts detected (seq numbering started over). */
   resets: number;
+  /** Messages refused (over MAX_KV_MESSAGE_BYTES) or cut (past the decoder's events, hashes or tokens cap). */
+  oversized: number;
+  /** Events not applied because their message was refused or cut. */
+  eventsShed: number;
+  /** Of `resets`, those past MAX_RESETS_PER_WINDOW in a window: numbering restarted, rank blocks kept (reset-damper.ts). */
+  resetsDamped: number;
   lastSeq: bigint | null;
 }
 
@@ -96,13 +111,16 @@ export class KvEventListener {
   #closed = false;
   /** Last applied (or skipped-as-malformed) seq; null until the first message. */
   #lastSeq: bigint | null = null;
-  readonly #stats = { received: 0, applied: 0, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0 };
+  readonly #stats = { received: 0, applied: 0, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0, oversized: 0, eventsShed: 0, resetsDamped: 0 };
   /** The seq of the last implausible jump: the stream continuing from it is a real renumbering. */
   #jumpedTo: bigint | null = null;
   /** Warnings a flapping or garbage-sending publisher would repeat thousands of times (#17 F10). */
   readonly #malformedLog = new LogThrottle();
   readonly #resetLog = new LogThrottle();
   readonly #jumpLog = new LogThrottle();
+  readonly #flapLog = new LogThrottle();
+  readonly #oversizedLog = new LogThrottle();
+  readonly #damper = new ResetDamper();
   /** xxh64 of the last applied payload: a reconnected publisher that still holds it is the same process. */
   #lastDigest: bigint | null = null;
   /** Salts a continued chain inherits from its parent block (vLLM salts only a request's first block). */
@@ -320,9 +338,21 @@ export class KvEventListener {
     // The seq is consumed even when the payload is bad: replaying it would return the same bytes.
     this.#lastSeq = seq;
     if (this.#replayEndpoint !== null) this.#lastDigest = xxh3.xxh64(payload);
+    if (payload.length > MAX_KV_MESSAGE_BYTES) {
+      this.#oversized(seq, `payload of ${payload.length} bytes is over ${MAX_KV_MESSAGE_BYTES}: refused`, 0);
+      return;
+    }
     let batch: KvEventBatch;
     try {
-      batch = decodeKvEventBatch(payload);
+      const capped = decodeKvEventBatchCapped(payload);
+      batch = capped.batch;
+      if (capped.shedEvents > 0) {
+        this.#oversized(
+          seq,
+          `over ${MAX_KV_EVENTS_PER_MESSAGE} events or ${MAX_KV_HASHES_PER_MESSAGE} hashes: the last ${capped.shedEvents} events (${capped.shedHashes} hashes) refused`,
+          capped.shedEvents,
+        );
+      }
     } catch (err) {
       this.#malformed(err instanceof Error ? err.message : String(err), seq);
       return;
@@ -337,6 +367,14 @@ export class KvEventListener {
     }
   }
 
+  #oversized(seq: bigint, reason: string, eventsShed: number): void {
+    this.#stats.oversized++;
+    this.#stats.eventsShed += eventsShed;
+    this.#oversizedLog.hit((suppressed) => {
+      this.#log.warn({ seq, reason, suppressed }, "oversized kv event message");
+    });
+  }
+
   #malformed(reason: string, seq?: bigint): void {
     this.#stats.malformed++;
     this.#malformedLog.hit((suppressed) => {
@@ -344,13 +382,24 @@ export class KvEventListener {
     });
   }
 
-  /** The publisher restarted: the caller drops this rank's blocks; numbering starts over. */
+  /**
+   * The publisher restarted: the caller drops this rank's blocks; numbering starts over. A
+   * publisher flapping between resets keeps its numbering restarts but no longer clears the rank
+   * each time (see reset-damper.ts).
+   */
   #reset(last: bigint, seq: bigint, why: string): void {
     this.#stats.resets++;
+    this.#lastSeq = null;
+    if (!this.#damper.admit()) {
+      this.#stats.resetsDamped++;
+      this.#flapLog.hit((suppressed) => {
+        this.#log.warn({ lastSeq: last, seq, why, suppressed }, "kv event publisher flapping between resets: numbering restarted, rank state kept");
+      });
+      return;
+    }
     this.#resetLog.hit((suppressed) => {
       this.#log.warn({ lastSeq: last, seq, why, suppressed }, "kv event publisher restarted: resetting rank state");
     });
-    this.#lastSeq = null;
     this.#salts.clear();
     try {
       this.#onReset?.();

@@ -18,7 +18,10 @@ const RANK_COUNTERS: readonly (readonly [name: string, help: string, pick: (s: R
   ["kvmesh_kv_batches_stale_total", "KV-event messages behind the sequence cursor, dropped.", (s) => s.stale],
   ["kvmesh_kv_batches_implausible_total", "KV-event messages whose seq jumped implausibly far ahead (> 1,000,000), dropped as corrupt.", (s) => s.implausible],
   ["kvmesh_kv_batches_lost_total", "KV-event sequence numbers never received.", (s) => s.lost],
+  ["kvmesh_kv_batches_oversized_total", "KV-event messages refused (over 16 MiB) or cut (over 16,384 events, 131,072 hashes or 2,097,152 tokens).", (s) => s.oversized],
+  ["kvmesh_kv_events_shed_total", "KV events not applied because their message was refused or cut at a per-message cap.", (s) => s.eventsShed],
   ["kvmesh_kv_publisher_resets_total", "KV-event publisher restarts detected.", (s) => s.resets],
+  ["kvmesh_kv_publisher_resets_damped_total", "Of those, restarts past 4 in 60 s: numbering restarted, the rank's blocks kept (a flapping publisher).", (s) => s.resetsDamped],
 ];
 
 export function registerIngestMetrics(registry: Registry, ingestStats: () => readonly KvRankStats[]): void {

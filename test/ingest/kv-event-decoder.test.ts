@@ -2,7 +2,14 @@ import { Unpackr } from "msgpackr";
 import { describe, expect, it } from "vitest";
 
 import { KvmeshError } from "../../src/core/errors.js";
-import { decodeKvEventBatch, type KvEvent } from "../../src/ingest/kv-event-decoder.js";
+import {
+  decodeKvEventBatch,
+  decodeKvEventBatchCapped,
+  MAX_KV_EVENTS_PER_MESSAGE,
+  MAX_KV_HASHES_PER_MESSAGE,
+  MAX_KV_TOKENS_PER_MESSAGE,
+  type KvEvent,
+} from "../../src/ingest/kv-event-decoder.js";
 import { encodeKvEventBatch, type KvWireEncoding, packMsgpack } from "../helpers/kv-publisher.js";
 
 const BIG = (1n << 63n) + 12_345n; // above 2^63: negative as i64
@@ -265,5 +272,34 @@ describe("decodeKvEventBatch: cache salt and multimodal hashes", () => {
   it("rejects extra_keys or block_mm_infos of the wrong type, naming them", () => {
     expectRejected(packMsgpack({ ts: 1, events: [stored({ extra_keys: "x" })] }), /events\[0\]\.extra_keys: expected an array or null/);
     expectRejected(packMsgpack({ ts: 1, events: [stored({ block_mm_infos: [{ mm_objects: [{ mm_hash: "x" }] }] })] }), /block_mm_infos\[0\]\.mm_objects\[0\]\.mm_hash/);
+  });
+});
+
+describe("per-message caps (#17 F8)", () => {
+  const removed = (hashes: number) => ({ type: "BlockRemoved", block_hashes: Array.from({ length: hashes }, (_, i) => i + 1), medium: "GPU" });
+  const storedTokens = (tokens: number) => ({ type: "BlockStored", block_hashes: [1], parent_block_hash: null, token_ids: new Array<number>(tokens).fill(7), block_size: tokens, lora_id: null, medium: "GPU", lora_name: null });
+
+  it("takes events up to the events cap and counts the rest", () => {
+    const events = Array.from({ length: MAX_KV_EVENTS_PER_MESSAGE + 3 }, () => removed(1));
+    const r = decodeKvEventBatchCapped(packMsgpack({ ts: 1, events }));
+    expect(r.batch.events).toHaveLength(MAX_KV_EVENTS_PER_MESSAGE);
+    expect([r.shedEvents, r.shedHashes]).toEqual([3, 3]);
+  });
+
+  it.each(["map", "array"] as const)("cuts a %s batch before the event that passes the hash cap, and everything after it", (encoding) => {
+    const wire = (e: ReturnType<typeof removed>): unknown => (encoding === "map" ? e : ["BlockRemoved", e.block_hashes, e.medium]);
+    const events = [removed(MAX_KV_HASHES_PER_MESSAGE - 10), removed(11), removed(1)].map(wire);
+    const r = decodeKvEventBatchCapped(packMsgpack(encoding === "map" ? { ts: 1, events } : [1, events]));
+    expect(r.batch.events).toHaveLength(1);
+    expect([r.shedEvents, r.shedHashes]).toEqual([2, 12]);
+    // Exactly at the cap is taken whole.
+    const exact = decodeKvEventBatchCapped(packMsgpack({ ts: 1, events: [removed(MAX_KV_HASHES_PER_MESSAGE - 10), removed(10)] }));
+    expect([exact.batch.events.length, exact.shedEvents]).toEqual([2, 0]);
+  });
+
+  it("cuts at the token cap, and decodeKvEventBatch applies the caps too", () => {
+    const payload = packMsgpack({ ts: 1, events: [storedTokens(MAX_KV_TOKENS_PER_MESSAGE / 2), storedTokens(MAX_KV_TOKENS_PER_MESSAGE / 2 + 1)] });
+    expect(decodeKvEventBatchCapped(payload).shedEvents).toBe(1);
+    expect(decodeKvEventBatch(payload).events).toHaveLength(1);
   });
 });

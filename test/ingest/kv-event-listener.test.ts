@@ -4,6 +4,7 @@ import { Router } from "zeromq";
 
 import type { KvEventBatch } from "../../src/ingest/kv-event-decoder.js";
 import { encodeSeq, KvEventListener, type KvEventListenerOptions } from "../../src/ingest/kv-event-listener.js";
+import { MAX_RESETS_PER_WINDOW } from "../../src/ingest/reset-damper.js";
 import { encodeSeqFrame, type MockKvPublisherOptions, MockKvPublisher } from "../helpers/kv-publisher.js";
 import { waitFor } from "../helpers/wait.js";
 
@@ -59,7 +60,7 @@ describe("KvEventListener", () => {
     expect(got.map((r) => r.seq)).toEqual([0n, 1n, 2n, 3n]);
     expect(got.map(firstHash)).toEqual(hashes);
     expect(got.every((r) => !r.replayed)).toBe(true);
-    expect(listener.stats).toEqual({ received: 4, applied: 4, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0, lastSeq: 3n });
+    expect(listener.stats).toEqual({ received: 4, applied: 4, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0, oversized: 0, eventsShed: 0, resetsDamped: 0, lastSeq: 3n });
   });
 
   it.each([3, 4] as const)("repairs a gap through replay (%s-frame replies) before applying the live message", async (replayFrames) => {
@@ -194,6 +195,21 @@ describe("KvEventListener", () => {
     expect(got.map((r) => firstHash(r))).toEqual([0n, 101n, 102n]);
     expect(resets).toEqual([1]);
     expect(listener.stats).toMatchObject({ implausible: 1, resets: 1, lost: 0 });
+  });
+
+  it("damps a publisher flapping between seq 0 and 1: the rank is cleared for the first resets only, all are counted (#17 F10)", async () => {
+    const lines: { msg?: string }[] = [];
+    const logger = pino({ level: "warn" }, { write: (l: string) => void lines.push(JSON.parse(l) as { msg?: string }) });
+    const { pub, listener, got, resets } = await setup({}, { useReplay: false, logger });
+    for (let i = 0; i < 100; i++) await pub.publish(stored(BigInt(i)), { seq: BigInt(i % 2) });
+    await waitFor(() => got.length === 100, 5_000, () => `100 batches, got ${got.length}`);
+    // Before: 49 onReset calls, each clearing the rank (5,000 batches made 2,506).
+    expect(listener.stats).toMatchObject({ resets: 49, resetsDamped: 49 - MAX_RESETS_PER_WINDOW, stale: 0, lost: 0 });
+    expect(resets).toHaveLength(MAX_RESETS_PER_WINDOW);
+    // Every batch still applies in its own numbering.
+    expect(got.map(firstHash)).toEqual(Array.from({ length: 100 }, (_, i) => BigInt(i)));
+    expect(lines.filter((l) => l.msg === "kv event publisher restarted: resetting rank state")).toHaveLength(1);
+    expect(lines.filter((l) => l.msg?.startsWith("kv event publisher flapping"))).toHaveLength(1);
   });
 
   it("detects a publisher restart (seq back to 0) and fires onReset before applying it", async () => {
