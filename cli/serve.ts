@@ -23,6 +23,7 @@ import { MAX_AFFINITY_TTL_SECS, MAX_RANK_KEYS, MIN_AFFINITY_TTL_SECS } from "../
 import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/core/selector-config.js";
 import { LOAD_REPLICATION_MODES } from "../src/core/replica-events.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
+import { otelEnvTracing, tracesEndpointProblem } from "../src/http/tracing.js";
 import { addServeSecurityOptions, LOG_REDACT_PATHS, SECURITY_FLAG_FIELDS } from "./serve-security.js";
 import {
   envNameFor,
@@ -310,6 +311,13 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     d.meshInsecure,
   );
   addBooleanPair(cmd, "--mesh-receive-thread", "read peers' updates on a worker thread that decodes and merges them, so the main thread pays per apply interval, not per peer message (plain mesh; CURVE meshes read on the main thread)", d.meshReceiveThread);
+  cmd.addOption(
+    valueOption(
+      "--otlp-traces-endpoint <url>",
+      "trace requests with OpenTelemetry, exporting OTLP/HTTP spans to this URL (no path: /v1/traces is appended); also from OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT [default: off]",
+      parseTracesEndpoint,
+    ),
+  );
   addServeSecurityOptions(cmd);
 
   cmd.configureHelp({ ...cmd.configureHelp(), optionDescription: optionDescriptionWithAliases });
@@ -324,7 +332,15 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
   });
   cmd.action(async function (this: Command) {
     const name = fieldNamer(this);
-    const input = serveInputFromOptions(this.opts());
+    let input = serveInputFromOptions(this.opts());
+    const otel = otelEnvTracing(process.env);
+    if (otel.serviceName !== undefined) input = { ...input, otlpServiceName: otel.serviceName };
+    // The flag (or KVMESH_OTLP_TRACES_ENDPOINT) beats the standard variables.
+    if (input.otlpTracesEndpoint === undefined && otel.endpoint !== undefined) {
+      const bad = tracesEndpointProblem(otel.endpoint.url);
+      if (bad !== undefined) this.error(`error: ${otel.endpoint.variable}: ${bad}`);
+      input = { ...input, otlpTracesEndpoint: otel.endpoint.url };
+    }
     if (envWarnings.length > 0) {
       const logger = createLogger(input.logLevel ?? DEFAULT_DAEMON_CONFIG.logLevel, deps.logDestination);
       for (const warning of envWarnings) logger.warn({ subsystem: "config" }, warning);
@@ -392,6 +408,13 @@ export function serveInputFromOptions(opts: Readonly<Record<string, unknown>>): 
   // Each value went through its flag's parser (or choices), which gives the field's type.
   const out: DaemonConfigInput = { ...input, selector };
   return out;
+}
+
+/** --otlp-traces-endpoint: an http(s) URL (src/http/tracing.ts says what else is refused). */
+function parseTracesEndpoint(value: string): string {
+  const bad = tracesEndpointProblem(value);
+  if (bad !== undefined) throw new InvalidArgumentError(bad);
+  return value;
 }
 
 /** A writer id: a u64 other than 0 (the service refuses 0, so the CLI says so up front). */

@@ -17,7 +17,9 @@ const program = scriptProgram("bench-http-server", "Server side of bench:http (s
   .argument("[mode]", "daemon (kvmesh with a warmed index) or ceiling (bare node:http)", oneOf(["daemon", "ceiling"] as const), "daemon")
   .argument("[workers]", "worker ranks (daemon)", positiveInt, 1024)
   .argument("[groups]", "prefix groups cached across the workers (daemon)", positiveInt, 64)
+  .option("--otlp-traces-endpoint <url>", "daemon: turn tracing on, exporting here")
   .parse();
+const otlpTracesEndpoint = program.opts<{ otlpTracesEndpoint?: string }>().otlpTracesEndpoint;
 const [mode, workers, groups] = program.processedArgs as ["daemon" | "ceiling", number, number];
 
 if (mode === "ceiling") {
@@ -35,7 +37,7 @@ if (mode === "ceiling") {
     console.log(`READY ${typeof addr === "object" && addr !== null ? addr.port : 0}`);
   });
 } else {
-  const daemon = await startDaemon({ ...DEFAULT_DAEMON_CONFIG, port: 0, kvEvents: false, logLevel: "silent" }, pino({ level: "silent" }));
+  const daemon = await startDaemon({ ...DEFAULT_DAEMON_CONFIG, port: 0, kvEvents: false, logLevel: "silent", otlpTracesEndpoint }, pino({ level: "silent" }));
   for (let w = 0; w < workers; w++) daemon.service.upsertWorker({ worker_id: BigInt(w + 1), endpoint: `http://w${w + 1}`, block_size: BENCH_BLOCK_SIZE });
   // Each worker caches the prompts of a few prefix groups, as KV-aware routing leaves them.
   for (let w = 0; w < workers; w++) {

@@ -13,7 +13,8 @@
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
-import { Agent, request } from "node:http";
+import { Agent, createServer, request } from "node:http";
+import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { cpuMs } from "../src/bench/process-usage.js";
@@ -29,9 +30,10 @@ const args = scriptProgram("bench:http", "The daemon's HTTP throughput against t
   .option("--concurrency <n>", "keep-alive connections (flows in flight)", positiveInt, 16)
   .option("--workers <n>", "worker ranks in the daemon", positiveInt, 1024)
   .option("--out <dir>", "directory for the latency CDF plot", "reports")
+  .option("--traces", "turn the daemon's tracing on, exporting to a dummy OTLP/HTTP receiver in this process that counts spans")
   .addHelpText("after", '\nEnv: KVMESH_BENCH_NODE_ARGS="--cpu-prof" passes node flags to the server process.')
   .parse()
-  .opts<{ seconds: number; slices: number; concurrency: number; workers: number; out: string }>();
+  .opts<{ seconds: number; slices: number; concurrency: number; workers: number; out: string; traces?: true }>();
 const SECONDS = args.seconds;
 const CONCURRENCY = args.concurrency;
 const SLICES = args.slices;
@@ -48,10 +50,42 @@ interface Run {
   errors: number;
 }
 
+/** --traces: a dummy OTLP/HTTP receiver that answers 200 and counts what arrives (spans by their "spanId" keys). */
+const otlp = { requests: 0, bytes: 0, spans: 0 };
+async function startOtlpReceiver(): Promise<{ url: string; close: () => Promise<void> }> {
+  const server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      const body = Buffer.concat(chunks).toString("utf8");
+      otlp.requests++;
+      otlp.bytes += body.length;
+      otlp.spans += body.split('"spanId"').length - 1;
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end("{}");
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const url = `http://127.0.0.1:${String((server.address() as AddressInfo).port)}/v1/traces`;
+  return {
+    url,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => {
+          resolve();
+        });
+      }),
+  };
+}
+const receiver = args.traces === true ? await startOtlpReceiver() : undefined;
+/** Every flow driven on each server, warm-up included (what the daemon traced). */
+const flowsDriven: Record<string, number> = { daemon: 0, ceiling: 0 };
+
 async function startServer(mode: "daemon" | "ceiling"): Promise<{ child: ChildProcess; port: number }> {
   // KVMESH_BENCH_NODE_ARGS (e.g. "--cpu-prof") lets a profile be taken of the server alone.
   const extra = (process.env.KVMESH_BENCH_NODE_ARGS ?? "").split(" ").filter((a) => a !== "");
-  const child = spawn(process.execPath, [...extra, "--import", "tsx", BENCH_HTTP_SERVER, mode, String(args.workers)], { stdio: ["ignore", "pipe", "inherit"] });
+  const tracing = mode === "daemon" && receiver !== undefined ? ["--otlp-traces-endpoint", receiver.url] : [];
+  const child = spawn(process.execPath, [...extra, "--import", "tsx", BENCH_HTTP_SERVER, mode, String(args.workers), ...tracing], { stdio: ["ignore", "pipe", "inherit"] });
   const port = await new Promise<number>((resolve, reject) => {
     let buf = "";
     child.stdout?.on("data", (d: Buffer) => {
@@ -100,6 +134,7 @@ async function drive(port: number, agent: Agent, bodies: string[], label: string
       const t2 = performance.now();
       const r3 = await send(agent, port, "DELETE", `/reservations/${id}`, undefined);
       const t3 = performance.now();
+      flowsDriven[label] = (flowsDriven[label] ?? 0) + 1;
       if (run === undefined) continue;
       if (r1.status !== 200 || r2.status !== 200 || r3.status !== 200) {
         run.errors++;
@@ -159,7 +194,9 @@ try {
   }
 } finally {
   for (const srv of servers.values()) srv.agent.destroy();
+  // The daemon flushes its queued spans on SIGTERM, so the receiver stays up until it has exited.
   await Promise.all([...servers.values()].map((srv) => stop(srv.child)));
+  await receiver?.close();
 }
 
 const d = results.daemon as Run;
@@ -176,6 +213,12 @@ for (const k of ["reserve", "prefill", "free"] as const) {
 const cpuPerFlow = (r: Run): string => `${((1000 * r.serverCpuMs) / r.flows).toFixed(0)} us`;
 console.log(`${"server CPU per flow".padEnd(28)} ${cpuPerFlow(d).padStart(22)} ${cpuPerFlow(c).padStart(22)}`);
 console.log(`${"errors".padEnd(28)} ${String(d.errors).padStart(22)} ${String(c.errors).padStart(22)}`);
+if (receiver !== undefined) {
+  const flows = flowsDriven.daemon ?? 0;
+  console.log(
+    `traces: ${otlp.spans} spans in ${otlp.requests} OTLP exports (${(otlp.bytes / 1024 / 1024).toFixed(1)} MiB) for ${flows} daemon flows (warm-up included): ${(otlp.spans / Math.max(1, flows)).toFixed(2)} spans per flow of 7 made`,
+  );
+}
 const pairRatios = (sliceRates.daemon ?? []).map((r, i) => (100 * r) / (sliceRates.ceiling?.[i] ?? Number.NaN)).sort((a, b) => a - b);
 console.log(`select_and_reserve throughput = ${((100 * rate(d)) / rate(c)).toFixed(1)}% of the node:http ceiling (target >= 50%); per slice pair ${pairRatios.map((r) => r.toFixed(1)).join(" / ")}%`);
 

@@ -20,6 +20,7 @@ import { resolveServiceOptions } from "./core/service-options.js";
 import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "./core/selector-config.js";
 import { loadApiTokenFile, type ApiToken } from "./http/auth.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "./http/server.js";
+import { DEFAULT_TRACES_SERVICE_NAME, tracesEndpointProblem } from "./http/tracing.js";
 import { DEFAULT_REPLAY_TIMEOUT_MS } from "./ingest/kv-event-listener.js";
 
 export type LogLevel = "trace" | "debug" | "info" | "warn" | "error" | "fatal" | "silent";
@@ -116,6 +117,14 @@ export interface DaemonConfig {
    * excludes replicaSyncPort.
    */
   readonly sessionReplicationWriterId?: bigint | undefined;
+  /**
+   * Turns request tracing on: OTLP/HTTP spans are POSTed here (a URL without a path gets
+   * /v1/traces). Unset: off, and OpenTelemetry is not loaded. `kvmesh serve` also takes it from
+   * the standard OTEL_EXPORTER_OTLP_* variables; startDaemon reads no environment.
+   */
+  readonly otlpTracesEndpoint?: string | undefined;
+  /** The traces' service.name (`kvmesh serve`: OTEL_SERVICE_NAME). */
+  readonly otlpServiceName: string;
 }
 
 export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
@@ -155,6 +164,8 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   meshCurve: undefined,
   apiToken: undefined,
   sessionReplicationWriterId: undefined,
+  otlpTracesEndpoint: undefined,
+  otlpServiceName: DEFAULT_TRACES_SERVICE_NAME,
 });
 
 /**
@@ -217,7 +228,7 @@ export function resolveDaemonConfig(input: DaemonConfigInput = {}, options: Reso
   const set = Object.fromEntries(Object.entries(given).filter(([, v]) => v !== undefined)) as Partial<DaemonConfig>;
   const config: DaemonConfig = { ...DEFAULT_DAEMON_CONFIG, ...set, selector: { ...DEFAULT_DAEMON_CONFIG.selector, ...set.selector } };
   const files: SecretFiles = { meshKeyFile, meshAllowFiles, apiTokenFile };
-  const problem = replicaSyncProblem(config, name) ?? hostReplicationProblem(config, name) ?? meshSecurityProblem(config, files, name);
+  const problem = replicaSyncProblem(config, name) ?? hostReplicationProblem(config, name) ?? meshSecurityProblem(config, files, name) ?? tracingProblem(config, name);
   if (problem !== undefined) throw configError(problem.field, problem.message);
   checkCoreOptions(serviceOptionsOf(config), name);
   const resolved = Object.freeze(withSecrets(config, files, name, options.warn ?? (() => undefined)));
@@ -289,6 +300,15 @@ export function meshSecurityProblem(config: DaemonConfig, files: SecretFiles, na
         `or ${name("meshInsecure")} on a network where only replicas can reach them`,
     };
   }
+  return undefined;
+}
+
+/** The traces endpoint must be an http(s) URL; the service name must not be empty. */
+export function tracingProblem(config: DaemonConfig, name: FieldNamer = (f) => f): ConfigProblem | undefined {
+  const endpoint = config.otlpTracesEndpoint;
+  const bad = endpoint === undefined ? undefined : tracesEndpointProblem(endpoint);
+  if (bad !== undefined) return { field: "otlpTracesEndpoint", message: `${name("otlpTracesEndpoint")}: ${bad}` };
+  if (config.otlpServiceName.trim() === "") return { field: "otlpServiceName", message: `${name("otlpServiceName")} must not be empty` };
   return undefined;
 }
 

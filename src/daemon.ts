@@ -12,6 +12,7 @@ import { registerIngestMetrics } from "./metrics/ingest-metrics.js";
 import { createMetricsRegistry } from "./metrics/registry.js";
 import { registerServiceMetrics } from "./metrics/service-metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "./http/server.js";
+import { startTracing, tracesExportUrl, type RequestTracer } from "./http/tracing.js";
 import { ReplicaMesh } from "../mesh/replica-mesh.js";
 import type { UiMeshSelf } from "./http/ui/ui-routes.js";
 import { isDnsPeer, parseDnsPeer } from "../mesh/dns-peers.js";
@@ -202,7 +203,12 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   registerServiceMetrics(registry, service);
   registerIngestMetrics(registry, () => ingest.stats());
   let http: RunningHttpServer;
+  let tracer: RequestTracer | undefined;
   try {
+    // Off by default: then OpenTelemetry is never imported (src/http/tracing.ts).
+    if (config.otlpTracesEndpoint !== undefined) {
+      tracer = await startTracing({ endpoint: tracesExportUrl(config.otlpTracesEndpoint), serviceName: config.otlpServiceName, logger });
+    }
     http = await startHttpServer({
       service,
       host: config.host,
@@ -213,8 +219,10 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       mesh: hooks.mesh ?? mesh,
       apiToken: config.apiToken,
       meshSelf: meshSelfOf(mesh),
+      tracer,
     });
   } catch (err) {
+    await tracer?.shutdown();
     await mesh?.close();
     await ingest.close();
     throw err;
@@ -254,6 +262,10 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
         service.shutdown();
         clearInterval(timer);
         await http.close();
+        // Exports the spans still queued (the last requests') before the process goes.
+        await tracer?.shutdown().catch((err: unknown) => {
+          logger.warn({ err }, "trace export at shutdown failed");
+        });
         await mesh?.close();
         await ingest.close();
       })();

@@ -89,6 +89,13 @@ describe("resolveDaemonConfig", () => {
     expect(serviceOptionsOf(resolveDaemonConfig({ bindingRefreshCoalesceMs: 0 })).bindingRefreshCoalesceMs).toBe(0);
   });
 
+  it("leaves tracing off by default and keeps a traces endpoint as given", () => {
+    expect(DEFAULT_DAEMON_CONFIG.otlpTracesEndpoint).toBeUndefined();
+    expect(DEFAULT_DAEMON_CONFIG.otlpServiceName).toBe("kvmesh");
+    const c = resolveDaemonConfig({ otlpTracesEndpoint: "http://127.0.0.1:4318", otlpServiceName: "router-a" });
+    expect([c.otlpTracesEndpoint, c.otlpServiceName]).toEqual(["http://127.0.0.1:4318", "router-a"]);
+  });
+
   describe("the daemon's own rules", () => {
     const cases: [DaemonConfigInput, ConfigField, string][] = [
       [{ peers: ["tcp://b:7100"] }, "peers", "peers requires replicaSyncPort"],
@@ -102,6 +109,9 @@ describe("resolveDaemonConfig", () => {
       [{ meshKeyFile: "a.key", meshAllowFiles: ["a.pub"] }, "meshKeyFile", "meshKeyFile requires replicaSyncPort"],
       [{ host: "0.0.0.0", replicaSyncPort: 7100 }, "meshInsecure", "replicaSyncPort on host 0.0.0.0 without CURVE lets anyone who reaches ports 7100 and 7101 join the mesh"],
       [{ host: "10.1.2.3", replicaSyncPort: 7100, meshInsecure: false }, "meshInsecure", "give meshKeyFile and meshAllowFiles, or meshInsecure"],
+      [{ otlpTracesEndpoint: "collector:4318" }, "otlpTracesEndpoint", 'otlpTracesEndpoint: "collector:4318" is not an http(s) URL'],
+      [{ otlpTracesEndpoint: "nonsense" }, "otlpTracesEndpoint", 'otlpTracesEndpoint: "nonsense" is not a URL'],
+      [{ otlpServiceName: " " }, "otlpServiceName", "otlpServiceName must not be empty"],
     ];
     for (const [input, field, message] of cases) {
       it(`refuses ${JSON.stringify(input, (_k, v: unknown) => (typeof v === "bigint" ? `${v}n` : v))}`, () => {

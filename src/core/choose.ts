@@ -20,7 +20,7 @@ import type { ServiceCounters } from "./service-stats.js";
 import { applyOverride, type RouterConfigOverride, type SelectorConfig } from "./selector-config.js";
 import { scoreCandidates, selectCandidate, type SelectionRequest, type WorkerType } from "./selector.js";
 import type { TieSpreader } from "./tie-spread.js";
-import type { OverlapReport, SelectRequest, SelectResponse, WorkerId } from "./types.js";
+import type { OverlapReport, SelectionNote, SelectRequest, SelectResponse, WorkerId } from "./types.js";
 import { validateWorkerId } from "./worker-catalog.js";
 
 /** A worker chosen for a request, with what booking it needs. */
@@ -92,19 +92,26 @@ export class Chooser {
   }
 
   /** Picks the worker for `req` (the caller has checked the service is running). */
-  choose(req: SelectRequest): Selection {
+  choose(req: SelectRequest, note?: SelectionNote): Selection {
+    if (note !== undefined) note.chooseStartMs = performance.now();
     const p = this.#o.fleet.requirePartition(req.model_name, req.routing_group);
     const config = this.configFor(req.router_config_override);
     const sessionId = managedSessionOf(req);
+    if (note !== undefined) note.hashStartMs = performance.now();
     const prompt = this.promptOf(p, req, config);
+    if (note !== undefined) note.hashEndMs = performance.now();
     const s = p.scratch;
     let n = this.#eligible(p, req);
     if (n === 0) throw new KvmeshError("KVMESH_NOT_READY", `all schedulable workers of ${p.key} were filtered out by the request's constraints`);
-    n = this.#steer(p, req, sessionId, n);
+    n = this.#steer(p, req, sessionId, n, note);
     const info = this.#load(p, req, prompt, n);
     const t = s.table;
     let idx = selectCandidate(t, info, config, this.#o.random, s.costs);
     if (this.#tieSpreader !== undefined && config.temperature === 0) idx = this.#tieSpreader.pick(s.costs, n, idx, s.candidates, p.ranks.spreadKeys);
+    if (note !== undefined) {
+      note.cost = s.costs[idx] as number;
+      note.candidates = n;
+    }
     const rank = s.candidates[idx] as number;
     const device = t.device[idx] as number;
     const host = t.host[idx] as number;
@@ -129,6 +136,7 @@ export class Chooser {
     counters.selections++;
     counters.selectionPromptBlocks += hashCount(prompt.seqHashes);
     counters.selectionOverlapBlocks += device;
+    if (note !== undefined) note.chooseEndMs = performance.now();
     return {
       partition: p,
       rank,
@@ -205,7 +213,7 @@ export class Chooser {
    * (and for a session the commit decides: Soft rebinds, Hard rejects). `sessionId` is undefined
    * when the request skips session handling (managedSessionOf). Returns the candidate count.
    */
-  #steer(p: Partition, req: SelectRequest, sessionId: string | undefined, n: number): number {
+  #steer(p: Partition, req: SelectRequest, sessionId: string | undefined, n: number, note: SelectionNote | undefined): number {
     let target: { workerId: WorkerId; dpRank: number | null } | undefined;
     if (req.affinity_target !== undefined) {
       validateWorkerId(req.affinity_target.worker_id, "affinity_target.worker_id");
@@ -213,7 +221,10 @@ export class Chooser {
     } else if (sessionId !== undefined && p.affinity !== undefined) {
       target = p.affinity.resolve(sessionId);
     }
-    if (target === undefined) return n;
+    if (target === undefined) {
+      if (note !== undefined) note.session = sessionId !== undefined && p.affinity !== undefined ? "new" : "none";
+      return n;
+    }
     const s = p.scratch;
     let m = 0;
     for (let i = 0; i < n; i++) {
@@ -221,6 +232,10 @@ export class Chooser {
       if (p.ranks.workerOf(rank) === target.workerId && (target.dpRank === null || p.ranks.dpRankOf(rank) === target.dpRank)) {
         s.candidates[m++] = rank;
       }
+    }
+    if (note !== undefined) {
+      const explicit = req.affinity_target !== undefined;
+      note.session = m > 0 ? (explicit ? "affinity_target" : "followed") : explicit ? "affinity_target_moved" : "moved";
     }
     return m > 0 ? m : n;
   }

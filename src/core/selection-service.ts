@@ -36,6 +36,7 @@ import type {
   ReservationRequest,
   ReservationResponse,
   SelectAndReserveRequest,
+  SelectionNote,
   SelectRequest,
   SelectResponse,
   WorkerCatalogRecord,
@@ -279,10 +280,11 @@ export class SelectionService {
 
   // ---------------------------------------------------------------- selection and bookings
 
-  select(req: SelectRequest): SelectResponse {
+  /** `note`, when given, is filled with what the choice decided beyond its answer (a trace's attributes). */
+  select(req: SelectRequest, note?: SelectionNote): SelectResponse {
     try {
       this.#assertRunning();
-      const sel = this.#chooser.choose(req);
+      const sel = this.#chooser.choose(req, note);
       if (req.selection_id !== undefined) this.#book.rememberSelection(sel, req.selection_id, req);
       const resp = selectResponse(sel, this.#fleet.endpointOf(sel.workerId), req.selection_id, false);
       if (req.advisory === true) {
@@ -303,13 +305,13 @@ export class SelectionService {
     }
   }
 
-  selectAndReserve(req: SelectAndReserveRequest): SelectResponse {
+  selectAndReserve(req: SelectAndReserveRequest, note?: SelectionNote): SelectResponse {
     try {
       const selectionId = req.selection_id ?? randomUuid(this.#random);
       validateId(selectionId, "selection_id");
       this.#book.assertIdFree(selectionId);
       this.#assertRunning();
-      const sel = this.#chooser.choose(req);
+      const sel = this.#chooser.choose(req, note);
       this.#book.bookSelection(sel, selectionId, req);
       return selectResponse(sel, this.#fleet.endpointOf(sel.workerId), selectionId, true);
     } catch (err) {

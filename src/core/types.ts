@@ -188,6 +188,32 @@ export interface OverlapReport {
   disk: number;
 }
 
+/**
+ * How a selection treated the request's session: "none" (no session, or one the request skips),
+ * "new" (a session without a binding yet), "followed" (steered to its bound worker), "moved" (its
+ * bound worker was not eligible, so every candidate competed), "affinity_target" (steered to the
+ * request's explicit affinity_target), "affinity_target_moved" (that target was not eligible).
+ */
+export type SessionSteer = "none" | "new" | "followed" | "moved" | "affinity_target" | "affinity_target_moved";
+
+/**
+ * What a selection decided beyond its answer, for a caller's trace (src/http/tracing.ts). The
+ * core fills one only when the caller passes it (select / selectAndReserve), so it stays free of
+ * any tracing library and pays nothing without one. Times are performance.now() milliseconds.
+ */
+export interface SelectionNote {
+  chooseStartMs?: number;
+  chooseEndMs?: number;
+  /** Around hashing the prompt into sequence hashes (a memoized prompt is a cache hit, near 0). */
+  hashStartMs?: number;
+  hashEndMs?: number;
+  /** The chosen candidate's cost (the selector's number the argmin or softmax picked by). */
+  cost?: number;
+  /** Candidates left after the request's filters and session steering. */
+  candidates?: number;
+  session?: SessionSteer;
+}
+
 export interface SelectResponse {
   selection_id?: string;
   sequence_hashes?: bigint[];

@@ -22,6 +22,9 @@ import type { HttpMetrics } from "./metrics.js";
 import { authFailureOf, checkBearer, requiresApiToken, wwwAuthenticateFor, type ApiToken } from "./auth.js";
 import { SessionBindingsHttp } from "./session-bindings.js";
 import { decisionFields, REQUEST_ID_HEADER, requestIdOf } from "./request-id.js";
+import { TRACEPARENT_HEADER } from "./traceparent.js";
+import type { RequestTracer } from "./tracing.js";
+import type { SelectionNote } from "../core/types.js";
 import type { MeshControl } from "../../mesh/replica-port.js";
 import { StatusPage, type UiMeshSelf } from "./ui/ui-routes.js";
 
@@ -78,6 +81,8 @@ export interface HttpServerOptions {
   apiToken?: ApiToken | undefined;
   /** What the status page (GET /ui) shows of this replica's mesh; unset without one. */
   meshSelf?: (() => UiMeshSelf) | undefined;
+  /** Request tracing (src/http/tracing.ts); unset: off, and a request pays one undefined check. */
+  tracer?: RequestTracer | undefined;
 }
 
 export interface RunningHttpServer {
@@ -103,6 +108,8 @@ export interface RequestContext {
   readonly params: readonly string[];
   readonly query: URLSearchParams | undefined;
   readonly body: unknown;
+  /** With tracing on: filled by the selection routes with what the choice decided (the span's attributes). */
+  readonly note: SelectionNote | undefined;
 }
 
 export interface Route {
@@ -184,7 +191,7 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp, page: 
       prompt: true,
       handle: (c) => {
         const r = parseSelectRequest(c.body, "");
-        return reply(200, svc.select(r));
+        return reply(200, svc.select(r, c.note));
       },
     },
     {
@@ -194,7 +201,7 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp, page: 
       prompt: true,
       handle: (c) => {
         const r = parseSelectAndReserveRequest(c.body, "");
-        return reply(200, svc.selectAndReserve(r));
+        return reply(200, svc.selectAndReserve(r, c.note));
       },
     },
     {
@@ -429,7 +436,10 @@ class HttpApi {
     let label = UNMATCHED_ROUTE;
     const requestId = requestIdOf(req.headers[REQUEST_ID_HEADER]);
     res.setHeader(REQUEST_ID_HEADER, requestId);
+    const tr = this.#o.tracer?.start(req.headers);
+    if (tr !== undefined) res.setHeader(TRACEPARENT_HEADER, tr.traceparent);
     let answered: unknown;
+    let failure: unknown;
     try {
       if (this.#closing) throw new KvmeshError("KVMESH_SHUTTING_DOWN", "server is shutting down");
       const url = req.url ?? "/";
@@ -447,15 +457,23 @@ class HttpApi {
       // Before the body is read: an unauthenticated client cannot make us buffer or parse one.
       if (this.#o.apiToken !== undefined && requiresApiToken(route.method, label)) checkBearer(req.headers.authorization, this.#o.apiToken);
       const params = m.params.map(decodeSegment);
-      const body = route.body === "none" ? undefined : await this.#readBody(req, route.body, route.prompt === true);
+      let body: unknown;
+      if (route.body === "none") body = undefined;
+      else if (tr === undefined) body = await this.#readBody(req, route.body, route.prompt === true);
+      else {
+        tr.bodyStartMs = performance.now();
+        body = await this.#readBody(req, route.body, route.prompt === true);
+        tr.bodyEndMs = performance.now();
+      }
       // Peers' updates the receive thread handed over since: a decision or a view sees them all.
       this.#o.mesh?.applyReceived();
-      const r = await route.handle({ params, query: q < 0 ? undefined : new URLSearchParams(url.slice(q + 1)), body });
+      const r = await route.handle({ params, query: q < 0 ? undefined : new URLSearchParams(url.slice(q + 1)), body, note: tr?.note });
       answered = r.body;
       if (r.stream !== undefined) r.stream(req, res);
       else if (r.text !== undefined) this.#send(req, res, r.status, r.text.body, r.text.contentType, r.headers);
       else this.#send(req, res, r.status, stringifyJson(r.body), JSON_CONTENT_TYPE, r.headers);
     } catch (err) {
+      failure = err;
       this.#sendError(req, res, err, label, requestId);
     } finally {
       const status = res.headersSent ? res.statusCode : STATUS_CLIENT_GONE;
@@ -465,6 +483,7 @@ class HttpApi {
       if (this.#log.isLevelEnabled("debug")) {
         this.#log.debug({ request_id: requestId, method: req.method, route: label, status, duration_ms: Math.round(ms * 1_000) / 1_000, ...decisionFields(answered) }, "request");
       }
+      tr?.end({ method: req.method ?? "GET", route: label, status, requestId, answered, error: failure });
     }
   }
 

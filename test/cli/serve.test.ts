@@ -146,6 +146,7 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--peer-dns-interval-secs", "9"],
   ["--drain-secs", "2"],
   ["--workers-file", "/etc/kvmesh/workers.yaml"],
+  ["--otlp-traces-endpoint", "http://collector.example:4318/v1/traces"],
 ];
 
 // Fields no flag sets (the mesh's flush and heartbeat intervals) keep their defaults.
@@ -189,6 +190,7 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
   peerDnsIntervalSecs: 9,
   drainSecs: 2,
   workersFile: "/etc/kvmesh/workers.yaml",
+  otlpTracesEndpoint: "http://collector.example:4318/v1/traces",
 };
 
 afterEach(() => {
@@ -254,6 +256,7 @@ describe("kvmesh serve: usage errors", () => {
     [["--log-level", "verbose"], "error: option '--log-level <level>' argument 'verbose' is invalid."],
     [["--kv-events", "maybe"], "error: option '--kv-events [bool]' argument 'maybe' is invalid. must be true or false"],
     [["--bogus"], "error: unknown option '--bogus'"],
+    [["--otlp-traces-endpoint", "collector:4318"], "error: option '--otlp-traces-endpoint <url>' argument 'collector:4318' is invalid. \"collector:4318\" is not an http(s) URL"],
   ];
   for (const [args, message] of cases) {
     it(`rejects ${args.join(" ")}`, async () => {
@@ -277,6 +280,38 @@ describe("kvmesh serve: usage errors", () => {
     const h = harness();
     expect(await h.run("serve")).toBe(1);
     expect(h.err()).toContain("KVMESH_NO_KV_EVENTS is not read; set KVMESH_KV_EVENTS=false instead");
+    expect(h.configs).toEqual([]);
+  });
+});
+
+describe("kvmesh serve: tracing from the standard OTEL_* variables", () => {
+  it("is off without them", async () => {
+    expect((await serveConfig()).otlpTracesEndpoint).toBeUndefined();
+  });
+
+  it("takes OTEL_EXPORTER_OTLP_ENDPOINT (+ /v1/traces), OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is, and OTEL_SERVICE_NAME", async () => {
+    vi.stubEnv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318");
+    vi.stubEnv("OTEL_SERVICE_NAME", "router-a");
+    expect(await serveConfig()).toMatchObject({ otlpTracesEndpoint: "http://collector:4318/v1/traces", otlpServiceName: "router-a" });
+    vi.stubEnv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://traces:4318/otlp/v1/traces");
+    expect((await serveConfig()).otlpTracesEndpoint).toBe("http://traces:4318/otlp/v1/traces");
+  });
+
+  it("lets the flag and KVMESH_OTLP_TRACES_ENDPOINT beat them, and OTEL_SDK_DISABLED=true keep them off", async () => {
+    vi.stubEnv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318");
+    vi.stubEnv("KVMESH_OTLP_TRACES_ENDPOINT", "http://kvmesh-env:4318/v1/traces");
+    expect((await serveConfig()).otlpTracesEndpoint).toBe("http://kvmesh-env:4318/v1/traces");
+    expect((await serveConfig("--otlp-traces-endpoint", "http://flag:4318")).otlpTracesEndpoint).toBe("http://flag:4318");
+    vi.stubEnv("KVMESH_OTLP_TRACES_ENDPOINT", undefined);
+    vi.stubEnv("OTEL_SDK_DISABLED", "true");
+    expect((await serveConfig()).otlpTracesEndpoint).toBeUndefined();
+  });
+
+  it("names the variable when its URL is bad", async () => {
+    vi.stubEnv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "collector:4318");
+    const h = harness();
+    expect(await h.run("serve")).toBe(1);
+    expect(h.err()).toContain('error: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: "collector:4318" is not an http(s) URL');
     expect(h.configs).toEqual([]);
   });
 });
