@@ -92,6 +92,8 @@ export class Fleet {
   readonly #workerListeners = new Set<(c: WorkerChange) => void>();
   /** Sum of data_parallel_size over the catalog's records. */
   #ranks = 0;
+  /** The affinity counters of partitions that left the fleet (sizes() keeps its counters monotonic). */
+  readonly #removedAffinity = { fallbacks: 0, evictions: 0, rebinds: 0, conflicts: 0 };
 
   constructor(options: FleetOptions) {
     this.#o = options;
@@ -242,6 +244,11 @@ export class Fleet {
     if (p.members.size > 0 || this.#partitions.get(p.key) !== p) return;
     this.#partitions.delete(p.key);
     this.#promptHashCaches.delete(p);
+    const r = this.#removedAffinity;
+    r.fallbacks += p.affinity?.fallbacks ?? 0;
+    r.evictions += p.affinity?.evictions ?? 0;
+    r.rebinds += p.affinity?.rebinds ?? 0;
+    r.conflicts += p.affinity?.conflicts ?? 0;
     this.#o.hooks.partitionRemoved(p);
   }
 
@@ -406,10 +413,8 @@ export class Fleet {
     let indexedBlocks = 0;
     let indexNodes = 0;
     let affinityEntries = 0;
-    let affinityFallbacks = 0;
-    let affinityEvictions = 0;
-    let affinityRebinds = 0;
-    let affinityConflicts = 0;
+    // The affinity counters are counters (never go down): removed partitions' counts stay in.
+    let { fallbacks: affinityFallbacks, evictions: affinityEvictions, rebinds: affinityRebinds, conflicts: affinityConflicts } = this.#removedAffinity;
     for (const p of this.#partitions.values()) {
       indexedBlocks += p.index.size;
       indexNodes += p.index.nodeCount;

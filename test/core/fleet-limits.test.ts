@@ -19,6 +19,27 @@ describe("partitions leave with their last worker (#17 F4)", () => {
     expect(svc.sizes().partitions).toBe(0);
   });
 
+  it("the affinity counters never go down when a partition leaves (they are Prometheus counters)", () => {
+    const { svc } = makeService({ sessionAffinity: { ttlSecs: 60, mode: "soft" } });
+    svc.upsertWorker(worker(1));
+    svc.upsertWorker(worker(2));
+    svc.selectAndReserve({ token_ids: tokens(2, 1), selection_id: "s1", session_id: "conv" });
+    svc.selectAndReserve({ token_ids: tokens(2, 1), selection_id: "s2", session_id: "conv" });
+    svc.freeReservation("s1");
+    svc.freeReservation("s2");
+    // A soft-mode move: the session's next request dispatched elsewhere by an explicit reservation.
+    const bound = svc.select({ token_ids: tokens(2, 1), session_id: "conv" }).worker_id;
+    const other = bound === 1n ? 2n : 1n;
+    svc.createReservation({ selection_id: "s3", worker_id: other, token_ids: tokens(2, 1), session_id: "conv" });
+    const before = svc.sizes().affinityRebinds;
+    expect(before).toBe(1);
+    svc.freeReservation("s3");
+    svc.deleteWorker(1n);
+    svc.deleteWorker(2n);
+    expect(svc.sizes().partitions).toBe(0);
+    expect(svc.sizes().affinityRebinds).toBe(before);
+  });
+
   it("a partition with a remaining worker stays; re-registering after the last one left starts clean", () => {
     const { svc } = makeService();
     svc.upsertWorker(worker(1));
