@@ -66,7 +66,16 @@ function main(): void {
   gc?.();
   const heapBefore = usedBytes();
   const svc = new SelectionService({ random: seededRandom(1), replicaId: 1n });
-  for (let w = 0; w < WORKERS; w++) svc.upsertWorker({ worker_id: BigInt(w + 1), endpoint: `http://w${w}`, block_size: BLOCK_SIZE });
+  // Registration: its cost must not grow with the fleet (the last quarter against the first).
+  const regSamples: number[] = [];
+  for (let w = 0; w < WORKERS; w++) {
+    const s = performance.now();
+    svc.upsertWorker({ worker_id: BigInt(w + 1), endpoint: `http://w${w}`, block_size: BLOCK_SIZE });
+    regSamples.push(performance.now() - s);
+  }
+  const quarter = Math.max(1, Math.floor(WORKERS / 4));
+  const regFirst = summarize(regSamples.slice(0, quarter));
+  const regLast = summarize(regSamples.slice(-quarter));
 
   // Warm: each rank stores whole prompts (as an engine would, one BlockStored per prompt) until it
   // holds BLOCKS_PER_WORKER blocks; a prompt sharing its group's prefix with one already stored
@@ -150,6 +159,7 @@ function main(): void {
   const bytesPerPair = (heapAfter - heapBefore) / pairs;
   const rows = [
     ["ranks", String(WORKERS)],
+    ["register p50 first / last quarter", `${fmtMs(regFirst.p50)} / ${fmtMs(regLast.p50)}`],
     ["indexed (rank, block) pairs", `${pairs} (index reports ${sizes.indexedBlocks}, ${sizes.indexNodes} nodes)`],
     ["memory per indexed pair", `${bytesPerPair.toFixed(1)} bytes (heap + array buffers)${gc === undefined ? " (run with --expose-gc for a clean figure)" : ""}`],
     ["select p50 / p99 / max", `${fmtMs(sel.p50)} / ${fmtMs(sel.p99)} / ${fmtMs(sel.max)}`],
