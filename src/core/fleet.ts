@@ -70,6 +70,13 @@ export interface FleetHooks {
   rankLeaving(p: Partition, rank: number): void;
 }
 
+/** GET /dump's filters: only this partition's, or this worker's, events. */
+export interface DumpFilter {
+  readonly modelName?: string | undefined;
+  readonly routingGroup?: string | undefined;
+  readonly workerId?: WorkerId | undefined;
+}
+
 export interface FleetOptions {
   readonly clock: Clock;
   readonly random: Random;
@@ -390,13 +397,17 @@ export class Fleet {
 
   /**
    * The prefix index as KV events per partition (GET /dump): replaying them into an empty
-   * service rebuilds the same index.
+   * service rebuilds the same index. The filters (kvmesh additions) keep one partition or one
+   * worker: a whole fleet's index can be hundreds of MB of JSON.
    */
-  dump(): Record<string, { block_size: number; events: DumpEvent[] }> {
+  dump(filter: DumpFilter = {}): Record<string, { block_size: number; events: DumpEvent[] }> {
     const out: Record<string, { block_size: number; events: DumpEvent[] }> = {};
     for (const p of this.#partitions.values()) {
+      if (filter.modelName !== undefined && p.modelName !== filter.modelName) continue;
+      if (filter.routingGroup !== undefined && p.routingGroup !== filter.routingGroup) continue;
       const events: DumpEvent[] = [];
       for (const [workerId, m] of p.members) {
+        if (filter.workerId !== undefined && workerId !== filter.workerId) continue;
         for (const rank of m.ranks) {
           for (const e of p.index.dumpRank(rank)) {
             events.push({ worker_id: workerId, dp_rank: p.ranks.dpRankOf(rank), tier: e.tier, parent_hash: e.parentHash, block_hashes: e.blockHashes, local_hashes: e.localHashes });

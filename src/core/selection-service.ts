@@ -17,7 +17,7 @@ import { SessionBindings } from "./bindings.js";
 import { Chooser, effectivePrefill, selectResponse } from "./choose.js";
 import type { Clock, Random } from "./clock.js";
 import { KvmeshError } from "./errors.js";
-import { Fleet, type DumpEvent, type WorkerChange } from "./fleet.js";
+import { Fleet, type DumpEvent, type DumpFilter, type WorkerChange } from "./fleet.js";
 import { hashCount } from "./hash64.js";
 import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
 import { ReplicaState } from "./replica-state.js";
@@ -62,7 +62,7 @@ export {
   type SessionAffinityOptions,
 } from "./service-options.js";
 export type { ServiceStats } from "./service-stats.js";
-export type { DumpEvent, WorkerChange } from "./fleet.js";
+export type { DumpEvent, DumpFilter, WorkerChange } from "./fleet.js";
 
 /**
  * `worker_load.prefill_token_capacity` of a worker registered without max_num_batched_tokens:
@@ -414,8 +414,8 @@ export class SelectionService {
    * The prefix index as KV events per partition (GET /dump): replaying them into an empty
    * service rebuilds the same index.
    */
-  dump(): Record<string, { block_size: number; events: DumpEvent[] }> {
-    return this.#fleet.dump();
+  dump(filter?: DumpFilter): Record<string, { block_size: number; events: DumpEvent[] }> {
+    return this.#fleet.dump(filter);
   }
 
   /** Index and table sizes, for metrics. */

@@ -255,7 +255,16 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp, page: 
     { method: "GET", pattern: "/loads", body: "none", handle: (c) => reply(200, svc.loads(queryParam(c.query, "model_name"), queryParam(c.query, "routing_group"))) },
     { method: "POST", pattern: "/potential_loads", body: "required", prompt: true, handle: (c) => reply(200, svc.potentialLoads(parseScoreRequest(c.body, ""))) },
     { method: "POST", pattern: "/overlap_scores", body: "required", prompt: true, handle: (c) => reply(200, svc.overlapScores(parseScoreRequest(c.body, ""))) },
-    { method: "GET", pattern: "/dump", body: "none", handle: () => reply(200, svc.dump()) },
+    {
+      method: "GET",
+      pattern: "/dump",
+      body: "none",
+      handle: (c) => {
+        // kvmesh additions (the reference's /dump takes none): one partition's or one worker's index.
+        const workerId = queryParam(c.query, "worker_id");
+        return reply(200, svc.dump({ modelName: queryParam(c.query, "model_name"), routingGroup: queryParam(c.query, "routing_group"), workerId: workerId === undefined ? undefined : parseWorkerIdParam(workerId) }));
+      },
+    },
     // The reference's shape: a sorted array of endpoint strings, [] without the mesh (server.rs
     // list_peers -> Json(list_replica_peers())); Dynamo's endpoint-picker reconciler diffs it.
     { method: "GET", pattern: "/replica_sync/peers", body: "none", handle: () => reply(200, peerEndpoints(o.mesh?.listPeers() ?? [])) },

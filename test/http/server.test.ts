@@ -383,6 +383,25 @@ describe("HTTP API: selection and reservations", () => {
     expect(dumped).toEqual(seq);
     expect(dumped.every((h) => h >= 0n)).toBe(true);
   });
+
+  it("GET /dump filters by partition and worker (kvmesh additions, #17 F5), and names a bad worker_id", async () => {
+    const t = await serveWithWorkers();
+    t.svc.applyKvEvents(1n, 0, storedBatch(tokens(2, 1)));
+    t.svc.applyKvEvents(2n, 0, storedBatch(tokens(3, 2)));
+    const workersIn = async (q: string): Promise<unknown[]> => {
+      const d = await t.call("GET", `/dump${q}`);
+      expect(d.status).toBe(200);
+      return Object.values(obj(d.json)).flatMap((p) => (obj(p).events as Record<string, unknown>[]).map((e) => e.worker_id));
+    };
+    expect(new Set(await workersIn(""))).toEqual(new Set([1, 2]));
+    expect(new Set(await workersIn("?worker_id=2"))).toEqual(new Set([2]));
+    expect(await workersIn("?worker_id=3")).toEqual([]);
+    expect(Object.keys(obj((await t.call("GET", "/dump?model_name=other")).json))).toEqual([]);
+    expect(Object.keys(obj((await t.call("GET", "/dump?model_name=default&routing_group=default")).json))).toEqual(["default:default"]);
+    const bad = await t.call("GET", "/dump?worker_id=-1");
+    expect(bad.status).toBe(400);
+    expect(obj(bad.json).error).toMatch(/worker_id/);
+  });
 });
 
 describe("HTTP API: replica sync routes", () => {
