@@ -126,8 +126,8 @@ export class ReceiveWorker {
   }
 
   /**
-   * Applies, now and synchronously, every hand-over the thread has posted (through onEntries);
-   * returns how many. Costs one empty port read when there is none.
+   * Applies, now and synchronously, every hand-over the thread has written (through onEntries);
+   * returns how many. Costs two atomic loads and one empty port read when there is none.
    */
   applyReceived(): number {
     const reports: HandoffReport[] = [];
