@@ -23,6 +23,7 @@ const SYSTEM_TESTS = [
   "test/http/server.test.ts",
   "test/http/session-bindings.test.ts",
   "test/ingest/engine-forms.test.ts",
+  "test/ingest/socket-cap.test.ts",
   "test/ingest/hostile-engine.test.ts",
   "test/http/ui-browser.test.ts",
   "test/http/ui-routes.test.ts",
