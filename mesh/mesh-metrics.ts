@@ -116,29 +116,28 @@ export function registerLagMetrics(registry: Registry): LagObserver {
   };
 }
 
+/** A record of counts as one label's samples: { sent: 2 } -> [[{ outcome: "sent" }, 2]]. */
+function samplesOf<L extends string>(label: L, counts: Readonly<Record<string, number>>): LabelledSample<L>[] {
+  return Object.entries(counts).map(([value, n]): LabelledSample<L> => [{ [label]: value } as LabelledSample<L>[0], n]);
+}
+
 /** Every other mesh series (and the CURVE ones with CURVE), read from `src` at each scrape. */
 export function registerMeshMetrics(registry: Registry, src: MeshMetricsSources): void {
   for (const [name, help, key] of STAT_COUNTERS) collectedCounter(registry, { name, help }, () => src.stats()[key]);
   collectedCounter(registry, { name: "kvmesh_mesh_events_shed_total", help: "Outbound events shed by the bounded queue (repaired by snapshot)." }, src.shed);
   collectedCounter(registry, { name: "kvmesh_mesh_origins_evicted_total", help: "Tracked origins evicted (never synced, or silent) to make room for new ones." }, () => src.receiver.evicted);
   collectedCounter(registry, { name: "kvmesh_mesh_origins_refused_total", help: "Frames from new origins ignored because the origin table was full of live ones." }, () => src.receiver.refused);
-  collectedLabelledCounter<"request">(
+  collectedLabelledCounter(
     registry,
     { name: "kvmesh_mesh_control_refused_total", help: "Control requests refused because their claims did not check out (an unpeer its sender does not confirm, a snapshot or peer request from a process that is not the replica it names), by request." },
     ["request"],
-    () => {
-      const r = src.stats().controlRefused;
-      return (["snapshot", "peer", "unpeer", "lifecycle"] as const).map((request): LabelledSample<"request"> => [{ request }, r[request]]);
-    },
+    () => samplesOf("request", src.stats().controlRefused),
   );
-  collectedLabelledCounter<"outcome">(
+  collectedLabelledCounter(
     registry,
     { name: "kvmesh_mesh_lifecycle_forwards_total", help: "Lifecycle calls (free, prefill_complete) taken here for a peer's booking and sent to its owner over the control channel, by outcome (the stream carries them too)." },
     ["outcome"],
-    () => {
-      const f = src.stats().lifecycleForwards;
-      return (["sent", "failed", "skipped"] as const).map((outcome): LabelledSample<"outcome"> => [{ outcome }, f[outcome]]);
-    },
+    () => samplesOf("outcome", src.stats().lifecycleForwards),
   );
 
   // Per tracked origin; a forgotten origin's series end at the next scrape.

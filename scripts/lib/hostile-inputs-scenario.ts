@@ -11,6 +11,7 @@ import { packMsgpack, MockKvPublisher } from "../../src/mock/kv-event-publisher.
 import { rankIndexBound } from "../../src/core/rank-index-bound.js";
 import { MAX_RESETS_PER_WINDOW } from "../../src/ingest/reset-damper.js";
 import { freePortPair } from "../../src/bench/ports.js";
+import { metricSum } from "../../src/bench/router-client.js";
 import { check, type ScenarioRow } from "./fault-scenarios.js";
 import { httpCall, rssOf, sleep, startReplica, stopReplica, timeUntil, type Replica } from "./replica-cluster.js";
 
@@ -50,11 +51,6 @@ const storedEvent = (hashes: bigint[], parent: bigint | null, seed: number): Rec
 const message = (events: unknown[]): Buffer => packMsgpack({ ts: 1, events, data_parallel_rank: 0 });
 const hashes = (start: number, n: number): bigint[] => Array.from({ length: n }, (_, i) => (1n << 40n) + BigInt(start + i));
 
-function metricOf(text: string, name: string): number {
-  const m = new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, "m").exec(text);
-  return m?.[1] === undefined ? NaN : Number(m[1]);
-}
-
 export async function scenarioHostileInputs(o: HostileOptions = HOSTILE_SHORT): Promise<ScenarioRow> {
   let r: Replica | undefined;
   let pub: MockKvPublisher | undefined;
@@ -91,7 +87,7 @@ export async function scenarioHostileInputs(o: HostileOptions = HOSTILE_SHORT): 
     let metrics = "";
     const readMetrics = async (): Promise<string> => (metrics = (await httpCall(replica, "GET", "/metrics")).text);
     const ingested = (n: number): Promise<number> =>
-      timeUntil(async () => metricOf(await readMetrics(), "kvmesh_kv_batches_applied_total") >= n, o.timeoutMs, `${n} messages to be ingested`);
+      timeUntil(async () => metricSum(await readMetrics(), "kvmesh_kv_batches_applied_total") >= n, o.timeoutMs, `${n} messages to be ingested`);
     // Published in steps the replica has taken before the next: a PUB drops what passes its
     // high-water mark (1,000 messages) when the subscriber falls behind, and the scenario counts.
     const paced = async (applied: number): Promise<void> => {
@@ -108,7 +104,7 @@ export async function scenarioHostileInputs(o: HostileOptions = HOSTILE_SHORT): 
     published++;
     // Every message but the oversized one, which is refused before decoding.
     await ingested(published - 1);
-    const indexBlocks = metricOf(metrics, "kvmesh_index_blocks");
+    const indexBlocks = metricSum(metrics, "kvmesh_index_blocks");
     // F10: flapping between seq 0 and 1.
     for (let i = 0; i < o.flapMessages; i++) {
       await pub.publishPayload(flap, { seq: BigInt(i % 2) });
@@ -128,7 +124,7 @@ export async function scenarioHostileInputs(o: HostileOptions = HOSTILE_SHORT): 
     await readMetrics();
     const rssAfter = rssOf(replica.pid);
 
-    const m = (name: string): number => metricOf(metrics, name);
+    const m = (name: string): number => metricSum(metrics, name);
     const bound = rankIndexBound(TOTAL_KV_BLOCKS);
     const resets = m("kvmesh_kv_publisher_resets_total");
     const damped = m("kvmesh_kv_publisher_resets_damped_total");

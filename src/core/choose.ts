@@ -8,7 +8,7 @@
  * typed scratch arrays and allocates nothing per candidate. `score` is a diagnostic and copies
  * what it reports out of the scratch.
  */
-import type { Random } from "./clock.js";
+import type { Clock, Random } from "./clock.js";
 import { KvmeshError } from "./errors.js";
 import type { Fleet } from "./fleet.js";
 import { hashCount, hashListToSignedBigInts } from "./hash64.js";
@@ -62,6 +62,8 @@ export interface ChooserOptions {
   readonly selector: SelectorConfig;
   readonly workerType: WorkerType;
   readonly random: Random;
+  /** Monotonic ms: the SelectionNote's timings. */
+  readonly clock: Clock;
   readonly counters: ServiceCounters;
   readonly fleet: Pick<Fleet, "requirePartition" | "promptHashCache">;
 }
@@ -93,13 +95,13 @@ export class Chooser {
 
   /** Picks the worker for `req` (the caller has checked the service is running). */
   choose(req: SelectRequest, note?: SelectionNote): Selection {
-    if (note !== undefined) note.chooseStartMs = performance.now();
+    if (note !== undefined) note.chooseStartMs = this.#o.clock.now();
     const p = this.#o.fleet.requirePartition(req.model_name, req.routing_group);
     const config = this.configFor(req.router_config_override);
     const sessionId = managedSessionOf(req);
-    if (note !== undefined) note.hashStartMs = performance.now();
+    if (note !== undefined) note.hashStartMs = this.#o.clock.now();
     const prompt = this.promptOf(p, req, config);
-    if (note !== undefined) note.hashEndMs = performance.now();
+    if (note !== undefined) note.hashEndMs = this.#o.clock.now();
     const s = p.scratch;
     let n = this.#eligible(p, req);
     if (n === 0) throw new KvmeshError("KVMESH_NOT_READY", `all schedulable workers of ${p.key} were filtered out by the request's constraints`);
@@ -136,7 +138,7 @@ export class Chooser {
     counters.selections++;
     counters.selectionPromptBlocks += hashCount(prompt.seqHashes);
     counters.selectionOverlapBlocks += device;
-    if (note !== undefined) note.chooseEndMs = performance.now();
+    if (note !== undefined) note.chooseEndMs = this.#o.clock.now();
     return {
       partition: p,
       rank,

@@ -132,7 +132,7 @@ export class SelectionService {
       counters,
       fleet: this.#fleet,
     });
-    this.#chooser = new Chooser({ selector: o.selector, workerType: o.workerType, random: o.random, counters, fleet: this.#fleet });
+    this.#chooser = new Chooser({ selector: o.selector, workerType: o.workerType, random: o.random, clock: o.clock, counters, fleet: this.#fleet });
     this.#book = new ReservationBook({
       replicaId: o.replicaId,
       maxLocalReservations: o.maxLocalReservations,

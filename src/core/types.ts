@@ -199,7 +199,8 @@ export type SessionSteer = "none" | "new" | "followed" | "moved" | "affinity_tar
 /**
  * What a selection decided beyond its answer, for a caller's trace (src/http/tracing.ts). The
  * core fills one only when the caller passes it (select / selectAndReserve), so it stays free of
- * any tracing library and pays nothing without one. Times are performance.now() milliseconds.
+ * any tracing library and pays nothing without one. Times are the service clock's milliseconds
+ * (performance.now() with the default systemClock, which the daemon uses).
  */
 export interface SelectionNote {
   chooseStartMs?: number;

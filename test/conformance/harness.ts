@@ -6,6 +6,7 @@
 import { makeService } from "../helpers/core-fixtures.js";
 import { startTestServer, type HttpResult, type TestServer } from "../helpers/http-client.js";
 import type { SelectionServiceOptions } from "../../src/core/selection-service.js";
+import type { LoadRow } from "../../scripts/lib/replica-cluster.js";
 
 /** The reference tests' partition: model "model", routing group "default", block size 4. */
 export const MODEL = "model";
@@ -22,13 +23,7 @@ export interface App extends TestServer {
   loads(): Promise<LoadRow[]>;
 }
 
-export interface LoadRow {
-  worker_id: number;
-  dp_rank: number;
-  potential_prefill_tokens: number;
-  potential_decode_blocks: number;
-  active_requests: number;
-}
+export type { LoadRow };
 
 const open: App[] = [];
 
