@@ -18,7 +18,7 @@ import type { Logger } from "pino";
 import type { Clock } from "../src/core/clock.js";
 import type { ControlClient } from "./control.js";
 import { MeshWireError } from "./errors.js";
-import { MeshReceiver, type LagObserver, type OriginStats } from "./origin-tracker.js";
+import { DEFAULT_MAX_TRACKED_ORIGINS, MeshReceiver, type LagObserver, type OriginStats } from "./origin-tracker.js";
 import { PeerHealth, type PeerState } from "./peer-health.js";
 import type { ReceivedEntry } from "./receive-coalescer.js";
 import type { ReplicaPort } from "./replica-port.js";
@@ -61,12 +61,14 @@ export interface InboundStats {
   divergenceResyncs: number;
   /** Snapshot pulls for known origins not sent because MAX_CONCURRENT_SNAPSHOT_PULLS were in flight (retried). */
   snapshotPullsDeferred: number;
+  /** Origins declared down whose mirrored bookings or totals were dropped (see #originDown). */
+  downOriginsDropped: number;
 }
 
 export interface MeshInboundOptions {
   /** This replica's origin: its own frames (looped back by a misconfigured peer) are ignored. */
   readonly origin: bigint;
-  readonly port: Pick<ReplicaPort, "applyLoadEvent" | "applyBindingEvent" | "applyLoadAggregates" | "replaceOrigin" | "replaceOriginAggregates" | "adoptMirroredAggregates" | "countOwnedBy">;
+  readonly port: Pick<ReplicaPort, "applyLoadEvent" | "applyBindingEvent" | "applyLoadAggregates" | "replaceOrigin" | "replaceOriginAggregates" | "adoptMirroredAggregates" | "countOwnedBy" | "dropOrigin">;
   readonly control: Pick<ControlClient, "snapshot">;
   readonly logger: Logger;
   /** Monotonic, ms: peer health, snapshot timeouts and retries, origin idleness. */
@@ -91,6 +93,7 @@ export class MeshInbound {
     snapshotFailures: 0,
     divergenceResyncs: 0,
     snapshotPullsDeferred: 0,
+    downOriginsDropped: 0,
   };
   readonly receiver: MeshReceiver;
   readonly health: PeerHealth;
@@ -243,6 +246,46 @@ export class MeshInbound {
     }
     for (const t of this.health.tick(nowMs)) {
       this.#log.info({ origin: t.origin.toString(), from: t.from, to: t.to }, "mesh peer state changed");
+      if (t.to === "down") this.#originDown(t.origin);
+    }
+  }
+
+  /**
+   * `origin` has been silent for the down timeout (10 s): every survivor drops what it mirrors of
+   * it, and forgets where its stream stood, so its next message (a restart, a healed partition,
+   * SIGCONT) is a first contact that installs a full snapshot.
+   *
+   * Why drop rather than keep until expiry: a replica killed mid-burst leaves each survivor with
+   * whatever prefix of its last batches reached it, so kept, the survivors disagreed for good
+   * (finding F16: 1,971 against 1,995 mirrored bookings, past the dead replica's restart). Dropped,
+   * they agree within a housekeeping tick of each other. The price: the requests it routed may
+   * still run on their workers, and their load is no longer counted here; the workers' own KV
+   * events still show what they cache, and its in-flight requests end within the booking expiry
+   * anyway. Its health entry stays ("down"), so /replica_sync/peers still shows it, and snapshots
+   * from other peers do not bring its state back (#replace skips origins that are down here).
+   */
+  #originDown(origin: bigint): void {
+    this.receiver.forget(origin);
+    this.#mismatch.delete(origin);
+    const dropped = this.#o.port.dropOrigin(origin);
+    this.stats.downOriginsDropped++;
+    this.#pruneDown();
+    this.#log.warn({ origin: origin.toString(), dropped }, "mesh peer down: its mirrored bookings dropped (a full snapshot is pulled when it is heard again)");
+  }
+
+  /**
+   * Down origins have no tracker, so the tracker table's bound (and its eviction, which also
+   * clears health and control entries) no longer covers them: each restart of a replica leaves
+   * one. Past the same bound, the longest-silent down ones are forgotten for good.
+   */
+  #pruneDown(): void {
+    const excess = this.health.states().size - DEFAULT_MAX_TRACKED_ORIGINS;
+    if (excess <= 0) return;
+    const down = [...this.health.states()].filter(([o, st]) => st === "down" && this.receiver.tracker(o) === undefined).map(([o]) => o);
+    down.sort((a, b) => (this.health.lastSeenMs(a) ?? 0) - (this.health.lastSeenMs(b) ?? 0));
+    for (const o of down.slice(0, excess)) {
+      this.health.remove(o);
+      this.#control.delete(o);
     }
   }
 
@@ -307,7 +350,9 @@ export class MeshInbound {
     const port = this.#o.port;
     port.replaceOrigin(s.origin, s.bookings);
     port.replaceOriginAggregates(s.origin, s.aggregates ?? []);
-    port.adoptMirroredAggregates(s.origin, s.mirrored ?? []);
+    const states = this.health.states();
+    const mirrored = (s.mirrored ?? []).filter((m) => states.get(m.origin) !== "down");
+    port.adoptMirroredAggregates(s.origin, mirrored);
     for (const b of s.bindings) port.applyBindingEvent(b);
   }
 

@@ -31,6 +31,8 @@ export interface MeshStats {
   redials: number;
   /** Snapshot pulls deferred at MAX_CONCURRENT_SNAPSHOT_PULLS (retried by housekeeping). */
   snapshotPullsDeferred: number;
+  /** Peers declared down whose mirrored state was dropped. */
+  downOriginsDropped: number;
   /** Receive thread (0 without one): hand-overs to the main thread, batches folded into the one before, threads restarted. */
   receiveHandovers: number;
   receiveBatchesMerged: number;
@@ -71,6 +73,7 @@ const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: CountS
   ["kvmesh_mesh_snapshot_failures_total", "Snapshot requests that failed or timed out (retried).", "snapshotFailures"],
   ["kvmesh_mesh_snapshot_pulls_deferred_total", "Snapshot requests deferred because the bound of concurrent pulls was reached (retried).", "snapshotPullsDeferred"],
   ["kvmesh_mesh_divergence_resyncs_total", "Snapshots forced by heartbeat count mismatches.", "divergenceResyncs"],
+  ["kvmesh_mesh_down_peer_drops_total", "Peers declared down (silent past the down timeout) whose mirrored bookings or totals were dropped; a full snapshot is pulled when one is heard again.", "downOriginsDropped"],
   ["kvmesh_mesh_receive_handovers_total", "Hand-overs from the mesh receive thread to the main thread (each applies everything received in one apply interval).", "receiveHandovers"],
   ["kvmesh_mesh_receive_batches_merged_total", "Peer batches the receive thread folded into the batch before them (main-thread applies saved).", "receiveBatchesMerged"],
   ["kvmesh_mesh_receive_thread_restarts_total", "Mesh receive threads started again after one died (peers re-snapshot on the seq gap).", "receiveThreadRestarts"],

@@ -47,7 +47,7 @@ export const DEFAULT_MAX_TRACKED_ORIGINS = 1_024;
 /**
  * A tracked origin may be evicted to make room once it never installed a snapshot (never proved
  * it answers on a control endpoint: forged ids stay here) or has been silent this long (a peer is
- * `down` after 10 s; its mirrored bookings stay in the service either way), ms.
+ * `down` after 10 s, and its mirrored state dropped then), ms.
  */
 export const DEFAULT_ORIGIN_EVICT_IDLE_MS = 60_000;
 /**

@@ -5,8 +5,8 @@
  * by the caller (nats.js Heartbeat style), so tests use plain numbers.
  *
  * A peer goes suspect after 3 s without traffic (three missed 1 s heartbeats) and down after
- * 10 s; any message brings it back to alive. Mirrored bookings of a down peer are kept until
- * their own expiry: the requests it routed are still running on the workers.
+ * 10 s; any message brings it back to alive. What is mirrored of a down peer is dropped then
+ * (MeshInbound#originDown says why).
  */
 import { xxh3 } from "@node-rs/xxhash";
 

@@ -255,6 +255,7 @@ export class ReplicaMesh implements MeshControl {
       divergenceResyncs: i.divergenceResyncs,
       redials: this.#membership.stats.redials,
       snapshotPullsDeferred: i.snapshotPullsDeferred,
+      downOriginsDropped: i.downOriginsDropped,
       receiveHandovers: r?.handovers ?? 0,
       receiveBatchesMerged: r?.merged ?? 0,
       receiveThreadRestarts: r?.restarts ?? 0,

@@ -112,6 +112,63 @@ describe("MeshInbound: peer health on the monotonic clock", () => {
   });
 });
 
+describe("MeshInbound: a peer that goes down", () => {
+  const D = 0xd1n;
+  const CONTROL_D = "tcp://10.0.0.4:7101";
+  const aggregatesOfA = { origin: A, aggregates: [{ partition: { model_name: "m", routing_group: "g" }, block_size: 16, rows: [], added: [], removed: [] }] };
+
+  /** A survivor that mirrored A up to `lastSeq` (what reached it before A died). */
+  async function survivor(lastSeq: number) {
+    const answers = new Map<string, Snapshot>([
+      [CONTROL_A, snapshot(0)],
+      [CONTROL_D, { v: 1, origin: D, epoch: EPOCH, seq: 0, bookings: [], bindings: [], mirrored: [aggregatesOfA] }],
+    ]);
+    const s = setup((ep) => Promise.resolve(answers.get(ep) as Snapshot));
+    s.inbound.onHeartbeat(hb(0));
+    await s.tick(0);
+    for (let seq = 1; seq <= lastSeq; seq++) s.inbound.onBatch(batch(seq));
+    expect(s.inbound.receiver.tracker(A)?.lastAppliedSeq).toBe(lastSeq);
+    return s;
+  }
+
+  it("is dropped on every survivor, whatever prefix of its last batches each got (F16)", async () => {
+    const [b, c] = [await survivor(3), await survivor(2)];
+    for (const s of [b, c]) {
+      await s.tick(DEFAULT_DOWN_AFTER_MS - 1);
+      expect(s.port.dropped).toEqual([]);
+      await s.tick(1);
+      expect(s.inbound.peerStates().get(A)).toBe("down");
+      expect(s.port.dropped).toEqual([A]);
+      expect(s.inbound.receiver.tracker(A)).toBeUndefined();
+      expect(s.inbound.stats.downOriginsDropped).toBe(1);
+      // Later ticks do not drop it again.
+      await s.tick(DEFAULT_DOWN_AFTER_MS);
+      expect(s.port.dropped).toEqual([A]);
+    }
+  });
+
+  it("is not adopted back from another peer's snapshot, and comes back through a full snapshot", async () => {
+    const s = await survivor(3);
+    await s.tick(DEFAULT_DOWN_AFTER_MS);
+    expect(s.inbound.peerStates().get(A)).toBe("down");
+
+    // D still mirrors A's totals (its own down timer has not run yet): they are not installed here.
+    s.inbound.onHeartbeat(hb(0, 0, D, CONTROL_D));
+    await s.tick(0);
+    const fromD = s.port.adopted.filter((x) => x.sender === D);
+    expect(fromD).toHaveLength(1);
+    expect(fromD[0]?.mirrored).toEqual([]);
+
+    // A restarts at the same epoch and seq (or resumes after SIGCONT): a first contact, so a snapshot.
+    const before = s.requests.filter((r) => r.endpoint === CONTROL_A).length;
+    s.inbound.onHeartbeat(hb(4));
+    await s.tick(0);
+    expect(s.inbound.peerStates().get(A)).toBe("alive");
+    expect(s.requests.filter((r) => r.endpoint === CONTROL_A)).toHaveLength(before + 1);
+    expect(s.inbound.receiver.tracker(A)?.state).toBe("live");
+  });
+});
+
 describe("MeshInbound: snapshots", () => {
   it("retries a failed snapshot request after the tracker's timeout, doubling it", async () => {
     const s = setup(() => Promise.reject(new Error("peer not answering")));
