@@ -445,7 +445,7 @@ function decodeMark(m: Fields, at: string, type: LoadMarkEvent["type"]): LoadMar
   };
 }
 
-const BINDING_REASONS: ReadonlySet<unknown> = new Set<BindingEvent["reason"]>(["bind", "rebind", "refresh"]);
+const BINDING_REASONS: ReadonlySet<unknown> = new Set<BindingEvent["reason"]>(["bind", "rebind", "refresh", "unbind"]);
 
 function decodeBinding(m: Fields, at: string): BindingEvent {
   const model_name = str(m.m, `${at}.model_name`, MAX_ID_BYTES, true);

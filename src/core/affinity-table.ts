@@ -43,7 +43,12 @@ export interface SessionBinding {
   readonly version: BindingVersion;
 }
 
-export type BindingReason = "bind" | "rebind" | "refresh";
+/**
+ * Why a binding event was emitted. "unbind" (hard mode): a dispatch away from the binding
+ * invalidated it here, and peers must drop their copy too (finding F18: they kept it, so the
+ * replicas disagreed about the session); the event's version orders it like a bind.
+ */
+export type BindingReason = "bind" | "rebind" | "refresh" | "unbind";
 
 export type BindingListener = (binding: SessionBinding, reason: BindingReason) => void;
 
@@ -66,7 +71,9 @@ export type ApplyOutcome =
   | "ignored-conflict"
   | "ignored-own"
   | "rejected-invalid"
-  | "rejected-capacity";
+  | "rejected-capacity"
+  /** An unbind newer than the binding held here removed it (or recorded it, when none was held). */
+  | "unbound";
 
 export interface AffinityEntryView {
   readonly target: AffinityTarget;
@@ -186,6 +193,13 @@ export class AffinityTable {
   readonly #clock: Clock;
   readonly #onRefreshCoalesced: (() => void) | undefined;
   readonly #entries = new Map<string, Entry>();
+  /**
+   * Sessions unbound (hard-mode conflicts, here or at a peer) in the last TTL, with the unbind's
+   * version: an older bind of the session that arrives later (a peer's refresh of the copy it
+   * held, a snapshot) must not bring it back. In age order (fixed TTL), at most maxEntries.
+   */
+  readonly #unbound = new Map<string, { readonly target: AffinityTarget; readonly version: BindingVersion; readonly expiresAtMs: number }>();
+  #unboundShed = 0;
   readonly #listeners: BindingListener[] = [];
   #nextSequence: bigint;
   #fallbacks = 0;
@@ -320,6 +334,7 @@ export class AffinityTable {
       // of the session binds afresh instead of being refused for as long as leases keep it alive.
       this.#entries.delete(sessionId);
       this.#conflicts++;
+      this.#unbind(sessionId, bound, this.#stamp(), now);
       throw new KvmeshError(
         "KVMESH_SESSION_CONFLICT",
         `session ${JSON.stringify(sessionId)} is bound to worker ${describeTarget(bound)} but was dispatched to worker ${describeTarget(dispatched)}`,
@@ -419,18 +434,9 @@ export class AffinityTable {
 
   /** Merges a peer's binding (the reference's version merge on replica apply: higher (sequence, writer_id) wins). Never emits. */
   applyReplica(binding: SessionBinding): ApplyOutcome {
-    const { sessionId, target, version } = binding;
-    if (!isU64(version.sequence) || !isU64(version.writerId)) return "rejected-invalid";
-    // Observe the sequence before anything can reject the event, so our next local version
-    // orders after everything we have seen, applied or not.
-    this.observeSequence(version.sequence);
-    if (version.writerId === this.writerId) return "ignored-own";
-    if (!this.#validSessionId(sessionId) || !isU64(target.workerId) || (target.dpRank !== null && !isRank(target.dpRank))) {
-      return "rejected-invalid";
-    }
-    const now = this.#clock.now();
-    const incoming: AffinityTarget = { workerId: target.workerId, dpRank: target.dpRank };
-    const adopted: BindingVersion = { sequence: version.sequence, writerId: version.writerId };
+    const admitted = this.#admitReplica(binding);
+    if (typeof admitted === "string") return admitted;
+    const { sessionId, now, incoming, adopted } = admitted;
     const entry = this.#entries.get(sessionId);
 
     if (entry === undefined) {
@@ -465,6 +471,57 @@ export class AffinityTable {
   }
 
   /**
+   * A peer's unbind (its hard-mode conflict): drops the binding held here if the unbind is newer,
+   * and remembers it for a TTL so an older copy arriving later is ignored. Never emits.
+   */
+  applyReplicaUnbind(binding: SessionBinding): ApplyOutcome {
+    const admitted = this.#admitReplica(binding);
+    if (typeof admitted === "string") return admitted;
+    const { sessionId, now, incoming, adopted } = admitted;
+    const entry = this.#entries.get(sessionId);
+    // A bind after the unbind (the session's next request bound afresh somewhere) wins.
+    if (entry !== undefined && !this.#idleExpired(entry, now) && compareVersions(adopted, entry.version) <= 0) return "ignored-conflict";
+    // Local leases of a dropped entry release as no-ops (release checks the entry is still held).
+    this.#entries.delete(sessionId);
+    this.#unbind(sessionId, incoming, adopted, now, false);
+    return "unbound";
+  }
+
+  /**
+   * What every peer binding or unbind goes through first: validation, the sequence observed, our
+   * own echo, and an unbind of the session remembered here that is at least as new.
+   */
+  #admitReplica(binding: SessionBinding): ApplyOutcome | { sessionId: string; now: number; incoming: AffinityTarget; adopted: BindingVersion } {
+    const { sessionId, target, version } = binding;
+    if (!isU64(version.sequence) || !isU64(version.writerId)) return "rejected-invalid";
+    // Observe the sequence before anything can reject the event, so our next local version
+    // orders after everything we have seen, applied or not.
+    this.observeSequence(version.sequence);
+    if (version.writerId === this.writerId) return "ignored-own";
+    if (!this.#validSessionId(sessionId) || !isU64(target.workerId) || (target.dpRank !== null && !isRank(target.dpRank))) {
+      return "rejected-invalid";
+    }
+    const now = this.#clock.now();
+    const adopted: BindingVersion = { sequence: version.sequence, writerId: version.writerId };
+    const unbound = this.#liveUnbind(sessionId, now);
+    if (unbound !== undefined && compareVersions(adopted, unbound.version) <= 0) return "ignored-conflict";
+    return { sessionId, now, incoming: { workerId: target.workerId, dpRank: target.dpRank }, adopted };
+  }
+
+  /** Unbinds recorded and not expired yet (snapshots carry them, so a peer that missed one in a gap still learns it). */
+  unbinds(): SessionBinding[] {
+    const now = this.#clock.now();
+    const out: SessionBinding[] = [];
+    for (const [sessionId, u] of this.#unbound) if (u.expiresAtMs > now) out.push({ sessionId, target: u.target, version: u.version });
+    return out;
+  }
+
+  /** Unbinds forgotten before their TTL because maxEntries were recorded. */
+  get unbindsShed(): number {
+    return this.#unboundShed;
+  }
+
+  /**
    * Removes idle-expired entries (no leases, deadline passed) and re-publishes leased bindings
    * last published half a TTL ago or more. Returns the number removed.
    */
@@ -472,6 +529,10 @@ export class AffinityTable {
     const now = this.#clock.now();
     const keepaliveAfterMs = this.ttlMs / 2;
     let removed = 0;
+    for (const [sessionId, u] of this.#unbound) {
+      if (u.expiresAtMs > now) break; // age order
+      this.#unbound.delete(sessionId);
+    }
     for (const [sessionId, entry] of this.#entries) {
       if (this.#idleExpired(entry, now)) {
         this.#entries.delete(sessionId);
@@ -551,7 +612,26 @@ export class AffinityTable {
     return version;
   }
 
-  #emit(sessionId: string, entry: Entry, reason: BindingReason): void {
+  /** Records an unbind of `sessionId` at `version` for a TTL and, when it happened here, publishes it. */
+  #unbind(sessionId: string, target: AffinityTarget, version: BindingVersion, now: number, publish = true): void {
+    this.#unbound.delete(sessionId);
+    this.#unbound.set(sessionId, { target, version, expiresAtMs: now + this.ttlMs });
+    if (this.#unbound.size > this.maxEntries) {
+      const oldest = this.#unbound.keys().next();
+      if (oldest.done !== true) {
+        this.#unbound.delete(oldest.value);
+        this.#unboundShed++;
+      }
+    }
+    if (publish) this.#emit(sessionId, { target, version }, "unbind");
+  }
+
+  #liveUnbind(sessionId: string, now: number): { readonly version: BindingVersion } | undefined {
+    const u = this.#unbound.get(sessionId);
+    return u !== undefined && u.expiresAtMs > now ? u : undefined;
+  }
+
+  #emit(sessionId: string, entry: Pick<Entry, "target" | "version">, reason: BindingReason): void {
     if (this.#listeners.length === 0) return;
     const binding: SessionBinding = { sessionId, target: entry.target, version: entry.version };
     // A copy, so a listener that unsubscribes during the call does not skip its neighbour.

@@ -169,6 +169,7 @@ export class SessionBindings {
       c.bindingsIgnored++;
       return "ignored-own";
     }
+    if (e.reason === "unbind") return this.#mergeUnbind(e, p);
     if (p?.affinity === undefined || !p.members.has(e.worker_id)) {
       // The binding is real; this replica just has not learned the worker (or partition) yet.
       // Park it and apply it when the worker registers, instead of dropping it.
@@ -183,6 +184,29 @@ export class SessionBindings {
     });
     if (outcome.startsWith("ignored") || outcome.startsWith("rejected")) c.bindingsIgnored++;
     else c.bindingsApplied++;
+    return outcome;
+  }
+
+  /**
+   * A peer's unbind (its hard-mode conflict). Its worker need not be known here: it removes a
+   * binding, and one parked for that worker goes too if older. Never parked itself.
+   */
+  #mergeUnbind(e: BindingEvent, p: Partition | undefined): SessionBindingOutcomeKind {
+    const c = this.#o.counters;
+    const key = `${e.model_name}:${e.routing_group}/${e.session_id}`;
+    const parked = this.#parked.get(key)?.event;
+    if (parked !== undefined && (parked.sequence < e.sequence || (parked.sequence === e.sequence && parked.writer_id < e.writer_id))) this.#parked.delete(key);
+    if (p?.affinity === undefined) {
+      c.bindingsIgnored++;
+      return "ignored-conflict";
+    }
+    const outcome = p.affinity.applyReplicaUnbind({
+      sessionId: e.session_id,
+      target: { workerId: e.worker_id, dpRank: e.dp_rank },
+      version: { sequence: e.sequence, writerId: e.writer_id },
+    });
+    if (outcome === "unbound") c.bindingsApplied++;
+    else c.bindingsIgnored++;
     return outcome;
   }
 
@@ -245,11 +269,15 @@ export class SessionBindings {
 
   // ---------------------------------------------------------------- snapshots and host streams
 
-  /** Every live session binding held here (LWW merge makes re-applying them harmless). */
+  /**
+   * Every live session binding held here, then the unbinds of the last TTL (LWW merge makes
+   * re-applying them harmless; a peer that missed an unbind in a gap learns it here).
+   */
   snapshot(): BindingEvent[] {
     const out: BindingEvent[] = [];
     for (const p of this.#o.fleet.partitions()) {
       for (const b of p.affinity?.snapshot() ?? []) out.push(bindingEvent(p, b, "refresh"));
+      for (const b of p.affinity?.unbinds() ?? []) out.push(bindingEvent(p, b, "unbind"));
     }
     return out;
   }

@@ -52,6 +52,7 @@ export interface FleetSizes {
   affinityEvictions: number;
   affinityRebinds: number;
   affinityConflicts: number;
+  affinityUnbindsShed: number;
 }
 
 /** What the fleet tells the parts that keep per-partition state of their own. */
@@ -100,7 +101,7 @@ export class Fleet {
   /** Sum of data_parallel_size over the catalog's records. */
   #ranks = 0;
   /** The affinity counters of partitions that left the fleet (sizes() keeps its counters monotonic). */
-  readonly #removedAffinity = { fallbacks: 0, evictions: 0, rebinds: 0, conflicts: 0 };
+  readonly #removedAffinity = { fallbacks: 0, evictions: 0, rebinds: 0, conflicts: 0, unbindsShed: 0 };
 
   constructor(options: FleetOptions) {
     this.#o = options;
@@ -256,6 +257,7 @@ export class Fleet {
     r.evictions += p.affinity?.evictions ?? 0;
     r.rebinds += p.affinity?.rebinds ?? 0;
     r.conflicts += p.affinity?.conflicts ?? 0;
+    r.unbindsShed += p.affinity?.unbindsShed ?? 0;
     this.#o.hooks.partitionRemoved(p);
   }
 
@@ -425,7 +427,13 @@ export class Fleet {
     let indexNodes = 0;
     let affinityEntries = 0;
     // The affinity counters are counters (never go down): removed partitions' counts stay in.
-    let { fallbacks: affinityFallbacks, evictions: affinityEvictions, rebinds: affinityRebinds, conflicts: affinityConflicts } = this.#removedAffinity;
+    let {
+      fallbacks: affinityFallbacks,
+      evictions: affinityEvictions,
+      rebinds: affinityRebinds,
+      conflicts: affinityConflicts,
+      unbindsShed: affinityUnbindsShed,
+    } = this.#removedAffinity;
     for (const p of this.#partitions.values()) {
       indexedBlocks += p.index.size;
       indexNodes += p.index.nodeCount;
@@ -434,7 +442,8 @@ export class Fleet {
       affinityEvictions += p.affinity?.evictions ?? 0;
       affinityRebinds += p.affinity?.rebinds ?? 0;
       affinityConflicts += p.affinity?.conflicts ?? 0;
+      affinityUnbindsShed += p.affinity?.unbindsShed ?? 0;
     }
-    return { partitions: this.#partitions.size, indexedBlocks, indexNodes, affinityEntries, affinityFallbacks, affinityEvictions, affinityRebinds, affinityConflicts };
+    return { partitions: this.#partitions.size, indexedBlocks, indexNodes, affinityEntries, affinityFallbacks, affinityEvictions, affinityRebinds, affinityConflicts, affinityUnbindsShed };
   }
 }

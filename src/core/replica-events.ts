@@ -103,8 +103,11 @@ export interface BindingEvent {
   readonly dp_rank: number | null;
   readonly sequence: bigint;
   readonly writer_id: bigint;
-  /** Why it was emitted: a new binding, a move, or a refresh (a use that extends the idle TTL). */
-  readonly reason: "bind" | "rebind" | "refresh";
+  /**
+   * Why it was emitted: a new binding, a move, a refresh (a use that extends the idle TTL), or an
+   * unbind (hard mode: a dispatch away from it invalidated it; peers drop theirs if older).
+   */
+  readonly reason: "bind" | "rebind" | "refresh" | "unbind";
 }
 
 /** How long a Free is remembered so an Add it overtook is not applied, ms (reference: 300 s). */

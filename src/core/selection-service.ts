@@ -428,6 +428,7 @@ export class SelectionService {
     affinityEvictions: number;
     affinityRebinds: number;
     affinityConflicts: number;
+    affinityUnbindsShed: number;
     pendingSelections: number;
     pendingEvictions: number;
     pendingLargeEvictions: number;
@@ -469,7 +470,7 @@ export class SelectionService {
     return this.#replica.bookingsSnapshot();
   }
 
-  /** Every live session binding held here (LWW merge makes re-applying them harmless). */
+  /** Every live session binding held here, then recent unbinds (LWW merge makes re-applying them harmless). */
   bindingsSnapshot(): BindingEvent[] {
     return this.#bindings.snapshot();
   }

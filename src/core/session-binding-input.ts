@@ -31,8 +31,10 @@ export type SessionBindingOutcomeKind =
   | "replaced-newer"
   /** The binding held here had idled out; the peer's replaced it whatever its version. */
   | "replaced-expired"
-  /** Older than what is held here (last-writer-wins kept ours). */
+  /** Older than what is held here (last-writer-wins kept ours), or than an unbind of the session. */
   | "ignored-conflict"
+  /** An unbind (reason "unbind") newer than the binding held here removed it. */
+  | "unbound"
   /** Written by this service itself (an echo). */
   | "ignored-own"
   /** Its worker or partition is not known here yet: kept and applied when the worker registers. */
@@ -58,7 +60,7 @@ export type CheckedBinding =
 
 const U64_LIMIT = 1n << 64n;
 const U32_MAX = 0xffff_ffff;
-const REASONS: readonly BindingEvent["reason"][] = ["bind", "rebind", "refresh"];
+const REASONS: readonly BindingEvent["reason"][] = ["bind", "rebind", "refresh", "unbind"];
 const U64_PROBLEM = "must be an unsigned 64-bit integer (a bigint, or a number up to 2^53 - 1)";
 
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);

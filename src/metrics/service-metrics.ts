@@ -58,6 +58,7 @@ const SIZE_COUNTERS: readonly (readonly [name: string, help: string, key: keyof 
   ["kvmesh_affinity_evictions_total", "Bindings without a lease evicted, least recently used first, to make room for a new session.", "affinityEvictions"],
   ["kvmesh_affinity_rebinds_total", "Soft affinity: session bindings that followed a dispatch to another worker (rank).", "affinityRebinds"],
   ["kvmesh_affinity_conflicts_total", "Hard affinity: dispatches away from a live binding, refused 400 (KVMESH_SESSION_CONFLICT).", "affinityConflicts"],
+  ["kvmesh_affinity_unbinds_shed_total", "Hard affinity: remembered unbinds forgotten before their TTL because the table's max entries were remembered (an older copy of such a session could then be applied again).", "affinityUnbindsShed"],
   ["kvmesh_pending_selection_evictions_total", "Cached selections evicted (entry or byte bound) before use.", "pendingEvictions"],
   ["kvmesh_pending_selection_large_evictions_total", "Of those, large cached selections (over 1/256 of the byte budget) evicted by newer large ones (their budget is 1/4 of it).", "pendingLargeEvictions"],
   ["kvmesh_reorder_state_shed_total", "Tombstones or early prefill marks shed at their bound.", "reorderShed"],

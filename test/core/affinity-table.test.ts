@@ -105,9 +105,35 @@ describe("AffinityTable commit", () => {
     expect(err.message).toContain("worker 2");
     expect(table.get("sess-a")).toBeUndefined();
     expect(table.resolve("sess-a")).toBeUndefined();
-    expect(events).toHaveLength(1);
+    // The unbind is published with a newer version, so peers drop their copy too (F18).
+    expect(events).toHaveLength(2);
+    const [bind, unbind] = events as [(typeof events)[number], (typeof events)[number]];
+    expect(unbind.reason).toBe("unbind");
+    expect(unbind.binding.target).toEqual({ workerId: 1n, dpRank: 0 });
+    expect(unbind.binding.version.sequence > bind.binding.version.sequence).toBe(true);
     // The session binds afresh on its next request.
     expect(table.commit("sess-a", { workerId: 2n, dpRank: 0 }).kind).toBe("bound");
+  });
+
+  it("remembers a peer's unbind for a TTL, bounded by maxEntries, counting what it sheds", () => {
+    const clock = new ManualClock(0);
+    const table = makeTable({ maxEntries: 2 }, clock);
+    const peer = (session: string, sequence: bigint): SessionBinding => ({ sessionId: session, target: { workerId: 5n, dpRank: 0 }, version: { sequence, writerId: 9n } });
+    expect(table.applyReplica(peer("a", 10n))).toBe("inserted");
+    expect(table.applyReplicaUnbind(peer("a", 11n))).toBe("unbound");
+    expect(table.get("a")).toBeUndefined();
+    // The older bind again (a delayed refresh): ignored while the unbind is remembered.
+    expect(table.applyReplica(peer("a", 10n))).toBe("ignored-conflict");
+    expect(table.unbinds().map((b) => b.sessionId)).toEqual(["a"]);
+    // After the TTL the unbind is forgotten by the sweep.
+    clock.set(TTL_MS);
+    table.sweep();
+    expect(table.unbinds()).toEqual([]);
+    expect(table.applyReplica(peer("a", 10n))).toBe("inserted");
+    // Bounded: a third unbind sheds the oldest.
+    for (const [i, session] of ["x", "y", "z"].entries()) table.applyReplicaUnbind(peer(session, 20n + BigInt(i)));
+    expect(table.unbinds().map((b) => b.sessionId)).toEqual(["y", "z"]);
+    expect(table.unbindsShed).toBe(1);
   });
 
   it("counts hard-mode conflicts and soft-mode rebinds (not refreshes or fresh binds)", () => {

@@ -87,7 +87,7 @@ describe("AffinityTable refresh coalescing", () => {
     expect(() => hard.table.commit("s", W2)).toThrow();
     hard.clock.set(20);
     expect(hard.table.commit("s", W2).kind).toBe("bound");
-    expect(hard.reasons).toEqual(["bind", "bind"]);
+    expect(hard.reasons).toEqual(["bind", "unbind", "bind"]);
   });
 
   it("leaves the keepalive alone, and a suppressed refresh does not postpone it", () => {

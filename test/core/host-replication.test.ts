@@ -286,7 +286,7 @@ describe("host replication: services wired only through the stream and apply", (
     expect(services.map((s) => sessionTarget(s, "s"))).toEqual([2n, 2n, 2n]);
   });
 
-  it("hard mode rejects the allowlist's move and publishes nothing", async () => {
+  it("hard mode rejects the allowlist's move and publishes only the unbind", async () => {
     const svc = hostService(1n, { mode: "hard" });
     const sub = svc.sessionBindingUpdates();
     svc.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "a", allowed_worker_ids: [1n] });
@@ -295,6 +295,8 @@ describe("host replication: services wired only through the stream and apply", (
     expect(err.code).toBe("KVMESH_SESSION_CONFLICT");
     expect(err.status).toBe(400);
     expect(svc.hasReservation("b")).toBe(false);
+    const unbind = (await nextBatch(sub)).bindings;
+    expect(unbind.map((b) => [b.session_id, b.worker_id, b.reason])).toEqual([["s", 1n, "unbind"]]);
     expect(await batchWithin(sub, 30)).toBe(false);
   });
 });

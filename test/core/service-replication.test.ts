@@ -155,3 +155,55 @@ describe("a binding stays alive where it was written while a peer serves the ses
     expect(a.sizes().affinityEntries).toBe(0);
   });
 });
+
+describe("a hard-mode conflict unbinds the session on every replica (F18)", () => {
+  const live = (s: SelectionService) => s.bindingsSnapshot().filter((e) => e.reason !== "unbind" && e.session_id === "s");
+
+  /** Session "s" bound on A and replicated to B and C; then A refuses a dispatch away from it. */
+  function conflicted() {
+    const m = mesh(3, { ttlSecs: 60, mode: "hard" });
+    const [a, b, c] = m.services as [SelectionService, SelectionService, SelectionService];
+    const first = a.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "1" });
+    m.deliver();
+    expect(live(b).map((e) => e.worker_id)).toEqual([first.worker_id]);
+    const other = first.worker_id === 1n ? 2n : 1n;
+    expect(() => a.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "2", allowed_worker_ids: [other] })).toThrow(/bound to worker/);
+    return { ...m, a, b, c, first, other };
+  }
+
+  it("publishes the unbind, and peers drop their copy", () => {
+    const { a, b, c, bindQ, deliver } = conflicted();
+    const unbind = bindQ.find((q) => q.e.reason === "unbind")?.e;
+    expect(unbind?.session_id).toBe("s");
+    expect(live(a)).toEqual([]);
+    deliver();
+    expect(live(b)).toEqual([]);
+    expect(live(c)).toEqual([]);
+    // Each holds the unbind for its snapshots, so a peer that missed it in a gap learns it.
+    for (const s of [a, b, c]) expect(s.bindingsSnapshot().filter((e) => e.reason === "unbind").map((e) => e.sequence)).toEqual([unbind?.sequence]);
+  });
+
+  it("an older copy arriving after the unbind does not bring the binding back; a newer bind does", () => {
+    const { services, a, b, c, bindQ, deliver, other } = conflicted();
+    const staleCopy = b.bindingsSnapshot().find((e) => e.session_id === "s" && e.reason !== "unbind") as BindingEvent;
+    deliver();
+    // B's refresh of the copy it held, delayed past the unbind (a reordering or a snapshot).
+    for (const s of services) s.applyBindingEvent({ ...staleCopy, reason: "refresh" });
+    for (const s of services) expect(live(s)).toEqual([]);
+    // The session's next request binds afresh on C, and that newer binding reaches everyone.
+    const again = c.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "3", allowed_worker_ids: [other] });
+    expect(bindQ.some((q) => q.e.reason === "bind")).toBe(true);
+    deliver();
+    for (const s of [a, b, c]) expect(live(s).map((e) => e.worker_id)).toEqual([again.worker_id]);
+  });
+
+  it("an unbind older than the binding held is ignored", () => {
+    const { b, bindQ } = conflicted();
+    const unbind = bindQ.find((q) => q.e.reason === "unbind")?.e as BindingEvent;
+    const held = live(b)[0] as BindingEvent;
+    expect(b.applyBindingEvent({ ...unbind, sequence: held.sequence - 1n })).toBe("ignored-conflict");
+    expect(live(b)).toHaveLength(1);
+    expect(b.applyBindingEvent(unbind)).toBe("unbound");
+    expect(b.applyBindingEvent(unbind)).toBe("ignored-conflict");
+  });
+});

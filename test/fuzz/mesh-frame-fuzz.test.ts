@@ -80,7 +80,7 @@ function randomBinding(f: Fuzz, writer: bigint): BindingEvent {
     dp_rank: f.chance(0.5) ? null : 0,
     sequence: f.u64(),
     writer_id: writer,
-    reason: f.pick(["bind", "rebind", "refresh"] as const),
+    reason: f.pick(["bind", "rebind", "refresh", "unbind"] as const),
   };
 }
 
@@ -134,7 +134,7 @@ function checkDecodedBatch(b: MeshBatch): string | null {
     if (e.kind === "binding") {
       const x = e.event;
       if (typeof x.session_id !== "string" || x.session_id.length === 0 || !u64(x.worker_id) || !u64(x.sequence) || !u64(x.writer_id) || x.writer_id === 0n) return "binding";
-      if (!["bind", "rebind", "refresh"].includes(x.reason)) return "binding.reason";
+      if (!["bind", "rebind", "refresh", "unbind"].includes(x.reason)) return "binding.reason";
     } else if (e.kind === "loads") {
       const x = e.event;
       if (x.rows.some((r) => !u64(r.worker_id) || !Number.isInteger(r.dp_rank) || !(r.blocks >= 0) || !(r.prefill_tokens >= 0))) return "loads";
