@@ -126,7 +126,7 @@ describe("replicated catalogue: idempotent registration", () => {
   it("the same worker registered on every replica converges without ping-pong or re-applies", () => {
     const { services, deliver } = replicas(3, (i) => BigInt(5_000 + i));
     const changes: number[] = [0, 0, 0];
-    services.forEach((s, i) => s.onWorkerChange(() => changes[i]++));
+    services.forEach((s, i) => s.onWorkerChange(() => (changes[i] = (changes[i] ?? 0) + 1)));
     for (const s of services) s.upsertWorker(worker(2));
     const delivered = deliver();
     // 3 registrations and each replica's one status: nothing is re-published in answer.
