@@ -27,7 +27,7 @@ import type { WorkerChange } from "./fleet.js";
 import type { CatalogEvent, CatalogWorker, WorkerStatusEvent } from "./replica-events.js";
 import type { ServiceCounters } from "./service-stats.js";
 import type { Lifecycle, WorkerCatalogRecord, WorkerId, WorkerPatchRequest, WorkerRequest } from "./types.js";
-import { recordToRequest } from "./worker-catalog.js";
+import { recordToRequest, workerDraft } from "./worker-catalog.js";
 
 /**
  * How long a deletion is remembered, ms. It must outlast the oldest copy of the worker a peer can
@@ -180,7 +180,13 @@ export class CatalogReplication {
 
   delete(workerId: WorkerId): WorkerCatalogRecord {
     return this.#change(() => {
-      const removed = this.#o.fleet.deleteWorker(workerId);
+      const entry = this.#entries.get(workerId);
+      // A registration this replica refused (its status says why) is still the fleet's: deleting
+      // it here deletes it everywhere, as anywhere else.
+      const removed =
+        this.#o.fleet.getWorker(workerId) === undefined && entry?.worker !== undefined && entry.worker !== null
+          ? { ...workerDraft(entry.worker.request), lifecycle: "unschedulable" as const }
+          : this.#o.fleet.deleteWorker(workerId);
       this.#publish({ worker_id: workerId, ...this.#tombstone(workerId, this.#nextVersion()), worker: null });
       return removed;
     });

@@ -210,5 +210,12 @@ describe("replicated catalogue: per-replica status", () => {
       ["1", "schedulable"],
       ["2", "incomplete"],
     ]);
+    // Deleting it where it was refused deletes it everywhere.
+    const tombstones: CatalogEvent[] = [];
+    small.onCatalogEvent((e) => tombstones.push(e));
+    expect(small.deleteWorker(8n).lifecycle).toBe("unschedulable");
+    for (const e of tombstones) a.applyCatalogEvent(e);
+    expect(a.getWorker(8n)).toBeUndefined();
+    expect(small.workerReplicas(8n)).toEqual([]);
   });
 });
