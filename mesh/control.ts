@@ -81,7 +81,7 @@ export interface ControlRefusals {
 }
 
 export interface ControlServerOptions {
-  readonly port: Pick<ReplicaPort, "bookingsSnapshot" | "bindingsSnapshot" | "loadAggregatesSnapshot" | "mirroredAggregatesSnapshot" | "applyLoadEvent">;
+  readonly port: Pick<ReplicaPort, "bookingsSnapshot" | "bindingsSnapshot" | "loadAggregatesSnapshot" | "mirroredAggregatesSnapshot" | "applyLoadEvent" | "catalogSnapshot" | "workerStatusSnapshot">;
   readonly publisher: Pick<MeshPublisher, "origin" | "epoch" | "seq" | "settled">;
   readonly peering: PeeringRequests;
   /** Told of each refusal (the mesh logs them, throttled). */
@@ -134,6 +134,8 @@ export class ControlServer {
           bindings: this.#o.port.bindingsSnapshot(),
           aggregates: this.#o.port.loadAggregatesSnapshot(),
           mirrored: this.#o.port.mirroredAggregatesSnapshot(),
+          catalog: this.#o.port.catalogSnapshot(),
+          statuses: this.#o.port.workerStatusSnapshot(),
         };
         return encodeControlReply({ type: "snapshot", snapshot });
       }

@@ -68,7 +68,20 @@ export interface InboundStats {
 export interface MeshInboundOptions {
   /** This replica's origin: its own frames (looped back by a misconfigured peer) are ignored. */
   readonly origin: bigint;
-  readonly port: Pick<ReplicaPort, "applyLoadEvent" | "applyBindingEvent" | "applyLoadAggregates" | "replaceOrigin" | "replaceOriginAggregates" | "adoptMirroredAggregates" | "countOwnedBy" | "dropOrigin">;
+  readonly port: Pick<
+    ReplicaPort,
+    | "applyLoadEvent"
+    | "applyBindingEvent"
+    | "applyLoadAggregates"
+    | "replaceOrigin"
+    | "replaceOriginAggregates"
+    | "adoptMirroredAggregates"
+    | "countOwnedBy"
+    | "applyCatalogEvent"
+    | "applyWorkerStatus"
+    | "replaceWorkerStatuses"
+    | "dropOrigin"
+  >;
   readonly control: Pick<ControlClient, "snapshot">;
   readonly logger: Logger;
   /** Monotonic, ms: peer health, snapshot timeouts and retries, origin idleness. */
@@ -218,9 +231,23 @@ export class MeshInbound {
   #apply(b: MeshBatch): void {
     const port = this.#o.port;
     for (const e of b.events) {
-      if (e.kind === "load") port.applyLoadEvent(e.event);
-      else if (e.kind === "loads") port.applyLoadAggregates(b.origin, e.event);
-      else port.applyBindingEvent(e.event);
+      switch (e.kind) {
+        case "load":
+          port.applyLoadEvent(e.event);
+          break;
+        case "loads":
+          port.applyLoadAggregates(b.origin, e.event);
+          break;
+        case "binding":
+          port.applyBindingEvent(e.event);
+          break;
+        case "catalog":
+          port.applyCatalogEvent(e.event);
+          break;
+        case "worker_status":
+          port.applyWorkerStatus(b.origin, e.event);
+          break;
+      }
     }
     this.stats.batchesApplied++;
     this.stats.eventsApplied += b.events.length;
@@ -345,9 +372,15 @@ export class MeshInbound {
     for (const b of this.receiver.onSnapshot(s)) this.#apply(b);
   }
 
-  /** What a snapshot replaces: the origin's bookings (exact) or totals (aggregate), then its bindings. */
+  /**
+   * What a snapshot replaces: the catalogue first (merged last-writer-wins: a joiner with an empty
+   * catalogue gets the fleet's workers, and bookings and bindings then find them), the origin's
+   * statuses, its bookings (exact) or totals (aggregate), then its bindings.
+   */
   #replace(s: Snapshot): void {
     const port = this.#o.port;
+    for (const c of s.catalog ?? []) port.applyCatalogEvent(c);
+    port.replaceWorkerStatuses(s.origin, s.statuses ?? []);
     port.replaceOrigin(s.origin, s.bookings);
     port.replaceOriginAggregates(s.origin, s.aggregates ?? []);
     const states = this.health.states();

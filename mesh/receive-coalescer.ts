@@ -16,7 +16,8 @@
  * - a heartbeat ends its origin's merge, so it still follows exactly the batches sent before it;
  * - in a merged batch, load totals ("loads" events, absolute values) of one partition fold into
  *   one event whose rows are the latest per rank, and whose booking ids are what the sequence
- *   leaves added or removed; per-booking events and bindings are kept, in order.
+ *   leaves added or removed; per-booking events, bindings, catalogue entries and worker statuses
+ *   are kept, in order (a catalogue entry's version decides on apply, so none is folded away).
  * Nothing is dropped here: malformed frames are counted, and a full hand-over goes at once.
  */
 import type { LoadAggregateRow, LoadAggregates } from "../src/core/replica-events.js";

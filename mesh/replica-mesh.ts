@@ -163,6 +163,12 @@ export class ReplicaMesh implements MeshControl {
     service.onBindingEvent((event) => {
       this.#publisher.enqueue({ kind: "binding", event });
     });
+    service.onCatalogEvent((event) => {
+      this.#publisher.enqueue({ kind: "catalog", event });
+    });
+    service.onWorkerStatusEvent((event) => {
+      this.#publisher.enqueue({ kind: "worker_status", event });
+    });
     if (service.loadReplication === "aggregate") {
       service.onLoadChange(() => {
         this.#publisher.loadChanged();

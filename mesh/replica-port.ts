@@ -3,7 +3,7 @@
  * calls, no more (SelectionService satisfies it structurally; tests drive the mesh with a fake).
  * `MeshControl` is all the HTTP layer sees of the mesh (register, deregister, list peers).
  */
-import type { BindingEvent, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates } from "../src/core/replica-events.js";
+import type { BindingEvent, CatalogEvent, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates, WorkerStatusEvent } from "../src/core/replica-events.js";
 import type { SnapshotBooking } from "./types.js";
 
 /** This replica's position among itself and its live peers, for spreading argmin ties. */
@@ -31,12 +31,22 @@ export interface ReplicaPort {
   onBindingEvent(listener: (e: BindingEvent) => void): void;
   /** A worker registered or changed: peers' bookings for it may have been ignored before. */
   onWorkerChange(listener: () => void): void;
+  /** A worker catalogue change taken here (registration, patch, deletion), versioned. */
+  onCatalogEvent(listener: (e: CatalogEvent) => void): void;
+  /** This replica's own outcome for a worker changed. */
+  onWorkerStatusEvent(listener: (e: WorkerStatusEvent) => void): void;
   /** Tie spreading (src/core/tie-spread.ts); null turns it off. */
   setReplicaSlot(slot: (() => ReplicaSlot) | null): void;
 
   // Inbound: peers' changes, idempotent.
   applyLoadEvent(e: LoadEvent): void;
   applyBindingEvent(e: BindingEvent): void;
+  /** A peer's catalogue entry, merged last-writer-wins. */
+  applyCatalogEvent(e: CatalogEvent): void;
+  /** `origin`'s status for a worker. */
+  applyWorkerStatus(origin: bigint, e: WorkerStatusEvent): void;
+  /** Replaces `origin`'s statuses with a snapshot's. */
+  replaceWorkerStatuses(origin: bigint, statuses: readonly WorkerStatusEvent[]): void;
   /** Aggregate mode: a peer's changed totals. */
   applyLoadAggregates(origin: bigint, a: LoadAggregates): void;
   /** Aggregate mode: replaces everything mirrored of `origin` with a snapshot's totals. */
@@ -45,7 +55,7 @@ export interface ReplicaPort {
   adoptMirroredAggregates(sender: bigint, mirrored: readonly OriginAggregates[]): void;
   /** Replaces everything mirrored of `origin` with a snapshot's bookings. */
   replaceOrigin(origin: bigint, bookings: readonly SnapshotBooking[]): void;
-  /** Drops what is mirrored of `origin` (deregistered); returns how many bookings went. */
+  /** Drops what is mirrored of `origin` (deregistered), its worker statuses too; returns how many bookings went. */
   dropOrigin(origin: bigint): number;
   /** Bookings owned by `origin` (our own, or mirrored): heartbeats and the divergence check. */
   countOwnedBy(origin: bigint): number;
@@ -53,6 +63,8 @@ export interface ReplicaPort {
   // Snapshots served to peers.
   bookingsSnapshot(): SnapshotBooking[];
   bindingsSnapshot(): BindingEvent[];
+  catalogSnapshot(): CatalogEvent[];
+  workerStatusSnapshot(): WorkerStatusEvent[];
   loadAggregatesSnapshot(): LoadAggregates[];
   mirroredAggregatesSnapshot(): OriginAggregates[];
 }

@@ -7,7 +7,7 @@
  * that peer's ROUTER for a snapshot and replaces what it mirrors of that origin (the ZeroMQ
  * Guide's Clone pattern).
  */
-import type { BindingEvent, LoadAddEvent, LoadAggregates, LoadEvent, LoadMarkEvent, OriginAggregates } from "../src/core/replica-events.js";
+import type { BindingEvent, CatalogEvent, LoadAddEvent, LoadAggregates, LoadEvent, LoadMarkEvent, OriginAggregates, WorkerStatusEvent } from "../src/core/replica-events.js";
 
 export const TOPIC_BATCH = "kvmesh.batch.v1";
 export const TOPIC_HEARTBEAT = "kvmesh.hb.v1";
@@ -15,13 +15,16 @@ export const PROTOCOL_VERSION = 1;
 
 /**
  * One replicated change: a load event (exact load replication, or a lifecycle call forwarded to a
- * booking's owner), a session binding, or an origin's changed per-rank totals (aggregate load
- * replication, src/core/load-aggregates.ts).
+ * booking's owner), a session binding, an origin's changed per-rank totals (aggregate load
+ * replication, src/core/load-aggregates.ts), a worker catalogue entry, or the origin's own status
+ * for a worker (src/core/catalog-replication.ts).
  */
 export type MeshEvent =
   | { readonly kind: "load"; readonly event: LoadEvent }
   | { readonly kind: "binding"; readonly event: BindingEvent }
-  | { readonly kind: "loads"; readonly event: LoadAggregates };
+  | { readonly kind: "loads"; readonly event: LoadAggregates }
+  | { readonly kind: "catalog"; readonly event: CatalogEvent }
+  | { readonly kind: "worker_status"; readonly event: WorkerStatusEvent };
 
 export interface MeshBatch {
   readonly v: typeof PROTOCOL_VERSION;
@@ -77,6 +80,10 @@ export interface Snapshot {
   readonly aggregates?: readonly LoadAggregates[];
   /** Aggregate load replication: the totals the origin mirrors of other origins (for joiners). */
   readonly mirrored?: readonly OriginAggregates[];
+  /** Every worker catalogue entry the origin holds, live and deleted (absent from older replicas). */
+  readonly catalog?: readonly CatalogEvent[];
+  /** The origin's own status for each worker it holds (absent from older replicas). */
+  readonly statuses?: readonly WorkerStatusEvent[];
 }
 
 /** Requests on the control channel (DEALER -> ROUTER), and their replies. */

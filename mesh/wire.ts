@@ -29,18 +29,28 @@
  *   loads      k "l", m, g, bs block_size, columns of equal length: wk worker_ids(u64[]),
  *              dp dp_ranks[], pt prefill_tokens[], bl blocks[], rq requests[]; added bookings as
  *              columns ad ids[], aw worker_ids(u64[]), ap dp_ranks[]; rm removed ids[]
+ *   catalog    k "c", wk worker_id(u64), sq sequence(u64), wr writer_id(u64), w worker|nil (nil:
+ *              deleted), dr draining; worker: the `POST /workers` fields by their JSON names
+ *              but worker_id, checked by the catalogue's own validator (worker-catalog.ts)
+ *   status     k "w", wk worker_id(u64), sq sequence(u64), wr writer_id(u64), lc lifecycle,
+ *              rs reasons[]
  *   heartbeat  v, o, e, s, t, ce controlEndpoint, pe publishEndpoint, nb bookings
  *              (+ nn 0, d "": legacy, see encodeHeartbeat)
  *   snapshot   v, o, e, s, bk [{a: add event map, c: prefillDone}], bn [binding map],
  *              ag [loads map], mg [{o origin(u64), ag [loads map]}] (both optional: absent in
- *              exact load replication and from older replicas)
+ *              exact load replication and from older replicas), ct [catalog map], ws [status
+ *              map] (optional: absent from older replicas)
  *   control    v, ty "snapshot"|"peer"|"unpeer", f from(u64), pe publishEndpoint
  *   reply      v, ty "snapshot"|"ok"|"error", sn snapshot map, msg message
  */
 import { Packr, Unpackr } from "msgpackr";
 
+import { MAX_WORKER_STATUS_REASONS } from "../src/core/catalog-replication.js";
+import { KvmeshError } from "../src/core/errors.js";
 import type { HashList } from "../src/core/hash64.js";
-import type { BindingEvent, LoadAddEvent, LoadAggregateRow, LoadAggregates, LoadMarkEvent, PartitionRef } from "../src/core/replica-events.js";
+import type { BindingEvent, CatalogEvent, LoadAddEvent, LoadAggregateRow, LoadAggregates, LoadMarkEvent, PartitionRef, WorkerStatusEvent } from "../src/core/replica-events.js";
+import type { Lifecycle, WorkerRequest } from "../src/core/types.js";
+import { recordToRequest, workerDraft } from "../src/core/worker-catalog.js";
 import { PROTOCOL_VERSION } from "./types.js";
 import type { ControlReply, ControlRequest, Heartbeat, MeshBatch, MeshEvent, Snapshot, SnapshotBooking } from "./types.js";
 import { MeshWireError } from "./errors.js";
@@ -57,6 +67,14 @@ export const MAX_AGGREGATE_ROWS = 1 << 20;
 export const MAX_AGGREGATE_IDS = 1_000_000;
 /** Partitions in a snapshot's aggregates. */
 export const MAX_SNAPSHOT_PARTITIONS = 65_536;
+/** Catalogue entries (workers and tombstones) and worker statuses in a snapshot. */
+export const MAX_SNAPSHOT_CATALOG_ENTRIES = 1_048_576;
+export const MAX_SNAPSHOT_WORKER_STATUSES = 1_048_576;
+/**
+ * Entries of one map or list in a peer's worker (kv_events_endpoints, taints, ...): a worker has
+ * at most 1,024 ranks (MAX_DATA_PARALLEL_SIZE), so 4,096 leaves room and bounds the validator's work.
+ */
+export const MAX_WORKER_FIELD_ENTRIES = 4_096;
 /** Other origins whose totals a snapshot carries (the mesh's tracked-origin bound is far below). */
 export const MAX_SNAPSHOT_ORIGINS = 4_096;
 /** request_id, session_id, model_name, routing_group, UTF-8 bytes. */
@@ -164,10 +182,34 @@ function loadsToWire(a: LoadAggregates): WireMap {
   return { k: "l", m: a.partition.model_name, g: a.partition.routing_group, bs: a.block_size, wk, dp, pt, bl, rq, ad, aw, ap, rm: a.removed };
 }
 
+/** A worker's fields by their JSON names, worker_id aside (it is the event's `wk`). */
+function workerToWire(r: WorkerRequest): WireMap {
+  const out: WireMap = {};
+  for (const [k, v] of Object.entries(r)) if (k !== "worker_id" && v !== undefined && v !== null) out[k] = v;
+  return out;
+}
+
+function catalogToWire(e: CatalogEvent): WireMap {
+  return { k: "c", wk: e.worker_id, sq: e.sequence, wr: e.writer_id, w: e.worker === null ? null : workerToWire(e.worker.request), dr: e.worker?.draining ?? false };
+}
+
+function statusToWire(e: WorkerStatusEvent): WireMap {
+  return { k: "w", wk: e.worker_id, sq: e.sequence, wr: e.writer_id, lc: e.lifecycle, rs: e.reasons };
+}
+
 function eventToWire(me: MeshEvent): WireMap {
-  if (me.kind === "binding") return bindingToWire(me.event);
-  if (me.kind === "loads") return loadsToWire(me.event);
-  return me.event.type === "add" ? addToWire(me.event) : markToWire(me.event);
+  switch (me.kind) {
+    case "binding":
+      return bindingToWire(me.event);
+    case "loads":
+      return loadsToWire(me.event);
+    case "catalog":
+      return catalogToWire(me.event);
+    case "worker_status":
+      return statusToWire(me.event);
+    case "load":
+      return me.event.type === "add" ? addToWire(me.event) : markToWire(me.event);
+  }
 }
 
 function snapshotToWire(s: Snapshot): WireMap {
@@ -179,6 +221,8 @@ function snapshotToWire(s: Snapshot): WireMap {
   const out: WireMap = { v: s.v, o: s.origin, e: s.epoch, s: s.seq, bk, bn: s.bindings.map(bindingToWire) };
   if (s.aggregates !== undefined && s.aggregates.length > 0) out.ag = s.aggregates.map(loadsToWire);
   if (s.mirrored !== undefined && s.mirrored.length > 0) out.mg = s.mirrored.map((m) => ({ o: m.origin, ag: m.aggregates.map(loadsToWire) }));
+  if (s.catalog !== undefined && s.catalog.length > 0) out.ct = s.catalog.map(catalogToWire);
+  if (s.statuses !== undefined && s.statuses.length > 0) out.ws = s.statuses.map(statusToWire);
   return out;
 }
 
@@ -188,6 +232,8 @@ function estimateSnapshotBytes(s: Snapshot): number {
   for (const b of s.bindings) n += estimateEventBytes({ kind: "binding", event: b });
   for (const a of s.aggregates ?? []) n += estimateEventBytes({ kind: "loads", event: a });
   for (const m of s.mirrored ?? []) for (const a of m.aggregates) n += 16 + estimateEventBytes({ kind: "loads", event: a });
+  for (const e of s.catalog ?? []) n += estimateEventBytes({ kind: "catalog", event: e });
+  for (const e of s.statuses ?? []) n += estimateEventBytes({ kind: "worker_status", event: e });
   return n;
 }
 
@@ -274,6 +320,9 @@ export function encodeControlReply(r: ControlReply): Buffer {
  * What the outbound queue counts against its byte bounds, and what sizes a snapshot's buffer.
  */
 export function estimateEventBytes(me: MeshEvent): number {
+  // Rare events (a registration, a status change): their JSON text is near enough their msgpack size.
+  if (me.kind === "catalog") return 64 + (me.event.worker === null ? 0 : JSON.stringify(workerToWire(me.event.worker.request)).length);
+  if (me.kind === "worker_status") return 64 + me.event.reasons.reduce((n, r) => n + 3 + r.length, 0);
   if (me.kind === "binding") {
     const e = me.event;
     return 72 + e.model_name.length + e.routing_group.length + e.session_id.length;
@@ -497,6 +546,47 @@ function decodeLoads(m: Fields, at: string): LoadAggregates {
   };
 }
 
+/**
+ * A peer's worker, checked by the catalogue's own validator (the one `POST /workers` meets), after
+ * its maps and lists are bounded; its refusal names the field under `at`.
+ */
+function decodeWorker(raw: unknown, workerId: bigint, at: string): WorkerRequest {
+  const m = map(raw, at);
+  for (const [k, v] of Object.entries(m)) {
+    if (Array.isArray(v)) array(v, `${at}.${k}`, MAX_WORKER_FIELD_ENTRIES);
+    else if (isMap(v) && Object.keys(v).length > MAX_WORKER_FIELD_ENTRIES) throw new MeshWireError(`${at}.${k}`, `more than ${MAX_WORKER_FIELD_ENTRIES} entries`);
+  }
+  try {
+    return recordToRequest(workerDraft({ ...(m as Partial<WorkerRequest>), worker_id: workerId }));
+  } catch (err) {
+    if (!(err instanceof KvmeshError)) throw err;
+    const field = typeof err.details?.field === "string" ? err.details.field : "";
+    throw new MeshWireError(field === "" ? at : `${at}.${field}`, err.message);
+  }
+}
+
+function decodeCatalog(m: Fields, at: string): CatalogEvent {
+  const worker_id = u64(m.wk, `${at}.worker_id`);
+  const sequence = u64(m.sq, `${at}.sequence`);
+  const writer_id = nonZeroU64(m.wr, `${at}.writer_id`);
+  if (m.w === null || m.w === undefined) return { worker_id, sequence, writer_id, worker: null };
+  const request = decodeWorker(m.w, worker_id, `${at}.worker`);
+  return { worker_id, sequence, writer_id, worker: { request, draining: bool(m.dr, `${at}.draining`) } };
+}
+
+const LIFECYCLES: ReadonlySet<unknown> = new Set<Lifecycle>(["incomplete", "schedulable", "draining", "unschedulable"]);
+
+function decodeStatus(m: Fields, at: string): WorkerStatusEvent {
+  const worker_id = u64(m.wk, `${at}.worker_id`);
+  // 0 when the status was taken before any version (cannot happen from kvmesh, harmless if it does).
+  const sequence = u64(m.sq, `${at}.sequence`);
+  const writer_id = u64(m.wr, `${at}.writer_id`);
+  if (!LIFECYCLES.has(m.lc)) throw new MeshWireError(`${at}.lifecycle`, `unknown lifecycle ${JSON.stringify(describeScalar(m.lc))}`);
+  const lifecycle = m.lc as Lifecycle;
+  const reasons = array(m.rs, `${at}.reasons`, MAX_WORKER_STATUS_REASONS).map((r, i) => str(r, `${at}.reasons[${i}]`, MAX_ERROR_MESSAGE_BYTES, true));
+  return { worker_id, sequence, writer_id, lifecycle, reasons };
+}
+
 function describeScalar(v: unknown): unknown {
   return typeof v === "string" ? v.slice(0, 32) : describe(v);
 }
@@ -514,6 +604,10 @@ function decodeEvent(raw: unknown, at: string): MeshEvent {
       return { kind: "binding", event: decodeBinding(m, `${at}.event`) };
     case "l":
       return { kind: "loads", event: decodeLoads(m, `${at}.event`) };
+    case "c":
+      return { kind: "catalog", event: decodeCatalog(m, `${at}.event`) };
+    case "w":
+      return { kind: "worker_status", event: decodeStatus(m, `${at}.event`) };
     default:
       throw new MeshWireError(`${at}.kind`, `unknown event kind ${JSON.stringify(describeScalar(m.k))}`);
   }
@@ -563,7 +657,20 @@ function decodeSnapshotFields(m: Fields, at: string): Snapshot {
           const o = map(raw, `${p}mirrored[${i}]`);
           return { origin: nonZeroU64(o.o, `${p}mirrored[${i}].origin`), aggregates: loadsList(o.ag, `${p}mirrored[${i}].aggregates`) };
         });
-  return { v: PROTOCOL_VERSION, origin, epoch, seq, bookings, bindings, ...(aggregates === undefined ? {} : { aggregates }), ...(mirrored === undefined ? {} : { mirrored }) };
+  const catalog = m.ct === undefined ? undefined : array(m.ct, `${p}catalog`, MAX_SNAPSHOT_CATALOG_ENTRIES).map((raw, i) => decodeCatalog(map(raw, `${p}catalog[${i}]`), `${p}catalog[${i}]`));
+  const statuses = m.ws === undefined ? undefined : array(m.ws, `${p}statuses`, MAX_SNAPSHOT_WORKER_STATUSES).map((raw, i) => decodeStatus(map(raw, `${p}statuses[${i}]`), `${p}statuses[${i}]`));
+  return {
+    v: PROTOCOL_VERSION,
+    origin,
+    epoch,
+    seq,
+    bookings,
+    bindings,
+    ...(aggregates === undefined ? {} : { aggregates }),
+    ...(mirrored === undefined ? {} : { mirrored }),
+    ...(catalog === undefined ? {} : { catalog }),
+    ...(statuses === undefined ? {} : { statuses }),
+  };
 }
 
 export function decodeBatch(buf: Uint8Array): MeshBatch {

@@ -178,6 +178,11 @@ export class Fleet {
     return this.#storeWorker(this.#catalog.preparePatch(workerId, patch));
   }
 
+  /** A peer's registration as it resolved it (src/core/catalog-replication.ts), evaluated here. */
+  applyReplicatedWorker(req: WorkerRequest, draining: boolean): WorkerCatalogRecord {
+    return this.#storeWorker(this.#catalog.prepareReplicated(req, draining));
+  }
+
   deleteWorker(workerId: WorkerId): WorkerCatalogRecord {
     validateWorkerId(workerId, "worker_id");
     const removed = this.#catalog.remove(workerId);

@@ -8,6 +8,7 @@
  * request, whichever replica later reports its prefill completion or free.
  */
 import type { HashList } from "./hash64.js";
+import type { Lifecycle, WorkerRequest } from "./types.js";
 
 export interface PartitionRef {
   readonly model_name: string;
@@ -108,6 +109,37 @@ export interface BindingEvent {
    * unbind (hard mode: a dispatch away from it invalidated it; peers drop theirs if older).
    */
   readonly reason: "bind" | "rebind" | "refresh" | "unbind";
+}
+
+/**
+ * One worker's entry of the replicated catalogue (src/core/catalog-replication.ts): its
+ * registration as the writer resolved it, or `null` for a deletion (a tombstone). Versions
+ * `(sequence, writer_id)` are a Lamport clock; the greater one wins everywhere.
+ */
+export interface CatalogEvent {
+  readonly worker_id: bigint;
+  readonly sequence: bigint;
+  readonly writer_id: bigint;
+  readonly worker: CatalogWorker | null;
+}
+
+/** What a registration replicates: the fields (the `POST /workers` shape) and the draining intent. */
+export interface CatalogWorker {
+  readonly request: WorkerRequest;
+  readonly draining: boolean;
+}
+
+/**
+ * A replica's own outcome for one worker (its lifecycle and reasons there: a KV endpoint it could
+ * not open shows here), sent when it changes. The sender is the event's origin; the version is
+ * the catalogue entry's when the status was taken.
+ */
+export interface WorkerStatusEvent {
+  readonly worker_id: bigint;
+  readonly sequence: bigint;
+  readonly writer_id: bigint;
+  readonly lifecycle: Lifecycle;
+  readonly reasons: readonly string[];
 }
 
 /** How long a Free is remembered so an Add it overtook is not applied, ms (reference: 300 s). */

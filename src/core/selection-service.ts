@@ -14,6 +14,7 @@
  * selection core needs to guard those awaits are not needed here.
  */
 import { SessionBindings } from "./bindings.js";
+import { CatalogReplication, type WorkerReplicaStatus } from "./catalog-replication.js";
 import { Chooser, effectivePrefill, selectResponse } from "./choose.js";
 import type { Clock, Random } from "./clock.js";
 import { KvmeshError } from "./errors.js";
@@ -21,7 +22,7 @@ import { Fleet, type DumpEvent, type DumpFilter, type WorkerChange } from "./fle
 import { hashCount } from "./hash64.js";
 import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
 import { ReplicaState } from "./replica-state.js";
-import type { BindingEvent, BookingSnapshot, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates } from "./replica-events.js";
+import type { BindingEvent, BookingSnapshot, CatalogEvent, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates, WorkerStatusEvent } from "./replica-events.js";
 import { randomUuid, validateId } from "./request-ids.js";
 import { ReservationBook } from "./reservations.js";
 import { resolveServiceOptions, type SelectionServiceOptions } from "./service-options.js";
@@ -48,6 +49,7 @@ import type {
 export { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS } from "./load-ledger.js";
 export { MAX_ID_BYTES } from "./request-ids.js";
 export { DEFAULT_PARKED_BINDING_TTL_MS, DEFAULT_PARKED_BINDINGS_MAX } from "./bindings.js";
+export { DEFAULT_CATALOG_TOMBSTONE_TTL_MS, DEFAULT_CATALOG_TOMBSTONES_MAX, type WorkerReplicaStatus } from "./catalog-replication.js";
 export { MAX_RANK_KEYS } from "./rank-registry.js";
 export {
   DEFAULT_MAX_LOCAL_RESERVATIONS,
@@ -80,6 +82,7 @@ export class SelectionService {
   readonly #book: ReservationBook;
   readonly #replica: ReplicaState;
   readonly #bindings: SessionBindings;
+  readonly #catalog: CatalogReplication;
   readonly #loadListeners = new Set<(e: LoadEvent) => void>();
   readonly #loadChangeListeners = new Set<() => void>();
   readonly #exactLoadEvents: boolean;
@@ -132,6 +135,7 @@ export class SelectionService {
       counters,
       fleet: this.#fleet,
     });
+    this.#catalog = new CatalogReplication({ clock: o.clock, wallClockNs: o.wallClockNs, replicaId: o.replicaId, counters, fleet: this.#fleet });
     this.#chooser = new Chooser({ selector: o.selector, workerType: o.workerType, random: o.random, clock: o.clock, counters, fleet: this.#fleet });
     this.#book = new ReservationBook({
       replicaId: o.replicaId,
@@ -209,9 +213,10 @@ export class SelectionService {
 
   // ---------------------------------------------------------------- workers
 
+  /** Registers (or replaces) a worker here, and on every peer (catalog-replication.ts). */
   upsertWorker(req: WorkerRequest): WorkerCatalogRecord {
     this.#assertRunning();
-    return this.#fleet.upsertWorker(req);
+    return this.#catalog.upsert(req);
   }
 
   /**
@@ -224,12 +229,17 @@ export class SelectionService {
 
   patchWorker(workerId: WorkerId, patch: WorkerPatchRequest): WorkerCatalogRecord {
     this.#assertRunning();
-    return this.#fleet.patchWorker(workerId, patch);
+    return this.#catalog.patch(workerId, patch);
   }
 
   /** Deletion stays allowed while shutting down (a drained fleet must be able to leave). */
   deleteWorker(workerId: WorkerId): WorkerCatalogRecord {
-    return this.#fleet.deleteWorker(workerId);
+    return this.#catalog.delete(workerId);
+  }
+
+  /** Each replica's outcome for the worker (its lifecycle and reasons there), sorted by replica id. */
+  workerReplicas(workerId: WorkerId): WorkerReplicaStatus[] {
+    return this.#catalog.replicasOf(workerId);
   }
 
   listWorkers(modelName?: string, routingGroup?: string): WorkerCatalogRecord[] {
@@ -465,6 +475,46 @@ export class SelectionService {
     return this.#bindings.applyBindingEvent(e);
   }
 
+  /** Every catalogue change taken here, versioned (a peer applies it with applyCatalogEvent). */
+  onCatalogEvent(listener: (e: CatalogEvent) => void): () => void {
+    return this.#catalog.onCatalogEvent(listener);
+  }
+
+  /** This replica's outcome for a worker, whenever it changes (peers list it in GET /workers). */
+  onWorkerStatusEvent(listener: (e: WorkerStatusEvent) => void): () => void {
+    return this.#catalog.onWorkerStatusEvent(listener);
+  }
+
+  /** Merges a peer's catalogue event last-writer-wins (see CatalogReplication.apply). */
+  applyCatalogEvent(e: CatalogEvent): string {
+    return this.#catalog.apply(e);
+  }
+
+  /** A peer's (`origin`'s) status for a worker. */
+  applyWorkerStatus(origin: bigint, e: WorkerStatusEvent): void {
+    this.#catalog.applyStatus(origin, e);
+  }
+
+  /** A snapshot of `origin`: its statuses replace what was held of it. */
+  replaceWorkerStatuses(origin: bigint, statuses: readonly WorkerStatusEvent[]): void {
+    this.#catalog.replaceStatuses(origin, statuses);
+  }
+
+  /** Every catalogue entry held here, live and deleted (snapshots). */
+  catalogSnapshot(): CatalogEvent[] {
+    return this.#catalog.snapshot();
+  }
+
+  /** This replica's own per-worker statuses (snapshots). */
+  workerStatusSnapshot(): WorkerStatusEvent[] {
+    return this.#catalog.statusSnapshot();
+  }
+
+  /** Catalogue deletions remembered now (tombstones). */
+  get catalogTombstones(): number {
+    return this.#catalog.tombstoneCount;
+  }
+
   /** Every live booking held here, own and mirrored, each with its owner (see ReplicaState). */
   bookingsSnapshot(): BookingSnapshot[] {
     return this.#replica.bookingsSnapshot();
@@ -485,8 +535,9 @@ export class SelectionService {
     return this.#replica.replaceOrigin(owner, bookings);
   }
 
-  /** Frees every booking mirrored from `owner` (a deregistered peer). Returns how many. */
+  /** Frees every booking mirrored from `owner` (a deregistered peer), and forgets its worker statuses. Returns how many bookings. */
   dropOrigin(owner: bigint): number {
+    this.#catalog.dropOrigin(owner);
     return this.#replica.dropOrigin(owner);
   }
 
@@ -588,6 +639,7 @@ export class SelectionService {
     this.#book.sweep();
     this.#replica.sweep(now);
     this.#bindings.sweepParked(now);
+    this.#catalog.sweep(now);
   }
 
   shutdown(): void {

@@ -42,6 +42,21 @@ export interface ServiceStats {
   readonly droppedBindings: number;
   /** Bookings refused (429) because this replica held maxLocalReservations already. */
   readonly reservationsRefused: number;
+  /** Catalogue changes taken here and published with a new version (catalog-replication.ts). */
+  readonly catalogEventsPublished: number;
+  /** Peers' catalogue events merged (newer than the entry held). */
+  readonly catalogEventsApplied: number;
+  /** Peers' catalogue events ignored: a version not newer than the entry held (stale or a repeat). */
+  readonly catalogEventsStale: number;
+  /** Peers' registrations this replica could not hold (a fleet limit); reported in its status. */
+  readonly catalogEventsRejected: number;
+  /** Catalogue tombstones dropped after their TTL, and shed at their bound. */
+  readonly catalogTombstonesExpired: number;
+  readonly catalogTombstonesShed: number;
+  /** This replica's per-worker statuses published (they changed), and peers' applied / ignored. */
+  readonly workerStatusesPublished: number;
+  readonly workerStatusesApplied: number;
+  readonly workerStatusesIgnored: number;
 }
 
 type Mutable<T> = { -readonly [K in keyof T]: T[K] };
@@ -70,6 +85,15 @@ export class ServiceCounters implements Mutable<ServiceStats> {
   bindingRefreshesCoalesced = 0;
   droppedBindings = 0;
   reservationsRefused = 0;
+  catalogEventsPublished = 0;
+  catalogEventsApplied = 0;
+  catalogEventsStale = 0;
+  catalogEventsRejected = 0;
+  catalogTombstonesExpired = 0;
+  catalogTombstonesShed = 0;
+  workerStatusesPublished = 0;
+  workerStatusesApplied = 0;
+  workerStatusesIgnored = 0;
 
   /** Live, read-only: each property is a getter over the counter (enumerable, so JSON shows it). */
   readonly view: ServiceStats;

@@ -88,45 +88,16 @@ export class WorkerCatalog {
 
   /** Validates and builds the record that an upsert would store, without storing it. */
   prepareUpsert(req: WorkerRequest): WorkerCatalogRecord {
-    validateWorkerId(req.worker_id, "worker_id");
-    const draft: WorkerCatalogRecord = {
-      worker_id: req.worker_id,
-      model_name: name(req.model_name, "model_name") ?? DEFAULT_MODEL_NAME,
-      routing_group: name(req.routing_group, "routing_group") ?? DEFAULT_ROUTING_GROUP,
-      endpoint: endpoint(req.endpoint, "endpoint"),
-      kv_events_endpoint: endpoint(req.kv_events_endpoint, "kv_events_endpoint"),
-      kv_events_endpoints: endpointMap(req.kv_events_endpoints, "kv_events_endpoints"),
-      replay_endpoint: endpoint(req.replay_endpoint, "replay_endpoint"),
-      block_size: optInt(req.block_size, "block_size", 0, U32_MAX),
-      data_parallel_start_rank: optInt(req.data_parallel_start_rank, "data_parallel_start_rank", 0, U32_MAX) ?? 0,
-      data_parallel_size: optInt(req.data_parallel_size, "data_parallel_size", 0, MAX_DATA_PARALLEL_SIZE) ?? 1,
-      max_num_batched_tokens: optInt(req.max_num_batched_tokens, "max_num_batched_tokens", 1, U32_MAX),
-      total_kv_blocks: optInt(req.total_kv_blocks, "total_kv_blocks", 0, Number.MAX_SAFE_INTEGER),
-      is_eagle: optBool(req.is_eagle, "is_eagle") ?? null,
-      taints: taints(req.taints),
-      stable_routing_id: text(req.stable_routing_id, "stable_routing_id"),
-      topology_domains: stringMap(req.topology_domains, "topology_domains"),
-      kv_transfer_domain: text(req.kv_transfer_domain, "kv_transfer_domain"),
-      kv_transfer_enforcement: enforcement(req.kv_transfer_enforcement),
-      kv_transfer_preferred_weight: finite(req.kv_transfer_preferred_weight, "kv_transfer_preferred_weight"),
-      lifecycle: "incomplete",
-      not_schedulable_reasons: [],
-    };
-    // Echoed only when set, like the reference (skip_serializing_if).
-    const hintType = text(req.router_hint_worker_type, "router_hint_worker_type");
-    if (hintType !== null) draft.router_hint_worker_type = hintType;
-    const hintEndpoints = endpointMap(req.router_hint_source_control_endpoints, "router_hint_source_control_endpoints");
-    if (Object.keys(hintEndpoints).length > 0) draft.router_hint_source_control_endpoints = hintEndpoints;
-    const sourceMode = text(req.kv_event_source_mode, "kv_event_source_mode");
-    if (sourceMode !== null) draft.kv_event_source_mode = sourceMode;
-    const replays = endpointMap(req.replay_endpoints, "replay_endpoints");
-    if (Object.keys(replays).length > 0) draft.replay_endpoints = replays;
-    if (draft.data_parallel_start_rank + draft.data_parallel_size - 1 > U32_MAX) {
-      throw badRequest("data_parallel_start_rank + data_parallel_size exceeds the u32 rank range", "data_parallel_size");
-    }
-    return this.#evaluate(draft, this.#records.get(req.worker_id)?.lifecycle === "draining" ? "draining" : undefined);
+    return this.#evaluate(workerDraft(req), this.#records.get(req.worker_id)?.lifecycle === "draining" ? "draining" : undefined);
   }
 
+  /**
+   * The record a peer's registration makes here (src/core/catalog-replication.ts): its fields as
+   * the peer resolved them, draining exactly when the peer's was; the reasons are this replica's.
+   */
+  prepareReplicated(req: WorkerRequest, draining: boolean): WorkerCatalogRecord {
+    return this.#evaluate(workerDraft(req), draining ? "draining" : undefined);
+  }
 
   /** Validates a PATCH against the current record and returns the merged record (not stored). */
   preparePatch(workerId: WorkerId, patch: WorkerPatchRequest): WorkerCatalogRecord {
@@ -203,6 +174,51 @@ export class WorkerCatalog {
   }
 }
 
+/**
+ * Validates a registration and resolves its fields (defaults, sorted taints), lifecycle not yet
+ * evaluated: what the catalogue stores, and what the mesh's decoder checks a peer's against.
+ * Throws a 400/422 KvmeshError naming the field.
+ */
+export function workerDraft(req: WorkerRequest): WorkerCatalogRecord {
+  validateWorkerId(req.worker_id, "worker_id");
+  const draft: WorkerCatalogRecord = {
+    worker_id: req.worker_id,
+    model_name: name(req.model_name, "model_name") ?? DEFAULT_MODEL_NAME,
+    routing_group: name(req.routing_group, "routing_group") ?? DEFAULT_ROUTING_GROUP,
+    endpoint: endpoint(req.endpoint, "endpoint"),
+    kv_events_endpoint: endpoint(req.kv_events_endpoint, "kv_events_endpoint"),
+    kv_events_endpoints: endpointMap(req.kv_events_endpoints, "kv_events_endpoints"),
+    replay_endpoint: endpoint(req.replay_endpoint, "replay_endpoint"),
+    block_size: optInt(req.block_size, "block_size", 0, U32_MAX),
+    data_parallel_start_rank: optInt(req.data_parallel_start_rank, "data_parallel_start_rank", 0, U32_MAX) ?? 0,
+    data_parallel_size: optInt(req.data_parallel_size, "data_parallel_size", 0, MAX_DATA_PARALLEL_SIZE) ?? 1,
+    max_num_batched_tokens: optInt(req.max_num_batched_tokens, "max_num_batched_tokens", 1, U32_MAX),
+    total_kv_blocks: optInt(req.total_kv_blocks, "total_kv_blocks", 0, Number.MAX_SAFE_INTEGER),
+    is_eagle: optBool(req.is_eagle, "is_eagle") ?? null,
+    taints: taints(req.taints),
+    stable_routing_id: text(req.stable_routing_id, "stable_routing_id"),
+    topology_domains: stringMap(req.topology_domains, "topology_domains"),
+    kv_transfer_domain: text(req.kv_transfer_domain, "kv_transfer_domain"),
+    kv_transfer_enforcement: enforcement(req.kv_transfer_enforcement),
+    kv_transfer_preferred_weight: finite(req.kv_transfer_preferred_weight, "kv_transfer_preferred_weight"),
+    lifecycle: "incomplete",
+    not_schedulable_reasons: [],
+  };
+  // Echoed only when set, like the reference (skip_serializing_if).
+  const hintType = text(req.router_hint_worker_type, "router_hint_worker_type");
+  if (hintType !== null) draft.router_hint_worker_type = hintType;
+  const hintEndpoints = endpointMap(req.router_hint_source_control_endpoints, "router_hint_source_control_endpoints");
+  if (Object.keys(hintEndpoints).length > 0) draft.router_hint_source_control_endpoints = hintEndpoints;
+  const sourceMode = text(req.kv_event_source_mode, "kv_event_source_mode");
+  if (sourceMode !== null) draft.kv_event_source_mode = sourceMode;
+  const replays = endpointMap(req.replay_endpoints, "replay_endpoints");
+  if (Object.keys(replays).length > 0) draft.replay_endpoints = replays;
+  if (draft.data_parallel_start_rank + draft.data_parallel_size - 1 > U32_MAX) {
+    throw badRequest("data_parallel_start_rank + data_parallel_size exceeds the u32 rank range", "data_parallel_size");
+  }
+  return draft;
+}
+
 export function ranksOf(r: Pick<WorkerCatalogRecord, "data_parallel_start_rank" | "data_parallel_size">): number[] {
   const out: number[] = [];
   for (let i = 0; i < r.data_parallel_size; i++) out.push(r.data_parallel_start_rank + i);
@@ -226,7 +242,8 @@ export function kvEventsEndpointFor(r: WorkerCatalogRecord, dpRank: number): str
   return r.data_parallel_size === 1 ? r.kv_events_endpoint : null;
 }
 
-function recordToRequest(r: WorkerCatalogRecord): WorkerRequest {
+/** A record back in the `POST /workers` shape: re-registering it stores the same fields. */
+export function recordToRequest(r: WorkerCatalogRecord): WorkerRequest {
   return {
     worker_id: r.worker_id,
     model_name: r.model_name,

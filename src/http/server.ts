@@ -166,7 +166,17 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp, page: 
   };
   return [
     { method: "POST", pattern: "/workers", body: "required", handle: (c) => reply(201, svc.upsertWorker(parseWorkerRequest(c.body, ""))) },
-    { method: "GET", pattern: "/workers", body: "none", handle: (c) => reply(200, svc.listWorkers(queryParam(c.query, "model_name"), queryParam(c.query, "routing_group"))) },
+    {
+      method: "GET",
+      pattern: "/workers",
+      body: "none",
+      handle: (c) => {
+        const records = svc.listWorkers(queryParam(c.query, "model_name"), queryParam(c.query, "routing_group"));
+        // kvmesh addition with the mesh: each replica's lifecycle and reasons for the worker (a
+        // registration can fail on one replica only). Without the mesh the reference's records as they are.
+        return reply(200, o.mesh === undefined ? records : records.map((r) => ({ ...r, replicas: svc.workerReplicas(r.worker_id) })));
+      },
+    },
     {
       method: "PATCH",
       pattern: "/workers/:id",

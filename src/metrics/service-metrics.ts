@@ -9,7 +9,7 @@ import type { RankLoad } from "../core/types.js";
 import { collectedCounter, collectedGauge, collectedLabelledGauge, type LabelledSample } from "./collected.js";
 
 /** What the metrics read from the service: read-only views only. */
-export type ServiceMetricsSource = Pick<SelectionService, "sizes" | "parkedBindings" | "sessionBindingSubscribers" | "reservationCount" | "loads"> & {
+export type ServiceMetricsSource = Pick<SelectionService, "sizes" | "parkedBindings" | "sessionBindingSubscribers" | "reservationCount" | "loads" | "catalogTombstones"> & {
   readonly stats: Readonly<ServiceStats>;
 };
 
@@ -41,6 +41,15 @@ const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: keyof 
     "bindingRefreshesCoalesced",
   ],
   ["kvmesh_session_bindings_dropped_total", "Bindings shed by full sessionBindingUpdates() queues (host replication; repaired by a snapshot).", "droppedBindings"],
+  ["kvmesh_catalog_events_published_total", "Worker catalogue changes taken here (register, patch, delete) published to peers with a new version.", "catalogEventsPublished"],
+  ["kvmesh_catalog_events_applied_total", "Peers' worker catalogue entries merged (newer than the entry held).", "catalogEventsApplied"],
+  ["kvmesh_catalog_events_stale_total", "Peers' worker catalogue entries ignored: not newer than the entry held (stale, or a repeat).", "catalogEventsStale"],
+  ["kvmesh_catalog_events_rejected_total", "Peers' worker registrations this replica could not hold (a fleet limit); reported in its worker status.", "catalogEventsRejected"],
+  ["kvmesh_catalog_tombstones_expired_total", "Worker catalogue deletions forgotten after their TTL.", "catalogTombstonesExpired"],
+  ["kvmesh_catalog_tombstones_shed_total", "Worker catalogue deletions forgotten early because the tombstone table was full.", "catalogTombstonesShed"],
+  ["kvmesh_worker_statuses_published_total", "This replica's per-worker status (lifecycle and reasons) published because it changed.", "workerStatusesPublished"],
+  ["kvmesh_worker_statuses_applied_total", "Peers' per-worker statuses applied.", "workerStatusesApplied"],
+  ["kvmesh_worker_statuses_ignored_total", "Peers' per-worker statuses ignored (taken before the worker's deletion, or over the bound).", "workerStatusesIgnored"],
 ];
 
 const SIZE_GAUGES: readonly (readonly [name: string, help: string, key: keyof Sizes])[] = [
@@ -70,6 +79,7 @@ export function registerServiceMetrics(registry: Registry, svc: ServiceMetricsSo
   collectedCounter(registry, { name: "kvmesh_selection_errors_total", help: "Selections that failed." }, () => svc.stats.selectionErrors);
   collectedGauge(registry, { name: "kvmesh_parked_bindings", help: "Peer bindings parked now." }, () => svc.parkedBindings);
   collectedGauge(registry, { name: "kvmesh_session_bindings_subscribers", help: "Live sessionBindingUpdates() subscriptions." }, () => svc.sessionBindingSubscribers);
+  collectedGauge(registry, { name: "kvmesh_catalog_tombstones", help: "Worker catalogue deletions remembered now (tombstones)." }, () => svc.catalogTombstones);
   collectedGauge(registry, { name: "kvmesh_reservations_active", help: "Live bookings (local and mirrored from peers)." }, () => svc.reservationCount);
 
   // sizes() walks the partitions (a handful: one per model and routing group), once per family.

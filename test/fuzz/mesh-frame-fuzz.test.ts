@@ -138,6 +138,13 @@ function checkDecodedBatch(b: MeshBatch): string | null {
     } else if (e.kind === "loads") {
       const x = e.event;
       if (x.rows.some((r) => !u64(r.worker_id) || !Number.isInteger(r.dp_rank) || !(r.blocks >= 0) || !(r.prefill_tokens >= 0))) return "loads";
+    } else if (e.kind === "catalog") {
+      const x = e.event;
+      if (!u64(x.worker_id) || !u64(x.sequence) || !u64(x.writer_id) || x.writer_id === 0n) return "catalog";
+      if (x.worker !== null && (x.worker.request.worker_id !== x.worker_id || typeof x.worker.draining !== "boolean")) return "catalog.worker";
+    } else if (e.kind === "worker_status") {
+      const x = e.event;
+      if (!u64(x.worker_id) || !["incomplete", "schedulable", "draining", "unschedulable"].includes(x.lifecycle) || x.reasons.some((r) => typeof r !== "string")) return "worker_status";
     } else {
       const x = e.event;
       if (!u64(x.origin) || !u64(x.owner) || typeof x.request_id !== "string" || x.request_id.length === 0) return "load";

@@ -1,4 +1,4 @@
-import type { BindingEvent, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates } from "../../src/core/replica-events.js";
+import type { BindingEvent, CatalogEvent, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates, WorkerStatusEvent } from "../../src/core/replica-events.js";
 import type { ReplicaPort, ReplicaSlot } from "../../mesh/replica-port.js";
 import type { SnapshotBooking } from "../../mesh/types.js";
 
@@ -65,6 +65,40 @@ export class FakeReplicaPort implements ReplicaPort {
   }
   onWorkerChange(listener: () => void): void {
     this.#workerChange = listener;
+  }
+  readonly appliedCatalog: CatalogEvent[] = [];
+  readonly appliedStatuses: { origin: bigint; e: WorkerStatusEvent }[] = [];
+  readonly replacedStatuses: { origin: bigint; statuses: readonly WorkerStatusEvent[] }[] = [];
+  catalog: CatalogEvent[] = [];
+  statuses: WorkerStatusEvent[] = [];
+  #catalogEvent: ((e: CatalogEvent) => void) | undefined;
+  #statusEvent: ((e: WorkerStatusEvent) => void) | undefined;
+  onCatalogEvent(listener: (e: CatalogEvent) => void): void {
+    this.#catalogEvent = listener;
+  }
+  onWorkerStatusEvent(listener: (e: WorkerStatusEvent) => void): void {
+    this.#statusEvent = listener;
+  }
+  emitCatalog(e: CatalogEvent): void {
+    this.#catalogEvent?.(e);
+  }
+  emitStatus(e: WorkerStatusEvent): void {
+    this.#statusEvent?.(e);
+  }
+  applyCatalogEvent(e: CatalogEvent): void {
+    this.appliedCatalog.push(e);
+  }
+  applyWorkerStatus(origin: bigint, e: WorkerStatusEvent): void {
+    this.appliedStatuses.push({ origin, e });
+  }
+  replaceWorkerStatuses(origin: bigint, statuses: readonly WorkerStatusEvent[]): void {
+    this.replacedStatuses.push({ origin, statuses });
+  }
+  catalogSnapshot(): CatalogEvent[] {
+    return this.catalog;
+  }
+  workerStatusSnapshot(): WorkerStatusEvent[] {
+    return this.statuses;
   }
   setReplicaSlot(slot: (() => ReplicaSlot) | null): void {
     this.slot = slot;

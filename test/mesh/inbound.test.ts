@@ -1,7 +1,7 @@
 import { pino } from "pino";
 import { describe, expect, it } from "vitest";
 import { ManualClock } from "../../src/core/clock.js";
-import type { LoadEvent } from "../../src/core/replica-events.js";
+import type { CatalogEvent, LoadEvent, WorkerStatusEvent } from "../../src/core/replica-events.js";
 import { MeshInbound, MAX_CONCURRENT_SNAPSHOT_PULLS, WORKER_CHANGE_RESNAPSHOT_DELAY_MS, type InboundMembership } from "../../mesh/inbound.js";
 import { DEFAULT_SNAPSHOT_TIMEOUT_MS } from "../../mesh/origin-tracker.js";
 import { DEFAULT_DOWN_AFTER_MS, DEFAULT_SUSPECT_AFTER_MS } from "../../mesh/peer-health.js";
@@ -204,6 +204,21 @@ describe("MeshInbound: snapshots", () => {
     expect(s.inbound.stats).toMatchObject({ snapshotsInstalled: 1, batchesApplied: 2, eventsApplied: 2 });
     s.inbound.onBatch(batch(5));
     expect(s.port.applied).toHaveLength(3);
+  });
+
+  it("installs a snapshot's catalogue entries and replaces the sender's worker statuses; a batch's go to the core with their origin", async () => {
+    let resolve: (snap: Snapshot) => void = () => undefined;
+    const s = setup(() => new Promise<Snapshot>((r) => (resolve = r)));
+    const entry: CatalogEvent = { worker_id: 5n, sequence: 9n, writer_id: A, worker: null };
+    const status: WorkerStatusEvent = { worker_id: 5n, sequence: 9n, writer_id: A, lifecycle: "incomplete", reasons: ["x"] };
+    s.inbound.onHeartbeat(hb(2));
+    resolve({ ...snapshot(2), catalog: [entry], statuses: [status] });
+    await s.tick(0);
+    expect(s.port.appliedCatalog).toEqual([entry]);
+    expect(s.port.replacedStatuses).toEqual([{ origin: A, statuses: [status] }]);
+    s.inbound.onBatch({ ...batch(3), events: [{ kind: "catalog", event: entry }, { kind: "worker_status", event: status }] });
+    expect(s.port.appliedCatalog).toEqual([entry, entry]);
+    expect(s.port.appliedStatuses).toEqual([{ origin: A, e: status }]);
   });
 
   it("re-snapshots after two heartbeats whose booking count disagrees with the mirror", async () => {

@@ -29,7 +29,8 @@ const addWithHashes = (i: number, hashes: number): MeshEvent => ({
   },
 });
 
-const ids = (batches: MeshEvent[][]): string[] => batches.flat().map((e) => (e.kind === "load" ? e.event.request_id : e.kind === "binding" ? e.event.session_id : e.event.partition.model_name));
+const ids = (batches: MeshEvent[][]): string[] =>
+  batches.flat().map((e) => (e.kind === "load" ? e.event.request_id : e.kind === "binding" ? e.event.session_id : e.kind === "loads" ? e.event.partition.model_name : e.event.worker_id.toString()));
 
 describe("OutboundQueue", () => {
   it("uses the documented defaults", () => {

@@ -1,8 +1,11 @@
 import { Packr, Unpackr } from "msgpackr";
 import { describe, expect, it } from "vitest";
 
+import { catalogWorkerOf, MAX_WORKER_STATUS_REASONS } from "../../src/core/catalog-replication.js";
 import { hashListFromBigInts, hashListToBigInts } from "../../src/core/hash64.js";
-import type { BindingEvent, LoadAddEvent } from "../../src/core/replica-events.js";
+import type { BindingEvent, CatalogEvent, LoadAddEvent, WorkerStatusEvent } from "../../src/core/replica-events.js";
+import { workerDraft } from "../../src/core/worker-catalog.js";
+import { ReceiveCoalescer } from "../../mesh/receive-coalescer.js";
 import type { ControlReply, ControlRequest, Heartbeat, MeshBatch, MeshEvent, Snapshot } from "../../mesh/types.js";
 import {
   decodeBatch,
@@ -19,6 +22,7 @@ import {
   MAX_EVENTS_PER_BATCH,
   MAX_ID_BYTES,
   MAX_SNAPSHOT_BOOKINGS,
+  MAX_WORKER_FIELD_ENTRIES,
   MeshWireError,
 } from "../../mesh/wire.js";
 
@@ -321,5 +325,118 @@ describe("wire rejects malformed frames, naming the field", () => {
     const back = decodeBatch(frame);
     expect(({} as Record<string, unknown>).polluted).toBeUndefined();
     expect(back.events[0]).toEqual({ kind: "load", event: { type: "free", origin: 1n, owner: 1n, request_id: "x", partition: { model_name: "m", routing_group: "g" } } });
+  });
+});
+
+// ---------------------------------------------------------------- the worker catalogue (#15)
+
+const registered: CatalogEvent = {
+  worker_id: U64_MAX,
+  sequence: 1_764_000_000_000_000_000n,
+  writer_id: 3n,
+  worker: catalogWorkerOf({
+    ...workerDraft({
+      worker_id: U64_MAX,
+      model_name: "llama",
+      routing_group: "blue",
+      endpoint: "http://w1:8000",
+      block_size: 16,
+      data_parallel_size: 2,
+      kv_events_endpoints: { "0": "tcp://w1:5557", "1": "tcp://w1:5558" },
+      taints: ["gpu=h100"],
+      topology_domains: { zone: "z1" },
+      kv_transfer_preferred_weight: 0.25,
+      is_eagle: false,
+    }),
+    lifecycle: "draining",
+  }),
+};
+const deleted: CatalogEvent = { worker_id: 9n, sequence: 5n, writer_id: 1n, worker: null };
+const status: WorkerStatusEvent = { worker_id: U64_MAX, sequence: registered.sequence, writer_id: 3n, lifecycle: "incomplete", reasons: ["reconciliation failed: invalid kv_events endpoint for worker 1 dp_rank 0: ZeroMQ refused"] };
+
+const catalogBatch: MeshBatch = {
+  v: 1,
+  origin: 2n,
+  epoch: 4n,
+  seq: 1,
+  sentAtMs: 1,
+  events: [
+    { kind: "catalog", event: registered },
+    { kind: "catalog", event: deleted },
+    { kind: "worker_status", event: status },
+  ],
+};
+
+describe("catalogue events on the wire", () => {
+  it("round-trip in a batch: registrations with every field, deletions and statuses", () => {
+    expect(decodeBatch(encodeBatch(catalogBatch))).toEqual(catalogBatch);
+    expect(registered.worker?.draining).toBe(true);
+  });
+
+  it("round-trip in a snapshot, and a snapshot without them (an older replica's) decodes without them", () => {
+    const snap: Snapshot = { v: 1, origin: 2n, epoch: 4n, seq: 9, bookings: [], bindings: [], catalog: [registered, deleted], statuses: [status] };
+    expect(decodeSnapshot(encodeSnapshot(snap))).toEqual(snap);
+    const old = decodeSnapshot(encodeSnapshot({ ...snap, catalog: [], statuses: [] }));
+    expect(old.catalog).toBeUndefined();
+    expect(old.statuses).toBeUndefined();
+  });
+
+  it("are estimated near their encoded size", () => {
+    const one = (e: MeshBatch["events"][number]): number => encodeBatch({ ...catalogBatch, events: [e] }).length - encodeBatch({ ...catalogBatch, events: [] }).length;
+    for (const e of catalogBatch.events) {
+      const est = estimateEventBytes(e);
+      expect(est).toBeGreaterThanOrEqual(one(e) * 0.8);
+      expect(est).toBeLessThanOrEqual(one(e) * 2 + 64);
+    }
+  });
+
+  it("pass the receive thread's folding unmerged and in order", () => {
+    const c = new ReceiveCoalescer(1n);
+    const frames = (b: MeshBatch): Buffer[] => [Buffer.from("kvmesh.batch.v1"), encodeBatch(b)];
+    c.add(frames(catalogBatch), 2);
+    c.add(frames({ ...catalogBatch, seq: 2, events: [...catalogBatch.events].reverse() }), 2);
+    const entries = c.take();
+    expect(entries).toHaveLength(1);
+    const first = entries[0];
+    if (first?.kind !== "batch") throw new Error("expected a batch");
+    expect(first.batch.events).toEqual([...catalogBatch.events, ...[...catalogBatch.events].reverse()]);
+  });
+
+  it("a peer's bad catalogue events are refused, naming the field", () => {
+    const good = encodeBatch(catalogBatch);
+    const cases: [(m: Raw) => void, string][] = [
+      [(m) => ((m.ev[0] as Raw).wk = -1), "events[0].event.worker_id"],
+      [(m) => ((m.ev[0] as Raw).sq = "x"), "events[0].event.sequence"],
+      [(m) => ((m.ev[0] as Raw).wr = 0), "events[0].event.writer_id"],
+      [(m) => ((m.ev[0] as Raw).w = 5), "events[0].event.worker"],
+      [(m) => ((m.ev[0] as Raw).dr = "yes"), "events[0].event.draining"],
+      [(m) => (((m.ev[0] as Raw).w as Raw).block_size = -3), "events[0].event.worker.block_size"],
+      [(m) => (((m.ev[0] as Raw).w as Raw).endpoint = "x".repeat(2_000)), "events[0].event.worker.endpoint"],
+      [(m) => (((m.ev[0] as Raw).w as Raw).model_name = ""), "events[0].event.worker.model_name"],
+      [(m) => (((m.ev[0] as Raw).w as Raw).kv_events_endpoints = { rank: "tcp://a:1" }), "events[0].event.worker.kv_events_endpoints"],
+      [(m) => (((m.ev[0] as Raw).w as Raw).taints = new Array<string>(MAX_WORKER_FIELD_ENTRIES + 1).fill("t")), "events[0].event.worker.taints"],
+      [(m) => (((m.ev[0] as Raw).w as Raw).topology_domains = Object.fromEntries(Array.from({ length: MAX_WORKER_FIELD_ENTRIES + 1 }, (_, i) => [`k${i}`, "v"]))), "events[0].event.worker.topology_domains"],
+      [(m) => ((m.ev[2] as Raw).lc = "gone"), "events[2].event.lifecycle"],
+      [(m) => ((m.ev[2] as Raw).rs = "no"), "events[2].event.reasons"],
+      [(m) => ((m.ev[2] as Raw).rs = new Array<string>(MAX_WORKER_STATUS_REASONS + 1).fill("r")), "events[2].event.reasons"],
+      [(m) => ((m.ev[2] as Raw).rs = [7]), "events[2].event.reasons[0]"],
+    ];
+    for (const [edit, field] of cases) {
+      const err = wireError(() => decodeBatch(mutate(good, edit)));
+      expect(err.field, field).toBe(field);
+    }
+    // Unknown worker fields are ignored (v1 grows by optional keys); a worker_id inside the worker cannot override the event's.
+    const back = decodeBatch(mutate(good, (m) => Object.assign((m.ev[0] as Raw).w as Raw, { future_field: 1, worker_id: 5 })));
+    const e = back.events[0];
+    if (e?.kind !== "catalog") throw new Error("expected a catalogue event");
+    expect(e.event.worker?.request.worker_id).toBe(U64_MAX);
+    expect(e.event.worker?.request).not.toHaveProperty("future_field");
+    const snap = encodeSnapshot({ v: 1, origin: 2n, epoch: 4n, seq: 9, bookings: [], bindings: [], catalog: [registered], statuses: [status] });
+    const raw = rawUnpackr.unpack(snap) as Raw & { ct: Raw[]; ws: Raw[] };
+    (raw.ct[0] as Raw).wr = 0;
+    expect(wireError(() => decodeSnapshot(rawPackr.pack(raw))).field).toBe("catalog[0].writer_id");
+    (raw.ct[0] as Raw).wr = 1;
+    (raw.ws[0] as Raw).lc = 1;
+    expect(wireError(() => decodeSnapshot(rawPackr.pack(raw))).field).toBe("statuses[0].lifecycle");
   });
 });
