@@ -79,7 +79,7 @@ export interface DnsPeerOptions {
   /** Local interface addresses (default: this host's). */
   readonly localAddresses?: ReadonlySet<string>;
   readonly resolve?: Resolve;
-  /** Registers a peer; resolves false when it was registered already (then it is not discovery's to remove). */
+  /** Registers a peer; resolves false when it is not discovery's to remove (registered already, by hand or by --peers). */
   readonly register: (endpoint: string) => Promise<boolean>;
   readonly deregister: (endpoint: string) => Promise<unknown>;
   readonly timers: Timers;

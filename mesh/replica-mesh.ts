@@ -228,7 +228,7 @@ export class ReplicaMesh implements MeshControl {
         entries: o.dnsPeers,
         intervalMs: o.peerDnsIntervalMs ?? DEFAULT_PEER_DNS_INTERVAL_SECS * MS_PER_SECOND,
         self: mesh.publishEndpoint,
-        register: (ep) => mesh.registerPeer(ep),
+        register: (ep) => Promise.resolve(mesh.#membership.registerDiscovered(ep)),
         deregister: (ep) => mesh.deregisterPeer(ep),
         timers: o.timers ?? systemTimers,
         logger: o.logger.child({ component: "peer-dns" }),
