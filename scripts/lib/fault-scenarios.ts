@@ -136,7 +136,7 @@ export async function startMesh(o: MeshOptions): Promise<Mesh> {
 }
 
 /** Waits (bounded) for every replica's /loads to match with no load running; ms or null. */
-async function idleConvergence(replicas: readonly Replica[], timeoutMs = CONVERGE_TIMEOUT_MS): Promise<number | null> {
+export async function idleConvergence(replicas: readonly Replica[], timeoutMs = CONVERGE_TIMEOUT_MS): Promise<number | null> {
   try {
     return await timeUntil(() => loadsAgree(replicas), timeoutMs, "loads to agree");
   } catch {
@@ -145,7 +145,7 @@ async function idleConvergence(replicas: readonly Replica[], timeoutMs = CONVERG
 }
 
 /** Number of workers whose /loads row differs between replicas (0 when they agree). */
-async function loadDivergence(replicas: readonly Replica[]): Promise<number> {
+export async function loadDivergence(replicas: readonly Replica[]): Promise<number> {
   const keys = await Promise.all(replicas.map(loadsKey));
   const rows = keys.map((k) => k.split(","));
   const base = rows[0] ?? [];
@@ -154,7 +154,7 @@ async function loadDivergence(replicas: readonly Replica[]): Promise<number> {
   return n;
 }
 
-function loadChecks(l: LoadReport): Check[] {
+export function loadChecks(l: LoadReport): Check[] {
   return [check("no failed request at a live replica", l.failures === 0, l.failures === 0 ? "0" : `${l.failures}: ${l.failureSamples.join(" | ")}`)];
 }
 
