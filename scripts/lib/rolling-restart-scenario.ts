@@ -8,8 +8,8 @@
  * any active load (no booking left behind by a replica that went away).
  */
 import { MeshLoad } from "./mesh-load.js";
-import { check, CONVERGE_TIMEOUT_MS, idleConvergence, loadChecks, loadDivergence, SCENARIO_BLOCK_SIZE, startMesh, type ScenarioRow } from "./fault-scenarios.js";
-import { bindingDisagreements, DEFAULT_REPLICA_ARGS, httpCall, registerWorkers, sleep, startReplica, timeUntil, totalActive, type Replica } from "./replica-cluster.js";
+import { check, idleConvergence, leftBehind, loadChecks, loadDivergence, SCENARIO_BLOCK_SIZE, startMesh, type ScenarioRow } from "./fault-scenarios.js";
+import { bindingDisagreements, DEFAULT_REPLICA_ARGS, httpCall, registerWorkers, sleep, startReplica, timeUntil, type Replica } from "./replica-cluster.js";
 
 export interface RollingRestartOptions {
   readonly replicas: number;
@@ -88,15 +88,7 @@ export async function scenarioRollingRestart(o: RollingRestartOptions = ROLLING_
     const l = await load.stop();
     polling = false;
     await poller;
-    let drainedMs: number | null = null;
-    try {
-      drainedMs = await timeUntil(async () => (await Promise.all(rs.map(totalActive))).every((n) => n === 0), CONVERGE_TIMEOUT_MS, "no active load anywhere");
-    } catch {
-      // reported below
-    }
-    const residual = await Promise.all(rs.map(totalActive));
-    const fates = { booked: 0, freed: 0, refused: 0, unknown: 0 };
-    for (const b of load.bookings.values()) fates[b.fate]++;
+    const { clearMs: drainedMs, residual, fates } = await leftBehind(rs, load);
     const idleMs = await idleConvergence(rs);
     const disagreeing = await bindingDisagreements(rs, load.routedSessions(), (s) => load.workload.probeTokens(s));
     const loadDiff = await loadDivergence(rs);
