@@ -30,7 +30,6 @@ import { MeshTransport } from "./transport.js";
 import { DEFAULT_MESH_STARTUP_SYNC_SECS, StartupSync, type StartupSyncOutcome } from "./startup-sync.js";
 
 export { DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
-export { DEFAULT_MESH_STARTUP_SYNC_SECS } from "./startup-sync.js";
 export { DEFAULT_MESH_APPLY_INTERVAL_MS } from "./receive-worker.js";
 export { MAX_CONCURRENT_SNAPSHOT_PULLS, WORKER_CHANGE_RESNAPSHOT_DELAY_MS } from "./inbound.js";
 export type { MeshStats } from "./mesh-metrics.js";
