@@ -260,6 +260,14 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     )
     .addOption(withEnv(new Option("--workers-file <path>", "a JSON or YAML list of workers (the POST /workers shape), registered at start and reconciled when it changes (a ConfigMap, say)").argParser(parseNonEmpty)))
     .addOption(valueOption("--drain-secs <s>", "on SIGTERM/SIGINT: seconds /ready answers 503 while everything else is served, before shutting down (0 = at once; a second signal ends the wait)", integerInRange(0, 3_600), d.drainSecs))
+    .addOption(
+      valueOption(
+        "--mesh-startup-sync-secs <s>",
+        "after a start, /ready answers 503 (mesh_syncing) until every reachable peer's first snapshot is in, at most this long (0 = do not wait)",
+        integerInRange(0, 3_600),
+        d.meshStartupSyncSecs,
+      ),
+    )
     .addOption(valueOption("--peer-dns-interval-secs <s>", "how often dns:NAME:PORT peers are re-resolved (added and removed as the answer changes)", integerInRange(1, 3_600), d.peerDnsIntervalSecs))
     .addOption(
       valueOption("--replica-sync-advertise-host <host>", "host peers use to reach this replica when --host is a wildcard [default: --host, or 127.0.0.1]", parseAdvertiseHost),

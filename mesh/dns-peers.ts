@@ -79,7 +79,7 @@ export interface DnsPeerOptions {
   /** Local interface addresses (default: this host's). */
   readonly localAddresses?: ReadonlySet<string>;
   readonly resolve?: Resolve;
-  /** Registers a peer; resolves false when it was registered already (then it is not discovery's to remove). */
+  /** Registers a peer; resolves false when it is not discovery's to remove (registered already, by hand or by --peers). */
   readonly register: (endpoint: string) => Promise<boolean>;
   readonly deregister: (endpoint: string) => Promise<unknown>;
   readonly timers: Timers;
@@ -105,6 +105,7 @@ export class DnsPeerDiscovery {
   #timer: TimerHandle | undefined;
   #running: Promise<void> | undefined;
   #closed = false;
+  #rounds = 0;
 
   constructor(o: DnsPeerOptions) {
     this.#o = o;
@@ -122,9 +123,15 @@ export class DnsPeerDiscovery {
   /** One round: resolve every entry, register what appeared, deregister what vanished. */
   refresh(): Promise<void> {
     this.#running ??= this.#round().finally(() => {
+      this.#rounds++;
       this.#running = undefined;
     });
     return this.#running;
+  }
+
+  /** Whether a round has finished (its answers registered, or its failures logged). */
+  get resolvedOnce(): boolean {
+    return this.#rounds > 0;
   }
 
   /** Endpoints DNS currently gives (every entry, self excluded). */

@@ -72,6 +72,11 @@ export class Membership implements InboundMembership, PeeringRequests {
   readonly #self: string;
   /** Registered peers (their publish endpoints) -> origin once learned. */
   readonly #peers = new Map<string, bigint | null>();
+  /**
+   * Registered peers that are here only because they asked (a peer-back request), not through
+   * register(): DNS discovery may take them over (registerDiscovered), and so remove them.
+   */
+  readonly #byRequest = new Set<string>();
   /** Registered peers that confirmed they connect back to us, and requests in flight. */
   readonly #peeredBack = new Set<string>();
   readonly #askingPeerBack = new Set<string>();
@@ -92,11 +97,24 @@ export class Membership implements InboundMembership, PeeringRequests {
     const ep = parsePeerEndpoint(endpoint);
     if (ep === this.#self) throw new KvmeshError("KVMESH_BAD_REQUEST", `endpoint ${ep} is this replica itself`, { details: { field: "endpoint" } });
     const added = this.#connect(ep);
+    this.#byRequest.delete(ep);
     // Ask the peer to connect back (symmetric peering) and pull its state. A peer that is not up
     // yet is asked again on its first heartbeat, and its state arrives through first contact.
     this.#askPeerBack(ep);
     this.#o.inbound.pullSnapshot(controlEndpointFor(ep), null);
     return added;
+  }
+
+  /**
+   * register() for DNS discovery (mesh/dns-peers.ts): whether the peer is now discovery's to
+   * deregister when DNS stops returning it. It is when it was not registered, and also when it
+   * was here only because it asked to peer back: with replicas that start together, a peer's
+   * request often comes before our first DNS round, and such a peer, once gone from DNS, stayed
+   * registered (and redialed) forever. One registered by hand or by --peers stays.
+   */
+  registerDiscovered(endpoint: string): boolean {
+    const byRequest = this.#byRequest.has(parsePeerEndpoint(endpoint));
+    return this.register(endpoint) || byRequest;
   }
 
   async deregister(endpoint: string): Promise<boolean> {
@@ -146,6 +164,7 @@ export class Membership implements InboundMembership, PeeringRequests {
     }
     if (this.#closed) return "this replica is closing";
     if (this.#connect(ep)) {
+      this.#byRequest.add(ep);
       this.#log.info({ peer: ep }, "peered back on request");
       this.#o.inbound.pullSnapshot(controlEndpointFor(ep), null);
     } else if (this.#peers.has(ep) && this.#peers.get(ep) !== from) {
@@ -301,6 +320,7 @@ export class Membership implements InboundMembership, PeeringRequests {
 
   #drop(ep: string): void {
     this.#peers.delete(ep);
+    this.#byRequest.delete(ep);
     this.#peeredBack.delete(ep);
     this.#o.links.disconnectPeer(ep);
   }

@@ -27,6 +27,7 @@ import { flushIntervalOf, MeshPublisher } from "./publisher.js";
 import type { MeshControl, ReplicaPort } from "./replica-port.js";
 import { systemTimers, type TimerHandle, type Timers } from "./timers.js";
 import { MeshTransport } from "./transport.js";
+import { DEFAULT_MESH_STARTUP_SYNC_SECS, StartupSync, type StartupSyncOutcome } from "./startup-sync.js";
 
 export { DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
 export { DEFAULT_MESH_APPLY_INTERVAL_MS } from "./receive-worker.js";
@@ -90,6 +91,8 @@ export interface ReplicaMeshOptions {
   readonly receiveThreadApplyIntervalMs?: number | undefined;
   /** With the receive thread: hand-overs nobody pulled (applyReceived) are applied after this long, ms. */
   readonly receiveThreadMaxApplyDelayMs?: number | undefined;
+  /** Longest `/ready` waits for the peers' first snapshots after the start, ms (mesh/startup-sync.ts); 0 = not at all. */
+  readonly startupSyncMs?: number;
 }
 
 export class ReplicaMesh implements MeshControl {
@@ -102,6 +105,7 @@ export class ReplicaMesh implements MeshControl {
   readonly #control: ControlServer;
   readonly #housekeeping: TimerHandle;
   #dns: DnsPeerDiscovery | undefined;
+  readonly #startupSync: StartupSync;
   #closed = false;
   readonly #log: Logger;
   readonly #forwards = { sent: 0, failed: 0, skipped: 0 };
@@ -141,6 +145,16 @@ export class ReplicaMesh implements MeshControl {
     this.#inbound = new MeshInbound({ origin, port: service, control: client, logger, clock, wallClock, timers, ...(lagObserver === undefined ? {} : { lagObserver }) });
     this.#membership = new Membership({ origin, advertise: this.#advertise, links: transport, control: client, inbound: this.#inbound, port: service, logger, clock });
     this.#inbound.bindMembership(this.#membership);
+    this.#startupSync = new StartupSync({
+      clock,
+      timeoutMs: o.startupSyncMs ?? DEFAULT_MESH_STARTUP_SYNC_SECS * MS_PER_SECOND,
+      peers: () => this.#membership.list(),
+      discovered: () => this.#dns?.resolvedOnce ?? true,
+      onDone: (r: StartupSyncOutcome) => {
+        if (r.reason === "synced") logger.info({ after_ms: Math.round(r.afterMs) }, "mesh startup sync done: every reachable peer's snapshot is in");
+        else logger.warn({ after_ms: Math.round(r.afterMs), unsynced: r.unsynced }, "mesh startup sync timed out: ready without these peers' snapshots");
+      },
+    });
     const refusalLog = new LogThrottle();
     this.#control = new ControlServer({
       port: service,
@@ -219,7 +233,7 @@ export class ReplicaMesh implements MeshControl {
         entries: o.dnsPeers,
         intervalMs: o.peerDnsIntervalMs ?? DEFAULT_PEER_DNS_INTERVAL_SECS * MS_PER_SECOND,
         self: mesh.publishEndpoint,
-        register: (ep) => mesh.registerPeer(ep),
+        register: (ep) => Promise.resolve(mesh.#membership.registerDiscovered(ep)),
         deregister: (ep) => mesh.deregisterPeer(ep),
         timers: o.timers ?? systemTimers,
         logger: o.logger.child({ component: "peer-dns" }),
@@ -282,6 +296,10 @@ export class ReplicaMesh implements MeshControl {
 
   listPeers(): PeerView[] {
     return this.#membership.list();
+  }
+
+  startupSyncPending(): string[] | null {
+    return this.#closed ? null : this.#startupSync.pending();
   }
 
   /**

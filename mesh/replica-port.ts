@@ -75,6 +75,12 @@ export interface MeshControl {
   deregisterPeer(endpoint: string): Promise<boolean>;
   listPeers(): unknown[];
   /**
+   * While the mesh pulls its peers' first snapshots after a start (mesh/startup-sync.ts): the
+   * peers still awaited, which `/ready` reports with a 503; null once that is over. Optional: a
+   * host-provided mesh without it never holds readiness.
+   */
+  startupSyncPending?(): string[] | null;
+  /**
    * Applies, synchronously, every peer update the receive thread has handed over so far (a no-op
    * without one): the HTTP layer calls it before each request, so an answer reflects every peer
    * message received up to the thread's last hand-over rather than up to the last timed apply.

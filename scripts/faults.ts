@@ -9,6 +9,8 @@
  *   4. a stalled peer (SIGSTOP) under load (the others' latency and memory, the repair)
  *   5. a worker's KV-event publisher restarting (in place, as a new process, after one batch)
  *   6. shutdown (SIGTERM) under load (clean completion, no partial state)
+ *   7. hostile KV inputs into one replica (scripts/lib/hostile-inputs-scenario.ts)
+ *   8. a rolling restart under load, with draining (scripts/lib/rolling-restart-scenario.ts)
  * and prints: scenario, requests sent, failures, time to converge, events shed and repaired,
  * state divergence, and the checks that failed. The short versions of the same scenarios run in
  * `npm test` (test/faults/).
@@ -50,12 +52,13 @@ import {
   type ScenarioRow,
 } from "./lib/fault-scenarios.js";
 import { HOSTILE_LONG, HOSTILE_SHORT, scenarioHostileInputs } from "./lib/hostile-inputs-scenario.js";
+import { ROLLING_LONG, ROLLING_SHORT, scenarioRollingRestart } from "./lib/rolling-restart-scenario.js";
 import { MeshLoad } from "./lib/mesh-load.js";
 import { bindingDisagreements, loadsAgree, meshCounters, rssOf, sleep, timeUntil } from "./lib/replica-cluster.js";
 
 const args = scriptProgram("faults", "The mesh fault scenarios, long versions, with a report table (exit 1 when a check failed).")
   .option("--short", "the test-suite sizes (~1.5 min)", false)
-  .option("--only <list>", "scenario numbers to run, comma-separated (1 kill, 2 partition, 3 link faults, 4 stalled peer, 5 publisher restart, 6 shutdown, 7 hostile KV inputs)", positiveIntList)
+  .option("--only <list>", "scenario numbers to run, comma-separated (1 kill, 2 partition, 3 link faults, 4 stalled peer, 5 publisher restart, 6 shutdown, 7 hostile KV inputs, 8 rolling restart)", positiveIntList)
   .option("--soak-minutes <m>", "also (or, without --only, only) a soak of this many minutes (>= 10 for the real one)", positiveNumber)
   .option("--soak-rate <n>", "soak load, requests/s", positiveNumber, 40)
   .option("--json <file>", "JSON report", "reports/faults.json")
@@ -88,6 +91,7 @@ const SCENARIOS: readonly { n: number; name: string; short: Runner; long: Runner
   { n: 5, name: "publisher restart", short: () => scenarioPublisherRestart(PUBLISHER_SHORT), long: () => scenarioPublisherRestart(PUBLISHER_LONG) },
   { n: 6, name: "shutdown", short: () => scenarioShutdown(SHUTDOWN_SHORT), long: () => scenarioShutdown(SHUTDOWN_LONG) },
   { n: 7, name: "hostile KV inputs", short: () => scenarioHostileInputs(HOSTILE_SHORT), long: () => scenarioHostileInputs(HOSTILE_LONG) },
+  { n: 8, name: "rolling restart", short: () => scenarioRollingRestart(ROLLING_SHORT), long: () => scenarioRollingRestart(ROLLING_LONG) },
 ];
 
 function failedRow(name: string, err: unknown): ScenarioRow {

@@ -185,6 +185,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
         peers: config.peers.filter((p) => !isDnsPeer(p)),
         dnsPeers: config.peers.filter(isDnsPeer).map(parseDnsPeer),
         peerDnsIntervalMs: config.peerDnsIntervalSecs * MS_PER_SECOND,
+        startupSyncMs: config.meshStartupSyncSecs * MS_PER_SECOND,
         logger: logger.child({ subsystem: "mesh" }),
         ...(config.meshCurve === undefined ? {} : { curve: config.meshCurve }),
         tieSpread: config.replicaTieSpread,

@@ -13,7 +13,7 @@ import { seededRandom } from "../../src/core/clock.js";
 import { hashListToBigInts } from "../../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import type { MockKvEvent } from "../../src/mock/kv-event-publisher.js";
-import { MeshLoad, type LoadReport } from "./mesh-load.js";
+import { MeshLoad, type BookingFate, type LoadReport } from "./mesh-load.js";
 import { createPartitionTopology, netnsUnavailableReason } from "./netns-partition.js";
 import { freePortPair } from "../../src/bench/ports.js";
 import { RestartableKvPublisher } from "./restartable-kv-publisher.js";
@@ -136,7 +136,7 @@ export async function startMesh(o: MeshOptions): Promise<Mesh> {
 }
 
 /** Waits (bounded) for every replica's /loads to match with no load running; ms or null. */
-async function idleConvergence(replicas: readonly Replica[], timeoutMs = CONVERGE_TIMEOUT_MS): Promise<number | null> {
+export async function idleConvergence(replicas: readonly Replica[], timeoutMs = CONVERGE_TIMEOUT_MS): Promise<number | null> {
   try {
     return await timeUntil(() => loadsAgree(replicas), timeoutMs, "loads to agree");
   } catch {
@@ -145,7 +145,7 @@ async function idleConvergence(replicas: readonly Replica[], timeoutMs = CONVERG
 }
 
 /** Number of workers whose /loads row differs between replicas (0 when they agree). */
-async function loadDivergence(replicas: readonly Replica[]): Promise<number> {
+export async function loadDivergence(replicas: readonly Replica[]): Promise<number> {
   const keys = await Promise.all(replicas.map(loadsKey));
   const rows = keys.map((k) => k.split(","));
   const base = rows[0] ?? [];
@@ -154,7 +154,25 @@ async function loadDivergence(replicas: readonly Replica[]): Promise<number> {
   return n;
 }
 
-function loadChecks(l: LoadReport): Check[] {
+/**
+ * What is left booked once the load has stopped and every free was sent: waits (bounded) until no
+ * replica shows active load; then each replica's residual active requests, and the fates of the
+ * client's bookings (a booking still "booked" was never freed by the client).
+ */
+export async function leftBehind(replicas: readonly Replica[], load: MeshLoad): Promise<{ clearMs: number | null; residual: number[]; fates: Record<BookingFate, number> }> {
+  let clearMs: number | null = null;
+  try {
+    clearMs = await timeUntil(async () => (await Promise.all(replicas.map(totalActive))).every((n) => n === 0), CONVERGE_TIMEOUT_MS, "no active load on any replica");
+  } catch {
+    // null: never cleared
+  }
+  const residual = await Promise.all(replicas.map(totalActive));
+  const fates: Record<BookingFate, number> = { booked: 0, freed: 0, refused: 0, unknown: 0 };
+  for (const b of load.bookings.values()) fates[b.fate]++;
+  return { clearMs, residual, fates };
+}
+
+export function loadChecks(l: LoadReport): Check[] {
   return [check("no failed request at a live replica", l.failures === 0, l.failures === 0 ? "0" : `${l.failures}: ${l.failureSamples.join(" | ")}`)];
 }
 
@@ -635,15 +653,7 @@ export async function scenarioShutdown(o: ShutdownOptions = SHUTDOWN_SHORT): Pro
     load.markDown(victim);
     await sleep(o.afterMs);
     const l = await load.stop();
-    let convergeMs: number | null = null;
-    try {
-      convergeMs = await timeUntil(async () => (await Promise.all(survivors.map(totalActive))).every((n) => n === 0), CONVERGE_TIMEOUT_MS, "survivors to hold no load");
-    } catch {
-      // null below
-    }
-    const residual = await Promise.all(survivors.map(totalActive));
-    const fates = { booked: 0, freed: 0, refused: 0, unknown: 0 };
-    for (const b of load.bookings.values()) fates[b.fate]++;
+    const { clearMs: convergeMs, residual, fates } = await leftBehind(survivors, load);
     const disagreeing = await bindingDisagreements(survivors, load.routedSessions(), (s) => load.workload.probeTokens(s));
     const loadDiff = await loadDivergence(survivors);
     const d = counterDelta(await fleetCounters(survivors), before);

@@ -42,7 +42,7 @@ export interface NetnsTopology {
 const live = new Set<NetnsTopology>();
 let exitHookInstalled = false;
 
-function ip(...args: string[]): string {
+export function ip(...args: string[]): string {
   return execFileSync(IP, args, { stdio: ["ignore", "pipe", "pipe"], timeout: 10_000 }).toString();
 }
 

@@ -26,6 +26,7 @@ import { TRACEPARENT_HEADER } from "./traceparent.js";
 import type { RequestTracer } from "./tracing.js";
 import type { SelectionNote } from "../core/types.js";
 import type { MeshControl } from "../../mesh/replica-port.js";
+import { readiness } from "./readiness.js";
 import { StatusPage, type UiMeshSelf } from "./ui/ui-routes.js";
 
 /** The mesh as this server drives it; defined on the mesh side (mesh/replica-port.ts). */
@@ -190,7 +191,7 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp, page: 
       pattern: "/ready",
       body: "none",
       handle: () => {
-        const r = svc.ready();
+        const r = readiness(svc, o.mesh);
         return reply(r.ready ? 200 : 503, r);
       },
     },

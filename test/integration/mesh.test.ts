@@ -19,7 +19,7 @@ afterEach(async () => {
   for (const s of sockets.splice(0)) s.close();
 });
 
-async function replica(peers: string[] = [], affinity = true, drainSecs = 0): Promise<{ d: Daemon; sync: string }> {
+async function replica(peers: string[] = [], affinity = true, drainSecs = 0, meshStartupSyncSecs = DEFAULT_DAEMON_CONFIG.meshStartupSyncSecs): Promise<{ d: Daemon; sync: string }> {
   let port = 0;
   const d = await withFreePortPair(async (p) => {
     port = p;
@@ -31,6 +31,7 @@ async function replica(peers: string[] = [], affinity = true, drainSecs = 0): Pr
         replicaSyncPort: p,
         peers,
         drainSecs,
+        meshStartupSyncSecs,
         ...(affinity ? { sessionAffinityTtlSecs: 600, sessionAffinityMode: "hard" as const } : {}),
       },
       log,
@@ -86,6 +87,33 @@ describe("replica mesh", () => {
     const probe = await call(b.d, "POST", "/select", { token_ids: tokens(4, 9), session_id: "s-drain" });
     expect(probe.status).toBe(200);
     expect((probe.json as { worker_id: number }).worker_id).toBe(chosen);
+  });
+
+  it("after a start, /ready is 503 mesh_syncing until the peers' first snapshots are in; a peer never heard holds it only for --mesh-startup-sync-secs", async () => {
+    const a = await replica();
+    await addWorkers(a.d, [1]);
+    expect((await call(a.d, "POST", "/select_and_reserve", { token_ids: tokens(2, 1), selection_id: "s1", session_id: "sess" })).status).toBe(200);
+    const gone = `tcp://127.0.0.1:${await freePortPair()}`;
+    // B peers with A and with an endpoint nobody listens on.
+    const b = await replica([a.sync, gone], true, 0, 2);
+    await addWorkers(b.d, [1]);
+    const first = await call(b.d, "GET", "/ready");
+    expect(first.status).toBe(503);
+    expect(first.json).toMatchObject({ ready: false, schedulable_workers: 1, mesh_syncing: true });
+    expect((first.json as { mesh_syncing_peers: string[] }).mesh_syncing_peers).toContain(gone);
+    // A's snapshot comes in (its booking and its session binding with it); the silent endpoint still holds B.
+    await waitFor(() => totalActive(b.d) === 1, 5_000, "B installs A's snapshot");
+    const held = await call(b.d, "GET", "/ready");
+    expect(held.status).toBe(503);
+    expect((held.json as { mesh_syncing_peers: string[] }).mesh_syncing_peers).toEqual([gone]);
+    // Until the bound, not forever.
+    await waitFor(async () => (await call(b.d, "GET", "/ready")).status === 200, 5_000, "B ready after the startup sync bound");
+    expect((await call(b.d, "GET", "/ready")).json).not.toHaveProperty("mesh_syncing");
+    // With only reachable peers, the wait ends with their snapshots, well before the 10 s default.
+    const c = await replica([a.sync, b.sync]);
+    await addWorkers(c.d, [1]);
+    await waitFor(async () => (await call(c.d, "GET", "/ready")).status === 200, 5_000, "C ready once A's and B's snapshots are in");
+    expect(totalActive(c.d)).toBe(1);
   });
 
   it("three replicas converge on load through select_and_reserve, prefill_complete and free", async () => {

@@ -71,6 +71,25 @@ describe("Membership: register and deregister", () => {
     expect(s.port.dropped).toEqual([A]);
   });
 
+  it("lets DNS discovery take over a peer that is here only because it asked to peer back, not one registered by hand", async () => {
+    const s = setup();
+    s.statuses.set("tcp://10.0.0.1:7101", { origin: A, peers: [] });
+    expect(await s.membership.onPeerRequest(PEER, A)).toBeNull();
+    // Registered by its own request before our first DNS round: discovery's to remove later.
+    expect(s.membership.registerDiscovered(PEER)).toBe(true);
+    expect(s.membership.registerDiscovered(PEER)).toBe(false);
+    const byHand = "tcp://10.0.0.2:7100";
+    expect(s.membership.register(byHand)).toBe(true);
+    expect(s.membership.registerDiscovered(byHand)).toBe(false);
+    // A peer that asked, then was registered by hand, is not discovery's either.
+    const asked = "tcp://10.0.0.3:7100";
+    s.statuses.set("tcp://10.0.0.3:7101", { origin: 0xa3n, peers: [] });
+    expect(await s.membership.onPeerRequest(asked, 0xa3n)).toBeNull();
+    expect(s.membership.register(asked)).toBe(false);
+    expect(s.membership.registerDiscovered(asked)).toBe(false);
+    expect(s.membership.peerEndpoints()).toEqual([PEER, byHand, asked]);
+  });
+
   it("redials a registered peer that restarted at the same endpoint when it asks to peer", async () => {
     const s = setup();
     s.membership.register(PEER);

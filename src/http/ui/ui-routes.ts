@@ -6,6 +6,7 @@
  */
 import type { SelectionService } from "../../core/selection-service.js";
 import type { MeshControl } from "../../../mesh/replica-port.js";
+import { readiness } from "../readiness.js";
 import type { Reply, RequestContext, Route } from "../server.js";
 import { loadUiAssets, type UiAsset } from "./ui-assets.js";
 import { parseUiQuery, rankTable, routingView, RoutingHistory, UI_SAMPLE_INTERVAL_MS, workerSummary, type RoutingSample } from "./ui-state.js";
@@ -85,7 +86,7 @@ export class StatusPage {
   state(c: Pick<RequestContext, "query">): Record<string, unknown> {
     const { query, top } = parseUiQuery(c.query);
     const svc = this.#o.service;
-    const ready = svc.ready();
+    const ready = readiness(svc, this.#o.mesh);
     const workers = svc.listWorkers();
     const now = this.#read();
     const self = this.#o.meshSelf?.() ?? null;

@@ -1,0 +1,72 @@
+/**
+ * The mesh's first sync after a start, as `/ready` sees it. A replica that has just started (or
+ * restarted) knows none of the fleet's session bindings and bookings until its peers' first
+ * snapshots are installed: served traffic before that would bind sessions anew (stickiness lost
+ * across a rolling restart) and book against loads it cannot see. So while it is pulling them,
+ * `/ready` answers 503 with `mesh_syncing: true` and the peers still awaited.
+ *
+ * Pure: the peers' views and the clock are injected. The wait ends, for good, at the first check
+ * that finds
+ *  - the first round of DNS discovery done (its peers are registered), and
+ *  - every registered peer either synced (its origin is live, or a snapshot of it was installed)
+ *    or heard from and then gone silent (suspect or down: it cannot answer, so it is not awaited),
+ * or once `timeoutMs` has passed since the start: a peer never heard from (unreachable, or listed
+ * in DNS but gone) holds readiness that long at most. Later resyncs (a gap, a peer's restart)
+ * do not turn `/ready` back: the replica already routes with what it has, and they take ms.
+ */
+import type { Clock } from "../src/core/clock.js";
+import type { PeerView } from "./membership.js";
+
+/** Default bound on the startup wait, s (`--mesh-startup-sync-secs`): several snapshot retries (1 s, doubling). */
+export const DEFAULT_MESH_STARTUP_SYNC_SECS = 10;
+
+export interface StartupSyncOptions {
+  /** Monotonic, ms; the wait starts at construction. */
+  readonly clock: Clock;
+  /** 0: no wait at all. */
+  readonly timeoutMs: number;
+  readonly peers: () => readonly PeerView[];
+  /** Whether DNS discovery has finished its first round (true without DNS peers). */
+  readonly discovered: () => boolean;
+  /** Called once when the wait ends, with why. */
+  readonly onDone?: (outcome: StartupSyncOutcome) => void;
+}
+
+export interface StartupSyncOutcome {
+  readonly reason: "synced" | "timeout";
+  readonly afterMs: number;
+  /** Registered peers not synced when it ended (those the timeout gave up on). */
+  readonly unsynced: readonly string[];
+}
+
+/** Whether a peer no longer holds the wait: synced, or heard and then silent. */
+function settled(p: PeerView): boolean {
+  return p.sync === "live" || p.snapshots > 0 || p.state === "suspect" || p.state === "down";
+}
+
+export class StartupSync {
+  readonly #o: StartupSyncOptions;
+  readonly #startedAtMs: number;
+  #done: boolean;
+
+  constructor(o: StartupSyncOptions) {
+    this.#o = o;
+    this.#startedAtMs = o.clock.now();
+    this.#done = o.timeoutMs <= 0;
+  }
+
+  /**
+   * The peers `/ready` still waits for (endpoints, sorted), or null once the startup sync is over.
+   * An empty list means DNS discovery has not answered yet.
+   */
+  pending(): string[] | null {
+    if (this.#done) return null;
+    const waiting = this.#o.peers().filter((p) => !settled(p)).map((p) => p.endpoint);
+    const elapsed = this.#o.clock.now() - this.#startedAtMs;
+    const synced = waiting.length === 0 && this.#o.discovered();
+    if (!synced && elapsed < this.#o.timeoutMs) return waiting;
+    this.#done = true;
+    this.#o.onDone?.({ reason: synced ? "synced" : "timeout", afterMs: elapsed, unsynced: waiting });
+    return null;
+  }
+}

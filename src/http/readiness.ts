@@ -1,0 +1,15 @@
+/**
+ * GET /ready's answer: the selection core's readiness (schedulable workers, not draining), held
+ * at 503 while the mesh pulls its peers' first snapshots after a start (mesh/startup-sync.ts), so
+ * a load balancer sends a new or restarted replica nothing before it knows the fleet's sessions.
+ */
+import type { MeshControl } from "../../mesh/replica-port.js";
+import type { SelectionService } from "../core/selection-service.js";
+
+export type Readiness = ReturnType<SelectionService["ready"]> & { mesh_syncing?: true; mesh_syncing_peers?: string[] };
+
+export function readiness(svc: Pick<SelectionService, "ready">, mesh: MeshControl | undefined): Readiness {
+  const r = svc.ready();
+  const pending = mesh?.startupSyncPending?.() ?? null;
+  return pending === null ? r : { ...r, ready: false, mesh_syncing: true, mesh_syncing_peers: pending };
+}
