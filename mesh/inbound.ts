@@ -23,7 +23,7 @@ import { PeerHealth, type PeerState } from "./peer-health.js";
 import type { ReceivedEntry } from "./receive-coalescer.js";
 import type { ReplicaPort } from "./replica-port.js";
 import type { TimerHandle, Timers } from "./timers.js";
-import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type Snapshot } from "./types.js";
+import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type Snapshot, type TraceCause } from "./types.js";
 import { decodeBatch, decodeHeartbeat } from "./wire.js";
 
 /** Debounce between a worker (re)registration and re-pulling peers' snapshots, ms. */
@@ -95,6 +95,24 @@ export interface MeshInboundOptions {
   readonly downAfterMs?: number;
   /** Where lag samples go (the mesh's lag histograms); none without metrics. */
   readonly lagObserver?: LagObserver;
+  /** Tracing on: told of each applied batch that carried trace causes (a span linked to them). */
+  readonly applyTracer?: MeshApplyTracer;
+}
+
+/** What a batch's apply tells tracing (src/http/otel-tracer.ts makes it a span linked to the causes). */
+export interface AppliedBatch {
+  readonly origin: bigint;
+  /** The seqs it covered (more than one when the receive thread merged consecutive batches). */
+  readonly firstSeq: number;
+  readonly seq: number;
+  readonly events: number;
+  /** The origin's wall clock when it sent the (last) batch, ms since the Unix epoch. */
+  readonly sentAtMs: number;
+  readonly causes: readonly TraceCause[];
+}
+
+export interface MeshApplyTracer {
+  batchApplied(batch: AppliedBatch): void;
 }
 
 export class MeshInbound {
@@ -251,6 +269,9 @@ export class MeshInbound {
     }
     this.stats.batchesApplied++;
     this.stats.eventsApplied += b.events.length;
+    if (b.causes !== undefined && this.#o.applyTracer !== undefined) {
+      this.#o.applyTracer.batchApplied({ origin: b.origin, firstSeq: b.firstSeq ?? b.seq, seq: b.seq, events: b.events.length, sentAtMs: b.sentAtMs, causes: b.causes });
+    }
   }
 
   #resync(origin: bigint, reason: string): void {

@@ -33,6 +33,8 @@ export interface MeshStats {
   snapshotPullsDeferred: number;
   /** Peers declared down whose mirrored state was dropped. */
   downOriginsDropped: number;
+  /** Trace causes (tracing on) left out of a batch that already carried the maximum. */
+  traceCausesDropped: number;
   /** Receive thread (0 without one): hand-overs to the main thread, batches folded into the one before, threads restarted. */
   receiveHandovers: number;
   receiveBatchesMerged: number;
@@ -73,6 +75,7 @@ const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: CountS
   ["kvmesh_mesh_snapshot_failures_total", "Snapshot requests that failed or timed out (retried).", "snapshotFailures"],
   ["kvmesh_mesh_snapshot_pulls_deferred_total", "Snapshot requests deferred because the bound of concurrent pulls was reached (retried).", "snapshotPullsDeferred"],
   ["kvmesh_mesh_divergence_resyncs_total", "Snapshots forced by heartbeat count mismatches.", "divergenceResyncs"],
+  ["kvmesh_mesh_trace_causes_dropped_total", "Tracing on: requests whose trace context was left out of the next mesh batch because it already carried 16 (their changes are sent all the same; only the peers' span links are missing).", "traceCausesDropped"],
   ["kvmesh_mesh_down_peer_drops_total", "Peers declared down (silent past the down timeout) whose mirrored bookings or totals were dropped; a full snapshot is pulled when one is heard again.", "downOriginsDropped"],
   ["kvmesh_mesh_receive_handovers_total", "Hand-overs from the mesh receive thread to the main thread (each applies everything received in one apply interval).", "receiveHandovers"],
   ["kvmesh_mesh_receive_batches_merged_total", "Peer batches the receive thread folded into the batch before them (main-thread applies saved).", "receiveBatchesMerged"],

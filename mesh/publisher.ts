@@ -19,7 +19,8 @@ import { controlEndpointFor } from "./endpoints.js";
 import { MeshOptionError } from "./errors.js";
 import { OutboundQueue, type OutboundQueueOptions } from "./outbound-queue.js";
 import type { TimerHandle, Timers } from "./timers.js";
-import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type MeshEvent } from "./types.js";
+import { currentTraceCause } from "./trace-cause.js";
+import { MAX_TRACE_CAUSES_PER_BATCH, TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type MeshEvent, type TraceCause } from "./types.js";
 import { encodeBatch, encodeHeartbeat } from "./wire.js";
 
 /** Heartbeat period, ms: bounds how long an idle gap or a silent peer goes unnoticed. */
@@ -63,6 +64,8 @@ export interface PublisherStats {
   batchesSent: number;
   eventsSent: number;
   heartbeatsSent: number;
+  /** Trace causes not sent because the next batch already carried MAX_TRACE_CAUSES_PER_BATCH. */
+  traceCausesDropped: number;
 }
 
 export interface MeshPublisherOptions {
@@ -96,7 +99,9 @@ export function flushIntervalOf(ms: number | undefined, aggregate = false): numb
 export class MeshPublisher {
   readonly origin: bigint;
   readonly epoch: bigint;
-  readonly stats: PublisherStats = { batchesSent: 0, eventsSent: 0, heartbeatsSent: 0 };
+  readonly stats: PublisherStats = { batchesSent: 0, eventsSent: 0, heartbeatsSent: 0, traceCausesDropped: 0 };
+  /** Sampled requests whose changes the next batch carries (tracing on): see MeshBatch.causes. */
+  #causes: TraceCause[] = [];
   readonly #o: MeshPublisherOptions;
   readonly #log: Logger;
   readonly #flushIntervalMs: number;
@@ -155,6 +160,7 @@ export class MeshPublisher {
   enqueue(e: MeshEvent): void {
     if (this.#closed) return;
     this.#queue.push(e);
+    this.#noteCause();
     this.#schedule();
   }
 
@@ -162,7 +168,22 @@ export class MeshPublisher {
   loadChanged(): void {
     if (this.#closed) return;
     this.#loadDirty = true;
+    this.#noteCause();
     this.#schedule();
+  }
+
+  /**
+   * Tracing on: the sampled request whose change this is (mesh/trace-cause.ts) goes with the next
+   * batch, so peers' spans for applying it link back to it. Once per request and batch.
+   */
+  #noteCause(): void {
+    const cause = currentTraceCause();
+    if (cause === undefined || this.#causes.includes(cause)) return;
+    if (this.#causes.length >= MAX_TRACE_CAUSES_PER_BATCH) {
+      this.stats.traceCausesDropped++;
+      return;
+    }
+    this.#causes.push(cause);
   }
 
   #schedule(): void {
@@ -215,7 +236,9 @@ export class MeshPublisher {
       // A shed event is repaired by snapshot: skipping a seq makes every receiver see a gap.
       if (this.#queue.takeShedSinceLastDrain() > 0) this.#seq++;
       for (const events of batches) {
-        const batch: MeshBatch = { v: 1, origin: this.origin, epoch: this.epoch, seq: ++this.#seq, sentAtMs: this.#o.wallClock.now(), events };
+        const causes = this.#causes;
+        if (causes.length > 0) this.#causes = [];
+        const batch: MeshBatch = { v: 1, origin: this.origin, epoch: this.epoch, seq: ++this.#seq, sentAtMs: this.#o.wallClock.now(), events, ...(causes.length > 0 ? { causes } : {}) };
         try {
           await this.#o.link.publish(TOPIC_BATCH, encodeBatch(batch));
           this.stats.batchesSent++;

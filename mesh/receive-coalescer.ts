@@ -22,7 +22,7 @@
  */
 import type { LoadAggregateRow, LoadAggregates } from "../src/core/replica-events.js";
 import { MeshWireError } from "./errors.js";
-import { PROTOCOL_VERSION, TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type MeshEvent } from "./types.js";
+import { MAX_TRACE_CAUSES_PER_BATCH, PROTOCOL_VERSION, TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type MeshEvent, type TraceCause } from "./types.js";
 import { decodeBatch, decodeHeartbeat } from "./wire.js";
 
 /**
@@ -66,6 +66,8 @@ interface Building {
   sentAtMs: number;
   events: MeshEvent[];
   lagsMs: number[];
+  /** The merged batches' trace causes, at most MAX_MERGED_TRACE_CAUSES. */
+  causes: TraceCause[];
   /** Partition key -> index in `events` of its folded loads event. */
   loadsAt: Map<string, number>;
 }
@@ -147,10 +149,12 @@ export class ReceiveCoalescer {
       open.seq = batch.seq;
       open.sentAtMs = batch.sentAtMs;
       open.lagsMs.push(lag);
+      addCauses(open, batch);
       this.stats.merged++;
       return;
     }
-    const b: Building = { origin: batch.origin, epoch: batch.epoch, firstSeq: batch.seq, seq: batch.seq, sentAtMs: batch.sentAtMs, events: [], lagsMs: [lag], loadsAt: new Map() };
+    const b: Building = { origin: batch.origin, epoch: batch.epoch, firstSeq: batch.seq, seq: batch.seq, sentAtMs: batch.sentAtMs, events: [], lagsMs: [lag], causes: [], loadsAt: new Map() };
+    addCauses(b, batch);
     for (const e of batch.events) fold(b, e);
     this.#pending.push({ kind: "building", b });
     this.#pendingEvents += b.events.length;
@@ -165,8 +169,22 @@ export class ReceiveCoalescer {
   }
 }
 
+/**
+ * Trace causes one merged batch keeps, so one apply span links at most this many requests (the
+ * rest of a burst's links are left out; the state they carried is applied all the same).
+ */
+export const MAX_MERGED_TRACE_CAUSES = 4 * MAX_TRACE_CAUSES_PER_BATCH;
+
+function addCauses(b: Building, batch: MeshBatch): void {
+  if (batch.causes === undefined) return;
+  for (const c of batch.causes) {
+    if (b.causes.length >= MAX_MERGED_TRACE_CAUSES) return;
+    b.causes.push(c);
+  }
+}
+
 function freeze(b: Building): MeshBatch {
-  const batch: MeshBatch = { v: PROTOCOL_VERSION, origin: b.origin, epoch: b.epoch, seq: b.seq, sentAtMs: b.sentAtMs, events: b.events };
+  const batch: MeshBatch = { v: PROTOCOL_VERSION, origin: b.origin, epoch: b.epoch, seq: b.seq, sentAtMs: b.sentAtMs, events: b.events, ...(b.causes.length > 0 ? { causes: b.causes } : {}) };
   return b.firstSeq === b.seq ? batch : { ...batch, firstSeq: b.firstSeq };
 }
 

@@ -20,7 +20,7 @@ import { LogThrottle } from "../src/util/log-throttle.js";
 import { ControlClient, ControlServer, DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
 import type { MeshCurveConfig } from "./curve.js";
 import { DEFAULT_PEER_DNS_INTERVAL_SECS, DnsPeerDiscovery, type DnsPeerEntry } from "./dns-peers.js";
-import { MeshInbound } from "./inbound.js";
+import { MeshInbound, type MeshApplyTracer } from "./inbound.js";
 import { registerLagMetrics, registerMeshMetrics, type MeshStats } from "./mesh-metrics.js";
 import { Membership, type PeerView } from "./membership.js";
 import { flushIntervalOf, MeshPublisher } from "./publisher.js";
@@ -55,6 +55,8 @@ const systemWallClock: Clock = { now: () => Date.now() };
 
 export interface ReplicaMeshOptions {
   readonly service: ReplicaPort;
+  /** Tracing on: spans for applied peer batches, linked to the requests that caused them. */
+  readonly applyTracer?: MeshApplyTracer | undefined;
   /** Where the PUB binds, e.g. tcp://0.0.0.0:7100; the control ROUTER binds on the next port. */
   readonly publishBind: string;
   /** How peers reach this replica's PUB (needed when publishBind is a wildcard). */
@@ -142,7 +144,17 @@ export class ReplicaMesh implements MeshControl {
       ...(service.loadReplication === "aggregate" ? { aggregates: service } : {}),
     });
     const lagObserver = o.metrics === undefined ? undefined : registerLagMetrics(o.metrics);
-    this.#inbound = new MeshInbound({ origin, port: service, control: client, logger, clock, wallClock, timers, ...(lagObserver === undefined ? {} : { lagObserver }) });
+    this.#inbound = new MeshInbound({
+      origin,
+      port: service,
+      control: client,
+      logger,
+      clock,
+      wallClock,
+      timers,
+      ...(lagObserver === undefined ? {} : { lagObserver }),
+      ...(o.applyTracer === undefined ? {} : { applyTracer: o.applyTracer }),
+    });
     this.#membership = new Membership({ origin, advertise: this.#advertise, links: transport, control: client, inbound: this.#inbound, port: service, logger, clock });
     this.#inbound.bindMembership(this.#membership);
     this.#startupSync = new StartupSync({
@@ -276,6 +288,7 @@ export class ReplicaMesh implements MeshControl {
       redials: this.#membership.stats.redials,
       snapshotPullsDeferred: i.snapshotPullsDeferred,
       downOriginsDropped: i.downOriginsDropped,
+      traceCausesDropped: p.traceCausesDropped,
       receiveHandovers: r?.handovers ?? 0,
       receiveBatchesMerged: r?.merged ?? 0,
       receiveThreadRestarts: r?.restarts ?? 0,

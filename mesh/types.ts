@@ -42,7 +42,29 @@ export interface MeshBatch {
   /** Publisher's wall clock when the batch was sent, ms since the Unix epoch (lag measurement). */
   readonly sentAtMs: number;
   readonly events: readonly MeshEvent[];
+  /**
+   * With tracing on at the publisher: the sampled requests whose changes this batch carries (at
+   * most MAX_TRACE_CAUSES_PER_BATCH), so a peer's span for applying it links to them.
+   */
+  readonly causes?: readonly TraceCause[];
 }
+
+/** A W3C trace context of a request (lowercase hex ids, as in `traceparent`). */
+export interface TraceCause {
+  /** 32 hex digits, not all zero. */
+  readonly traceId: string;
+  /** 16 hex digits, not all zero. */
+  readonly spanId: string;
+  /** The trace flags (bit 0: sampled). */
+  readonly flags: number;
+}
+
+/**
+ * Trace causes one batch carries at most. A flush holds every request since the last one (10 ms
+ * apart in aggregate mode: one or two at 100-200 req/s), so 16 links cover all but bursts; past
+ * it they are counted (kvmesh_mesh_trace_causes_dropped_total), not sent. 16 x ~50 bytes.
+ */
+export const MAX_TRACE_CAUSES_PER_BATCH = 16;
 
 export interface Heartbeat {
   readonly v: typeof PROTOCOL_VERSION;

@@ -18,7 +18,8 @@
  * Encoding trusts the TS types; a sender bug surfaces as a decode error on every peer.
  *
  * Wire keys (value types in parentheses; u64 = uint64/int64/non-negative int):
- *   batch      v, o origin(u64), e epoch(u64), s seq, t sentAtMs, ev events[]
+ *   batch      v, o origin(u64), e epoch(u64), s seq, t sentAtMs, ev events[], tc causes (optional:
+ *              [[traceId hex32, spanId hex16, flags]], the requests whose changes it carries)
  *   event      k "a" add | "p" prefill_complete | "f" free | "b" binding
  *   load       o origin, w owner, r request_id, m model_name, g routing_group
  *   add        + bs block_size, wk worker_id(u64), dp dp_rank, h sequence_hashes(bin),
@@ -51,8 +52,8 @@ import type { HashList } from "../src/core/hash64.js";
 import type { BindingEvent, CatalogEvent, LoadAddEvent, LoadAggregateRow, LoadAggregates, LoadMarkEvent, PartitionRef, WorkerStatusEvent } from "../src/core/replica-events.js";
 import type { Lifecycle, WorkerRequest } from "../src/core/types.js";
 import { recordToRequest, workerDraft } from "../src/core/worker-catalog.js";
-import { PROTOCOL_VERSION } from "./types.js";
-import type { ControlReply, ControlRequest, Heartbeat, MeshBatch, MeshEvent, Snapshot, SnapshotBooking } from "./types.js";
+import { MAX_TRACE_CAUSES_PER_BATCH, PROTOCOL_VERSION } from "./types.js";
+import type { ControlReply, ControlRequest, Heartbeat, MeshBatch, MeshEvent, Snapshot, SnapshotBooking, TraceCause } from "./types.js";
 import { MeshWireError } from "./errors.js";
 
 /** Events in one batch frame; the publisher's default is 256 (outbound-queue.ts). */
@@ -261,7 +262,9 @@ function packLarge(value: unknown, estimatedBytes: number): Buffer {
 export function encodeBatch(b: MeshBatch): Buffer {
   const ev = new Array<WireMap>(b.events.length);
   for (let i = 0; i < b.events.length; i++) ev[i] = eventToWire(b.events[i] as MeshEvent);
-  return packr.pack({ v: b.v, o: b.origin, e: b.epoch, s: b.seq, t: b.sentAtMs, ev });
+  if (b.causes === undefined || b.causes.length === 0) return packr.pack({ v: b.v, o: b.origin, e: b.epoch, s: b.seq, t: b.sentAtMs, ev });
+  const tc = b.causes.map((c) => [c.traceId, c.spanId, c.flags]);
+  return packr.pack({ v: b.v, o: b.origin, e: b.epoch, s: b.seq, t: b.sentAtMs, ev, tc });
 }
 
 export function encodeHeartbeat(hb: Heartbeat): Buffer {
@@ -683,7 +686,26 @@ export function decodeBatch(buf: Uint8Array): MeshBatch {
   const raw = array(m.ev, "events", MAX_EVENTS_PER_BATCH);
   const events = new Array<MeshEvent>(raw.length);
   for (let i = 0; i < raw.length; i++) events[i] = decodeEvent(raw[i], `events[${i}]`);
-  return { v: PROTOCOL_VERSION, origin, epoch, seq, sentAtMs, events };
+  if (m.tc === undefined || m.tc === null) return { v: PROTOCOL_VERSION, origin, epoch, seq, sentAtMs, events };
+  return { v: PROTOCOL_VERSION, origin, epoch, seq, sentAtMs, events, causes: decodeCauses(m.tc) };
+}
+
+const TRACE_ID = /^[0-9a-f]{32}$/;
+const SPAN_ID = /^[0-9a-f]{16}$/;
+const ZERO_ID = /^0+$/;
+
+/** A batch's trace causes: W3C ids (lowercase hex, not all zero) and flags (0 ... 255). */
+function decodeCauses(raw: unknown): TraceCause[] {
+  const list = array(raw, "causes", MAX_TRACE_CAUSES_PER_BATCH);
+  return list.map((c, i): TraceCause => {
+    const at = `causes[${i}]`;
+    const t = array(c, at, 3);
+    if (t.length !== 3) throw new MeshWireError(at, `a cause is [traceId, spanId, flags], got ${t.length} items`);
+    const [traceId, spanId] = t;
+    if (typeof traceId !== "string" || !TRACE_ID.test(traceId) || ZERO_ID.test(traceId)) throw new MeshWireError(`${at}.traceId`, "must be 32 lowercase hex digits, not all zero");
+    if (typeof spanId !== "string" || !SPAN_ID.test(spanId) || ZERO_ID.test(spanId)) throw new MeshWireError(`${at}.spanId`, "must be 16 lowercase hex digits, not all zero");
+    return { traceId, spanId, flags: uint(t[2], `${at}.flags`, 0xff) };
+  });
 }
 
 export function decodeHeartbeat(buf: Uint8Array): Heartbeat {

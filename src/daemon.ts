@@ -176,10 +176,22 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   if (service.sessionReplicationWriterId !== undefined) {
     logger.info({ writer_id: service.sessionReplicationWriterId.toString() }, "host replication on: GET /session_bindings/updates, POST /session_bindings");
   }
+  let tracer: RequestTracer | undefined;
+  // Off by default: then OpenTelemetry is never imported (src/http/tracing.ts). Before the mesh,
+  // which traces the peer batches it applies.
+  if (config.otlpTracesEndpoint !== undefined) {
+    try {
+      tracer = await startTracing({ endpoint: tracesExportUrl(config.otlpTracesEndpoint), serviceName: config.otlpServiceName, logger });
+    } catch (err) {
+      await ingest.close();
+      throw err;
+    }
+  }
   if (sync !== undefined) {
     try {
       mesh = await ReplicaMesh.start({
         service,
+        applyTracer: tracer,
         publishBind: sync.bind,
         advertiseEndpoint: sync.advertise,
         peers: config.peers.filter((p) => !isDnsPeer(p)),
@@ -196,6 +208,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       });
       logger.info({ publish: sync.advertise, peers: config.peers, origin: service.replicaId.toString() }, "replica mesh up");
     } catch (err) {
+      await tracer?.shutdown();
       await ingest.close();
       throw err;
     }
@@ -204,12 +217,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   registerServiceMetrics(registry, service);
   registerIngestMetrics(registry, () => ingest.stats());
   let http: RunningHttpServer;
-  let tracer: RequestTracer | undefined;
   try {
-    // Off by default: then OpenTelemetry is never imported (src/http/tracing.ts).
-    if (config.otlpTracesEndpoint !== undefined) {
-      tracer = await startTracing({ endpoint: tracesExportUrl(config.otlpTracesEndpoint), serviceName: config.otlpServiceName, logger });
-    }
     http = await startHttpServer({
       service,
       host: config.host,

@@ -5,7 +5,7 @@
  * `traceparent` (src/http/traceparent.ts), passed as an explicit context, so no context manager
  * or global propagator is installed.
  */
-import { ROOT_CONTEXT, SpanKind, SpanStatusCode, createTraceState, trace, type Attributes, type Context, type Span, type Tracer } from "@opentelemetry/api";
+import { ROOT_CONTEXT, SpanKind, SpanStatusCode, TraceFlags, createTraceState, trace, type Attributes, type Context, type Link, type Span, type Tracer } from "@opentelemetry/api";
 import { ExportResultCode, type ExportResult } from "@opentelemetry/core";
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http";
 import { defaultResource, resourceFromAttributes } from "@opentelemetry/resources";
@@ -17,6 +17,8 @@ import type { SelectionNote } from "../core/types.js";
 import { LogThrottle } from "../util/log-throttle.js";
 import { decisionFields } from "./request-id.js";
 import { formatTraceparent, parseTraceparent, TRACEPARENT_HEADER, TRACESTATE_HEADER } from "./traceparent.js";
+import type { AppliedBatch } from "../../mesh/inbound.js";
+import type { TraceCause } from "../../mesh/types.js";
 import type { RequestEnd, RequestTrace, RequestTracer, TracingOptions } from "./tracing.js";
 
 export const TRACER_NAME = "kvmesh";
@@ -98,6 +100,7 @@ export function decisionAttributes(answered: unknown, note: SelectionNote): Attr
 class OtelRequestTrace implements RequestTrace {
   readonly note: SelectionNote = {};
   readonly traceparent: string;
+  readonly cause: TraceCause | undefined;
   bodyStartMs: number | undefined = undefined;
   bodyEndMs: number | undefined = undefined;
   readonly #tracer: Tracer;
@@ -108,6 +111,7 @@ class OtelRequestTrace implements RequestTrace {
     this.#span = tracer.startSpan("HTTP", { kind: SpanKind.SERVER }, parentContextOf(headers));
     const sc = this.#span.spanContext();
     this.traceparent = formatTraceparent(sc.traceId, sc.spanId, sc.traceFlags);
+    this.cause = (sc.traceFlags & TraceFlags.SAMPLED) === 0 ? undefined : { traceId: sc.traceId, spanId: sc.spanId, flags: sc.traceFlags };
   }
 
   end(info: RequestEnd): void {
@@ -161,6 +165,31 @@ class OtelRequestTracer implements RequestTracer {
 
   start(headers: IncomingHttpHeaders): RequestTrace {
     return new OtelRequestTrace(this.#tracer, headers);
+  }
+
+  /**
+   * A peer batch applied here that carried the requests causing it: a `kvmesh.mesh.apply` span
+   * (a new trace: the apply is not part of any one request) with a link to each request's span,
+   * so a trace view leads from the request on its origin to every replica that mirrored it.
+   */
+  batchApplied(b: AppliedBatch): void {
+    const links: Link[] = b.causes.map((c) => ({ context: { traceId: c.traceId, spanId: c.spanId, traceFlags: c.flags, isRemote: true } }));
+    const span = this.#tracer.startSpan(
+      "kvmesh.mesh.apply",
+      {
+        kind: SpanKind.CONSUMER,
+        links,
+        attributes: {
+          "kvmesh.mesh.origin": b.origin.toString(),
+          "kvmesh.mesh.first_seq": b.firstSeq,
+          "kvmesh.mesh.seq": b.seq,
+          "kvmesh.mesh.events": b.events,
+          "kvmesh.mesh.lag_ms": Math.max(0, Date.now() - b.sentAtMs),
+        },
+      },
+      ROOT_CONTEXT,
+    );
+    span.end();
   }
 
   shutdown(): Promise<void> {

@@ -26,6 +26,7 @@ import { TRACEPARENT_HEADER } from "./traceparent.js";
 import type { RequestTracer } from "./tracing.js";
 import type { SelectionNote } from "../core/types.js";
 import type { MeshControl } from "../../mesh/replica-port.js";
+import { withTraceCause } from "../../mesh/trace-cause.js";
 import { readiness } from "./readiness.js";
 import { StatusPage, type UiMeshSelf } from "./ui/ui-routes.js";
 
@@ -487,7 +488,10 @@ class HttpApi {
       }
       // Peers' updates the receive thread handed over since: a decision or a view sees them all.
       this.#o.mesh?.applyReceived();
-      const r = await route.handle({ params, query: q < 0 ? undefined : new URLSearchParams(url.slice(q + 1)), body, note: tr?.note });
+      const ctx = { params, query: q < 0 ? undefined : new URLSearchParams(url.slice(q + 1)), body, note: tr?.note };
+      // A sampled request's changes carry its trace context to peers (mesh/trace-cause.ts).
+      const cause = tr?.cause;
+      const r = cause === undefined ? await route.handle(ctx) : await withTraceCause(cause, () => route.handle(ctx));
       answered = r.body;
       if (r.stream !== undefined) r.stream(req, res);
       else if (r.text !== undefined) this.#send(req, res, r.status, r.text.body, r.text.contentType, r.headers);

@@ -12,6 +12,8 @@ import type { IncomingHttpHeaders } from "node:http";
 import type { Logger } from "pino";
 
 import type { SelectionNote } from "../core/types.js";
+import type { MeshApplyTracer } from "../../mesh/inbound.js";
+import type { TraceCause } from "../../mesh/types.js";
 
 export interface TracingOptions {
   /** Where spans are POSTed (OTLP/HTTP, JSON): the full traces URL, e.g. http://collector:4318/v1/traces. */
@@ -40,13 +42,15 @@ export interface RequestTrace {
   readonly note: SelectionNote;
   /** The `traceparent` this server answers: the trace, and its own span as the parent. */
   readonly traceparent: string;
+  /** This span's context when it is sampled: the mesh batches carrying the request's changes name it. */
+  readonly cause: TraceCause | undefined;
   /** performance.now() around reading and parsing the body; set by the HTTP layer. */
   bodyStartMs: number | undefined;
   bodyEndMs: number | undefined;
   end(info: RequestEnd): void;
 }
 
-export interface RequestTracer {
+export interface RequestTracer extends MeshApplyTracer {
   /** Starts a request's server span, as a child of the caller's `traceparent` when valid. */
   start(headers: IncomingHttpHeaders): RequestTrace;
   /** Exports what is queued and stops; later spans are dropped. */

@@ -10,6 +10,7 @@ import { afterEach, describe, expect, it, vi } from "vitest";
 
 import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
 import { parseJson, stringifyJson } from "../../src/http/json.js";
+import { withFreePortPair } from "../helpers/ports.js";
 
 const log = pino({ level: "silent" });
 const BS = 16;
@@ -26,6 +27,7 @@ interface OtlpSpan {
   traceId: string;
   spanId: string;
   parentSpanId?: string;
+  links?: { traceId: string; spanId: string }[];
   name: string;
   kind: number;
   attributes?: { key: string; value: OtlpValue }[];
@@ -88,16 +90,23 @@ function attrs(span: OtlpSpan): Record<string, unknown> {
 
 let daemon: Daemon | undefined;
 let receiver: Receiver | undefined;
+/** A second replica and its receiver (the mesh case). */
+let peer: Daemon | undefined;
+let peerReceiver: Receiver | undefined;
 afterEach(async () => {
   await daemon?.close();
   daemon = undefined;
+  await peer?.close();
+  peer = undefined;
   await receiver?.close();
   receiver = undefined;
+  await peerReceiver?.close();
+  peerReceiver = undefined;
 });
 
-async function call(method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<{ status: number; json: unknown; headers: Headers }> {
-  if (daemon === undefined) throw new Error("no daemon");
-  const res = await fetch(`http://${daemon.host}:${String(daemon.port)}${path}`, {
+async function call(method: string, path: string, body?: unknown, headers: Record<string, string> = {}, on = daemon): Promise<{ status: number; json: unknown; headers: Headers }> {
+  if (on === undefined) throw new Error("no daemon");
+  const res = await fetch(`http://${on.host}:${String(on.port)}${path}`, {
     method,
     headers: { ...headers, ...(body === undefined ? {} : { "content-type": "application/json" }) },
     ...(body === undefined ? {} : { body: stringifyJson(body) }),
@@ -205,5 +214,48 @@ describe("OpenTelemetry traces", () => {
     } finally {
       vi.unstubAllEnvs();
     }
+  });
+});
+
+describe("OpenTelemetry traces across the mesh", () => {
+  it("a peer's span for applying a batch links to the requests whose changes it carried", async () => {
+    receiver = await Receiver.start();
+    peerReceiver = await Receiver.start();
+    const tracing = (r: Receiver) => ({ ...DEFAULT_DAEMON_CONFIG, port: 0, kvEvents: false, sessionAffinityTtlSecs: 60, otlpTracesEndpoint: r.url });
+    let syncA = "";
+    daemon = await withFreePortPair(async (p) => {
+      syncA = `tcp://127.0.0.1:${String(p)}`;
+      return startDaemon({ ...tracing(receiver as Receiver), replicaSyncPort: p }, log);
+    });
+    peer = await withFreePortPair(async (p) => startDaemon({ ...tracing(peerReceiver as Receiver), replicaSyncPort: p, peers: [syncA] }, log));
+    expect((await call("POST", "/workers", worker)).status).toBe(201);
+    // The peer has the worker (replicated catalogue) and is live with A.
+    await expect.poll(async () => ((await call("GET", "/ready", undefined, {}, peer)).json as { ready: boolean }).ready, { timeout: 10_000 }).toBe(true);
+
+    const traceparent = `00-${CALLER_TRACE}-${CALLER_SPAN}-01`;
+    const sel = await call("POST", "/select_and_reserve", { token_ids: tokens(4), selection_id: "sel-m", session_id: "s-m" }, { traceparent });
+    expect(sel.status).toBe(200);
+    const requestSpan = /^00-[0-9a-f]{32}-([0-9a-f]{16})-01$/.exec(sel.headers.get("traceparent") ?? "")?.[1];
+    // An unsampled request's changes carry no cause.
+    const quiet = await call("POST", "/select_and_reserve", { token_ids: tokens(4), selection_id: "sel-q" }, { traceparent: `00-${"a".repeat(32)}-${CALLER_SPAN}-00` });
+    expect(quiet.status).toBe(200);
+    // The peer has applied the booking (its /loads shows it) before it is closed and flushes.
+    const activeOnPeer = async (): Promise<number> => {
+      const loads = (await call("GET", "/loads", undefined, {}, peer)).json as { loads: { active_requests: number }[] }[];
+      return loads.flatMap((p) => p.loads).reduce((n, l) => n + l.active_requests, 0);
+    };
+    await expect.poll(activeOnPeer, { timeout: 10_000 }).toBe(2);
+    await peer.close();
+    peer = undefined;
+
+    const applies = peerReceiver.spans.filter((s) => s.name === "kvmesh.mesh.apply");
+    const links = applies.flatMap((s) => s.links ?? []);
+    expect(links).toContainEqual(expect.objectContaining({ traceId: CALLER_TRACE, spanId: requestSpan }));
+    expect(links.some((l) => l.traceId === "a".repeat(32))).toBe(false);
+    const linked = applies.find((s) => (s.links ?? []).some((l) => l.traceId === CALLER_TRACE)) as OtlpSpan;
+    expect(linked.kind).toBe(5); // CONSUMER
+    expect(linked.traceId).not.toBe(CALLER_TRACE); // its own trace, linked, not a child
+    expect(attrs(linked)).toMatchObject({ "kvmesh.mesh.origin": expect.stringMatching(/^\d+$/) as unknown });
+    expect(attrs(linked)["kvmesh.mesh.events"]).toBeGreaterThan(0);
   });
 });

@@ -105,6 +105,7 @@ describe("mesh counters and gauges", () => {
     redials: 11,
     snapshotPullsDeferred: 12,
     downOriginsDropped: 25,
+    traceCausesDropped: 26,
     receiveHandovers: 13,
     receiveBatchesMerged: 14,
     receiveThreadRestarts: 15,
@@ -129,6 +130,7 @@ describe("mesh counters and gauges", () => {
     expect(sample(text, "kvmesh_mesh_snapshot_pulls_deferred_total")).toBe(12);
     expect(sample(text, "kvmesh_mesh_peer_redials_total")).toBe(11);
     expect(sample(text, "kvmesh_mesh_down_peer_drops_total")).toBe(25);
+    expect(sample(text, "kvmesh_mesh_trace_causes_dropped_total")).toBe(26);
     expect(sample(text, "kvmesh_mesh_receive_handovers_total")).toBe(13);
     expect(sample(text, "kvmesh_mesh_receive_batches_merged_total")).toBe(14);
     expect(sample(text, "kvmesh_mesh_receive_thread_restarts_total")).toBe(15);

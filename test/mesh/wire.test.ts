@@ -6,7 +6,7 @@ import { hashListFromBigInts, hashListToBigInts } from "../../src/core/hash64.js
 import type { BindingEvent, CatalogEvent, LoadAddEvent, WorkerStatusEvent } from "../../src/core/replica-events.js";
 import { workerDraft } from "../../src/core/worker-catalog.js";
 import { ReceiveCoalescer } from "../../mesh/receive-coalescer.js";
-import type { ControlReply, ControlRequest, Heartbeat, MeshBatch, MeshEvent, Snapshot } from "../../mesh/types.js";
+import { MAX_TRACE_CAUSES_PER_BATCH, type ControlReply, type ControlRequest, type Heartbeat, type MeshBatch, type MeshEvent, type Snapshot } from "../../mesh/types.js";
 import {
   decodeBatch,
   decodeControlReply,
@@ -438,5 +438,45 @@ describe("catalogue events on the wire", () => {
     (raw.ct[0] as Raw).wr = 1;
     (raw.ws[0] as Raw).lc = 1;
     expect(wireError(() => decodeSnapshot(rawPackr.pack(raw))).field).toBe("statuses[0].lifecycle");
+  });
+});
+
+describe("trace causes on the wire", () => {
+  const T1 = { traceId: "4bf92f3577b34da6a3ce929d0e0e4736", spanId: "00f067aa0ba902b7", flags: 1 };
+  const T2 = { traceId: "0af7651916cd43dd8448eb211c80319c", spanId: "b7ad6b7169203331", flags: 1 };
+  const traced: MeshBatch = { ...batch, causes: [T1, T2] };
+
+  it("round-trip on a batch, and a batch without them encodes as before", () => {
+    expect(decodeBatch(encodeBatch(traced))).toEqual(traced);
+    expect(encodeBatch({ ...batch, causes: [] })).toEqual(encodeBatch(batch));
+    expect("causes" in decodeBatch(encodeBatch(batch))).toBe(false);
+  });
+
+  it("are refused when malformed, naming the cause and field", () => {
+    const good = encodeBatch(traced);
+    const cases: [(m: Raw) => void, string][] = [
+      [(m) => (m.tc = "x" as unknown), "causes"],
+      [(m) => (m.tc = Array.from({ length: MAX_TRACE_CAUSES_PER_BATCH + 1 }, () => [T1.traceId, T1.spanId, 1]) as unknown), "causes"],
+      [(m) => ((m.tc as unknown[][])[0] = [T1.traceId, T1.spanId]), "causes[0]"],
+      [(m) => ((m.tc as unknown[][])[1] = [T1.traceId.toUpperCase(), T1.spanId, 1]), "causes[1].traceId"],
+      [(m) => ((m.tc as unknown[][])[0] = ["0".repeat(32), T1.spanId, 1]), "causes[0].traceId"],
+      [(m) => ((m.tc as unknown[][])[0] = [T1.traceId, "0".repeat(16), 1]), "causes[0].spanId"],
+      [(m) => ((m.tc as unknown[][])[0] = [T1.traceId, T1.spanId, 256]), "causes[0].flags"],
+    ];
+    for (const [edit, field] of cases) expect(wireError(() => decodeBatch(mutate(good, edit))).field).toBe(field);
+  });
+
+  it("of merged batches are kept together by the receive thread", () => {
+    const c = new ReceiveCoalescer(1n);
+    const frames = (b: MeshBatch): Buffer[] => [Buffer.from("kvmesh.batch.v1"), encodeBatch(b)];
+    c.add(frames({ ...batch, seq: 5, causes: [T1] }), 2);
+    c.add(frames({ ...batch, seq: 6 }), 2);
+    c.add(frames({ ...batch, seq: 7, causes: [T2] }), 2);
+    const entries = c.take();
+    expect(entries).toHaveLength(1);
+    const first = entries[0];
+    if (first?.kind !== "batch") throw new Error("expected a batch");
+    expect(first.batch.firstSeq).toBe(5);
+    expect(first.batch.causes).toEqual([T1, T2]);
   });
 });
