@@ -136,6 +136,8 @@ export class MeshInbound {
   /** Consecutive heartbeats whose counts disagreed with what we mirror, per origin. */
   readonly #mismatch = new Map<bigint, number>();
   readonly #inflight = new Set<bigint>();
+  /** Origins adopted from peers' snapshots and not heard from directly yet -> when, monotonic ms (#expireAdopted). */
+  readonly #adopted = new Map<bigint, number>();
   readonly #pulls = new PQueue({ concurrency: MAX_CONCURRENT_SNAPSHOT_PULLS });
   #refreshTimer: TimerHandle | undefined;
   #closed = false;
@@ -296,6 +298,31 @@ export class MeshInbound {
       this.#log.info({ origin: t.origin.toString(), from: t.from, to: t.to }, "mesh peer state changed");
       if (t.to === "down") this.#originDown(t.origin);
     }
+    this.#expireAdopted(nowMs);
+  }
+
+  /**
+   * Origins known only from peers' snapshots (adopted totals) that this replica has not heard
+   * from itself within the down timeout are taken as down too. A live origin is heard within
+   * seconds of a snapshot naming it (every replica peers with every other); one that is not is
+   * the dead replica its peers are dropping at the same time, and a joiner that adopted it (a
+   * replica restarted with a new id, say) must drop it with them or it alone keeps its load
+   * until the booking expiry (the fault suite's kill scenario caught that: one worker's load
+   * differed on the restarted replica).
+   */
+  #expireAdopted(nowMs: number): void {
+    if (this.#adopted.size === 0) return;
+    const downAfterMs = this.health.downAfterMs;
+    for (const [origin, at] of this.#adopted) {
+      if (this.health.state(origin) !== undefined) {
+        this.#adopted.delete(origin); // heard directly: the health path owns it now
+      } else if (nowMs - at >= downAfterMs) {
+        this.#adopted.delete(origin);
+        const dropped = this.#o.port.dropOrigin(origin);
+        this.stats.downOriginsDropped++;
+        this.#log.warn({ origin: origin.toString(), dropped }, "mesh origin known only from peers' snapshots was never heard: its adopted load dropped");
+      }
+    }
   }
 
   /**
@@ -407,6 +434,8 @@ export class MeshInbound {
     const states = this.health.states();
     const mirrored = (s.mirrored ?? []).filter((m) => states.get(m.origin) !== "down");
     port.adoptMirroredAggregates(s.origin, mirrored);
+    const now = this.#o.clock.now();
+    for (const m of mirrored) if (m.origin !== this.#o.origin && !states.has(m.origin) && !this.#adopted.has(m.origin)) this.#adopted.set(m.origin, now);
     for (const b of s.bindings) port.applyBindingEvent(b);
   }
 

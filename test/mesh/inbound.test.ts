@@ -147,6 +147,31 @@ describe("MeshInbound: a peer that goes down", () => {
     }
   });
 
+  it("adopted from a peer's snapshot and never heard here, it is dropped after the down timeout too", async () => {
+    const answers = new Map<string, Snapshot>([[CONTROL_D, { v: 1, origin: D, epoch: EPOCH, seq: 0, bookings: [], bindings: [], mirrored: [aggregatesOfA] }]]);
+    const s = setup((ep) => Promise.resolve(answers.get(ep) as Snapshot));
+    s.inbound.onHeartbeat(hb(0, 0, D, CONTROL_D));
+    await s.tick(0);
+    expect(s.port.adopted.map((x) => x.mirrored.map((m) => m.origin))).toEqual([[A]]);
+    for (let t = 0; t < DEFAULT_DOWN_AFTER_MS; t += 1_000) {
+      s.inbound.onHeartbeat(hb(0, 0, D, CONTROL_D)); // D stays alive; A is never heard
+      await s.tick(1_000);
+    }
+    expect(s.port.dropped).toEqual([A]);
+    expect(s.inbound.stats.downOriginsDropped).toBe(1);
+    // An origin adopted and then heard directly is left to the health path.
+    const t = setup((ep) => Promise.resolve(answers.get(ep) as Snapshot));
+    t.inbound.onHeartbeat(hb(0, 0, D, CONTROL_D));
+    await t.tick(0);
+    t.inbound.onHeartbeat(hb(0));
+    for (let i = 0; i < 5; i++) {
+      t.inbound.onHeartbeat(hb(0));
+      t.inbound.onHeartbeat(hb(0, 0, D, CONTROL_D));
+      await t.tick(DEFAULT_DOWN_AFTER_MS / 4);
+    }
+    expect(t.port.dropped).toEqual([]);
+  });
+
   it("is not adopted back from another peer's snapshot, and comes back through a full snapshot", async () => {
     const s = await survivor(3);
     await s.tick(DEFAULT_DOWN_AFTER_MS);
