@@ -33,7 +33,7 @@ export const WORKER_CHANGE_RESNAPSHOT_DELAY_MS = 50;
  * unbounded, heartbeats with forged origin ids pointing at a silent endpoint had one open per
  * tracked origin (1,023 measured) and exhausted libzmq's socket limit, so KV listeners and real
  * snapshot requests failed with "Too many open file descriptors". A mesh has tens of peers;
- * an origin over the bound stays due and is asked on a later housekeeping tick (100 ms), and
+ * an origin over the bound stays due and is asked on a later housekeeping tick (250 ms), and
  * is counted (`snapshotPullsDeferred`). Pulls by endpoint (first contact, origin unknown) wait
  * in the queue instead: nothing else would retry them.
  */
@@ -42,6 +42,13 @@ export const MAX_CONCURRENT_SNAPSHOT_PULLS = 16;
 export const DIVERGENT_HEARTBEATS_FOR_RESYNC = 2;
 
 /** What inbound tells membership, and asks it. */
+/**
+ * How long a deregistered peer's late messages and snapshots are ignored, ms: longer than anything
+ * in flight can take (a snapshot pull's 2 s control timeout, a hand-over's 250 ms) and shorter than
+ * a deliberate re-registration, which lifts it at once anyway (MeshInbound.welcome).
+ */
+export const DEPARTED_IGNORE_MS = 5_000;
+
 export interface InboundMembership {
   /** A heartbeat from `origin`, whose PUB is `publishEndpoint` (registered or not). */
   peerHeard(publishEndpoint: string, origin: bigint): void;
@@ -136,6 +143,8 @@ export class MeshInbound {
   /** Consecutive heartbeats whose counts disagreed with what we mirror, per origin. */
   readonly #mismatch = new Map<bigint, number>();
   readonly #inflight = new Set<bigint>();
+  /** Origins deregistered here -> when, monotonic ms (see forget). */
+  readonly #departed = new Map<bigint, number>();
   /** Origins adopted from peers' snapshots and not heard from directly yet -> when, monotonic ms (#expireAdopted). */
   readonly #adopted = new Map<bigint, number>();
   readonly #pulls = new PQueue({ concurrency: MAX_CONCURRENT_SNAPSHOT_PULLS });
@@ -204,7 +213,7 @@ export class MeshInbound {
 
   /** `lagsMs`: as measured by a receive thread (see MeshReceiver.onBatch); else taken now. */
   onBatch(b: MeshBatch, lagsMs?: readonly number[]): void {
-    if (b.origin === this.#o.origin) return;
+    if (b.origin === this.#o.origin || this.#isDeparted(b.origin)) return;
     // The receiver first: an origin it refuses (table full) leaves no state here either.
     const action = this.receiver.onBatch(b, lagsMs);
     if (action.action === "refused") return;
@@ -214,7 +223,7 @@ export class MeshInbound {
   }
 
   onHeartbeat(hb: Heartbeat, lagMs?: number): void {
-    if (hb.origin === this.#o.origin) return;
+    if (hb.origin === this.#o.origin || this.#isDeparted(hb.origin)) return;
     const action = this.receiver.onHeartbeat(hb, lagMs);
     // Refused (origin table full) or from a dead epoch (a late or replayed frame): it says
     // nothing about the origin's current process, so it changes no liveness, endpoint or peering.
@@ -401,7 +410,7 @@ export class MeshInbound {
   }
 
   #install(s: Snapshot, controlEndpoint: string, refresh: boolean): void {
-    if (this.#closed || s.origin === this.#o.origin) return;
+    if (this.#closed || s.origin === this.#o.origin || this.#isDeparted(s.origin)) return;
     this.#control.set(s.origin, controlEndpoint);
     this.#members.snapshotFrom(controlEndpoint, s.origin);
     const t = this.receiver.tracker(s.origin);
@@ -457,6 +466,26 @@ export class MeshInbound {
     this.health.remove(origin);
     this.#control.delete(origin);
     this.#mismatch.delete(origin);
+    // What is still in flight from it (a heartbeat read before our SUB let go, a snapshot pull
+    // queued before) must not bring it back: a late heartbeat used to re-teach us its control
+    // endpoint, and the first-contact snapshot re-installed its bookings after deregistration.
+    this.#departed.set(origin, this.#o.clock.now());
+    if (this.#departed.size > DEFAULT_MAX_TRACKED_ORIGINS) this.#departed.delete(this.#departed.keys().next().value as bigint);
+  }
+
+  /** A peer (re)registered or asked to peer back: what it sends is welcome again. */
+  welcome(origin: bigint | null): void {
+    if (origin === null) this.#departed.clear();
+    else this.#departed.delete(origin);
+  }
+
+  /** Deregistered (or unpeered) within DEPARTED_IGNORE_MS: its messages and snapshots are ignored. */
+  #isDeparted(origin: bigint): boolean {
+    const at = this.#departed.get(origin);
+    if (at === undefined) return false;
+    if (this.#o.clock.now() - at < DEPARTED_IGNORE_MS) return true;
+    this.#departed.delete(origin);
+    return false;
   }
 
   peerStates(): Map<bigint, PeerState> {

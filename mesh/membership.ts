@@ -58,7 +58,7 @@ export interface MembershipOptions {
   readonly advertise: string;
   readonly links: PeerLinks;
   readonly control: Pick<ControlClient, "request">;
-  readonly inbound: Pick<MeshInbound, "peerStates" | "originStats" | "forget" | "pullSnapshot">;
+  readonly inbound: Pick<MeshInbound, "peerStates" | "originStats" | "forget" | "pullSnapshot" | "welcome">;
   readonly port: Pick<ReplicaPort, "dropOrigin">;
   readonly logger: Logger;
   /** Monotonic, ms. */
@@ -98,6 +98,7 @@ export class Membership implements InboundMembership, PeeringRequests {
     if (ep === this.#self) throw new KvmeshError("KVMESH_BAD_REQUEST", `endpoint ${ep} is this replica itself`, { details: { field: "endpoint" } });
     const added = this.#connect(ep);
     this.#byRequest.delete(ep);
+    this.#o.inbound.welcome(this.#peers.get(ep) ?? null);
     // Ask the peer to connect back (symmetric peering) and pull its state. A peer that is not up
     // yet is asked again on its first heartbeat, and its state arrives through first contact.
     this.#askPeerBack(ep);
@@ -163,6 +164,7 @@ export class Membership implements InboundMembership, PeeringRequests {
       if (typeof status === "string") return status;
     }
     if (this.#closed) return "this replica is closing";
+    this.#o.inbound.welcome(from);
     if (this.#connect(ep)) {
       this.#byRequest.add(ep);
       this.#log.info({ peer: ep }, "peered back on request");

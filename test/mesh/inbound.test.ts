@@ -2,7 +2,7 @@ import { pino } from "pino";
 import { describe, expect, it } from "vitest";
 import { ManualClock } from "../../src/core/clock.js";
 import type { CatalogEvent, LoadEvent, WorkerStatusEvent } from "../../src/core/replica-events.js";
-import { MeshInbound, MAX_CONCURRENT_SNAPSHOT_PULLS, WORKER_CHANGE_RESNAPSHOT_DELAY_MS, type InboundMembership } from "../../mesh/inbound.js";
+import { DEPARTED_IGNORE_MS, MeshInbound, MAX_CONCURRENT_SNAPSHOT_PULLS, WORKER_CHANGE_RESNAPSHOT_DELAY_MS, type InboundMembership } from "../../mesh/inbound.js";
 import { DEFAULT_SNAPSHOT_TIMEOUT_MS } from "../../mesh/origin-tracker.js";
 import { DEFAULT_DOWN_AFTER_MS, DEFAULT_SUSPECT_AFTER_MS } from "../../mesh/peer-health.js";
 import { ManualTimers } from "../../mesh/timers.js";
@@ -191,6 +191,49 @@ describe("MeshInbound: a peer that goes down", () => {
     expect(s.inbound.peerStates().get(A)).toBe("alive");
     expect(s.requests.filter((r) => r.endpoint === CONTROL_A)).toHaveLength(before + 1);
     expect(s.inbound.receiver.tracker(A)?.state).toBe("live");
+  });
+});
+
+describe("MeshInbound: a deregistered peer", () => {
+  it("is not brought back by a late heartbeat, batch or snapshot until it is welcome again", async () => {
+    let answer: Snapshot = snapshot(0);
+    const s = setup(() => Promise.resolve(answer));
+    s.inbound.onHeartbeat(hb(0));
+    await s.tick(0);
+    expect(s.inbound.receiver.tracker(A)?.state).toBe("live");
+    const pullsBefore = s.requests.length;
+    s.inbound.forget(A);
+    // In flight when it was deregistered: ignored, no snapshot pulled, nothing tracked.
+    s.inbound.onHeartbeat(hb(1));
+    s.inbound.onBatch(batch(1));
+    await s.tick(0);
+    expect(s.requests).toHaveLength(pullsBefore);
+    expect(s.inbound.receiver.tracker(A)).toBeUndefined();
+    expect(s.inbound.peerStates().has(A)).toBe(false);
+    // A snapshot pull queued before the deregistration does not install either.
+    answer = snapshot(1);
+    s.inbound.pullSnapshot(CONTROL_A, null);
+    await s.tick(0);
+    expect(s.inbound.receiver.tracker(A)).toBeUndefined();
+    // Registered again: its messages count at once.
+    s.inbound.welcome(A);
+    s.inbound.onHeartbeat(hb(2));
+    await s.tick(0);
+    expect(s.inbound.peerStates().get(A)).toBe("alive");
+    expect(s.inbound.receiver.tracker(A)?.state).toBe("live");
+  });
+
+  it("is heard again once DEPARTED_IGNORE_MS has passed", async () => {
+    const s = setup(() => Promise.resolve(snapshot(0)));
+    s.inbound.onHeartbeat(hb(0));
+    await s.tick(0);
+    s.inbound.forget(A);
+    await s.tick(DEPARTED_IGNORE_MS - 1);
+    s.inbound.onHeartbeat(hb(0));
+    expect(s.inbound.peerStates().has(A)).toBe(false);
+    await s.tick(1);
+    s.inbound.onHeartbeat(hb(0));
+    expect(s.inbound.peerStates().get(A)).toBe("alive");
   });
 });
 

@@ -42,6 +42,7 @@ function setup() {
       originStats: () => undefined,
       forget: (origin) => void forgotten.push(origin),
       pullSnapshot: (endpoint, origin) => void pulls.push({ endpoint, origin }),
+      welcome: () => undefined,
     },
     port,
     logger: pino({ enabled: false }),
@@ -166,7 +167,7 @@ describe("Membership: requests from peers are checked before they act (#17 F12-F
             });
           }),
       },
-      inbound: { peerStates: () => new Map(), originStats: () => undefined, forget: () => undefined, pullSnapshot: () => undefined },
+      inbound: { peerStates: () => new Map(), originStats: () => undefined, forget: () => undefined, pullSnapshot: () => undefined, welcome: () => undefined },
       port: s.port,
       logger: pino({ enabled: false }),
       clock: s.clock,
