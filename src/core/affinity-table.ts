@@ -22,6 +22,7 @@
 
 import { KvmeshError, badRequest } from "./errors.js";
 import type { Clock } from "./clock.js";
+import { compareVersions, type Version } from "./lamport.js";
 
 export type AffinityMode = "hard" | "soft";
 
@@ -32,10 +33,8 @@ export interface AffinityTarget {
 }
 
 /** Compared lexicographically: sequence first, writerId breaks ties. Both are u64. */
-export interface BindingVersion {
-  readonly sequence: bigint;
-  readonly writerId: bigint;
-}
+/** A binding's version (lamport.ts): higher wins. */
+export type BindingVersion = Version;
 
 export interface SessionBinding {
   readonly sessionId: string;
@@ -151,11 +150,7 @@ export function affinitySweepIntervalMs(ttlMs: number): number {
   return Math.max(1, Math.min(Math.floor(ttlMs / 4), MAX_AFFINITY_SWEEP_INTERVAL_MS));
 }
 
-export function compareVersions(a: BindingVersion, b: BindingVersion): number {
-  if (a.sequence !== b.sequence) return a.sequence < b.sequence ? -1 : 1;
-  if (a.writerId !== b.writerId) return a.writerId < b.writerId ? -1 : 1;
-  return 0;
-}
+export { compareVersions } from "./lamport.js";
 
 const sameTarget = (a: AffinityTarget, b: AffinityTarget): boolean =>
   a.workerId === b.workerId && a.dpRank === b.dpRank;

@@ -12,6 +12,7 @@
 import { AffinityTable, affinitySweepIntervalMs, type BindingReason, type SessionBinding } from "./affinity-table.js";
 import type { Clock, WallClockNs } from "./clock.js";
 import { KvmeshError } from "./errors.js";
+import { LamportClock } from "./lamport.js";
 import type { Partition } from "./partition.js";
 import type { BindingEvent } from "./replica-events.js";
 import { MAX_ID_BYTES } from "./request-ids.js";
@@ -27,7 +28,6 @@ export const DEFAULT_PARKED_BINDING_TTL_MS = 60_000;
 /** Bound on parked bindings; past it the oldest is shed (counted). */
 export const DEFAULT_PARKED_BINDINGS_MAX = 65_536;
 
-const U64_MAX = (1n << 64n) - 1n;
 
 /** The partitions bindings live in (the fleet). */
 export interface PartitionLookup {
@@ -68,11 +68,12 @@ export class SessionBindings {
   readonly #subscriptions = new Set<SessionBindingSubscription>();
   /** Peer bindings waiting for their worker or partition: key partition/session, insertion = age order. */
   readonly #parked = new Map<string, { event: BindingEvent; expiresAtMs: number }>();
-  /** Highest binding sequence issued or merged here: a new table's Lamport floor. */
-  #highestSequence = 0n;
+  /** Binding sequences issued or merged here: a new table's Lamport floor. */
+  readonly #clock: LamportClock;
 
   constructor(options: SessionBindingsOptions) {
     this.#o = options;
+    this.#clock = new LamportClock(options.wallClockNs);
   }
 
   get enabled(): boolean {
@@ -100,14 +101,14 @@ export class SessionBindings {
       maxSessionIdBytes: a.maxSessionIdBytes,
       writerId: this.#o.writerId,
       clock: this.#o.clock,
-      initialSequence: this.#initialSequence(),
+      initialSequence: this.#clock.peek(),
       refreshCoalesceMs: this.#o.refreshCoalesceMs,
       onRefreshCoalesced: () => {
         this.#o.counters.bindingRefreshesCoalesced++;
       },
     });
     table.onBinding((b, reason) => {
-      this.#observe(b.version.sequence);
+      this.#clock.observe(b.version.sequence);
       this.#o.counters.bindingsPublished++;
       const ev = bindingEvent(p, b, reason);
       for (const l of this.#listeners) l(ev);
@@ -115,16 +116,6 @@ export class SessionBindings {
     return table;
   }
 
-  /** Wall-clock ns, but above every sequence seen here (the clock may have stepped back). */
-  #initialSequence(): bigint {
-    const wall = this.#o.wallClockNs();
-    const floor = this.#highestSequence < U64_MAX ? this.#highestSequence + 1n : U64_MAX;
-    return wall > floor ? wall : floor;
-  }
-
-  #observe(sequence: bigint): void {
-    if (typeof sequence === "bigint" && sequence > this.#highestSequence && sequence <= U64_MAX) this.#highestSequence = sequence;
-  }
 
   /** Merges a peer's session binding by `(sequence, writer_id)` (the mesh's entry point). */
   applyBindingEvent(e: BindingEvent): string {
@@ -157,7 +148,7 @@ export class SessionBindings {
 
   #merge(e: BindingEvent): SessionBindingOutcomeKind {
     const c = this.#o.counters;
-    this.#observe(e.sequence);
+    this.#clock.observe(e.sequence);
     const p = this.#o.fleet.partition(partitionKey(e.model_name, e.routing_group));
     if (e.writer_id === this.#o.writerId) {
       // Our own binding coming back. A peer's *refresh* of it means the session is in use there:

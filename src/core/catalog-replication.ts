@@ -23,6 +23,7 @@
  */
 import type { Clock, WallClockNs } from "./clock.js";
 import { KvmeshError } from "./errors.js";
+import { compareVersions, LamportClock, type Version } from "./lamport.js";
 import type { WorkerChange } from "./fleet.js";
 import type { CatalogEvent, CatalogWorker, WorkerStatusEvent } from "./replica-events.js";
 import type { ServiceCounters } from "./service-stats.js";
@@ -43,20 +44,7 @@ export const MAX_WORKER_STATUS_REASONS = 64;
 /** Bound on peers' statuses held (workers x replicas); past it new ones are ignored (counted). */
 export const MAX_PEER_WORKER_STATUSES = 262_144;
 
-const U64_MAX = (1n << 64n) - 1n;
-
-interface Version {
-  readonly sequence: bigint;
-  readonly writerId: bigint;
-}
-
 const ZERO: Version = { sequence: 0n, writerId: 0n };
-
-/** <0, 0, >0 as `a` is older than, the same as, or newer than `b`. */
-export function compareVersions(a: Version, b: Version): number {
-  if (a.sequence !== b.sequence) return a.sequence < b.sequence ? -1 : 1;
-  return a.writerId === b.writerId ? 0 : a.writerId < b.writerId ? -1 : 1;
-}
 
 interface Entry {
   readonly version: Version;
@@ -143,11 +131,12 @@ export class CatalogReplication {
   readonly #dirty = new Set<WorkerId>();
   /** >0 inside a catalogue change: statuses wait for its version (see #change). */
   #busy = 0;
-  /** Highest sequence issued or merged here: the Lamport floor. */
-  #highest = 0n;
+  /** Sequences issued or merged here: the Lamport floor. */
+  readonly #clock: LamportClock;
 
   constructor(o: CatalogReplicationOptions) {
     this.#o = o;
+    this.#clock = new LamportClock(o.wallClockNs);
     this.#ttlMs = o.tombstoneTtlMs ?? DEFAULT_CATALOG_TOMBSTONE_TTL_MS;
     this.#maxTombstones = o.maxTombstones ?? DEFAULT_CATALOG_TOMBSTONES_MAX;
     // Every change of a local record (a registration from anywhere, or the ingest marking an
@@ -209,17 +198,8 @@ export class CatalogReplication {
     for (const l of this.#catalogListeners) l(e);
   }
 
-  /** Wall-clock ns, but above every sequence seen here (the clock may have stepped back). */
   #nextVersion(): Version {
-    const wall = this.#o.wallClockNs();
-    const floor = this.#highest < U64_MAX ? this.#highest + 1n : U64_MAX;
-    const sequence = wall > floor ? wall : floor;
-    this.#highest = sequence;
-    return { sequence, writerId: this.#o.replicaId };
-  }
-
-  #observe(sequence: bigint): void {
-    if (sequence > this.#highest && sequence <= U64_MAX) this.#highest = sequence;
+    return { sequence: this.#clock.next(), writerId: this.#o.replicaId };
   }
 
   /**
@@ -241,7 +221,7 @@ export class CatalogReplication {
   /** Merges a peer's catalogue event (from its stream or its snapshot) last-writer-wins. */
   apply(e: CatalogEvent): CatalogApplyOutcome {
     const c = this.#o.counters;
-    this.#observe(e.sequence);
+    this.#clock.observe(e.sequence);
     const version: Version = { sequence: e.sequence, writerId: e.writer_id };
     const current = this.#entries.get(e.worker_id);
     if (current !== undefined && compareVersions(version, current.version) <= 0) {
