@@ -327,9 +327,7 @@ export class MeshInbound {
         this.#adopted.delete(origin); // heard directly: the health path owns it now
       } else if (nowMs - at >= downAfterMs) {
         this.#adopted.delete(origin);
-        const dropped = this.#o.port.dropOrigin(origin);
-        this.stats.downOriginsDropped++;
-        this.#log.warn({ origin: origin.toString(), dropped }, "mesh origin known only from peers' snapshots was never heard: its adopted load dropped");
+        this.#dropDown(origin, "mesh origin known only from peers' snapshots was never heard: its adopted load dropped");
       }
     }
   }
@@ -351,10 +349,15 @@ export class MeshInbound {
   #originDown(origin: bigint): void {
     this.receiver.forget(origin);
     this.#mismatch.delete(origin);
+    this.#dropDown(origin, "mesh peer down: its mirrored bookings dropped (a full snapshot is pulled when it is heard again)");
+    this.#pruneDown();
+  }
+
+  /** Drops what is mirrored of a down origin, counted and logged. */
+  #dropDown(origin: bigint, why: string): void {
     const dropped = this.#o.port.dropOrigin(origin);
     this.stats.downOriginsDropped++;
-    this.#pruneDown();
-    this.#log.warn({ origin: origin.toString(), dropped }, "mesh peer down: its mirrored bookings dropped (a full snapshot is pulled when it is heard again)");
+    this.#log.warn({ origin: origin.toString(), dropped }, why);
   }
 
   /**
@@ -363,9 +366,10 @@ export class MeshInbound {
    * one. Past the same bound, the longest-silent down ones are forgotten for good.
    */
   #pruneDown(): void {
-    const excess = this.health.states().size - DEFAULT_MAX_TRACKED_ORIGINS;
+    const states = this.health.states();
+    const excess = states.size - DEFAULT_MAX_TRACKED_ORIGINS;
     if (excess <= 0) return;
-    const down = [...this.health.states()].filter(([o, st]) => st === "down" && this.receiver.tracker(o) === undefined).map(([o]) => o);
+    const down = [...states].filter(([o, st]) => st === "down" && this.receiver.tracker(o) === undefined).map(([o]) => o);
     down.sort((a, b) => (this.health.lastSeenMs(a) ?? 0) - (this.health.lastSeenMs(b) ?? 0));
     for (const o of down.slice(0, excess)) {
       this.health.remove(o);

@@ -66,8 +66,8 @@ interface Building {
   sentAtMs: number;
   events: MeshEvent[];
   lagsMs: number[];
-  /** The merged batches' trace causes, at most MAX_MERGED_TRACE_CAUSES. */
-  causes: TraceCause[];
+  /** The merged batches' trace causes, at most MAX_MERGED_TRACE_CAUSES (none without tracing: no array). */
+  causes: TraceCause[] | undefined;
   /** Partition key -> index in `events` of its folded loads event. */
   loadsAt: Map<string, number>;
 }
@@ -153,7 +153,7 @@ export class ReceiveCoalescer {
       this.stats.merged++;
       return;
     }
-    const b: Building = { origin: batch.origin, epoch: batch.epoch, firstSeq: batch.seq, seq: batch.seq, sentAtMs: batch.sentAtMs, events: [], lagsMs: [lag], causes: [], loadsAt: new Map() };
+    const b: Building = { origin: batch.origin, epoch: batch.epoch, firstSeq: batch.seq, seq: batch.seq, sentAtMs: batch.sentAtMs, events: [], lagsMs: [lag], causes: undefined, loadsAt: new Map() };
     addCauses(b, batch);
     for (const e of batch.events) fold(b, e);
     this.#pending.push({ kind: "building", b });
@@ -177,14 +177,15 @@ export const MAX_MERGED_TRACE_CAUSES = 4 * MAX_TRACE_CAUSES_PER_BATCH;
 
 function addCauses(b: Building, batch: MeshBatch): void {
   if (batch.causes === undefined) return;
+  const into = (b.causes ??= []);
   for (const c of batch.causes) {
-    if (b.causes.length >= MAX_MERGED_TRACE_CAUSES) return;
-    b.causes.push(c);
+    if (into.length >= MAX_MERGED_TRACE_CAUSES) return;
+    into.push(c);
   }
 }
 
 function freeze(b: Building): MeshBatch {
-  const batch: MeshBatch = { v: PROTOCOL_VERSION, origin: b.origin, epoch: b.epoch, seq: b.seq, sentAtMs: b.sentAtMs, events: b.events, ...(b.causes.length > 0 ? { causes: b.causes } : {}) };
+  const batch: MeshBatch = { v: PROTOCOL_VERSION, origin: b.origin, epoch: b.epoch, seq: b.seq, sentAtMs: b.sentAtMs, events: b.events, ...(b.causes === undefined ? {} : { causes: b.causes }) };
   return b.firstSeq === b.seq ? batch : { ...batch, firstSeq: b.firstSeq };
 }
 
