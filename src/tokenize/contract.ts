@@ -1,0 +1,45 @@
+/**
+ * The contract between the endpoint picker (src/extproc/, Envoy ext_proc) and tokenization
+ * (src/tokenize/, src/openai/): the picker hands over a parsed OpenAI request body and gets back
+ * exactly the token ids the engine will cache for it. Two teams build the two sides; this file is
+ * the only thing both import, so it changes only by agreement.
+ */
+
+/** Which OpenAI endpoint the body was sent to. */
+export type OpenAIKind = "completions" | "chat";
+
+/** An OpenAI body, parsed and checked (src/openai/ owns the parser and its field-naming errors). */
+export interface OpenAIRequest {
+  readonly kind: OpenAIKind;
+  /** The body's `model` (after `x-gateway-model-name-rewrite`, when the gateway sent one). */
+  readonly model: string;
+  /** The whole decoded body, for tokenizers that render it (chat template, tools, ...). */
+  readonly body: Readonly<Record<string, unknown>>;
+  /**
+   * Token ids the body already carries (`prompt` as a token array on /v1/completions): such a
+   * request skips tokenization.
+   */
+  readonly tokenIds?: readonly number[] | undefined;
+}
+
+export interface TokenizeOptions {
+  /** Aborted when the stream ends (client left, Envoy reset) or the picker's timeout fires. */
+  readonly signal?: AbortSignal | undefined;
+}
+
+/** What a tokenizer answers: the prompt's token ids, and which path produced them (metrics). */
+export interface TokenizeResult {
+  readonly tokenIds: Uint32Array;
+  /** "engine" (a worker rendered it), "local" (tokenizer.json in process), "body" (ids given), "cache" (multi-turn prefix cache hit, then the rest tokenized). */
+  readonly source: "engine" | "local" | "body" | "cache";
+}
+
+/**
+ * Turns a request into token ids. Rejects with a registry error (KvmeshError) when it cannot:
+ * the picker maps "no worker could tokenize" to 503 (or, by default, to routing by session and
+ * load alone) and a bad body to 400 naming the field.
+ */
+export interface PromptTokenizer {
+  tokenize(req: OpenAIRequest, options?: TokenizeOptions): Promise<TokenizeResult>;
+  close?(): Promise<void>;
+}
