@@ -319,8 +319,10 @@ export class SelectionService {
     try {
       const selectionId = req.selection_id ?? randomUuid(this.#random);
       validateId(selectionId, "selection_id");
-      this.#book.assertIdFree(selectionId);
+      // The reference's order (run_selection, core/run.rs): running, partition ready, then the id.
       this.#assertRunning();
+      this.#fleet.requirePartition(req.model_name, req.routing_group);
+      this.#book.assertIdFree(selectionId);
       const sel = this.#chooser.choose(req, note);
       this.#book.bookSelection(sel, selectionId, req);
       return selectResponse(sel, this.#fleet.endpointOf(sel.workerId), selectionId, true);
