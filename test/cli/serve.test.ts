@@ -5,6 +5,7 @@ import { afterEach, describe, expect, it, vi } from "vitest";
 import { buildCli, type CliDeps } from "../../cli/program.js";
 import { FORCED_EXIT_CODE, fieldNamer, logBaseFields, usageMessage, type RunningDaemon, type ShutdownSignal, type SignalSource } from "../../cli/serve.js";
 import { envNameFor } from "../../cli/parsers.js";
+import { negatablePairs } from "../../cli/negatable-pairs.js";
 import { configError } from "../../src/config.js";
 import { DEFAULT_DAEMON_CONFIG, type DaemonConfig } from "../../src/daemon.js";
 import { waitFor } from "../helpers/wait.js";
@@ -268,6 +269,38 @@ describe("kvmesh serve: usage errors", () => {
       expect(h.configs).toEqual([]);
     });
   }
+
+  // The reference's CLI declares --router-assume-kv-reuse / --no-router-assume-kv-reuse mutually
+  // exclusive (python -m dynamo.select_service); kvmesh refuses every such pair (cli/negatable-pairs.ts).
+  it("refuses every --x / --no-x pair given together, in either order, naming both flags", async () => {
+    const serve = harness().program.commands.find((c) => c.name() === "serve");
+    const pairs = serve === undefined ? [] : negatablePairs(serve);
+    expect(pairs.map(([p]) => p.long)).toEqual(expect.arrayContaining(["--router-assume-kv-reuse", "--router-track-prefill-tokens", "--kv-events", "--mesh-insecure"]));
+    for (const [positive, negative] of pairs) {
+      const pos = positive.long ?? "";
+      const neg = negative.long ?? "";
+      for (const args of [[pos, neg], [neg, pos], [`${pos}=false`, neg], [neg, pos, "true"]]) {
+        const h = harness();
+        expect(await h.run("serve", ...args), args.join(" ")).toBe(1);
+        const [first, second] = args[0]?.startsWith(neg) === true ? [neg, pos] : [pos, neg];
+        expect(h.err()).toContain(`error: ${first} and ${second} conflict: give one of them`);
+        expect(h.configs).toEqual([]);
+      }
+    }
+  });
+
+  it("judges each parse alone, and does not count the environment variable as a conflict", async () => {
+    const h = harness();
+    expect(await h.run("serve", "--no-kv-events", "--kv-events")).toBe(1);
+    // The same command tree again: the first parse's --no-kv-events is forgotten, and the
+    // environment's KVMESH_KV_EVENTS=true loses to the flag as usual.
+    vi.stubEnv("KVMESH_KV_EVENTS", "true");
+    const done = h.run("serve", "--kv-events", "false");
+    await waitFor(() => h.signals.listeners() === 2 || h.exits.length > 0, 5_000, "serve to start");
+    h.signals.send("SIGTERM");
+    await done;
+    expect(h.configs.map((c) => c.kvEvents)).toEqual([false]);
+  });
 
   it("names the environment variable when the bad value came from it", async () => {
     vi.stubEnv("KVMESH_PORT", "http");
