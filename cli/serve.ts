@@ -237,6 +237,9 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     .addOption(valueOption("--replay-timeout-ms <ms>", "how long to wait for a worker's KV-event replay", integerInRange(1, MAX_REPLAY_TIMEOUT_MS), d.replayTimeoutMs))
     .addOption(valueOption("--selection-cache-ttl-secs <secs>", "how long a /select answer can be reserved", integerInRange(1, SECS_PER_YEAR), d.selectionCacheTtlSecs))
     .addOption(valueOption("--selection-cache-max-entries <n>", "most cached selections", integerInRange(1, MAX_SELECTION_CACHE_ENTRIES), d.selectionCacheMaxEntries))
+    .addOption(
+      valueOption("--selection-cache-max-bytes <bytes>", "byte budget of the cached selections (8 bytes per hash plus ids); the oldest are evicted past it", integerInRange(1, Number.MAX_SAFE_INTEGER), d.selectionCacheMaxBytes),
+    )
     .addOption(valueOption("--max-reservation-bytes <bytes>", "byte budget of this replica's live bookings, ~192 bytes per booked block (429 beyond)", integerInRange(1, Number.MAX_SAFE_INTEGER), d.maxReservationBytes))
     .addOption(valueOption("--max-partitions <n>", "most partitions (model_name, routing_group) at once: a registration past it gets 409", integerInRange(1, MAX_PARTITIONS_FLAG), d.maxPartitions))
     .addOption(valueOption("--max-ranks <n>", "most worker ranks (sum of data_parallel_size) at once: a registration past it gets 409", integerInRange(1, MAX_RANK_KEYS), d.maxRanks))

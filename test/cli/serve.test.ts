@@ -133,6 +133,7 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--replay-timeout-ms", "500"],
   ["--selection-cache-ttl-secs", "30"],
   ["--selection-cache-max-entries", "100"],
+  ["--selection-cache-max-bytes", "65536"],
   ["--max-reservation-bytes", "1048576"],
   ["--max-partitions", "12"],
   ["--max-ranks", "2048"],
@@ -178,6 +179,7 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
   replayTimeoutMs: 500,
   selectionCacheTtlSecs: 30,
   selectionCacheMaxEntries: 100,
+  selectionCacheMaxBytes: 65_536,
   maxReservationBytes: 1_048_576,
   maxPartitions: 12,
   maxRanks: 2048,
@@ -259,6 +261,7 @@ describe("kvmesh serve: usage errors", () => {
     [["--log-level", "verbose"], "error: option '--log-level <level>' argument 'verbose' is invalid."],
     [["--kv-events", "maybe"], "error: option '--kv-events [bool]' argument 'maybe' is invalid. must be true or false"],
     [["--bogus"], "error: unknown option '--bogus'"],
+    [["--selection-cache-max-bytes", "0"], "error: option '--selection-cache-max-bytes <bytes>' argument '0' is invalid. must be an integer in [1, 9007199254740991]"],
     [["--otlp-traces-endpoint", "collector:4318"], "error: option '--otlp-traces-endpoint <url>' argument 'collector:4318' is invalid. \"collector:4318\" is not an http(s) URL"],
   ];
   for (const [args, message] of cases) {
