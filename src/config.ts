@@ -68,6 +68,10 @@ export interface DaemonConfig {
   readonly selectionCacheMaxEntries: number;
   /** Byte budget of the cached selections (their hashes and ids); the oldest are evicted past it. */
   readonly selectionCacheMaxBytes: number;
+  /** decode_busy is reported above this fraction of the worker's total_kv_blocks (unset: not reported). */
+  readonly decodeBusyThreshold?: number | undefined;
+  /** An advisory answer's worker_load.prefill_busy is reported above this fraction of its prefill capacity (unset: not reported). */
+  readonly prefillBusyThreshold?: number | undefined;
   /** Byte budget of this replica's live bookings; a booking past it gets 429 KVMESH_OVERLOADED. */
   readonly maxReservationBytes: number;
   /** Most partitions (model_name, routing_group) at once; a registration past it gets 409 KVMESH_FLEET_LIMIT. */
@@ -355,6 +359,7 @@ export function serviceOptionsOf(config: DaemonConfig): SelectionServiceOptions 
     loadReplication: sync === undefined ? "exact" : config.loadReplication,
     requireKvEventsEndpoint: config.kvEvents,
     selectionCache: { ttlMs: config.selectionCacheTtlSecs * MS_PER_SEC, maxEntries: config.selectionCacheMaxEntries, maxBytes: config.selectionCacheMaxBytes },
+    busyThresholds: { decode: config.decodeBusyThreshold, prefill: config.prefillBusyThreshold },
     ...(config.sessionAffinityTtlSecs === undefined
       ? {}
       : { sessionAffinity: { ttlSecs: config.sessionAffinityTtlSecs, mode: config.sessionAffinityMode } }),
@@ -380,6 +385,8 @@ const CORE_FIELDS: ReadonlyMap<string, ConfigField> = new Map<string, ConfigFiel
   ["maxLocalReservations", "maxReservations"],
   ["loadReplication", "loadReplication"],
   ["bindingRefreshCoalesceMs", "bindingRefreshCoalesceMs"],
+  ["busyThresholds.decode", "decodeBusyThreshold"],
+  ["busyThresholds.prefill", "prefillBusyThreshold"],
   ...Object.keys(DEFAULT_SELECTOR_CONFIG).flatMap((key): [string, ConfigField][] => {
     const field = `selector.${key as keyof SelectorConfig}` as const;
     return [

@@ -89,7 +89,7 @@ describe("resolveDaemonConfig", () => {
     });
     expect(serviceOptionsOf(DEFAULT_DAEMON_CONFIG).replicaSync).toBeUndefined();
     expect(serviceOptionsOf(resolveDaemonConfig({ bindingRefreshCoalesceMs: 0 })).bindingRefreshCoalesceMs).toBe(0);
-    expect(serviceOptionsOf(resolveDaemonConfig({ selectionCacheMaxBytes: 4_096 })).selectionCache.maxBytes).toBe(4_096);
+    expect(serviceOptionsOf(resolveDaemonConfig({ selectionCacheMaxBytes: 4_096 })).selectionCache?.maxBytes).toBe(4_096);
   });
 
   it("leaves tracing off by default and keeps a traces endpoint as given", () => {

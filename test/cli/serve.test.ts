@@ -134,6 +134,8 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--selection-cache-ttl-secs", "30"],
   ["--selection-cache-max-entries", "100"],
   ["--selection-cache-max-bytes", "65536"],
+  ["--decode-busy-threshold", "0.9"],
+  ["--prefill-busy-threshold", "0.5"],
   ["--max-reservation-bytes", "1048576"],
   ["--max-partitions", "12"],
   ["--max-ranks", "2048"],
@@ -180,6 +182,8 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
   selectionCacheTtlSecs: 30,
   selectionCacheMaxEntries: 100,
   selectionCacheMaxBytes: 65_536,
+  decodeBusyThreshold: 0.9,
+  prefillBusyThreshold: 0.5,
   maxReservationBytes: 1_048_576,
   maxPartitions: 12,
   maxRanks: 2048,
@@ -375,6 +379,8 @@ const REFERENCE_ENV: readonly [string, string][] = [
   ["DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS", "60"],
   ["DYN_ROUTER_SESSION_AFFINITY_TTL_SECS", "600"],
   ["DYN_ROUTER_SESSION_AFFINITY_MODE", "soft"],
+  ["DYN_ROUTER_CONDITIONAL_DISAGG_DECODE_BUSY_THRESHOLD", "0.9"],
+  ["DYN_ROUTER_CONDITIONAL_DISAGG_PREFILL_BUSY_THRESHOLD", "0.5"],
 ];
 
 describe("kvmesh serve: the reference's environment names", () => {
@@ -386,6 +392,7 @@ describe("kvmesh serve: the reference's environment names", () => {
     expect(c.activeRequestExpirySecs).toBe(60);
     expect(c.sessionAffinityTtlSecs).toBe(600);
     expect(c.sessionAffinityMode).toBe("soft");
+    expect([c.decodeBusyThreshold, c.prefillBusyThreshold]).toEqual([0.9, 0.5]);
   });
 
   it("reads DYN_USE_KV_EVENTS, the reference's older name, after DYN_ROUTER_USE_KV_EVENTS", async () => {
