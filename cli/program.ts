@@ -12,6 +12,7 @@ import { startDaemon } from "../src/daemon.js";
 import { addBenchCommands, type BenchDeps } from "./bench.js";
 import type { ClientDeps } from "./http-client.js";
 import { addKeysCommand } from "./keys.js";
+import { refuseNegatablePairConflicts } from "./negatable-pairs.js";
 import { addPeersCommand } from "./peers.js";
 import { addSelectCommand } from "./select.js";
 import { addServeCommand, type ServeDeps, type ShutdownSignal } from "./serve.js";
@@ -100,5 +101,6 @@ export function buildCli(overrides: Partial<CliDeps> = {}): Command {
   addPeersCommand(program, deps);
   addKeysCommand(program, deps);
   addBenchCommands(program, deps);
+  refuseNegatablePairConflicts(program);
   return program;
 }

@@ -121,6 +121,8 @@ export const REFERENCE_ENV_ALIASES: ReadonlyMap<string, readonly string[]> = new
   ["--active-request-expiry-secs", ["DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS"]],
   ["--session-affinity-ttl-secs", ["DYN_ROUTER_SESSION_AFFINITY_TTL_SECS"]],
   ["--session-affinity-mode", ["DYN_ROUTER_SESSION_AFFINITY_MODE"]],
+  ["--decode-busy-threshold", ["DYN_ROUTER_CONDITIONAL_DISAGG_DECODE_BUSY_THRESHOLD"]],
+  ["--prefill-busy-threshold", ["DYN_ROUTER_CONDITIONAL_DISAGG_PREFILL_BUSY_THRESHOLD"]],
 ]);
 
 /** Per parsed `serve` command: option attribute -> the alias its value came from. */
@@ -237,6 +239,23 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     .addOption(valueOption("--replay-timeout-ms <ms>", "how long to wait for a worker's KV-event replay", integerInRange(1, MAX_REPLAY_TIMEOUT_MS), d.replayTimeoutMs))
     .addOption(valueOption("--selection-cache-ttl-secs <secs>", "how long a /select answer can be reserved", integerInRange(1, SECS_PER_YEAR), d.selectionCacheTtlSecs))
     .addOption(valueOption("--selection-cache-max-entries <n>", "most cached selections", integerInRange(1, MAX_SELECTION_CACHE_ENTRIES), d.selectionCacheMaxEntries))
+    .addOption(
+      valueOption("--selection-cache-max-bytes <bytes>", "byte budget of the cached selections (8 bytes per hash plus ids); the oldest are evicted past it", integerInRange(1, Number.MAX_SAFE_INTEGER), d.selectionCacheMaxBytes),
+    )
+    .addOption(
+      valueOption(
+        "--decode-busy-threshold <fraction>",
+        "report decode_busy on selections: true when the chosen rank's potential decode blocks exceed this fraction of its worker's total_kv_blocks (omitted for a worker without them) [default: not reported]",
+        parseNonNegativeNumber,
+      ),
+    )
+    .addOption(
+      valueOption(
+        "--prefill-busy-threshold <fraction>",
+        "report worker_load.prefill_busy on advisory selections: true when the rank's active prefill tokens exceed this fraction of its prefill_token_capacity [default: not reported]",
+        parseNonNegativeNumber,
+      ),
+    )
     .addOption(valueOption("--max-reservation-bytes <bytes>", "byte budget of this replica's live bookings, ~192 bytes per booked block (429 beyond)", integerInRange(1, Number.MAX_SAFE_INTEGER), d.maxReservationBytes))
     .addOption(valueOption("--max-partitions <n>", "most partitions (model_name, routing_group) at once: a registration past it gets 409", integerInRange(1, MAX_PARTITIONS_FLAG), d.maxPartitions))
     .addOption(valueOption("--max-ranks <n>", "most worker ranks (sum of data_parallel_size) at once: a registration past it gets 409", integerInRange(1, MAX_RANK_KEYS), d.maxRanks))

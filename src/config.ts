@@ -15,7 +15,7 @@ import { DEFAULT_MESH_STARTUP_SYNC_SECS } from "../mesh/startup-sync.js";
 import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_APPLY_INTERVAL_MS, DEFAULT_MESH_APPLY_MAX_DELAY_MS, DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../mesh/replica-mesh.js";
 import type { LoadReplication } from "./core/replica-events.js";
 import { isKvmeshError, KvmeshError } from "./core/errors.js";
-import { DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "./core/pending-selections.js";
+import { DEFAULT_PENDING_MAX_BYTES, DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "./core/pending-selections.js";
 import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS, DEFAULT_MAX_PARTITIONS, DEFAULT_MAX_RANKS, DEFAULT_MAX_RESERVATION_BYTES, type SelectionServiceOptions } from "./core/selection-service.js";
 import { resolveServiceOptions } from "./core/service-options.js";
 import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "./core/selector-config.js";
@@ -66,6 +66,12 @@ export interface DaemonConfig {
   readonly replayTimeoutMs: number;
   readonly selectionCacheTtlSecs: number;
   readonly selectionCacheMaxEntries: number;
+  /** Byte budget of the cached selections (their hashes and ids); the oldest are evicted past it. */
+  readonly selectionCacheMaxBytes: number;
+  /** decode_busy is reported above this fraction of the worker's total_kv_blocks (unset: not reported). */
+  readonly decodeBusyThreshold?: number | undefined;
+  /** An advisory answer's worker_load.prefill_busy is reported above this fraction of its prefill capacity (unset: not reported). */
+  readonly prefillBusyThreshold?: number | undefined;
   /** Byte budget of this replica's live bookings; a booking past it gets 429 KVMESH_OVERLOADED. */
   readonly maxReservationBytes: number;
   /** Most partitions (model_name, routing_group) at once; a registration past it gets 409 KVMESH_FLEET_LIMIT. */
@@ -146,6 +152,7 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   replayTimeoutMs: DEFAULT_REPLAY_TIMEOUT_MS,
   selectionCacheTtlSecs: DEFAULT_PENDING_TTL_MS / MS_PER_SEC,
   selectionCacheMaxEntries: DEFAULT_PENDING_MAX_ENTRIES,
+  selectionCacheMaxBytes: DEFAULT_PENDING_MAX_BYTES,
   maxReservationBytes: DEFAULT_MAX_RESERVATION_BYTES,
   maxPartitions: DEFAULT_MAX_PARTITIONS,
   maxRanks: DEFAULT_MAX_RANKS,
@@ -351,7 +358,8 @@ export function serviceOptionsOf(config: DaemonConfig): SelectionServiceOptions 
     // Without a mesh nothing is replicated, and exact mode keeps no per-rank change record.
     loadReplication: sync === undefined ? "exact" : config.loadReplication,
     requireKvEventsEndpoint: config.kvEvents,
-    selectionCache: { ttlMs: config.selectionCacheTtlSecs * MS_PER_SEC, maxEntries: config.selectionCacheMaxEntries },
+    selectionCache: { ttlMs: config.selectionCacheTtlSecs * MS_PER_SEC, maxEntries: config.selectionCacheMaxEntries, maxBytes: config.selectionCacheMaxBytes },
+    busyThresholds: { decode: config.decodeBusyThreshold, prefill: config.prefillBusyThreshold },
     ...(config.sessionAffinityTtlSecs === undefined
       ? {}
       : { sessionAffinity: { ttlSecs: config.sessionAffinityTtlSecs, mode: config.sessionAffinityMode } }),
@@ -377,6 +385,8 @@ const CORE_FIELDS: ReadonlyMap<string, ConfigField> = new Map<string, ConfigFiel
   ["maxLocalReservations", "maxReservations"],
   ["loadReplication", "loadReplication"],
   ["bindingRefreshCoalesceMs", "bindingRefreshCoalesceMs"],
+  ["busyThresholds.decode", "decodeBusyThreshold"],
+  ["busyThresholds.prefill", "prefillBusyThreshold"],
   ...Object.keys(DEFAULT_SELECTOR_CONFIG).flatMap((key): [string, ConfigField][] => {
     const field = `selector.${key as keyof SelectorConfig}` as const;
     return [

@@ -19,7 +19,7 @@ import {
   type DaemonConfigInput,
 } from "../src/config.js";
 import { KvmeshError } from "../src/core/errors.js";
-import { DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "../src/core/pending-selections.js";
+import { DEFAULT_PENDING_MAX_BYTES, DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "../src/core/pending-selections.js";
 import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS } from "../src/core/selection-service.js";
 import { startDaemon } from "../src/daemon.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../src/http/server.js";
@@ -46,6 +46,8 @@ describe("DEFAULT_DAEMON_CONFIG", () => {
     expect(d.maxReservations).toBe(DEFAULT_MAX_LOCAL_RESERVATIONS);
     expect(d.selectionCacheTtlSecs * 1_000).toBe(DEFAULT_PENDING_TTL_MS);
     expect(d.selectionCacheMaxEntries).toBe(DEFAULT_PENDING_MAX_ENTRIES);
+    // The reference's --selection-cache-max-bytes default, 256 MiB (services/selection/pending.rs).
+    expect(d.selectionCacheMaxBytes).toBe(268_435_456);
     expect(d.replayTimeoutMs).toBe(DEFAULT_REPLAY_TIMEOUT_MS);
     expect(d.bodyLimitBytes).toBe(DEFAULT_BODY_LIMIT_BYTES);
     expect(d.meshFlushIntervalMs).toBe(DEFAULT_MESH_FLUSH_INTERVAL_MS);
@@ -80,13 +82,14 @@ describe("resolveDaemonConfig", () => {
       activeRequestExpiryMs: DEFAULT_ACTIVE_REQUEST_EXPIRY_MS,
       maxLocalReservations: DEFAULT_MAX_LOCAL_RESERVATIONS,
       requireKvEventsEndpoint: true,
-      selectionCache: { ttlMs: DEFAULT_PENDING_TTL_MS, maxEntries: DEFAULT_PENDING_MAX_ENTRIES },
+      selectionCache: { ttlMs: DEFAULT_PENDING_TTL_MS, maxEntries: DEFAULT_PENDING_MAX_ENTRIES, maxBytes: DEFAULT_PENDING_MAX_BYTES },
       sessionAffinity: { ttlSecs: 60, mode: "soft" },
       // The daemon coalesces binding refreshes by default (issue 13); the library's default is 0.
       bindingRefreshCoalesceMs: 1_000,
     });
     expect(serviceOptionsOf(DEFAULT_DAEMON_CONFIG).replicaSync).toBeUndefined();
     expect(serviceOptionsOf(resolveDaemonConfig({ bindingRefreshCoalesceMs: 0 })).bindingRefreshCoalesceMs).toBe(0);
+    expect(serviceOptionsOf(resolveDaemonConfig({ selectionCacheMaxBytes: 4_096 })).selectionCache?.maxBytes).toBe(4_096);
   });
 
   it("leaves tracing off by default and keeps a traces endpoint as given", () => {

@@ -9,7 +9,7 @@
  * what it reports out of the scratch.
  */
 import type { Clock, Random } from "./clock.js";
-import { KvmeshError } from "./errors.js";
+import { badRequest, KvmeshError } from "./errors.js";
 import type { Fleet } from "./fleet.js";
 import { hashCount, hashListToSignedBigInts } from "./hash64.js";
 import type { Partition } from "./partition.js";
@@ -183,27 +183,37 @@ export class Chooser {
     return { partition: p, prompt, config, rows };
   }
 
-  /** Fills scratch.candidates with the schedulable ranks that pass the request's filters. */
+  /**
+   * Fills scratch.candidates with the schedulable ranks that pass the request's filters. A pinned
+   * rank passes the same filters or the request fails, in the reference's order
+   * (`select_worker_with_policy`, scheduling/selector/mod.rs; `RoutingEligibility`,
+   * scheduling/filter.rs): outside `allowed_worker_ids` is 400 (PinnedWorkerNotAllowed, checked
+   * first); not schedulable in the partition, or short of a required taint, is 503 (NoEndpoints).
+   */
   #eligible(p: Partition, req: SelectRequest): number {
     const s = p.scratch;
-    if (req.pinned_worker !== undefined) {
-      validateWorkerId(req.pinned_worker.worker_id, "pinned_worker.worker_id");
-      const rank = p.ranks.get(req.pinned_worker.worker_id, req.pinned_worker.dp_rank);
+    const allowed = req.allowed_worker_ids === undefined ? undefined : new Set(req.allowed_worker_ids);
+    const required = req.routing_constraints?.required_taints;
+    const pinned = req.pinned_worker;
+    if (pinned !== undefined) {
+      validateWorkerId(pinned.worker_id, "pinned_worker.worker_id");
+      if (allowed !== undefined && !allowed.has(pinned.worker_id)) {
+        throw badRequest(`pinned_worker ${pinned.worker_id} is not in allowed_worker_ids`, "pinned_worker");
+      }
+      const rank = p.ranks.get(pinned.worker_id, pinned.dp_rank);
       if (rank === undefined || !p.isSchedulable(rank)) {
-        throw new KvmeshError("KVMESH_WORKER_NOT_SCHEDULABLE", `pinned_worker ${req.pinned_worker.worker_id} dp_rank ${req.pinned_worker.dp_rank} is not schedulable in ${p.key}`);
+        throw new KvmeshError("KVMESH_NOT_READY", `pinned_worker ${pinned.worker_id} dp_rank ${pinned.dp_rank} is not schedulable in ${p.key}`, { details: { field: "pinned_worker" } });
+      }
+      if (!carriesTaints(p, rank, required)) {
+        throw new KvmeshError("KVMESH_NOT_READY", `pinned_worker ${pinned.worker_id} does not carry every routing_constraints.required_taints`, { details: { field: "pinned_worker" } });
       }
       s.candidates[0] = rank;
       return 1;
     }
-    const allowed = req.allowed_worker_ids === undefined ? undefined : new Set(req.allowed_worker_ids);
-    const required = req.routing_constraints?.required_taints;
     let n = 0;
     for (const rank of p.schedulable) {
       if (allowed !== undefined && !allowed.has(p.ranks.workerOf(rank))) continue;
-      if (required !== undefined && required.length > 0) {
-        const taints = p.members.get(p.ranks.workerOf(rank))?.record.taints ?? [];
-        if (!required.every((t) => taints.includes(t))) continue;
-      }
+      if (!carriesTaints(p, rank, required)) continue;
       s.candidates[n++] = rank;
     }
     return n;
@@ -315,6 +325,13 @@ export class Chooser {
     }
     for (const r of s.touched) s.heldBlocks[r] = 0;
   }
+}
+
+/** Whether the rank's worker carries every required taint (true when none is required). */
+function carriesTaints(p: Partition, rank: number, required: readonly string[] | undefined): boolean {
+  if (required === undefined || required.length === 0) return true;
+  const taints = p.members.get(p.ranks.workerOf(rank))?.record.taints ?? [];
+  return required.every((t) => taints.includes(t));
 }
 
 /**

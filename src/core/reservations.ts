@@ -192,45 +192,43 @@ export class ReservationBook {
     this.#pending.insert(sel.partition.key, selectionId, entry, bytes);
   }
 
-  /** POST /reservations (the caller has checked the service is running). */
+  /**
+   * POST /reservations (the caller has checked the service is running). Checks run in the
+   * reference's order (`create_reservation`, core/reservations.rs), so each failure answers what
+   * the reference answers: the replay form looks the cached selection up before anything else
+   * (404 "no pending selection"), then the partition (503) and the cached rank (404), and only
+   * then claims the id (409); the explicit form discards any cached selection first, then checks
+   * the partition (503), the prompt and effective prefill (400) and the worker (404) before the
+   * id (409). A second replay of a booked selection is therefore a 404 (the entry was consumed),
+   * not a 409, even while the booking is live.
+   */
   createReservation(req: ReservationRequest): ReservationResponse {
     if (typeof req.selection_id !== "string") throw new KvmeshError("KVMESH_INVALID_FIELD", "selection_id: required string", { details: { field: "selection_id" } });
     validateId(req.selection_id, "selection_id");
-    this.assertIdFree(req.selection_id);
-    // Replay form: a selection cached under another partition (or none) is a plain miss, 404,
-    // before the partition's readiness is asked (the reference's cached_reservation_needs_matching_model);
-    // a cached one whose partition lost its workers is 503 and stays for a retry.
-    if (req.worker_id === undefined) this.#pendingOrThrow(partitionKey(req.model_name ?? DEFAULT_MODEL_NAME, req.routing_group ?? DEFAULT_ROUTING_GROUP), req.selection_id);
-    const p = this.#o.fleet.requirePartition(req.model_name, req.routing_group);
-    return req.worker_id !== undefined ? this.#createExplicit(p, req, req.worker_id) : this.#createFromPending(p, req.selection_id);
-  }
-
-  #pendingOrThrow(key: string, selectionId: string): NonNullable<ReturnType<PendingSelections<PendingEntry>["peek"]>> {
-    const cached = this.#pending.peek(key, selectionId);
-    if (cached === undefined) {
-      throw new KvmeshError("KVMESH_PENDING_SELECTION_NOT_FOUND", `no pending selection ${selectionId} in ${key} (expired, consumed, or made on another replica)`);
-    }
-    return cached;
+    return req.worker_id !== undefined ? this.#createExplicit(req, req.worker_id) : this.#createFromPending(req, req.selection_id);
   }
 
   /** Explicit form: the caller names the worker; any cached selection for the id is discarded. */
-  #createExplicit(p: Partition, req: ReservationRequest, workerId: WorkerId): ReservationResponse {
+  #createExplicit(req: ReservationRequest, workerId: WorkerId): ReservationResponse {
     validateWorkerId(workerId, "worker_id");
-    this.#pending.remove(p.key, req.selection_id);
-    const dpRank = req.dp_rank ?? 0;
-    const rank = p.ranks.get(workerId, dpRank);
-    if (rank === undefined || !p.isSchedulable(rank)) {
-      throw new KvmeshError("KVMESH_WORKER_NOT_SCHEDULABLE", `worker ${workerId} dp_rank ${dpRank} is not schedulable in ${p.key}`);
-    }
+    // First, whatever fails below: the caller has chosen for itself, so a later replay of the
+    // id must not book the stale choice (tests.rs explicit_reservation_discards_cached_selection).
+    this.#pending.remove(partitionKey(req.model_name ?? DEFAULT_MODEL_NAME, req.routing_group ?? DEFAULT_ROUTING_GROUP), req.selection_id);
+    const p = this.#o.fleet.requirePartition(req.model_name, req.routing_group);
     const config = this.#o.chooser.configFor(req.router_config_override);
     const prompt = normalizeReservationPrompt(req, (q) => this.#o.chooser.promptOf(p, q, config));
     let effective = req.effective_prefill_tokens;
     if (effective !== undefined) {
       if (!Number.isInteger(effective) || effective < 0) throw badRequest("effective_prefill_tokens must be a non-negative integer", "effective_prefill_tokens");
       if (effective > prompt.islTokens) throw badRequest(`effective_prefill_tokens (${effective}) must not exceed isl_tokens (${prompt.islTokens})`, "effective_prefill_tokens");
-    } else {
-      effective = effectivePrefillFor(p, rank, prompt, config);
     }
+    const dpRank = req.dp_rank ?? 0;
+    const rank = p.ranks.get(workerId, dpRank);
+    if (rank === undefined || !p.isSchedulable(rank)) {
+      throw new KvmeshError("KVMESH_WORKER_NOT_SCHEDULABLE", `worker ${workerId} dp_rank ${dpRank} is not schedulable in ${p.key}`);
+    }
+    this.assertIdFree(req.selection_id);
+    effective ??= effectivePrefillFor(p, rank, prompt, config);
     const trackPrefill = req.track_prefill_tokens ?? (req.effective_prefill_tokens !== undefined ? true : config.trackPrefillTokens);
     this.#book(p, req.selection_id, workerId, dpRank, prompt, {
       prefillTokens: effective,
@@ -242,14 +240,30 @@ export class ReservationBook {
     return this.#response(p, req.selection_id, workerId, dpRank);
   }
 
-  /** Replay form: book exactly what /select chose and cached under this id. */
-  #createFromPending(p: Partition, selectionId: string): ReservationResponse {
-    const cached = this.#pendingOrThrow(p.key, selectionId);
+  /**
+   * Replay form: book exactly what /select chose and cached under this id. Only a booking that
+   * lands consumes the entry (generation-checked, so a newer /select of the id survives); a
+   * failure leaves it for a retry, except a session conflict, which no retry can book.
+   */
+  #createFromPending(req: ReservationRequest, selectionId: string): ReservationResponse {
+    // A selection cached under another partition (or none) is a plain miss, 404, before the
+    // partition's readiness is asked (tests.rs cached_reservation_needs_matching_model).
+    const key = partitionKey(req.model_name ?? DEFAULT_MODEL_NAME, req.routing_group ?? DEFAULT_ROUTING_GROUP);
+    const cached = this.#pending.peek(key, selectionId);
+    if (cached === undefined) {
+      throw new KvmeshError("KVMESH_PENDING_SELECTION_NOT_FOUND", `no pending selection ${selectionId} in ${key} (expired, already used, made on another replica, or never selected)`);
+    }
+    // A cached selection whose partition lost its workers is 503 and stays for a retry
+    // (tests.rs failed_cached_booking_is_retryable).
+    const p = this.#o.fleet.requirePartition(req.model_name, req.routing_group);
     const e = cached.value;
     const rank = p.ranks.get(e.workerId, e.dpRank);
     if (rank === undefined || !p.isSchedulable(rank)) {
       throw new KvmeshError("KVMESH_WORKER_NOT_SCHEDULABLE", `worker ${e.workerId} dp_rank ${e.dpRank} chosen by the selection is no longer schedulable`);
     }
+    // Last: a live id with a cached selection is 409 and the entry stays
+    // (tests.rs cached_booking_retryable_after_scheduler_conflict).
+    this.assertIdFree(selectionId);
     try {
       this.#book(p, selectionId, e.workerId, e.dpRank, e.prompt, {
         prefillTokens: e.effectivePrefillTokens,

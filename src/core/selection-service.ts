@@ -13,6 +13,7 @@
  * booking its load and committing the session binding, so the claim/initialize states Dynamo's
  * selection core needs to guard those awaits are not needed here.
  */
+import { addBusySignals, type BusyThresholds } from "./busy-signals.js";
 import { SessionBindings } from "./bindings.js";
 import { CatalogReplication, type WorkerReplicaStatus } from "./catalog-replication.js";
 import { Chooser, effectivePrefill, selectResponse } from "./choose.js";
@@ -86,11 +87,13 @@ export class SelectionService {
   readonly #loadListeners = new Set<(e: LoadEvent) => void>();
   readonly #loadChangeListeners = new Set<() => void>();
   readonly #exactLoadEvents: boolean;
+  readonly #busy: BusyThresholds;
   #shuttingDown = false;
   #draining = false;
 
   constructor(options: SelectionServiceOptions = {}) {
     const o = resolveServiceOptions(options);
+    this.#busy = o.busyThresholds;
     this.replicaId = o.replicaId;
     this.#clock = o.clock;
     this.#random = o.random;
@@ -308,6 +311,7 @@ export class SelectionService {
         const totalKvBlocks = rec?.total_kv_blocks;
         if (totalKvBlocks !== undefined && totalKvBlocks !== null) resp.worker_load.total_kv_blocks = totalKvBlocks;
       }
+      addBusySignals(resp, this.#busy, this.#fleet.getWorker(sel.workerId)?.total_kv_blocks);
       return resp;
     } catch (err) {
       this.#counters.selectionErrors++;
@@ -319,11 +323,15 @@ export class SelectionService {
     try {
       const selectionId = req.selection_id ?? randomUuid(this.#random);
       validateId(selectionId, "selection_id");
-      this.#book.assertIdFree(selectionId);
+      // The reference's order (run_selection, core/run.rs): running, partition ready, then the id.
       this.#assertRunning();
+      this.#fleet.requirePartition(req.model_name, req.routing_group);
+      this.#book.assertIdFree(selectionId);
       const sel = this.#chooser.choose(req, note);
       this.#book.bookSelection(sel, selectionId, req);
-      return selectResponse(sel, this.#fleet.endpointOf(sel.workerId), selectionId, true);
+      const resp = selectResponse(sel, this.#fleet.endpointOf(sel.workerId), selectionId, true);
+      addBusySignals(resp, this.#busy, this.#fleet.getWorker(sel.workerId)?.total_kv_blocks);
+      return resp;
     } catch (err) {
       this.#counters.selectionErrors++;
       throw err;

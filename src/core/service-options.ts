@@ -4,6 +4,7 @@
  * service runs with; the daemon's config module calls the same function, so a rule is written
  * once. Errors are KVMESH_BAD_REQUEST naming the field.
  */
+import { validateBusyThresholds, type BusyThresholds } from "./busy-signals.js";
 import { LOAD_REPLICATION_MODES, type LoadReplication } from "./replica-events.js";
 import { DEFAULT_AFFINITY_MAX_ENTRIES, type AffinityMode } from "./affinity-table.js";
 import { mathRandom, systemClock, systemWallClockNs, type Clock, type Random, type WallClockNs } from "./clock.js";
@@ -113,6 +114,8 @@ export interface SelectionServiceOptions {
    */
   readonly bindingRefreshCoalesceMs?: number;
   readonly selectionCache?: { readonly ttlMs?: number; readonly maxEntries?: number; readonly maxBytes?: number };
+  /** Thresholds of the reported busy signals (busy-signals.ts); unset: neither is reported. */
+  readonly busyThresholds?: BusyThresholds;
   /** Daemon mode: a rank without a KV-events endpoint cannot be scheduled. */
   readonly requireKvEventsEndpoint?: boolean;
   /** Most partitions (model_name, routing_group) at once. Default DEFAULT_MAX_PARTITIONS. */
@@ -148,6 +151,7 @@ export interface ServiceSettings {
   readonly bindingRefreshCoalesceMs: number;
   readonly wallClockNs: WallClockNs;
   readonly selectionCache: NonNullable<SelectionServiceOptions["selectionCache"]>;
+  readonly busyThresholds: BusyThresholds;
   readonly requireKvEventsEndpoint: boolean;
   readonly maxPartitions: number;
   readonly maxRanks: number;
@@ -194,6 +198,7 @@ export function resolveServiceOptions(options: SelectionServiceOptions = {}): Se
     bindingRefreshCoalesceMs,
     wallClockNs: options.wallClockNs ?? systemWallClockNs,
     selectionCache: options.selectionCache ?? {},
+    busyThresholds: validateBusyThresholds(options.busyThresholds),
     requireKvEventsEndpoint: options.requireKvEventsEndpoint ?? false,
     maxPartitions,
     maxRanks,

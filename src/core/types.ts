@@ -230,7 +230,7 @@ export interface SelectResponse {
   effective_prefill_tokens: number;
   potential_decode_blocks: number;
   decode_busy?: boolean;
-  worker_load?: { active_prefill_tokens: number; prefill_token_capacity: number; total_kv_blocks?: number };
+  worker_load?: { active_prefill_tokens: number; prefill_token_capacity: number; total_kv_blocks?: number; prefill_busy?: boolean };
 }
 
 export interface ReservationResponse {

@@ -5,6 +5,7 @@ import { afterEach, describe, expect, it, vi } from "vitest";
 import { buildCli, type CliDeps } from "../../cli/program.js";
 import { FORCED_EXIT_CODE, fieldNamer, logBaseFields, usageMessage, type RunningDaemon, type ShutdownSignal, type SignalSource } from "../../cli/serve.js";
 import { envNameFor } from "../../cli/parsers.js";
+import { negatablePairs } from "../../cli/negatable-pairs.js";
 import { configError } from "../../src/config.js";
 import { DEFAULT_DAEMON_CONFIG, type DaemonConfig } from "../../src/daemon.js";
 import { waitFor } from "../helpers/wait.js";
@@ -132,6 +133,9 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--replay-timeout-ms", "500"],
   ["--selection-cache-ttl-secs", "30"],
   ["--selection-cache-max-entries", "100"],
+  ["--selection-cache-max-bytes", "65536"],
+  ["--decode-busy-threshold", "0.9"],
+  ["--prefill-busy-threshold", "0.5"],
   ["--max-reservation-bytes", "1048576"],
   ["--max-partitions", "12"],
   ["--max-ranks", "2048"],
@@ -177,6 +181,9 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
   replayTimeoutMs: 500,
   selectionCacheTtlSecs: 30,
   selectionCacheMaxEntries: 100,
+  selectionCacheMaxBytes: 65_536,
+  decodeBusyThreshold: 0.9,
+  prefillBusyThreshold: 0.5,
   maxReservationBytes: 1_048_576,
   maxPartitions: 12,
   maxRanks: 2048,
@@ -258,6 +265,7 @@ describe("kvmesh serve: usage errors", () => {
     [["--log-level", "verbose"], "error: option '--log-level <level>' argument 'verbose' is invalid."],
     [["--kv-events", "maybe"], "error: option '--kv-events [bool]' argument 'maybe' is invalid. must be true or false"],
     [["--bogus"], "error: unknown option '--bogus'"],
+    [["--selection-cache-max-bytes", "0"], "error: option '--selection-cache-max-bytes <bytes>' argument '0' is invalid. must be an integer in [1, 9007199254740991]"],
     [["--otlp-traces-endpoint", "collector:4318"], "error: option '--otlp-traces-endpoint <url>' argument 'collector:4318' is invalid. \"collector:4318\" is not an http(s) URL"],
   ];
   for (const [args, message] of cases) {
@@ -268,6 +276,38 @@ describe("kvmesh serve: usage errors", () => {
       expect(h.configs).toEqual([]);
     });
   }
+
+  // The reference's CLI declares --router-assume-kv-reuse / --no-router-assume-kv-reuse mutually
+  // exclusive (python -m dynamo.select_service); kvmesh refuses every such pair (cli/negatable-pairs.ts).
+  it("refuses every --x / --no-x pair given together, in either order, naming both flags", async () => {
+    const serve = harness().program.commands.find((c) => c.name() === "serve");
+    const pairs = serve === undefined ? [] : negatablePairs(serve);
+    expect(pairs.map(([p]) => p.long)).toEqual(expect.arrayContaining(["--router-assume-kv-reuse", "--router-track-prefill-tokens", "--kv-events", "--mesh-insecure"]));
+    for (const [positive, negative] of pairs) {
+      const pos = positive.long ?? "";
+      const neg = negative.long ?? "";
+      for (const args of [[pos, neg], [neg, pos], [`${pos}=false`, neg], [neg, pos, "true"]]) {
+        const h = harness();
+        expect(await h.run("serve", ...args), args.join(" ")).toBe(1);
+        const [first, second] = args[0]?.startsWith(neg) === true ? [neg, pos] : [pos, neg];
+        expect(h.err()).toContain(`error: ${first} and ${second} conflict: give one of them`);
+        expect(h.configs).toEqual([]);
+      }
+    }
+  });
+
+  it("judges each parse alone, and does not count the environment variable as a conflict", async () => {
+    const h = harness();
+    expect(await h.run("serve", "--no-kv-events", "--kv-events")).toBe(1);
+    // The same command tree again: the first parse's --no-kv-events is forgotten, and the
+    // environment's KVMESH_KV_EVENTS=true loses to the flag as usual.
+    vi.stubEnv("KVMESH_KV_EVENTS", "true");
+    const done = h.run("serve", "--kv-events", "false");
+    await waitFor(() => h.signals.listeners() === 2 || h.exits.length > 0, 5_000, "serve to start");
+    h.signals.send("SIGTERM");
+    await done;
+    expect(h.configs.map((c) => c.kvEvents)).toEqual([false]);
+  });
 
   it("names the environment variable when the bad value came from it", async () => {
     vi.stubEnv("KVMESH_PORT", "http");
@@ -339,6 +379,8 @@ const REFERENCE_ENV: readonly [string, string][] = [
   ["DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS", "60"],
   ["DYN_ROUTER_SESSION_AFFINITY_TTL_SECS", "600"],
   ["DYN_ROUTER_SESSION_AFFINITY_MODE", "soft"],
+  ["DYN_ROUTER_CONDITIONAL_DISAGG_DECODE_BUSY_THRESHOLD", "0.9"],
+  ["DYN_ROUTER_CONDITIONAL_DISAGG_PREFILL_BUSY_THRESHOLD", "0.5"],
 ];
 
 describe("kvmesh serve: the reference's environment names", () => {
@@ -350,6 +392,7 @@ describe("kvmesh serve: the reference's environment names", () => {
     expect(c.activeRequestExpirySecs).toBe(60);
     expect(c.sessionAffinityTtlSecs).toBe(600);
     expect(c.sessionAffinityMode).toBe("soft");
+    expect([c.decodeBusyThreshold, c.prefillBusyThreshold]).toEqual([0.9, 0.5]);
   });
 
   it("reads DYN_USE_KV_EVENTS, the reference's older name, after DYN_ROUTER_USE_KV_EVENTS", async () => {

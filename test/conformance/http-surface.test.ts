@@ -361,8 +361,8 @@ describe("conformance: POST /select (spec §4.7, §6.1; reference: types.rs Sele
     expect([pinned.worker_id, pinned.dp_rank]).toEqual([3, 1]);
     // reference: types.rs `pinned_worker: Option<WorkerWithDpRank>`: dp_rank is required (422 without).
     expect((await a.post("/select", sel({ pinned_worker: { worker_id: 3 } }))).status).toBe(422);
-    // kvmesh (README "HTTP API"; the spec is silent): a pinned rank that is not schedulable is 404.
-    expect((await a.post("/select", sel({ pinned_worker: { worker_id: 9, dp_rank: 0 } }))).status).toBe(404);
+    // reference: selector/mod.rs select_worker_with_policy: a pinned rank validate_worker_rank refuses is NoEndpoints (503).
+    expect((await a.post("/select", sel({ pinned_worker: { worker_id: 9, dp_rank: 0 } }))).status).toBe(503);
     // No eligible worker left after the filters: 503 (reference: error.rs AllEligibleWorkersFiltered -> 503).
     expect((await a.post("/select", sel({ routing_constraints: { required_taints: ["nope"] } }))).status).toBe(503);
   });
@@ -465,8 +465,11 @@ describe("conformance: POST /reservations, replay form (spec §4.8; reference: c
     expect(r.json).toEqual({ selection_id: "sel-1", model_name: MODEL, routing_group: "default", worker_id: selected.worker_id, dp_rank: selected.dp_rank, endpoint: "http://worker-1:8000" });
     expect((await a.loads())[0]?.potential_prefill_tokens).toBe(4);
     expect((await a.post("/reservations/sel-1/prefill_complete", {})).status).toBe(200);
-    // Single use: the id is live now (409, spec §4.8 duplicate ids); once freed, nothing to replay (404).
-    expect((await a.post("/reservations", { model_name: MODEL, selection_id: "sel-1" })).status).toBe(409);
+    // "The cached entry is single-use: a second replay finds nothing" (404), though the booking is
+    // live: the replay looks its entry up before it claims the id (core/reservations.rs create_reservation).
+    const second = await a.post("/reservations", { model_name: MODEL, selection_id: "sel-1" });
+    expect(second.status).toBe(404);
+    expect(expectErrorBody(second).code).toBe("KVMESH_PENDING_SELECTION_NOT_FOUND");
     await a.del("/reservations/sel-1");
     const again = await a.post("/reservations", { model_name: MODEL, selection_id: "sel-1" });
     expect(again.status).toBe(404);

@@ -137,7 +137,7 @@ describe("selection", () => {
       expect(svc.select({ token_ids: tokens(1, i), allowed_worker_ids: [1n] }).worker_id).toBe(1n);
       expect(svc.select({ token_ids: tokens(1, i), routing_constraints: { required_taints: ["gpu-a"] } }).worker_id).toBe(1n);
     }
-    expect(code(() => svc.select({ token_ids: tokens(1), pinned_worker: { worker_id: 3n, dp_rank: 0 } }))).toBe("404 KVMESH_WORKER_NOT_SCHEDULABLE");
+    expect(code(() => svc.select({ token_ids: tokens(1), pinned_worker: { worker_id: 3n, dp_rank: 0 } }))).toBe("503 KVMESH_NOT_READY");
     expect(code(() => svc.select({ token_ids: tokens(1), allowed_worker_ids: [3n] }))).toBe("503 KVMESH_NOT_READY");
   });
 

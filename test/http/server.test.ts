@@ -269,7 +269,9 @@ describe("HTTP API: selection and reservations", () => {
     expect(res.status).toBe(201);
     expect(obj(res.json).worker_id).toBe(sel.worker_id);
     expect(await totalBlocks(t)).toBe(3);
-    expect((await t.call("POST", "/reservations", { selection_id: "c1" })).status).toBe(409);
+    // Single use (tests.rs cached_reservation_books_from_select): the entry is consumed, so a
+    // second replay is 404 even while the booking is live, and still 404 once it is freed.
+    expect((await t.call("POST", "/reservations", { selection_id: "c1" })).status).toBe(404);
     expect((await t.call("DELETE", "/reservations/c1")).status).toBe(200);
     const reused = await t.call("POST", "/reservations", { selection_id: "c1" });
     expect(reused.status).toBe(404);
@@ -792,7 +794,7 @@ describe("HTTP API: metrics and lifecycle", () => {
     expect(m.headers.get("content-type")).toBe("text/plain; version=0.0.4; charset=utf-8");
     const text = m.text;
     expect(text).toContain(`kvmesh_http_requests_total{route="/select",status="200"} 1`);
-    expect(text).toContain(`kvmesh_http_requests_total{route="/select",status="404"} 1`);
+    expect(text).toContain(`kvmesh_http_requests_total{route="/select",status="503"} 1`);
     expect(text).toContain(`kvmesh_http_requests_total{route="/reservations/:id",status="200"} 1`);
     expect(text).toContain(`kvmesh_http_requests_total{route="/reservations/:id",status="404"} 1`);
     expect(text).toContain(`kvmesh_http_requests_total{route="unmatched",status="404"} 1`);
