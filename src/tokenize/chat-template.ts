@@ -43,19 +43,25 @@ export class ChatTemplate {
     this.#special = options.specialTokens ?? {};
   }
 
-  /** The prompt text of a checked chat body. */
-  render(body: Readonly<Json>): string {
-    const messages = (body.messages as unknown[]).map((m) => this.#message(m as Json));
+  /** The variables the template sees for a checked chat body (the fixture generator renders them with Python's jinja2 too). */
+  context(body: Readonly<Json>): Json {
     const continueFinal = body.continue_final_message === true;
     const kwargs = isObject(body.chat_template_kwargs) ? body.chat_template_kwargs : {};
-    const context: Json = {
+    return {
       ...this.#special,
       ...kwargs,
-      messages,
+      messages: (body.messages as unknown[]).map((m) => this.#message(m as Json)),
       tools: Array.isArray(body.tools) ? body.tools.map(toolAsDumped) : null,
       add_generation_prompt: continueFinal ? false : body.add_generation_prompt !== false,
       continue_final_message: continueFinal,
     };
+  }
+
+  /** The prompt text of a checked chat body. */
+  render(body: Readonly<Json>): string {
+    const context = this.context(body);
+    const messages = context.messages as Json[];
+    const continueFinal = context.continue_final_message === true;
     let text: string;
     try {
       text = this.#template.render(context);

@@ -152,8 +152,15 @@ export class LocalTokenizer implements PromptTokenizer {
     return new LocalTokenizer(tokenizer, template, boundaries, segmentable ? options : { ...options, prefixCache: false });
   }
 
-  get hasChatTemplate(): boolean {
-    return this.#template !== null;
+  /** The chat template from the tokenizer's folder, or null when it has none. */
+  get chatTemplate(): ChatTemplate | null {
+    return this.#template;
+  }
+
+  /** A chat body's prompt text (the template applied), e.g. to compare with whole-text encode(). */
+  renderChat(body: Readonly<Record<string, unknown>>): string {
+    if (this.#template === null) throw tokenizerUnavailable(typeof body.model === "string" ? body.model : "", "the tokenizer file has no chat template");
+    return this.#template.render(body);
   }
 
   async tokenize(req: OpenAIRequest, options: TokenizeOptions = {}): Promise<TokenizeResult> {
