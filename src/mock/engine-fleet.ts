@@ -190,7 +190,8 @@ export class MockEngineFleet implements EngineFleetHandle {
     if (api !== undefined) {
       try {
         for (let i = 0; i < n; i += BIND_CONCURRENCY) {
-          const batch = await Promise.all(
+          // allSettled: a server that did start in a batch where another failed is closed too.
+          const batch = await Promise.allSettled(
             engines.slice(i, i + BIND_CONCURRENCY).map((engine) =>
               MockOpenAIServer.start({
                 engine,
@@ -201,7 +202,9 @@ export class MockEngineFleet implements EngineFleetHandle {
               }),
             ),
           );
-          servers.push(...batch);
+          for (const r of batch) if (r.status === "fulfilled") servers.push(r.value);
+          const failed = batch.find((r) => r.status === "rejected");
+          if (failed !== undefined) throw failed.reason;
         }
       } catch (err) {
         await Promise.all(servers.map((s) => s.close()));

@@ -229,7 +229,7 @@ export class MockOpenAIServer {
     const tokens = this.#promptIds(req);
     const outputTokens = this.#maxTokens(body);
     if (tokens.length + outputTokens > this.#opts.maxModelLen) {
-      throw new HttpError(400, `This model's maximum context length is ${this.#opts.maxModelLen} tokens. However, you requested ${tokens.length + outputTokens} tokens.`, "messages");
+      throw new HttpError(400, `This model's maximum context length is ${this.#opts.maxModelLen} tokens. However, you requested ${tokens.length + outputTokens} tokens.`, kind === "chat" ? "messages" : "prompt");
     }
     const id = `${kind === "chat" ? "chatcmpl" : "cmpl"}-${randomUUID().replaceAll("-", "")}`;
     const created = Math.floor(Date.now() / 1000);
