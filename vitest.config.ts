@@ -39,6 +39,7 @@ const SYSTEM_TESTS = [
   "test/mock/engine-router-convergence.test.ts",
   "test/mock/openai-server.test.ts",
   "test/tokenize/engine-tokenizer.test.ts",
+  "test/tokenize/engine-data-path.test.ts",
 ];
 
 export default defineConfig({
