@@ -6,7 +6,7 @@
  * - First `POST /v1/chat/completions/render` (or `/v1/completions/render`); a worker that
  *   answers 404, 405 or 501 has no render endpoint and is asked `POST /tokenize` instead, and is
  *   remembered as such for RENDER_RETRY_AFTER_MS (a restarted, upgraded worker gets render again).
- * - Workers come from `workerUrls(model)` (ready workers' base URLs, from the catalogue). The
+ * - Workers come from `workerUrls(model)` (ready workers' endpoints, from the catalogue). The
  *   first worker asked rotates per request, spreading the render cost; a failure (timeout,
  *   network, HTTP status, malformed answer) moves on to the next, up to `maxAttempts` workers.
  * - At most `concurrency` requests are in flight; up to `maxQueued` more wait, and past that a
@@ -28,6 +28,7 @@ import type { OpenAIRequest, PromptTokenizer, TokenizeOptions, TokenizeResult } 
 import { tokenIdsFromBody } from "./body-token-ids.js";
 import { TokenizerCounters, type EngineAttemptFailure } from "./tokenizer-counters.js";
 import { tokenizerUnavailable } from "./tokenizer-errors.js";
+import { workerBaseUrl } from "./worker-base-url.js";
 import { parseRenderResponse, parseTokenizeResponse, RENDER_PATHS, renderRequestBody, TOKENIZE_PATH, tokenizeRequestBody } from "./vllm-wire.js";
 
 /** One worker call's timeout, ms: a 220 KB chat body is ~75 k tokens, ~0.2 s of a fast tokenizer's CPU. */
@@ -40,8 +41,8 @@ export const DEFAULT_ENGINE_TOKENIZE_MAX_QUEUED = 1_024;
 export const DEFAULT_ENGINE_TOKENIZE_ATTEMPTS = 2;
 /** How long a worker without render endpoints is asked /tokenize directly, ms. */
 export const RENDER_RETRY_AFTER_MS = 300_000;
-/** Workers remembered as lacking render (bounds the map; the oldest is forgotten first). */
-const MAX_NO_RENDER_ENTRIES = 4_096;
+/** Workers remembered per map (base URLs, lacking render); past it the oldest (or all, for base URLs) are forgotten. */
+const MAX_REMEMBERED_WORKERS = 4_096;
 /** Statuses meaning "no such endpoint here" (FastAPI 404/405; vLLM's NotImplementedError is 501). */
 const NO_ENDPOINT_STATUSES = new Set([404, 405, 501]);
 
@@ -53,7 +54,7 @@ export interface EngineTokenizerOptions {
 }
 
 export interface EngineTokenizerDeps {
-  /** Base URLs (`http://host:port`) of ready workers serving `model`. */
+  /** Ready workers' endpoints serving `model` (catalogue `endpoint`: normalised by workerBaseUrl; non-HTTP ones are skipped). */
   readonly workerUrls: (model: string) => readonly string[];
   readonly fetch?: typeof globalThis.fetch;
   readonly clock?: Clock;
@@ -81,6 +82,8 @@ export class EngineTokenizer implements PromptTokenizer {
   readonly #timeoutMs: number;
   readonly #maxQueued: number;
   readonly #maxAttempts: number;
+  /** Catalogue endpoint -> base URL (null: not HTTP), so a request parses no URL. */
+  readonly #baseUrls = new Map<string, string | null>();
   /** Base URL -> clock ms until which it is asked /tokenize directly. */
   readonly #noRender = new Map<string, number>();
   #next = 0;
@@ -107,7 +110,11 @@ export class EngineTokenizer implements PromptTokenizer {
       this.counters.bySource.body++;
       return given;
     }
-    const urls = this.#deps.workerUrls(req.model);
+    const urls: string[] = [];
+    for (const e of this.#deps.workerUrls(req.model)) {
+      const u = this.#baseUrl(e);
+      if (u !== null) urls.push(u);
+    }
     if (urls.length === 0) {
       this.counters.failures.no_workers++;
       throw tokenizerUnavailable(req.model, "no ready worker serves it");
@@ -126,6 +133,16 @@ export class EngineTokenizer implements PromptTokenizer {
       if (signal?.aborted === true) this.counters.failures.aborted++;
       throw err;
     }
+  }
+
+  #baseUrl(endpoint: string): string | null {
+    let u = this.#baseUrls.get(endpoint);
+    if (u === undefined) {
+      u = workerBaseUrl(endpoint) ?? null;
+      if (this.#baseUrls.size >= MAX_REMEMBERED_WORKERS) this.#baseUrls.clear();
+      this.#baseUrls.set(endpoint, u);
+    }
+    return u;
   }
 
   async #attempts(req: OpenAIRequest, urls: readonly string[], start: number, signal: AbortSignal | undefined): Promise<Uint32Array> {
@@ -156,7 +173,7 @@ export class EngineTokenizer implements PromptTokenizer {
       const res = await this.#post(base + RENDER_PATHS[req.kind], renderRequestBody(req), signal);
       if (!NO_ENDPOINT_STATUSES.has(res.status)) return this.#ids(res, (j) => parseRenderResponse(req.kind, j));
       await res.body?.cancel();
-      if (this.#noRender.size >= MAX_NO_RENDER_ENTRIES) this.#noRender.delete(this.#noRender.keys().next().value as string);
+      if (this.#noRender.size >= MAX_REMEMBERED_WORKERS) this.#noRender.delete(this.#noRender.keys().next().value as string);
       this.#noRender.set(base, now + RENDER_RETRY_AFTER_MS);
     }
     this.counters.engineCalls.tokenize++;
