@@ -61,6 +61,13 @@ export interface EngineTokenizerDeps {
   readonly counters?: TokenizerCounters;
 }
 
+/** fetch's own message is "fetch failed"; the cause (ECONNREFUSED, ...) is what helps. */
+function describe(err: unknown): string {
+  if (!(err instanceof Error)) return String(err);
+  const cause: unknown = err.cause;
+  return cause instanceof Error ? `${err.message}: ${cause.message}` : err.message;
+}
+
 /** AbortSignal.timeout's reason, which fetch and body reads reject with. */
 const isTimeout = (err: unknown): boolean => err instanceof Error && err.name === "TimeoutError";
 
@@ -110,11 +117,13 @@ export class EngineTokenizer implements PromptTokenizer {
       this.counters.bySource.body++;
       return given;
     }
-    const urls: string[] = [];
+    // Distinct base URLs: data-parallel ranks behind one endpoint are one server to ask.
+    const distinct = new Set<string>();
     for (const e of this.#deps.workerUrls(req.model)) {
       const u = this.#baseUrl(e);
-      if (u !== null) urls.push(u);
+      if (u !== null) distinct.add(u);
     }
+    const urls = [...distinct];
     if (urls.length === 0) {
       this.counters.failures.no_workers++;
       throw tokenizerUnavailable(req.model, "no ready worker serves it");
@@ -157,7 +166,7 @@ export class EngineTokenizer implements PromptTokenizer {
         if (signal?.aborted === true) throw err;
         const reason: EngineAttemptFailure = err instanceof AttemptError ? err.reason : isTimeout(err) ? "timeout" : "network";
         this.counters.engineAttemptFailures[reason]++;
-        problems.push(`${url}: ${reason === "timeout" ? `no answer within ${this.#timeoutMs} ms` : err instanceof Error ? err.message : String(err)}`);
+        problems.push(`${url}: ${reason === "timeout" ? `no answer within ${this.#timeoutMs} ms` : describe(err)}`);
       }
     }
     this.counters.failures.exhausted++;

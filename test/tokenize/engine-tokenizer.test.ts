@@ -94,8 +94,14 @@ describe("engine tokenizer", () => {
   });
 
   it("rejects with the registry's tokenizer-unavailable error when every worker fails, or none is ready", async () => {
-    const failing = await rawServer((_q, res) => res.writeHead(503).end());
-    const tok = new EngineTokenizer({ workerUrls: () => [failing, failing] });
+    const failing = await rawServer((_q, res) => {
+      res.writeHead(503).end();
+    });
+    const failing2 = await rawServer((_q, res) => {
+      res.writeHead(500).end();
+    });
+    // The same server listed twice (two ranks behind one endpoint) is asked once.
+    const tok = new EngineTokenizer({ workerUrls: () => [failing, `${failing}/v1/`, failing2] }, { maxAttempts: 3 });
     const err: unknown = await tok.tokenize(req).catch((e: unknown) => e);
     expect(isTokenizerUnavailable(err)).toBe(true);
     expect(err).toMatchObject({ code: "KVMESH_NOT_READY", status: 503, message: expect.stringContaining("2 worker(s) failed") as unknown });
@@ -108,8 +114,8 @@ describe("engine tokenizer", () => {
     // A refused connection is a network failure.
     const closed = await rawServer(() => undefined);
     await cleanups.pop()?.();
-    const gone = new EngineTokenizer({ workerUrls: () => [closed] });
-    expect(isTokenizerUnavailable(await gone.tokenize(req).catch((e: unknown) => e))).toBe(true);
+    const gone = new EngineTokenizer({ workerUrls: () => [closed, "mock://worker-9"] });
+    expect(await gone.tokenize(req).catch((e: unknown) => e)).toMatchObject({ message: expect.stringContaining("ECONNREFUSED") as unknown });
     expect(gone.counters.engineAttemptFailures.network).toBe(1);
   });
 
