@@ -37,6 +37,9 @@ const SYSTEM_TESTS = [
   "test/mock/engine-fleet.test.ts",
   "test/mock/engine-host.test.ts",
   "test/mock/engine-router-convergence.test.ts",
+  "test/mock/openai-server.test.ts",
+  "test/tokenize/engine-tokenizer.test.ts",
+  "test/tokenize/engine-data-path.test.ts",
 ];
 
 export default defineConfig({

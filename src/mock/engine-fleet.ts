@@ -18,6 +18,7 @@ import { badRequest } from "../core/errors.js";
 import { DEFAULT_MODEL_NAME, type WorkerId, type WorkerRequest } from "../core/types.js";
 import { DEFAULT_SUBSCRIBER_WAIT_MS, MockKvPublisher } from "./kv-event-publisher.js";
 import { MockEngine, DEFAULT_ENGINE_BLOCK_SIZE, type EngineRequest, type EngineResult, type EngineStats, type MockEngineConfig } from "./mock-engine.js";
+import { MockOpenAIServer } from "./openai-server.js";
 import type { Timers } from "./timers.js";
 
 /** One engine rank as a router registers it. */
@@ -28,6 +29,8 @@ export interface EngineDescriptor {
   readonly kvEndpoint: string;
   /** ZeroMQ endpoint of the rank's replay ROUTER. */
   readonly replayEndpoint: string;
+  /** Base URL of the rank's OpenAI HTTP API (`http://127.0.0.1:PORT`) when the fleet serves one (FleetOptions.openai). */
+  readonly httpEndpoint?: string | undefined;
 }
 
 export interface FleetStats {
@@ -66,8 +69,23 @@ export interface FleetOptions extends FleetEngineConfig {
   readonly expectedSubscribers?: number;
   /** ZeroMQ I/O threads for the fleet's context. */
   readonly ioThreads?: number;
+  /**
+   * Serve vLLM's OpenAI HTTP API on each rank (openai-server.ts), on an ephemeral 127.0.0.1 port
+   * (EngineDescriptor.httpEndpoint). Off by default: the benchmarks' replay path submits directly.
+   */
+  readonly openai?: FleetOpenAIOptions | undefined;
   readonly clock?: Clock;
   readonly timers?: Timers;
+}
+
+/** The HTTP API every rank of a fleet serves. */
+export interface FleetOpenAIOptions {
+  /** The served model name (default DEFAULT_MODEL_NAME, what the fleet's workers register). */
+  readonly model?: string;
+  /** false: the render endpoints answer 404 (a vLLM without them). */
+  readonly render?: boolean;
+  readonly maxModelLen?: number;
+  readonly defaultMaxTokens?: number;
 }
 
 export const DEFAULT_FIRST_WORKER_ID = 1n;
@@ -107,14 +125,17 @@ export class MockEngineFleet implements EngineFleetHandle {
   readonly descriptors: readonly EngineDescriptor[];
   readonly engines: readonly MockEngine[];
   readonly #publishers: readonly MockKvPublisher[];
+  /** One per engine when the fleet serves the OpenAI API, else empty. */
+  readonly servers: readonly MockOpenAIServer[];
   #closed = false;
 
-  private constructor(engines: MockEngine[], publishers: MockKvPublisher[]) {
+  private constructor(engines: MockEngine[], publishers: MockKvPublisher[], servers: MockOpenAIServer[]) {
     this.engines = engines;
     this.#publishers = publishers;
+    this.servers = servers;
     this.descriptors = engines.map((e, i) => {
       const p = publishers[i] as MockKvPublisher;
-      return { workerId: e.workerId, dpRank: e.dpRank, kvEndpoint: p.endpoint, replayEndpoint: p.replayEndpoint ?? "" };
+      return { workerId: e.workerId, dpRank: e.dpRank, kvEndpoint: p.endpoint, replayEndpoint: p.replayEndpoint ?? "", httpEndpoint: servers[i]?.url };
     });
   }
 
@@ -164,7 +185,35 @@ export class MockEngineFleet implements EngineFleetHandle {
         events: { publish: (events, dpRank, ts) => pub.publish(events, { dpRank, ts }) },
       });
     });
-    return new MockEngineFleet(engines, publishers);
+    const servers: MockOpenAIServer[] = [];
+    const api = options.openai;
+    if (api !== undefined) {
+      try {
+        for (let i = 0; i < n; i += BIND_CONCURRENCY) {
+          // allSettled: a server that did start in a batch where another failed is closed too.
+          const batch = await Promise.allSettled(
+            engines.slice(i, i + BIND_CONCURRENCY).map((engine) =>
+              MockOpenAIServer.start({
+                engine,
+                model: api.model ?? DEFAULT_MODEL_NAME,
+                ...(api.render === undefined ? {} : { render: api.render }),
+                ...(api.maxModelLen === undefined ? {} : { maxModelLen: api.maxModelLen }),
+                ...(api.defaultMaxTokens === undefined ? {} : { defaultMaxTokens: api.defaultMaxTokens }),
+              }),
+            ),
+          );
+          for (const r of batch) if (r.status === "fulfilled") servers.push(r.value);
+          const failed = batch.find((r) => r.status === "rejected");
+          if (failed !== undefined) throw failed.reason;
+        }
+      } catch (err) {
+        await Promise.all(servers.map((s) => s.close()));
+        for (const e of engines) e.close();
+        await Promise.all(publishers.map((p) => p.close()));
+        throw err;
+      }
+    }
+    return new MockEngineFleet(engines, publishers, servers);
   }
 
   get size(): number {
@@ -190,6 +239,7 @@ export class MockEngineFleet implements EngineFleetHandle {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    await Promise.all(this.servers.map((s) => s.close()));
     for (const e of this.engines) e.close();
     await Promise.all(this.#publishers.map((p) => p.close()));
   }
@@ -264,7 +314,7 @@ export interface WorkerRequestOptions {
   readonly blockSize?: number;
   readonly totalKvBlocks?: number;
   readonly maxNumBatchedTokens?: number;
-  /** The `endpoint` field (where a frontend would send requests); `mock://worker-<id>` by default. */
+  /** The `endpoint` field (where a frontend would send requests): by default the worker's first rank's httpEndpoint, else `mock://worker-<id>`. */
   readonly endpointFor?: (workerId: WorkerId) => string;
 }
 
@@ -291,7 +341,7 @@ export function descriptorsToWorkerRequests(descriptors: readonly EngineDescript
     const req: WorkerRequest = {
       worker_id: workerId,
       model_name: opts.modelName ?? DEFAULT_MODEL_NAME,
-      endpoint: opts.endpointFor?.(workerId) ?? `mock://worker-${workerId}`,
+      endpoint: opts.endpointFor?.(workerId) ?? (ranks[0] as EngineDescriptor).httpEndpoint ?? `mock://worker-${workerId}`,
       block_size: opts.blockSize ?? DEFAULT_ENGINE_BLOCK_SIZE,
       data_parallel_start_rank: start,
       data_parallel_size: ranks.length,

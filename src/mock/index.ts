@@ -1,8 +1,8 @@
 /**
  * Mock inference engines and workloads, for benchmarks, demos and tests: engines that behave like
  * vLLM where a router can see it (paged KV cache with prefix caching and LRU eviction, a batch
- * token budget, real KV events over ZeroMQ), Mooncake trace replay, and a generator of multi-turn
- * agentic sessions.
+ * token budget, real KV events over ZeroMQ, vLLM's OpenAI HTTP API), Mooncake trace replay, and a
+ * generator of multi-turn agentic sessions.
  */
 export { TRACE_BLOCK_TOKENS, DEFAULT_VOCAB_SIZE, tokensForHashId, promptTokensFor, tokenBlockCacheStats, clearTokenBlockCache } from "./token-blocks.js";
 export { parseTraceLine, readTrace, writeTrace, formatTraceLine, type TraceRecord, type ReadTraceOptions } from "./trace.js";
@@ -51,8 +51,11 @@ export {
   type FleetOptions,
   type FleetEngineConfig,
   type FleetStats,
+  type FleetOpenAIOptions,
   type WorkerRequestOptions,
 } from "./engine-fleet.js";
+export { MockOpenAIServer, DEFAULT_MOCK_MAX_MODEL_LEN, DEFAULT_MOCK_MAX_TOKENS, type MockOpenAIServerOptions, type MockOpenAICounts, type MockEngineSubmitter } from "./openai-server.js";
+export { mockTokenize, renderMockChat, mockCompletionText, MOCK_VOCAB_SIZE, MOCK_SPECIAL_TOKENS } from "./mock-tokenizer.js";
 export { EngineHostClient, EngineHostGroup, type EngineHostOptions, type EngineHostGroupOptions } from "./engine-host-client.js";
 export type { HostFleetOptions } from "./engine-host-protocol.js";
 export { MockKvPublisher, encodeKvEventBatch, type MockKvEvent, type MockKvPublisherOptions, type KvWireEncoding } from "./kv-event-publisher.js";
