@@ -97,7 +97,7 @@ export interface SelectionServiceOptions {
   /**
    * How this replica shares its bookings with peers (replica-events.ts LoadReplication). Default
    * "exact", which emits every booking change through onLoadEvent as embedding hosts expect; the
-   * daemon's default is its own (src/config.ts).
+   * daemon's default is its own (src/app/config.ts).
    */
   readonly loadReplication?: LoadReplication;
   /** Most live bookings this replica makes itself (429 beyond); see DEFAULT_MAX_LOCAL_RESERVATIONS. */
@@ -109,7 +109,7 @@ export interface SelectionServiceOptions {
    * the mesh or host streams, only counted (`bindingRefreshesCoalesced`). Capped at the affinity
    * TTL / 8 (affinity-table.ts `refreshCoalesceWindowMs` says why). Binds, rebinds and keepalives
    * are always published. Default 0: every refresh is published; the daemon's default is its own
-   * (src/config.ts).
+   * (src/app/config.ts).
    */
   readonly bindingRefreshCoalesceMs?: number;
   readonly selectionCache?: { readonly ttlMs?: number; readonly maxEntries?: number; readonly maxBytes?: number };

@@ -8,21 +8,21 @@
  * booking cap, selector weights) are not repeated here: the core checks the very options this
  * config maps to, and its error comes back as a config error naming this config's field.
  */
-import { loadMeshCurveConfig, type MeshCurveConfig } from "../mesh/curve.js";
-import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
-import { DEFAULT_PEER_DNS_INTERVAL_SECS } from "../mesh/dns-peers.js";
-import { DEFAULT_MESH_STARTUP_SYNC_SECS } from "../mesh/startup-sync.js";
-import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_APPLY_INTERVAL_MS, DEFAULT_MESH_APPLY_MAX_DELAY_MS, DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../mesh/replica-mesh.js";
-import type { LoadReplication } from "./core/replica-events.js";
-import { isKvmeshError, KvmeshError } from "./core/errors.js";
-import { DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "./core/pending-selections.js";
-import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS, DEFAULT_MAX_PARTITIONS, DEFAULT_MAX_RANKS, DEFAULT_MAX_RESERVATION_BYTES, type SelectionServiceOptions } from "./core/selection-service.js";
-import { resolveServiceOptions } from "./core/service-options.js";
-import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "./core/selector-config.js";
-import { loadApiTokenFile, type ApiToken } from "./http/auth.js";
-import { DEFAULT_BODY_LIMIT_BYTES } from "./http/server.js";
-import { DEFAULT_TRACES_SERVICE_NAME, tracesEndpointProblem } from "./http/tracing.js";
-import { DEFAULT_REPLAY_TIMEOUT_MS } from "./ingest/kv-event-listener.js";
+import { loadMeshCurveConfig, type MeshCurveConfig } from "../../mesh/curve.js";
+import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../../mesh/endpoints.js";
+import { DEFAULT_PEER_DNS_INTERVAL_SECS } from "../../mesh/dns-peers.js";
+import { DEFAULT_MESH_STARTUP_SYNC_SECS } from "../../mesh/startup-sync.js";
+import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_APPLY_INTERVAL_MS, DEFAULT_MESH_APPLY_MAX_DELAY_MS, DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../../mesh/replica-mesh.js";
+import type { LoadReplication } from "../core/replica-events.js";
+import { isKvmeshError, KvmeshError } from "../core/errors.js";
+import { DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "../core/pending-selections.js";
+import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS, DEFAULT_MAX_PARTITIONS, DEFAULT_MAX_RANKS, DEFAULT_MAX_RESERVATION_BYTES, type SelectionServiceOptions } from "../core/selection-service.js";
+import { resolveServiceOptions } from "../core/service-options.js";
+import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../core/selector-config.js";
+import { loadApiTokenFile, type ApiToken } from "../http/auth.js";
+import { DEFAULT_BODY_LIMIT_BYTES } from "../http/server.js";
+import { DEFAULT_TRACES_SERVICE_NAME, tracesEndpointProblem } from "../http/tracing.js";
+import { DEFAULT_REPLAY_TIMEOUT_MS } from "../ingest/kv-event-listener.js";
 
 export type LogLevel = "trace" | "debug" | "info" | "warn" | "error" | "fatal" | "silent";
 

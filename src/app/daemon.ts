@@ -5,21 +5,21 @@
  */
 import type { Logger } from "pino";
 import { isLoopbackHost, replicaSyncEndpoints, resolveDaemonConfig, serviceOptionsOf, type DaemonConfig } from "./config.js";
-import { KvEndpointError, KvIngest } from "./ingest/kv-ingest.js";
-import { raiseZmqSocketLimit } from "./ingest/zmq-socket-limit.js";
-import { HttpMetrics } from "./http/metrics.js";
-import { registerIngestMetrics } from "./metrics/ingest-metrics.js";
-import { createMetricsRegistry } from "./metrics/registry.js";
-import { registerServiceMetrics } from "./metrics/service-metrics.js";
-import { startHttpServer, type MeshControl, type RunningHttpServer } from "./http/server.js";
-import { startTracing, tracesExportUrl, type RequestTracer } from "./http/tracing.js";
-import { ReplicaMesh } from "../mesh/replica-mesh.js";
-import type { UiMeshSelf } from "./http/ui/ui-routes.js";
-import { isDnsPeer, parseDnsPeer } from "../mesh/dns-peers.js";
+import { KvEndpointError, KvIngest } from "../ingest/kv-ingest.js";
+import { raiseZmqSocketLimit } from "../ingest/zmq-socket-limit.js";
+import { HttpMetrics } from "../http/metrics.js";
+import { registerIngestMetrics } from "../metrics/ingest-metrics.js";
+import { createMetricsRegistry } from "../metrics/registry.js";
+import { registerServiceMetrics } from "../metrics/service-metrics.js";
+import { startHttpServer, type MeshControl, type RunningHttpServer } from "../http/server.js";
+import { startTracing, tracesExportUrl, type RequestTracer } from "../http/tracing.js";
+import { ReplicaMesh } from "../../mesh/replica-mesh.js";
+import type { UiMeshSelf } from "../http/ui/ui-routes.js";
+import { isDnsPeer, parseDnsPeer } from "../../mesh/dns-peers.js";
 import { WorkersFile } from "./workers-file.js";
-import { SelectionService } from "./core/selection-service.js";
-import { hasUnusableKvEndpoint, kvEventsEndpointRefused, replayEndpointFor } from "./core/worker-catalog.js";
-import { LogThrottle } from "./util/log-throttle.js";
+import { SelectionService } from "../core/selection-service.js";
+import { hasUnusableKvEndpoint, kvEventsEndpointRefused, replayEndpointFor } from "../core/worker-catalog.js";
+import { LogThrottle } from "../util/log-throttle.js";
 
 /** The daemon's configuration lives in src/config.ts; re-exported for the daemon's callers. */
 export { DEFAULT_DAEMON_CONFIG, type DaemonConfig, type LogLevel } from "./config.js";
