@@ -24,7 +24,7 @@ import { MeshInbound, type MeshApplyTracer } from "./inbound.js";
 import { registerLagMetrics, registerMeshMetrics, type MeshStats } from "./mesh-metrics.js";
 import { Membership, type PeerView } from "./membership.js";
 import { flushIntervalOf, MeshPublisher } from "./publisher.js";
-import type { MeshControl, ReplicaPort } from "./replica-port.js";
+import type { ReplicaPort } from "./replica-port.js";
 import { systemTimers, type TimerHandle, type Timers } from "./timers.js";
 import { MeshTransport } from "./transport.js";
 import { DEFAULT_MESH_STARTUP_SYNC_SECS, StartupSync, type StartupSyncOutcome } from "./startup-sync.js";
@@ -103,7 +103,7 @@ export interface ReplicaMeshOptions {
   readonly startupSyncMs?: number;
 }
 
-export class ReplicaMesh implements MeshControl {
+export class ReplicaMesh {
   readonly #service: ReplicaPort;
   readonly #transport: MeshTransport;
   readonly #advertise: string;

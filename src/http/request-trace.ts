@@ -1,0 +1,67 @@
+/**
+ * Request tracing's types as the HTTP layer sees them, with no tracing library behind them: what
+ * the server (src/http/server.ts) and the OpenTelemetry side (src/http/otel-tracer.ts) share.
+ * The mesh's inbound calls `batchApplied` through its own MeshApplyTracer, which a RequestTracer
+ * satisfies structurally.
+ */
+import type { IncomingHttpHeaders } from "node:http";
+import type { Logger } from "pino";
+
+import type { SelectionNote } from "../core/types.js";
+import type { TraceCause } from "../util/trace-cause.js";
+
+export interface TracingOptions {
+  /** Where spans are POSTed (OTLP/HTTP, JSON): the full traces URL, e.g. http://collector:4318/v1/traces. */
+  readonly endpoint: string;
+  /** The resource's service.name. */
+  readonly serviceName: string;
+  readonly logger: Logger;
+}
+
+/** What the HTTP layer knows when a request ends. */
+export interface RequestEnd {
+  readonly method: string;
+  /** The matched route pattern (the metrics label), "unmatched" for none. */
+  readonly route: string;
+  readonly status: number;
+  readonly requestId: string;
+  /** The JSON body answered, whose routing fields become attributes (decisionFields and more). */
+  readonly answered: unknown;
+  /** What the handler threw, if anything. */
+  readonly error: unknown;
+}
+
+/** One request's span, started when its headers arrive. */
+export interface RequestTrace {
+  /** Handed to the selection service, which fills in the decision and its timings. */
+  readonly note: SelectionNote;
+  /** The `traceparent` this server answers: the trace, and its own span as the parent. */
+  readonly traceparent: string;
+  /** This span's context when it is sampled: the mesh batches carrying the request's changes name it. */
+  readonly cause: TraceCause | undefined;
+  /** performance.now() around reading and parsing the body; set by the HTTP layer. */
+  bodyStartMs: number | undefined;
+  bodyEndMs: number | undefined;
+  end(info: RequestEnd): void;
+}
+
+/** What a peer's batch, applied here, tells tracing (the mesh's inbound hands it over). */
+export interface AppliedBatch {
+  readonly origin: bigint;
+  /** The seqs it covered (more than one when the receive thread merged consecutive batches). */
+  readonly firstSeq: number;
+  readonly seq: number;
+  readonly events: number;
+  /** The origin's wall clock when it sent the (last) batch, ms since the Unix epoch. */
+  readonly sentAtMs: number;
+  readonly causes: readonly TraceCause[];
+}
+
+export interface RequestTracer {
+  /** A peer's batch that carried trace causes was applied: a span linked to them. */
+  batchApplied(batch: AppliedBatch): void;
+  /** Starts a request's server span, as a child of the caller's `traceparent` when valid. */
+  start(headers: IncomingHttpHeaders): RequestTrace;
+  /** Exports what is queued and stops; later spans are dropped. */
+  shutdown(): Promise<void>;
+}
