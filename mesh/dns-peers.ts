@@ -20,7 +20,7 @@ import type { Logger } from "pino";
 
 import { LogThrottle } from "../src/util/log-throttle.js";
 import { parsePeerEndpoint } from "./endpoints.js";
-import type { TimerHandle, Timers } from "./timers.js";
+import type { TimerHandle, Timers } from "../src/core/time.js";
 
 /** Default re-resolution interval, s (`--peer-dns-interval-secs`): a pod that joins is peered within it. */
 export const DEFAULT_PEER_DNS_INTERVAL_SECS = 5;

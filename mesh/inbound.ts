@@ -15,14 +15,13 @@
  */
 import PQueue from "p-queue";
 import type { Logger } from "pino";
-import type { Clock } from "../src/core/clock.js";
+import type { Clock, TimerHandle, Timers } from "../src/core/time.js";
 import type { ControlClient } from "./control.js";
 import { MeshWireError } from "./errors.js";
 import { DEFAULT_MAX_TRACKED_ORIGINS, MeshReceiver, type LagObserver, type OriginStats } from "./origin-tracker.js";
 import { PeerHealth, type PeerState } from "./peer-health.js";
 import type { ReceivedEntry } from "./receive-coalescer.js";
 import type { ReplicaPort } from "./replica-port.js";
-import type { TimerHandle, Timers } from "./timers.js";
 import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type Snapshot, type TraceCause } from "./types.js";
 import { decodeBatch, decodeHeartbeat } from "./wire.js";
 

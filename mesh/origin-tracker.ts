@@ -23,7 +23,7 @@
  * may have missed earlier batches and cannot tell (a SUB connected just before a burst lost 81 of
  * the first 1,000 frames, measured with zeromq 6.8).
  */
-import type { Clock } from "../src/core/clock.js";
+import type { Clock } from "../src/core/time.js";
 import type { Heartbeat, MeshBatch, Snapshot } from "./types.js";
 
 export const DEFAULT_SNAPSHOT_TIMEOUT_MS = 1_000;

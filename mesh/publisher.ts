@@ -13,12 +13,11 @@
  * clock, as receivers on other hosts compare them with theirs.
  */
 import type { Logger } from "pino";
-import type { Clock } from "../src/core/clock.js";
+import type { Clock, TimerHandle, Timers } from "../src/core/time.js";
 import type { LoadAggregates } from "../src/core/replica-events.js";
 import { controlEndpointFor } from "./endpoints.js";
 import { MeshOptionError } from "./errors.js";
 import { OutboundQueue, type OutboundQueueOptions } from "./outbound-queue.js";
-import type { TimerHandle, Timers } from "./timers.js";
 import { currentTraceCause } from "../src/util/trace-cause.js";
 import { MAX_TRACE_CAUSES_PER_BATCH, TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type MeshEvent, type TraceCause } from "./types.js";
 import { encodeBatch, encodeHeartbeat } from "./wire.js";

@@ -14,7 +14,8 @@
  */
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
-import { systemClock, type Clock, type Random } from "../src/core/clock.js";
+import { systemClock, systemWallClock, type Clock, systemTimers, type TimerHandle, type Timers } from "../src/core/time.js";
+import { type Random } from "../src/core/random.js";
 import type { LoadMarkEvent } from "../src/core/replica-events.js";
 import { LogThrottle } from "../src/util/log-throttle.js";
 import { ControlClient, ControlServer, DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
@@ -25,7 +26,6 @@ import { registerLagMetrics, registerMeshMetrics, type MeshStats } from "./mesh-
 import { Membership, type PeerView } from "./membership.js";
 import { flushIntervalOf, MeshPublisher } from "./publisher.js";
 import type { ReplicaPort } from "./replica-port.js";
-import { systemTimers, type TimerHandle, type Timers } from "./timers.js";
 import { MeshTransport } from "./transport.js";
 import { DEFAULT_MESH_STARTUP_SYNC_SECS, StartupSync, type StartupSyncOutcome } from "./startup-sync.js";
 
@@ -55,9 +55,6 @@ export const MESH_HOUSEKEEPING_INTERVAL_MS = 250;
  */
 export const DEFAULT_MESH_APPLY_MAX_DELAY_MS = MESH_HOUSEKEEPING_INTERVAL_MS;
 const MS_PER_SECOND = 1_000;
-
-/** The wall clock: ms since the Unix epoch. */
-const systemWallClock: Clock = { now: () => Date.now() };
 
 export interface ReplicaMeshOptions {
   readonly service: ReplicaPort;

@@ -8,7 +8,8 @@
  * typed scratch arrays and allocates nothing per candidate. `score` is a diagnostic and copies
  * what it reports out of the scratch.
  */
-import type { Clock, Random } from "./clock.js";
+import type { Clock } from "./time.js";
+import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
 import type { Fleet } from "./fleet.js";
 import { hashCount, hashListToSignedBigInts } from "./hash64.js";

@@ -8,7 +8,8 @@
  * the core; the fleet tells them through FleetHooks when a rank's state goes or a worker joins.
  */
 import type { AffinityTable } from "./affinity-table.js";
-import type { Clock, Random } from "./clock.js";
+import type { Clock } from "./time.js";
+import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
 import { hashCount, hashListFromBigInts } from "./hash64.js";
 import { computeBlockHashes } from "./hashing.js";

@@ -13,7 +13,8 @@
  * that O(blocks x ranks) (219 x 1,024 = 224 k probes), the reverse index makes it
  * O(blocks + hits).
  */
-import type { Clock, Random } from "./clock.js";
+import type { Clock } from "./time.js";
+import type { Random } from "./random.js";
 import { KvmeshError, badRequest } from "./errors.js";
 import { ActiveBlockIndex, dropFraction, NO_CHANGE, PAIR_CREATED, type RankBlockTotals } from "./active-block-index.js";
 import type { HashList } from "./hash64.js";

@@ -4,7 +4,8 @@
  * selection scores candidates in. Created with the first schedulable worker; never deleted.
  */
 import type { AffinityTable } from "./affinity-table.js";
-import type { Clock, Random } from "./clock.js";
+import type { Clock } from "./time.js";
+import type { Random } from "./random.js";
 import { LoadLedger } from "./load-ledger.js";
 import { MirroredLoad } from "./mirrored-load.js";
 import { PrefixIndex } from "./prefix-index.js";

@@ -21,7 +21,7 @@
  */
 
 import { KvmeshError } from "./errors.js";
-import type { Clock } from "./clock.js";
+import type { Clock } from "./time.js";
 
 export const DEFAULT_PENDING_TTL_MS = 120_000;
 export const DEFAULT_PENDING_MAX_ENTRIES = 4_096;

@@ -16,7 +16,8 @@
 import { SessionBindings } from "./bindings.js";
 import { CatalogReplication, type WorkerReplicaStatus } from "./catalog-replication.js";
 import { Chooser, effectivePrefill, selectResponse } from "./choose.js";
-import type { Clock, Random } from "./clock.js";
+import type { Clock } from "./time.js";
+import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
 import { Fleet, type DumpEvent, type DumpFilter, type WorkerChange } from "./fleet.js";
 import { hashCount } from "./hash64.js";

@@ -6,7 +6,8 @@
  */
 import { LOAD_REPLICATION_MODES, type LoadReplication } from "./replica-events.js";
 import { DEFAULT_AFFINITY_MAX_ENTRIES, type AffinityMode } from "./affinity-table.js";
-import { mathRandom, systemClock, systemWallClockNs, type Clock, type Random, type WallClockNs } from "./clock.js";
+import { systemClock, systemWallClockNs, type Clock, type WallClockNs } from "./time.js";
+import { mathRandom, type Random } from "./random.js";
 import { badRequest } from "./errors.js";
 import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS } from "./load-ledger.js";
 import { MAX_RANK_KEYS } from "./rank-registry.js";

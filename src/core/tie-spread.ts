@@ -17,7 +17,7 @@
  * With 1,024 idle workers random ties rarely collide; classes matter when few workers tie (a hot
  * prefix cached on 3 workers collides 1 time in 3 per racing pair with a random tie-break).
  */
-import type { Random } from "./clock.js";
+import type { Random } from "./random.js";
 
 export interface ReplicaSlot {
   /** This replica's position among the live replicas (sorted by replica id). */

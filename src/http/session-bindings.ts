@@ -28,7 +28,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 
-import type { Clock } from "../core/clock.js";
+import { systemWallClock, type Clock } from "../core/time.js";
 import { KvmeshError, badRequest, invalidField } from "../core/errors.js";
 import type { BindingEvent } from "../core/replica-events.js";
 import type { SelectionService } from "../core/selection-service.js";
@@ -196,7 +196,7 @@ export class SessionBindingsHttp {
   constructor(o: SessionBindingsHttpOptions) {
     this.#svc = o.service;
     this.#log = o.logger;
-    this.#clock = o.wallClock ?? { now: () => Date.now() };
+    this.#clock = o.wallClock ?? systemWallClock;
     this.#heartbeatMs = o.heartbeatMs ?? DEFAULT_STREAM_HEARTBEAT_MS;
     if (!(this.#heartbeatMs > 0)) throw new RangeError(`heartbeatMs must be > 0, got ${this.#heartbeatMs}`);
     if (o.service.sessionReplicationWriterId === undefined) {

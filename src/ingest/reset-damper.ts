@@ -9,7 +9,7 @@
  * (its index bound caps what they can grow to) and the reset is counted as damped. Every reset
  * counts against the window, so damping lasts until the publisher has been steady for a window.
  */
-import { systemClock, type Clock } from "../core/clock.js";
+import { systemClock, type Clock } from "../core/time.js";
 
 /** Resets acted on within one window. */
 export const MAX_RESETS_PER_WINDOW = 4;

@@ -4,7 +4,7 @@
  * flood the log. The first occurrence is logged at once; later ones at most once per interval,
  * with the number suppressed in between. Counters in /metrics stay exact.
  */
-import { systemClock, type Clock } from "../core/clock.js";
+import { systemClock, type Clock } from "../core/time.js";
 
 /** One line per this many ms at most, per throttle. */
 export const DEFAULT_LOG_THROTTLE_INTERVAL_MS = 10_000;

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { seededRandom } from "../../src/core/clock.js";
+import { seededRandom } from "../../src/core/random.js";
 import { hashListFromBigInts, hashListToBigInts, hashListToSignedBigInts, toU64, u64ToI64 } from "../../src/core/hash64.js";
 
 describe("hash64", () => {

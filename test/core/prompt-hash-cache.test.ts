@@ -1,5 +1,5 @@
 import { describe, it, expect } from "vitest";
-import { seededRandom, type Random } from "../../src/core/clock.js";
+import { seededRandom, type Random } from "../../src/core/random.js";
 import { KvmeshError } from "../../src/core/errors.js";
 import { computeBlockHashes, computeSequenceHashes, saltSeed } from "../../src/core/hashing.js";
 import { DEFAULT_PROMPT_HASH_CACHE_BLOCKS, PromptHashCache, promptBlockKey, type PromptHashOptions } from "../../src/core/prompt-hash-cache.js";

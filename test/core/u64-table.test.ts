@@ -1,6 +1,6 @@
 import { describe, it, expect } from "vitest";
 import { U64Table } from "../../src/core/u64-table.js";
-import { seededRandom } from "../../src/core/clock.js";
+import { seededRandom } from "../../src/core/random.js";
 
 const keyOf = (tag: number, hi: number, lo: number): string => `${tag}:${hi}:${lo}`;
 

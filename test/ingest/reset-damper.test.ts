@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { ManualClock } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
 import { MAX_RESETS_PER_WINDOW, RESET_DAMPING_WINDOW_MS, ResetDamper } from "../../src/ingest/reset-damper.js";
 
 describe("ResetDamper (#17 F10)", () => {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { ManualClock } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
 import type { Heartbeat, MeshBatch, Snapshot } from "../../mesh/types.js";
 import {
   DEFAULT_SNAPSHOT_TIMEOUT_MS,
