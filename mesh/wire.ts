@@ -48,6 +48,7 @@ import { Packr, Unpackr } from "msgpackr";
 
 import { MAX_WORKER_STATUS_REASONS } from "../src/core/catalog-replication.js";
 import { KvmeshError } from "../src/core/errors.js";
+import { MAX_ID_BYTES } from "../src/core/request-ids.js";
 import type { HashList } from "../src/core/hash64.js";
 import type { BindingEvent, CatalogEvent, LoadAddEvent, LoadAggregateRow, LoadAggregates, LoadMarkEvent, PartitionRef, WorkerStatusEvent } from "../src/core/replica-events.js";
 import type { Lifecycle, WorkerRequest } from "../src/core/types.js";
@@ -78,8 +79,8 @@ export const MAX_SNAPSHOT_WORKER_STATUSES = 1_048_576;
 export const MAX_WORKER_FIELD_ENTRIES = 4_096;
 /** Other origins whose totals a snapshot carries (the mesh's tracked-origin bound is far below). */
 export const MAX_SNAPSHOT_ORIGINS = 4_096;
-/** request_id, session_id, model_name, routing_group, UTF-8 bytes. */
-export const MAX_ID_BYTES = 256;
+/** request_id, session_id, model_name, routing_group, UTF-8 bytes: the core's own bound. */
+export { MAX_ID_BYTES };
 export const MAX_ENDPOINT_BYTES = 1_024;
 export const MAX_ERROR_MESSAGE_BYTES = 4_096;
 /** Peer endpoints in a status reply. */
