@@ -22,7 +22,10 @@ import { DEFAULT_MAX_TRACKED_ORIGINS, MeshReceiver, type LagObserver, type Origi
 import { PeerHealth, type PeerState } from "./peer-health.js";
 import type { ReceivedEntry } from "./receive-coalescer.js";
 import type { ReplicaPort } from "./replica-port.js";
-import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type Snapshot, type TraceCause } from "./types.js";
+import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type Snapshot } from "./types.js";
+import type { AppliedBatch, MeshApplyTracer } from "../src/util/trace-cause.js";
+
+export type { AppliedBatch, MeshApplyTracer };
 import { decodeBatch, decodeHeartbeat } from "./wire.js";
 
 /** Debounce between a worker (re)registration and re-pulling peers' snapshots, ms. */
@@ -103,22 +106,6 @@ export interface MeshInboundOptions {
   readonly lagObserver?: LagObserver;
   /** Tracing on: told of each applied batch that carried trace causes (a span linked to them). */
   readonly applyTracer?: MeshApplyTracer;
-}
-
-/** What a batch's apply tells tracing (src/http/otel-tracer.ts makes it a span linked to the causes). */
-export interface AppliedBatch {
-  readonly origin: bigint;
-  /** The seqs it covered (more than one when the receive thread merged consecutive batches). */
-  readonly firstSeq: number;
-  readonly seq: number;
-  readonly events: number;
-  /** The origin's wall clock when it sent the (last) batch, ms since the Unix epoch. */
-  readonly sentAtMs: number;
-  readonly causes: readonly TraceCause[];
-}
-
-export interface MeshApplyTracer {
-  batchApplied(batch: AppliedBatch): void;
 }
 
 export class MeshInbound {

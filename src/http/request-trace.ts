@@ -1,14 +1,16 @@
 /**
  * Request tracing's types as the HTTP layer sees them, with no tracing library behind them: what
  * the server (src/http/server.ts) and the OpenTelemetry side (src/http/otel-tracer.ts) share.
- * The mesh's inbound calls `batchApplied` through its own MeshApplyTracer, which a RequestTracer
- * satisfies structurally.
+ * The mesh's inbound calls `batchApplied` (MeshApplyTracer, src/util/trace-cause.ts, shared by
+ * both sides).
  */
 import type { IncomingHttpHeaders } from "node:http";
 import type { Logger } from "pino";
 
 import type { SelectionNote } from "../core/types.js";
-import type { TraceCause } from "../util/trace-cause.js";
+import type { AppliedBatch, MeshApplyTracer, TraceCause } from "../util/trace-cause.js";
+
+export type { AppliedBatch };
 
 export interface TracingOptions {
   /** Where spans are POSTed (OTLP/HTTP, JSON): the full traces URL, e.g. http://collector:4318/v1/traces. */
@@ -45,21 +47,7 @@ export interface RequestTrace {
   end(info: RequestEnd): void;
 }
 
-/** What a peer's batch, applied here, tells tracing (the mesh's inbound hands it over). */
-export interface AppliedBatch {
-  readonly origin: bigint;
-  /** The seqs it covered (more than one when the receive thread merged consecutive batches). */
-  readonly firstSeq: number;
-  readonly seq: number;
-  readonly events: number;
-  /** The origin's wall clock when it sent the (last) batch, ms since the Unix epoch. */
-  readonly sentAtMs: number;
-  readonly causes: readonly TraceCause[];
-}
-
-export interface RequestTracer {
-  /** A peer's batch that carried trace causes was applied: a span linked to them. */
-  batchApplied(batch: AppliedBatch): void;
+export interface RequestTracer extends MeshApplyTracer {
   /** Starts a request's server span, as a child of the caller's `traceparent` when valid. */
   start(headers: IncomingHttpHeaders): RequestTrace;
   /** Exports what is queued and stops; later spans are dropped. */

@@ -23,6 +23,23 @@ export interface TraceCause {
   readonly flags: number;
 }
 
+/** What a peer's batch, applied here, tells tracing: a span linked to the requests that caused it. */
+export interface AppliedBatch {
+  readonly origin: bigint;
+  /** The seqs it covered (more than one when the receive thread merged consecutive batches). */
+  readonly firstSeq: number;
+  readonly seq: number;
+  readonly events: number;
+  /** The origin's wall clock when it sent the (last) batch, ms since the Unix epoch. */
+  readonly sentAtMs: number;
+  readonly causes: readonly TraceCause[];
+}
+
+/** Told of each applied batch that carried trace causes (the mesh's inbound calls it; src/http/otel-tracer.ts is one). */
+export interface MeshApplyTracer {
+  batchApplied(batch: AppliedBatch): void;
+}
+
 let current: TraceCause | undefined;
 
 export function withTraceCause<T>(cause: TraceCause, fn: () => T): T {
