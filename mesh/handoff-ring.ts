@@ -14,6 +14,7 @@
  * wrapping at the end. A record that does not fit in the free space is refused (the writer keeps
  * it for later, or sends it another way); one larger than the whole ring never fits.
  */
+import { MeshOptionError } from "./errors.js";
 
 const HEADER_BYTES = 16;
 const LENGTH_BYTES = 4;
@@ -25,7 +26,7 @@ export const DEFAULT_HANDOFF_RING_BYTES = 8 * 1024 * 1024;
 
 /** The shared memory of a ring of `capacity` bytes (pass it to both sides). */
 export function createHandoffRingBuffer(capacity = DEFAULT_HANDOFF_RING_BYTES): SharedArrayBuffer {
-  if (!Number.isSafeInteger(capacity) || capacity < 64) throw new RangeError(`handoff ring capacity must be an integer >= 64 bytes, got ${capacity}`);
+  if (!Number.isSafeInteger(capacity) || capacity < 64) throw new MeshOptionError("handoffRingBytes", `must be an integer >= 64, got ${capacity}`);
   return new SharedArrayBuffer(HEADER_BYTES + capacity);
 }
 

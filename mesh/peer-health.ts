@@ -8,6 +8,7 @@
  * 10 s; any message brings it back to alive. What is mirrored of a down peer is dropped then
  * (MeshInbound#originDown says why).
  */
+import { MeshOptionError } from "./errors.js";
 import { xxh3 } from "@node-rs/xxhash";
 
 export const DEFAULT_SUSPECT_AFTER_MS = 3_000;
@@ -41,9 +42,9 @@ export class PeerHealth<K = bigint> {
   constructor(options: PeerHealthOptions = {}) {
     this.suspectAfterMs = options.suspectAfterMs ?? DEFAULT_SUSPECT_AFTER_MS;
     this.downAfterMs = options.downAfterMs ?? DEFAULT_DOWN_AFTER_MS;
-    if (!(this.suspectAfterMs > 0)) throw new RangeError(`suspectAfterMs must be positive, got ${this.suspectAfterMs}`);
+    if (!(this.suspectAfterMs > 0)) throw new MeshOptionError("suspectAfterMs", `must be positive, got ${this.suspectAfterMs}`);
     if (!(this.downAfterMs > this.suspectAfterMs)) {
-      throw new RangeError(`downAfterMs (${this.downAfterMs}) must exceed suspectAfterMs (${this.suspectAfterMs})`);
+      throw new MeshOptionError("downAfterMs", `${this.downAfterMs} must exceed suspectAfterMs (${this.suspectAfterMs})`);
     }
   }
 

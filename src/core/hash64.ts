@@ -10,6 +10,7 @@
  *
  * A `HashList` is a Uint32Array of interleaved pairs: [hi0, lo0, hi1, lo1, ...].
  */
+import { badRequest } from "./errors.js";
 
 export type HashList = Uint32Array;
 
@@ -21,7 +22,7 @@ export const hashCount = (list: HashList): number => list.length >>> 1;
 
 /** Accepts a signed or unsigned 64-bit integer and returns its unsigned reinterpretation. */
 export function toU64(value: bigint): bigint {
-  if (value < I64_MIN || value > U64_MAX) throw new RangeError(`hash ${value} is outside the 64-bit range`);
+  if (value < I64_MIN || value > U64_MAX) throw badRequest(`hash ${value} is outside the 64-bit range`, "hash");
   return value < 0n ? value + (1n << 64n) : value;
 }
 

@@ -169,9 +169,9 @@ export class PromptHashCache {
   #seed = saltSeed(null, null);
 
   constructor(opts: PromptHashCacheOptions) {
-    if (!Number.isInteger(opts.blockSize) || opts.blockSize < 1) throw new RangeError(`blockSize must be a positive integer, got ${String(opts.blockSize)}`);
+    if (!Number.isInteger(opts.blockSize) || opts.blockSize < 1) throw badRequest(`blockSize must be a positive integer, got ${String(opts.blockSize)}`, "blockSize");
     const cap = opts.capacityBlocks ?? DEFAULT_PROMPT_HASH_CACHE_BLOCKS;
-    if (!Number.isInteger(cap) || cap < WAYS) throw new RangeError(`capacityBlocks must be an integer >= ${WAYS}, got ${String(cap)}`);
+    if (!Number.isInteger(cap) || cap < WAYS) throw badRequest(`capacityBlocks must be an integer >= ${WAYS}, got ${String(cap)}`, "capacityBlocks");
     this.blockSize = opts.blockSize;
     this.isEagle = opts.isEagle ?? false;
     this.capacityBlocks = 2 ** Math.floor(Math.log2(cap));

@@ -17,6 +17,7 @@
  * With 1,024 idle workers random ties rarely collide; classes matter when few workers tie (a hot
  * prefix cached on 3 workers collides 1 time in 3 per racing pair with a random tie-break).
  */
+import { badRequest } from "./errors.js";
 import type { Random } from "./random.js";
 
 export interface ReplicaSlot {
@@ -46,7 +47,7 @@ export class TieSpreader {
   #tied = new Int32Array(16);
 
   constructor(slot: () => ReplicaSlot, random: Random, nearTieBlocks = DEFAULT_NEAR_TIE_BLOCKS) {
-    if (!(nearTieBlocks >= 0)) throw new RangeError("nearTieBlocks must be >= 0");
+    if (!(nearTieBlocks >= 0)) throw badRequest("nearTieBlocks must be >= 0", "nearTieBlocks");
     this.#slot = slot;
     this.#random = random;
     this.#nearTie = nearTieBlocks;

@@ -30,7 +30,7 @@
 import { hash, timingSafeEqual } from "node:crypto";
 import { inspect } from "node:util";
 
-import { KvmeshError } from "../core/errors.js";
+import { badRequest, KvmeshError } from "../core/errors.js";
 import { contentLines, fileError, readSecretFile } from "../util/secret-file.js";
 
 /** RFC 6750 `WWW-Authenticate` realm. */
@@ -61,9 +61,9 @@ export class ApiToken {
 
   /** Validates and wraps a token; RangeError says what is wrong (never echoing the token). */
   static fromString(token: string): ApiToken {
-    if (token.length < MIN_API_TOKEN_CHARS) throw new RangeError(`token is shorter than ${MIN_API_TOKEN_CHARS} characters`);
-    if (token.length > MAX_API_TOKEN_CHARS) throw new RangeError(`token is longer than ${MAX_API_TOKEN_CHARS} characters`);
-    if (!TOKEN68.test(token)) throw new RangeError("token must be one line of letters, digits and - . _ ~ + / (optionally ending in =), e.g. from: openssl rand -base64 32");
+    if (token.length < MIN_API_TOKEN_CHARS) throw badRequest(`token is shorter than ${MIN_API_TOKEN_CHARS} characters`, "token");
+    if (token.length > MAX_API_TOKEN_CHARS) throw badRequest(`token is longer than ${MAX_API_TOKEN_CHARS} characters`, "token");
+    if (!TOKEN68.test(token)) throw badRequest("token must be one line of letters, digits and - . _ ~ + / (optionally ending in =), e.g. from: openssl rand -base64 32", "token");
     return new ApiToken(token);
   }
 

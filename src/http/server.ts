@@ -16,7 +16,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net";
 import type { Logger } from "pino";
 
-import { KvmeshError } from "../core/errors.js";
+import { badRequest, KvmeshError } from "../core/errors.js";
 import type { SelectionService } from "../core/selection-service.js";
 import { LogThrottle } from "../util/log-throttle.js";
 import { withTraceCause } from "../util/trace-cause.js";
@@ -127,7 +127,7 @@ class HttpApi {
     this.#page = new StatusPage({ service: o.service, mesh: o.mesh, meshSelf: o.meshSelf });
     this.#router = new Router(buildRoutes(o, this.#bindings, this.#page));
     this.#limit = o.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES;
-    if (!(Number.isInteger(this.#limit) && this.#limit > 0)) throw new RangeError(`bodyLimitBytes must be a positive integer, got ${this.#limit}`);
+    if (!(Number.isInteger(this.#limit) && this.#limit > 0)) throw badRequest(`bodyLimitBytes must be a positive integer, got ${this.#limit}`, "bodyLimitBytes");
     const t = o.timeouts ?? {};
     this.#server = createServer({
       noDelay: true,

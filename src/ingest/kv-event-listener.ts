@@ -7,6 +7,7 @@
  * message that revealed it is applied. Nothing a publisher sends can crash the loop: bad frames
  * and payloads are counted, logged and skipped.
  */
+import { badRequest } from "../core/errors.js";
 import { xxh3 } from "@node-rs/xxhash";
 import { pino, type Logger } from "pino";
 import { Dealer, type Observer, Subscriber } from "zeromq";
@@ -134,7 +135,7 @@ export class KvEventListener {
     this.#log = (options.logger ?? pino({ enabled: false })).child({ kvEndpoint: options.endpoint });
     this.#replayTimeoutMs = options.replayTimeoutMs ?? DEFAULT_REPLAY_TIMEOUT_MS;
     if (!Number.isInteger(this.#replayTimeoutMs) || this.#replayTimeoutMs <= 0) {
-      throw new RangeError(`replayTimeoutMs must be a positive integer, got ${this.#replayTimeoutMs}`);
+      throw badRequest(`replayTimeoutMs must be a positive integer, got ${this.#replayTimeoutMs}`, "replayTimeoutMs");
     }
   }
 

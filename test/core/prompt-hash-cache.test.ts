@@ -294,8 +294,8 @@ describe("PromptHashCache", () => {
     expect(cache.accepts(16, false)).toBe(false);
     expect(cache.accepts(32, true)).toBe(false);
     expect(new PromptHashCache({ blockSize: 64 }).tableBytes).toBe(65_536 * 304);
-    expect(() => new PromptHashCache({ blockSize: 0 })).toThrow(RangeError);
-    expect(() => new PromptHashCache({ blockSize: 1.5 })).toThrow(RangeError);
-    expect(() => new PromptHashCache({ blockSize: 4, capacityBlocks: 7 })).toThrow(RangeError);
+    expect(() => new PromptHashCache({ blockSize: 0 })).toThrow(KvmeshError);
+    expect(() => new PromptHashCache({ blockSize: 1.5 })).toThrow(KvmeshError);
+    expect(() => new PromptHashCache({ blockSize: 4, capacityBlocks: 7 })).toThrow(KvmeshError);
   });
 });

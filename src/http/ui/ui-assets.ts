@@ -4,6 +4,7 @@
  * copies ./static next to the compiled module (dist/src/http/ui/static), so the same lookup works
  * from source (tsx) and from dist.
  */
+import { KvmeshError } from "../../core/errors.js";
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 
@@ -32,7 +33,7 @@ export function loadUiAssets(dir: URL = UI_STATIC_DIR): Map<string, UiAsset> {
     try {
       body = readFileSync(url, "utf8");
     } catch (err) {
-      throw new Error(`status page file ${fileURLToPath(url)} is missing (npm run build copies src/http/ui/static next to the compiled module)`, { cause: err });
+      throw new KvmeshError("KVMESH_INTERNAL", `status page file ${fileURLToPath(url)} is missing (npm run build copies src/http/ui/static next to the compiled module)`, { cause: err });
     }
     out.set(path, { body, contentType });
   }
