@@ -3,9 +3,9 @@
  * hands its folded updates to the main thread without waking it.
  *
  * Why not a MessagePort: every postMessage wakes the receiving thread's event loop (libuv async
- * handle), even when nobody listens for the message. bench:scale (one origin, one peer, 100 and
- * 200 req/s) measured those wake-ups at ~30 us of the peer's main thread per replicated request at
- * 100 req/s: 100 / 45 us with a hand-over every 10 ms against 70 / 35 us every 100 ms. The main
+ * handle), even when nobody listens for the message: `npm run bench:scale` showed those wake-ups
+ * as a clear part of the peer's main thread per replicated request, growing with the hand-over
+ * rate. The main
  * thread reads the ring when it needs peers' state (before each HTTP request, and on the mesh's
  * housekeeping tick), so the thread can hand over every 10 ms at no cost to it.
  *

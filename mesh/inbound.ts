@@ -10,7 +10,7 @@
  * what we mirror at the same seq, twice in a row, forces a snapshot.
  *
  * Everything here reads the monotonic clock except the lag histograms (publisher's wall-clock
- * `sentAtMs` against ours). This is the part to move off the main thread: it talks to the core
+ * `sentAtMs` against ours). The receive thread decodes off the main thread; this talks to the core
  * through ReplicaPort's apply members and to membership through InboundMembership only.
  */
 import PQueue from "p-queue";

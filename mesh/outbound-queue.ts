@@ -1,8 +1,8 @@
 /**
  * The publisher's outbound queue: local load and binding events wait here until the publisher
  * wakes, takes everything queued and sends it as a few batch frames (a burst of 10 000 events
- * costs ~40 frames of 256, not 10 000: msgpack over zeromq 6 moved ~24x more records/s at 100 per
- * message than at one, measured on this class of machine).
+ * costs ~40 frames of 256, not 10 000: msgpack over zeromq moves many times more records a
+ * second at 100 per message than at one; `npm run bench:mesh`).
  *
  * Bounded by events and by estimated encoded bytes. A push into a full queue is refused and
  * counted (`shed`, `onShed`), never silent, and the local mutation it described has already

@@ -1,11 +1,12 @@
 /**
  * Peer liveness from application traffic (heartbeats and batches), not from socket events: a
  * SUB reconnects to a frozen peer's listening socket and reports `connect` while the peer is
- * stopped (measured with zeromq 6.8: a SIGSTOPped peer still accepts the TCP connect), and ZMTP heartbeats only prove its I/O thread runs. Clock driven
+ * stopped (zeromq 6.8: a SIGSTOPped peer still accepts the TCP connect), and ZMTP heartbeats
+ * only prove its I/O thread runs. Clock driven
  * by the caller (nats.js Heartbeat style), so tests use plain numbers.
  *
- * A peer goes suspect after 3 s without traffic (three missed 1 s heartbeats) and down after
- * 10 s; any message brings it back to alive. What is mirrored of a down peer is dropped then
+ * A peer goes suspect after 3 s without traffic (six missed heartbeats at the default 500 ms,
+ * DEFAULT_MESH_HEARTBEAT_INTERVAL_MS) and down after 10 s; any message brings it back to alive. What is mirrored of a down peer is dropped then
  * (MeshInbound#originDown says why).
  */
 import { MeshOptionError } from "./errors.js";

@@ -41,10 +41,9 @@ export const MAX_LIFECYCLE_FORWARDS_IN_FLIGHT = 256;
 
 /**
  * How often due snapshot retries, peer-health transitions and silent-peer redials are checked, ms.
- * Each tick wakes the main thread, idle or not: an idle peer's main thread measured 5.7-6.0 ms of
- * CPU a second at 100 ms and 4.3 at 250 ms (two meshed daemons, 30 s of /proc), and at 100 req/s
- * that difference alone is ~15 us per replicated request, half the budget of bench:scale's 3%
- * target. What it paces is timed in seconds (snapshot timeouts 1 s and up, suspect 3 s, redial 3 s).
+ * Each tick wakes the main thread, idle or not: at 100 ms an idle peer's main thread cost
+ * noticeably more than at 250 ms, and at low request rates that difference alone was a large
+ * part of the peer/origin budget `npm run bench:scale` checks (it reports the idle rate). What it paces is timed in seconds (snapshot timeouts 1 s and up, suspect 3 s, redial 3 s).
  */
 export const MESH_HOUSEKEEPING_INTERVAL_MS = 250;
 /**

@@ -34,7 +34,7 @@ const MS_PER_SEC = 1_000;
 /**
  * The daemon's binding-refresh coalescing window, ms. A continuing session's request refreshes its
  * binding at commit and again at release, and a refresh only extends peers' idle deadline: in the
- * mesh these were ~4 of the ~5 events per batch at 100-200 req/s (issue 13). One second drops
+ * mesh these were most of the events per batch (issue 13; `npm run bench:mesh`). One second drops
  * them to about one per session per second, while a peer's copy of a binding idles out at most
  * 1 s (and at most TTL / 8) before ours (affinity-table.ts refreshCoalesceWindowMs).
  */

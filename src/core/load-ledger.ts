@@ -119,8 +119,9 @@ export class LoadLedger {
   /**
    * Live requests per rank key, mirrored from each RankState in one flat array. Selection reads
    * the load of every candidate; at 1,024 ranks, following each rank's state object (and its
-   * Set and prefill queue) missed the CPU cache three times per rank, ~140 us of a ~1.3 ms
-   * bench:http flow. Idle ranks, nearly all of them, now cost one typed-array read.
+   * Set and prefill queue) missed the CPU cache three times per rank, a visible share of a
+   * bench:http flow (`npm run bench:http`). Idle ranks, nearly all of them, now cost one
+   * typed-array read.
    */
   #requestCounts = new Int32Array(INITIAL_RANK_SLOTS);
   readonly #index = new ActiveBlockIndex();

@@ -1,7 +1,8 @@
 /**
  * One routing partition `(model_name, routing_group)`: its prefix index, load ledger, optional
  * session-affinity table, the interned ranks of its workers and the reusable buffers a
- * selection scores candidates in. Created with the first schedulable worker; never deleted.
+ * selection scores candidates in. Created with the first schedulable worker; the fleet deletes
+ * it when its last member leaves (src/core/fleet.ts).
  */
 import type { AffinityTable } from "./affinity-table.js";
 import type { Clock } from "./time.js";

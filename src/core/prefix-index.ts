@@ -848,7 +848,7 @@ export class PrefixIndex {
    * Child of `parent` keyed by local hash (hi, lo), or -1. Most nodes along a cached chain have a
    * single child, created right after its parent (adjacent ids, same cache lines), so checking the
    * head of the sibling list first skips the partition-wide table, whose random probes cost a cache
-   * miss each (~150 ns with millions of nodes) — that miss dominated the match walk.
+   * miss each with millions of nodes: that miss dominated the match walk (`npm run bench:core`).
    */
   #childOf(parent: number, hi: number, lo: number): number {
     const c = this.#firstChild[parent] as number;

@@ -30,8 +30,8 @@ export const DEFAULT_MAX_LOCAL_RESERVATIONS = 131_072;
  */
 export const DEFAULT_MAX_RESERVATION_BYTES = 1_073_741_824;
 /**
- * Most partitions at once. A partition costs ~200 KB before any worker load (its prefix index,
- * affinity table and prompt-hash memo: 5,000 partitions measured +975 MB RSS), and real fleets
+ * Most partitions at once. A partition costs hundreds of KB before any worker load (its prefix
+ * index, affinity table and prompt-hash memo), and real fleets
  * have one per (model, routing group): tens.
  */
 export const DEFAULT_MAX_PARTITIONS = 1_024;

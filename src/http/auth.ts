@@ -11,8 +11,8 @@
  *   /reservations books from (a flood evicts honest entries); and /select, /potential_loads and
  *   /overlap_scores hash whole prompts (up to the 8 MiB body limit of CPU per call). Frontends
  *   are services that can hold a token; checking it costs one SHA-256 of the presented token
- *   and a 32-byte constant-time compare: checkBearer took ~5 us per call here (200,000 calls
- *   on the shared 2-core box), against tens to hundreds of us for a selection.
+ *   and a 32-byte constant-time compare, small against a selection's cost (`npm run bench:http`
+ *   with --api-token-file).
  * - GET and HEAD stay open: probes (/health, /ready), scrapers (/metrics) and dashboards
  *   (/loads, /workers, /replica_sync/peers and /status, /dump) read state and change nothing, and the daemon
  *   binds loopback unless told otherwise. The exception is the host-replication feed GET

@@ -8,7 +8,7 @@
  * Node 20 silently rounds 64-bit worker ids and hashes (2^64-1 -> 18446744073709552000), and
  * swapping it for our lossless parser leaves ajv validating a shape (bigint) it cannot describe;
  * (2) its default ajv is lenient (strips unknown fields, coerces "7" to 7), the opposite of the
- * strict API we want; (3) it measured 5-15% below node:http on the same host. What fastify would
+ * strict API we want; (3) it measured below bare node:http on the same host. What fastify would
  * buy (routing, 503 on close, graceful close) is ~150 lines here, and handlers stay thin:
  * parse -> validate -> call the service -> stringify.
  */
