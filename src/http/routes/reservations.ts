@@ -22,45 +22,33 @@ async function withCatchUp(mesh: MeshControl | undefined, call: () => void): Pro
 }
 
 export function reservationRoutes(svc: SelectionService, mesh: MeshControl | undefined): Route[] {
+  /** A lifecycle route: the id from the path, the body checked, then the call (with the catch-up retry). */
+  const lifecycle = (method: "POST" | "DELETE", pattern: string, call: (id: string, body: unknown) => () => void): Route => ({
+    method,
+    pattern,
+    body: method === "POST" ? "optional" : "none",
+    handle: async (c) => {
+      const run = call(parseSelectionIdParam(param(c, 0)), c.body ?? {});
+      await withCatchUp(mesh, run);
+      return reply(200, OK);
+    },
+  });
   return [
     { method: "POST", pattern: "/reservations", body: "required", prompt: true, handle: (c) => reply(201, svc.createReservation(parseReservationRequest(c.body, ""))) },
-    {
-      method: "POST",
-      pattern: "/reservations/:id/prefill_complete",
-      body: "optional",
-      handle: async (c) => {
-        const id = parseSelectionIdParam(param(c, 0));
-        parseEmptyRequest(c.body ?? {}, "");
-        await withCatchUp(mesh, () => {
-          svc.prefillComplete(id);
-        });
-        return reply(200, OK);
-      },
-    },
-    {
-      method: "POST",
-      pattern: "/reservations/:id/output_block",
-      body: "optional",
-      handle: async (c) => {
-        const id = parseSelectionIdParam(param(c, 0));
-        const b = parseOutputBlockRequest(c.body ?? {}, "");
-        await withCatchUp(mesh, () => {
-          svc.addOutputBlock(id, b.decay_fraction);
-        });
-        return reply(200, OK);
-      },
-    },
-    {
-      method: "DELETE",
-      pattern: "/reservations/:id",
-      body: "none",
-      handle: async (c) => {
-        const id = parseSelectionIdParam(param(c, 0));
-        await withCatchUp(mesh, () => {
-          svc.freeReservation(id);
-        });
-        return reply(200, OK);
-      },
-    },
+    lifecycle("POST", "/reservations/:id/prefill_complete", (id, body) => {
+      parseEmptyRequest(body, "");
+      return () => {
+        svc.prefillComplete(id);
+      };
+    }),
+    lifecycle("POST", "/reservations/:id/output_block", (id, body) => {
+      const b = parseOutputBlockRequest(body, "");
+      return () => {
+        svc.addOutputBlock(id, b.decay_fraction);
+      };
+    }),
+    lifecycle("DELETE", "/reservations/:id", (id) => () => {
+      svc.freeReservation(id);
+    }),
   ];
 }
