@@ -14,11 +14,11 @@
  * - Only what discovery registered is deregistered by it: a peer added by hand (or a static
  *   `--peers` endpoint) that DNS also returned stays when DNS stops returning it.
  */
-import { badRequest } from "../src/core/errors.js";
 import { lookup } from "node:dns/promises";
 import { networkInterfaces } from "node:os";
 import type { Logger } from "pino";
 
+import { badRequest } from "../src/core/errors.js";
 import { LogThrottle } from "../src/util/log-throttle.js";
 import { parsePeerEndpoint } from "./endpoints.js";
 import type { TimerHandle, Timers } from "../src/core/time.js";

@@ -6,11 +6,13 @@
  * by the caller (nats.js Heartbeat style), so tests use plain numbers.
  *
  * A peer goes suspect after 3 s without traffic (six missed heartbeats at the default 500 ms,
- * DEFAULT_MESH_HEARTBEAT_INTERVAL_MS) and down after 10 s; any message brings it back to alive. What is mirrored of a down peer is dropped then
+ * DEFAULT_MESH_HEARTBEAT_INTERVAL_MS) and down after 10 s; any message brings it back to alive.
+ * What is mirrored of a down peer is dropped then
  * (MeshInbound#originDown says why).
  */
-import { MeshOptionError } from "./errors.js";
 import { xxh3 } from "@node-rs/xxhash";
+
+import { MeshOptionError } from "./errors.js";
 
 export const DEFAULT_SUSPECT_AFTER_MS = 3_000;
 export const DEFAULT_DOWN_AFTER_MS = 10_000;

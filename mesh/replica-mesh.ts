@@ -15,7 +15,7 @@
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 import { systemClock, systemWallClock, type Clock, systemTimers, type TimerHandle, type Timers } from "../src/core/time.js";
-import { type Random } from "../src/core/random.js";
+import type { Random } from "../src/core/random.js";
 import type { LoadMarkEvent } from "../src/core/replica-events.js";
 import { LogThrottle } from "../src/util/log-throttle.js";
 import { ControlClient, ControlServer, DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
@@ -43,7 +43,8 @@ export const MAX_LIFECYCLE_FORWARDS_IN_FLIGHT = 256;
  * How often due snapshot retries, peer-health transitions and silent-peer redials are checked, ms.
  * Each tick wakes the main thread, idle or not: at 100 ms an idle peer's main thread cost
  * noticeably more than at 250 ms, and at low request rates that difference alone was a large
- * part of the peer/origin budget `npm run bench:scale` checks (it reports the idle rate). What it paces is timed in seconds (snapshot timeouts 1 s and up, suspect 3 s, redial 3 s).
+ * part of the peer/origin budget `npm run bench:scale` checks (it reports the idle rate). What
+ * it paces is timed in seconds (snapshot timeouts 1 s and up, suspect 3 s, redial 3 s).
  */
 export const MESH_HOUSEKEEPING_INTERVAL_MS = 250;
 /**

@@ -7,10 +7,11 @@
  * message that revealed it is applied. Nothing a publisher sends can crash the loop: bad frames
  * and payloads are counted, logged and skipped.
  */
-import { badRequest } from "../core/errors.js";
 import { xxh3 } from "@node-rs/xxhash";
 import { pino, type Logger } from "pino";
 import { Dealer, type Observer, Subscriber } from "zeromq";
+
+import { badRequest } from "../core/errors.js";
 import { LogThrottle } from "../util/log-throttle.js";
 import { observe, retireObserver } from "../util/zmq-observers.js";
 

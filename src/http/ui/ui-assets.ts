@@ -4,9 +4,10 @@
  * copies ./static next to the compiled module (dist/src/http/ui/static), so the same lookup works
  * from source (tsx) and from dist.
  */
-import { KvmeshError } from "../../core/errors.js";
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
+
+import { KvmeshError } from "../../core/errors.js";
 
 export interface UiAsset {
   readonly body: string;
