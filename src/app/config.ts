@@ -73,7 +73,7 @@ export interface DaemonConfig {
   /** Most worker ranks (sum of data_parallel_size) at once; a registration past it gets 409 KVMESH_FLEET_LIMIT. */
   readonly maxRanks: number;
   readonly bodyLimitBytes: number;
-  /** A JSON or YAML list of workers (the POST /workers shape) reconciled into the catalogue and watched (src/workers-file.ts). */
+  /** A JSON or YAML list of workers (the POST /workers shape) reconciled into the catalogue and watched (src/app/workers-file.ts). */
   readonly workersFile?: string | undefined;
   /** On SIGTERM: seconds `/ready` answers 503 while everything else is served, before shutting down (0: at once). */
   readonly drainSecs: number;
