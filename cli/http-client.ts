@@ -4,7 +4,7 @@
  * (JSON.parse/stringify would round 18446744073709551615 to 18446744073709552000).
  */
 import { Option, type Command } from "commander";
-import { DEFAULT_DAEMON_CONFIG } from "../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG } from "../src/app/daemon.js";
 import { readApiTokenText } from "../src/http/auth.js";
 import { parseJson, stringifyJson } from "../src/http/json.js";
 import { envNameFor, integerInRange, parseHttpUrl, parseNonEmpty } from "./parsers.js";

@@ -8,7 +8,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Command } from "commander";
 import { runBenchMain, runDemoMain, type BenchIo } from "../src/bench/bench-main.js";
-import { startDaemon } from "../src/daemon.js";
+import { startDaemon } from "../src/app/daemon.js";
 import { addBenchCommands, type BenchDeps } from "./bench.js";
 import type { ClientDeps } from "./http-client.js";
 import { addKeysCommand } from "./keys.js";

@@ -3,12 +3,12 @@
  * `--api-token-file` (bearer token for the HTTP API), each also from its KVMESH_* variable.
  *
  * Secrets come from files only, never from the command line (argv shows in `ps` and shell
- * history). src/config.ts checks the flag combination and reads the files once at startup; every
+ * history). src/app/config.ts checks the flag combination and reads the files once at startup; every
  * problem is a usage error naming the flag (and the variable, when the value came from one).
  */
 import { Option, type Command } from "commander";
 
-import type { SecretFiles } from "../src/config.js";
+import type { SecretFiles } from "../src/app/config.js";
 import { envNameFor, parseList, parseNonEmpty } from "./parsers.js";
 
 /**
@@ -34,7 +34,7 @@ function accumulateFiles(value: string, previous: unknown): string[] {
   return [...new Set([...before, ...parseList(value)])];
 }
 
-/** Option attribute -> the src/config.ts field it sets (the config names files, the flags are short). */
+/** Option attribute -> the src/app/config.ts field it sets (the config names files, the flags are short). */
 export const SECURITY_FLAG_FIELDS = { meshKey: "meshKeyFile", meshAllow: "meshAllowFiles", apiTokenFile: "apiTokenFile" } as const satisfies Record<string, keyof SecretFiles>;
 
 const withEnv = (o: Option): Option => o.env(envNameFor(o.long ?? ""));

@@ -1,6 +1,6 @@
 /**
  * `kvmesh serve`: flags (each also from a KVMESH_* environment variable) -> the config input ->
- * resolveDaemonConfig (src/config.ts checks it) -> startDaemon, with JSON logs on stdout and a
+ * resolveDaemonConfig (src/app/config.ts checks it) -> startDaemon, with JSON logs on stdout and a
  * clean shutdown on SIGINT/SIGTERM. This file adds only flag names, env variables and help text.
  */
 import { hostname } from "node:os";
@@ -16,9 +16,9 @@ import {
   type DaemonConfigInput,
   type LogLevel,
   type ResolvedDaemonConfig,
-} from "../src/config.js";
+} from "../src/app/config.js";
 import type { KvmeshError } from "../src/core/errors.js";
-import type { Daemon } from "../src/daemon.js";
+import type { Daemon } from "../src/app/daemon.js";
 import { MAX_AFFINITY_TTL_SECS, MAX_RANK_KEYS, MIN_AFFINITY_TTL_SECS } from "../src/core/selection-service.js";
 import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/core/selector-config.js";
 import { LOAD_REPLICATION_MODES } from "../src/core/replica-events.js";

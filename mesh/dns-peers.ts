@@ -18,9 +18,10 @@ import { lookup } from "node:dns/promises";
 import { networkInterfaces } from "node:os";
 import type { Logger } from "pino";
 
+import { badRequest } from "../src/core/errors.js";
 import { LogThrottle } from "../src/util/log-throttle.js";
 import { parsePeerEndpoint } from "./endpoints.js";
-import type { TimerHandle, Timers } from "./timers.js";
+import type { TimerHandle, Timers } from "../src/core/time.js";
 
 /** Default re-resolution interval, s (`--peer-dns-interval-secs`): a pod that joins is peered within it. */
 export const DEFAULT_PEER_DNS_INTERVAL_SECS = 5;
@@ -40,15 +41,15 @@ export function isDnsPeer(item: string): boolean {
 
 /** Parses `dns:NAME:PORT`; throws a RangeError naming what is wrong. */
 export function parseDnsPeer(item: string): DnsPeerEntry {
-  if (!isDnsPeer(item)) throw new RangeError(`${JSON.stringify(item)} is not a dns:NAME:PORT entry`);
+  if (!isDnsPeer(item)) throw badRequest(`${JSON.stringify(item)} is not a dns:NAME:PORT entry`, "peers");
   const rest = item.slice(DNS_PREFIX.length);
   const colon = rest.lastIndexOf(":");
   const name = colon < 0 ? "" : rest.slice(0, colon);
   const portText = colon < 0 ? "" : rest.slice(colon + 1);
-  if (name === "" || portText === "") throw new RangeError(`${JSON.stringify(item)}: expected dns:NAME:PORT, e.g. dns:kvmesh-mesh.default.svc.cluster.local:7100`);
-  if (!/^[A-Za-z0-9._-]{1,253}$/.test(name)) throw new RangeError(`${JSON.stringify(item)}: ${JSON.stringify(name)} is not a DNS name`);
+  if (name === "" || portText === "") throw badRequest(`${JSON.stringify(item)}: expected dns:NAME:PORT, e.g. dns:kvmesh-mesh.default.svc.cluster.local:7100`, "peers");
+  if (!/^[A-Za-z0-9._-]{1,253}$/.test(name)) throw badRequest(`${JSON.stringify(item)}: ${JSON.stringify(name)} is not a DNS name`, "peers");
   const port = Number(portText);
-  if (!/^\d+$/.test(portText) || !Number.isInteger(port) || port < 1 || port > 65_535) throw new RangeError(`${JSON.stringify(item)}: port must be 1 ... 65535`);
+  if (!/^\d+$/.test(portText) || !Number.isInteger(port) || port < 1 || port > 65_535) throw badRequest(`${JSON.stringify(item)}: port must be 1 ... 65535`, "peers");
   return { name, port };
 }
 

@@ -3,9 +3,9 @@
  * hands its folded updates to the main thread without waking it.
  *
  * Why not a MessagePort: every postMessage wakes the receiving thread's event loop (libuv async
- * handle), even when nobody listens for the message. bench:scale (one origin, one peer, 100 and
- * 200 req/s) measured those wake-ups at ~30 us of the peer's main thread per replicated request at
- * 100 req/s: 100 / 45 us with a hand-over every 10 ms against 70 / 35 us every 100 ms. The main
+ * handle), even when nobody listens for the message: `npm run bench:scale` showed those wake-ups
+ * as a clear part of the peer's main thread per replicated request, growing with the hand-over
+ * rate. The main
  * thread reads the ring when it needs peers' state (before each HTTP request, and on the mesh's
  * housekeeping tick), so the thread can hand over every 10 ms at no cost to it.
  *
@@ -14,6 +14,7 @@
  * wrapping at the end. A record that does not fit in the free space is refused (the writer keeps
  * it for later, or sends it another way); one larger than the whole ring never fits.
  */
+import { MeshOptionError } from "./errors.js";
 
 const HEADER_BYTES = 16;
 const LENGTH_BYTES = 4;
@@ -25,7 +26,7 @@ export const DEFAULT_HANDOFF_RING_BYTES = 8 * 1024 * 1024;
 
 /** The shared memory of a ring of `capacity` bytes (pass it to both sides). */
 export function createHandoffRingBuffer(capacity = DEFAULT_HANDOFF_RING_BYTES): SharedArrayBuffer {
-  if (!Number.isSafeInteger(capacity) || capacity < 64) throw new RangeError(`handoff ring capacity must be an integer >= 64 bytes, got ${capacity}`);
+  if (!Number.isSafeInteger(capacity) || capacity < 64) throw new MeshOptionError("handoffRingBytes", `must be an integer >= 64, got ${capacity}`);
   return new SharedArrayBuffer(HEADER_BYTES + capacity);
 }
 

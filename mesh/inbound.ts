@@ -10,20 +10,22 @@
  * what we mirror at the same seq, twice in a row, forces a snapshot.
  *
  * Everything here reads the monotonic clock except the lag histograms (publisher's wall-clock
- * `sentAtMs` against ours). This is the part to move off the main thread: it talks to the core
+ * `sentAtMs` against ours). The receive thread decodes off the main thread; this talks to the core
  * through ReplicaPort's apply members and to membership through InboundMembership only.
  */
 import PQueue from "p-queue";
 import type { Logger } from "pino";
-import type { Clock } from "../src/core/clock.js";
+import type { Clock, TimerHandle, Timers } from "../src/core/time.js";
 import type { ControlClient } from "./control.js";
 import { MeshWireError } from "./errors.js";
 import { DEFAULT_MAX_TRACKED_ORIGINS, MeshReceiver, type LagObserver, type OriginStats } from "./origin-tracker.js";
 import { PeerHealth, type PeerState } from "./peer-health.js";
 import type { ReceivedEntry } from "./receive-coalescer.js";
 import type { ReplicaPort } from "./replica-port.js";
-import type { TimerHandle, Timers } from "./timers.js";
-import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type Snapshot, type TraceCause } from "./types.js";
+import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type Snapshot } from "./types.js";
+import type { AppliedBatch, MeshApplyTracer } from "../src/util/trace-cause.js";
+
+export type { AppliedBatch, MeshApplyTracer };
 import { decodeBatch, decodeHeartbeat } from "./wire.js";
 
 /** Debounce between a worker (re)registration and re-pulling peers' snapshots, ms. */
@@ -104,22 +106,6 @@ export interface MeshInboundOptions {
   readonly lagObserver?: LagObserver;
   /** Tracing on: told of each applied batch that carried trace causes (a span linked to them). */
   readonly applyTracer?: MeshApplyTracer;
-}
-
-/** What a batch's apply tells tracing (src/http/otel-tracer.ts makes it a span linked to the causes). */
-export interface AppliedBatch {
-  readonly origin: bigint;
-  /** The seqs it covered (more than one when the receive thread merged consecutive batches). */
-  readonly firstSeq: number;
-  readonly seq: number;
-  readonly events: number;
-  /** The origin's wall clock when it sent the (last) batch, ms since the Unix epoch. */
-  readonly sentAtMs: number;
-  readonly causes: readonly TraceCause[];
-}
-
-export interface MeshApplyTracer {
-  batchApplied(batch: AppliedBatch): void;
 }
 
 export class MeshInbound {

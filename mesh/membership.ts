@@ -8,7 +8,7 @@
  * Deadlines read the injected monotonic clock (redial backoff, slot refresh).
  */
 import type { Logger } from "pino";
-import type { Clock } from "../src/core/clock.js";
+import type { Clock } from "../src/core/time.js";
 import type { ControlClient, PeeringRequests } from "./control.js";
 import { controlEndpointFor, parsePeerEndpoint } from "./endpoints.js";
 import { KvmeshError } from "../src/core/errors.js";

@@ -23,7 +23,8 @@
  * may have missed earlier batches and cannot tell (a SUB connected just before a burst lost 81 of
  * the first 1,000 frames, measured with zeromq 6.8).
  */
-import type { Clock } from "../src/core/clock.js";
+import { MeshOptionError } from "./errors.js";
+import type { Clock } from "../src/core/time.js";
 import type { Heartbeat, MeshBatch, Snapshot } from "./types.js";
 
 export const DEFAULT_SNAPSHOT_TIMEOUT_MS = 1_000;
@@ -87,7 +88,7 @@ export class LagReservoir {
   #filled = 0;
 
   constructor(size = DEFAULT_LAG_SAMPLES) {
-    if (!Number.isInteger(size) || size < 1) throw new RangeError(`lag reservoir size must be a positive integer, got ${size}`);
+    if (!Number.isInteger(size) || size < 1) throw new MeshOptionError("lagSamples", `must be a positive integer, got ${size}`);
     this.#samples = new Float64Array(size);
   }
 
@@ -167,10 +168,10 @@ function resolve(o: OriginTrackerOptions): Resolved {
     lagSamples: o.lagSamples ?? DEFAULT_LAG_SAMPLES,
     retiredEpochs: o.retiredEpochs ?? DEFAULT_RETIRED_EPOCHS,
   };
-  if (!(r.snapshotTimeoutMs > 0)) throw new RangeError(`snapshotTimeoutMs must be positive, got ${r.snapshotTimeoutMs}`);
-  if (!(r.snapshotTimeoutMaxMs >= r.snapshotTimeoutMs)) throw new RangeError("snapshotTimeoutMaxMs must be >= snapshotTimeoutMs");
-  if (!Number.isInteger(r.resyncBufferMaxBatches) || r.resyncBufferMaxBatches < 1) throw new RangeError("resyncBufferMaxBatches must be a positive integer");
-  if (!Number.isInteger(r.retiredEpochs) || r.retiredEpochs < 0) throw new RangeError("retiredEpochs must be a non-negative integer");
+  if (!(r.snapshotTimeoutMs > 0)) throw new MeshOptionError("snapshotTimeoutMs", `must be positive, got ${r.snapshotTimeoutMs}`);
+  if (!(r.snapshotTimeoutMaxMs >= r.snapshotTimeoutMs)) throw new MeshOptionError("snapshotTimeoutMaxMs", "must be >= snapshotTimeoutMs");
+  if (!Number.isInteger(r.resyncBufferMaxBatches) || r.resyncBufferMaxBatches < 1) throw new MeshOptionError("resyncBufferMaxBatches", "must be a positive integer");
+  if (!Number.isInteger(r.retiredEpochs) || r.retiredEpochs < 0) throw new MeshOptionError("retiredEpochs", "must be a non-negative integer");
   return r;
 }
 
@@ -410,6 +411,7 @@ export class OriginTracker {
   }
 
   #checkOrigin(origin: bigint): void {
+    // Assertion (a programming error, never input): the receiver routes each message to its origin's tracker.
     if (origin !== this.origin) throw new RangeError(`tracker of origin ${this.origin} got a message from ${origin}`);
   }
 
@@ -502,8 +504,8 @@ export class MeshReceiver {
     this.#evictIdleMs = options.evictIdleMs ?? DEFAULT_ORIGIN_EVICT_IDLE_MS;
     this.#onEvict = options.onEvict;
     this.#lagObserver = options.lagObserver;
-    if (!Number.isInteger(this.#maxOrigins) || this.#maxOrigins < 1) throw new RangeError(`maxOrigins must be a positive integer, got ${this.#maxOrigins}`);
-    if (!(this.#evictIdleMs >= 0)) throw new RangeError(`evictIdleMs must be >= 0, got ${this.#evictIdleMs}`);
+    if (!Number.isInteger(this.#maxOrigins) || this.#maxOrigins < 1) throw new MeshOptionError("maxOrigins", `must be a positive integer, got ${this.#maxOrigins}`);
+    if (!(this.#evictIdleMs >= 0)) throw new MeshOptionError("evictIdleMs", `must be >= 0, got ${this.#evictIdleMs}`);
   }
 
   onBatch(batch: MeshBatch, lagsMs?: readonly number[]): BatchAction {

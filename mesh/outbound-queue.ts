@@ -1,8 +1,8 @@
 /**
  * The publisher's outbound queue: local load and binding events wait here until the publisher
  * wakes, takes everything queued and sends it as a few batch frames (a burst of 10 000 events
- * costs ~40 frames of 256, not 10 000: msgpack over zeromq 6 moved ~24x more records/s at 100 per
- * message than at one, measured on this class of machine).
+ * costs ~40 frames of 256, not 10 000: msgpack over zeromq moves many times more records a
+ * second at 100 per message than at one; `npm run bench:mesh`).
  *
  * Bounded by events and by estimated encoded bytes. A push into a full queue is refused and
  * counted (`shed`, `onShed`), never silent, and the local mutation it described has already
@@ -16,6 +16,7 @@
  *
  * The count survives until taken, so a publisher that skips a call loses nothing.
  */
+import { MeshOptionError } from "./errors.js";
 import type { MeshEvent } from "./types.js";
 import { estimateEventBytes, MAX_EVENTS_PER_BATCH } from "./wire.js";
 
@@ -50,8 +51,8 @@ export class OutboundQueue {
   constructor(options: OutboundQueueOptions = {}) {
     this.maxEvents = options.maxEvents ?? DEFAULT_OUTBOUND_MAX_EVENTS;
     this.maxBytes = options.maxBytes ?? DEFAULT_OUTBOUND_MAX_BYTES;
-    if (!Number.isInteger(this.maxEvents) || this.maxEvents < 1) throw new RangeError(`maxEvents must be a positive integer, got ${this.maxEvents}`);
-    if (!(this.maxBytes > 0)) throw new RangeError(`maxBytes must be positive, got ${this.maxBytes}`);
+    if (!Number.isInteger(this.maxEvents) || this.maxEvents < 1) throw new MeshOptionError("maxEvents", `must be a positive integer, got ${this.maxEvents}`);
+    if (!(this.maxBytes > 0)) throw new MeshOptionError("maxBytes", `must be positive, got ${this.maxBytes}`);
     this.#onShed = options.onShed;
     this.#sizes = new Uint32Array(this.maxEvents);
   }
@@ -100,9 +101,9 @@ export class OutboundQueue {
    */
   drainBatches(maxEvents = DEFAULT_BATCH_MAX_EVENTS, maxBytes = DEFAULT_BATCH_MAX_BYTES): MeshEvent[][] {
     if (!Number.isInteger(maxEvents) || maxEvents < 1 || maxEvents > MAX_EVENTS_PER_BATCH) {
-      throw new RangeError(`maxEvents must be an integer in [1, ${MAX_EVENTS_PER_BATCH}], got ${maxEvents}`);
+      throw new MeshOptionError("maxEvents", `must be an integer in [1, ${MAX_EVENTS_PER_BATCH}], got ${maxEvents}`);
     }
-    if (!(maxBytes > 0)) throw new RangeError(`maxBytes must be positive, got ${maxBytes}`);
+    if (!(maxBytes > 0)) throw new MeshOptionError("maxBytes", `must be positive, got ${maxBytes}`);
     const events = this.#events;
     const n = events.length;
     if (n === 0) return [];

@@ -1,14 +1,18 @@
 /**
  * Peer liveness from application traffic (heartbeats and batches), not from socket events: a
  * SUB reconnects to a frozen peer's listening socket and reports `connect` while the peer is
- * stopped (measured with zeromq 6.8: a SIGSTOPped peer still accepts the TCP connect), and ZMTP heartbeats only prove its I/O thread runs. Clock driven
+ * stopped (zeromq 6.8: a SIGSTOPped peer still accepts the TCP connect), and ZMTP heartbeats
+ * only prove its I/O thread runs. Clock driven
  * by the caller (nats.js Heartbeat style), so tests use plain numbers.
  *
- * A peer goes suspect after 3 s without traffic (three missed 1 s heartbeats) and down after
- * 10 s; any message brings it back to alive. What is mirrored of a down peer is dropped then
+ * A peer goes suspect after 3 s without traffic (six missed heartbeats at the default 500 ms,
+ * DEFAULT_MESH_HEARTBEAT_INTERVAL_MS) and down after 10 s; any message brings it back to alive.
+ * What is mirrored of a down peer is dropped then
  * (MeshInbound#originDown says why).
  */
 import { xxh3 } from "@node-rs/xxhash";
+
+import { MeshOptionError } from "./errors.js";
 
 export const DEFAULT_SUSPECT_AFTER_MS = 3_000;
 export const DEFAULT_DOWN_AFTER_MS = 10_000;
@@ -41,9 +45,9 @@ export class PeerHealth<K = bigint> {
   constructor(options: PeerHealthOptions = {}) {
     this.suspectAfterMs = options.suspectAfterMs ?? DEFAULT_SUSPECT_AFTER_MS;
     this.downAfterMs = options.downAfterMs ?? DEFAULT_DOWN_AFTER_MS;
-    if (!(this.suspectAfterMs > 0)) throw new RangeError(`suspectAfterMs must be positive, got ${this.suspectAfterMs}`);
+    if (!(this.suspectAfterMs > 0)) throw new MeshOptionError("suspectAfterMs", `must be positive, got ${this.suspectAfterMs}`);
     if (!(this.downAfterMs > this.suspectAfterMs)) {
-      throw new RangeError(`downAfterMs (${this.downAfterMs}) must exceed suspectAfterMs (${this.suspectAfterMs})`);
+      throw new MeshOptionError("downAfterMs", `${this.downAfterMs} must exceed suspectAfterMs (${this.suspectAfterMs})`);
     }
   }
 

@@ -13,13 +13,12 @@
  * clock, as receivers on other hosts compare them with theirs.
  */
 import type { Logger } from "pino";
-import type { Clock } from "../src/core/clock.js";
+import type { Clock, TimerHandle, Timers } from "../src/core/time.js";
 import type { LoadAggregates } from "../src/core/replica-events.js";
 import { controlEndpointFor } from "./endpoints.js";
 import { MeshOptionError } from "./errors.js";
 import { OutboundQueue, type OutboundQueueOptions } from "./outbound-queue.js";
-import type { TimerHandle, Timers } from "./timers.js";
-import { currentTraceCause } from "./trace-cause.js";
+import { currentTraceCause } from "../src/util/trace-cause.js";
 import { MAX_TRACE_CAUSES_PER_BATCH, TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type MeshEvent, type TraceCause } from "./types.js";
 import { encodeBatch, encodeHeartbeat } from "./wire.js";
 
@@ -173,7 +172,7 @@ export class MeshPublisher {
   }
 
   /**
-   * Tracing on: the sampled request whose change this is (mesh/trace-cause.ts) goes with the next
+   * Tracing on: the sampled request whose change this is (src/util/trace-cause.ts) goes with the next
    * batch, so peers' spans for applying it link back to it. Once per request and batch.
    */
   #noteCause(): void {

@@ -14,7 +14,8 @@
  */
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
-import { systemClock, type Clock, type Random } from "../src/core/clock.js";
+import { systemClock, systemWallClock, type Clock, systemTimers, type TimerHandle, type Timers } from "../src/core/time.js";
+import type { Random } from "../src/core/random.js";
 import type { LoadMarkEvent } from "../src/core/replica-events.js";
 import { LogThrottle } from "../src/util/log-throttle.js";
 import { ControlClient, ControlServer, DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
@@ -24,8 +25,7 @@ import { MeshInbound, type MeshApplyTracer } from "./inbound.js";
 import { registerLagMetrics, registerMeshMetrics, type MeshStats } from "./mesh-metrics.js";
 import { Membership, type PeerView } from "./membership.js";
 import { flushIntervalOf, MeshPublisher } from "./publisher.js";
-import type { MeshControl, ReplicaPort } from "./replica-port.js";
-import { systemTimers, type TimerHandle, type Timers } from "./timers.js";
+import type { ReplicaPort } from "./replica-port.js";
 import { MeshTransport } from "./transport.js";
 import { DEFAULT_MESH_STARTUP_SYNC_SECS, StartupSync, type StartupSyncOutcome } from "./startup-sync.js";
 
@@ -41,10 +41,10 @@ export const MAX_LIFECYCLE_FORWARDS_IN_FLIGHT = 256;
 
 /**
  * How often due snapshot retries, peer-health transitions and silent-peer redials are checked, ms.
- * Each tick wakes the main thread, idle or not: an idle peer's main thread measured 5.7-6.0 ms of
- * CPU a second at 100 ms and 4.3 at 250 ms (two meshed daemons, 30 s of /proc), and at 100 req/s
- * that difference alone is ~15 us per replicated request, half the budget of bench:scale's 3%
- * target. What it paces is timed in seconds (snapshot timeouts 1 s and up, suspect 3 s, redial 3 s).
+ * Each tick wakes the main thread, idle or not: at 100 ms an idle peer's main thread cost
+ * noticeably more than at 250 ms, and at low request rates that difference alone was a large
+ * part of the peer/origin budget `npm run bench:scale` checks (it reports the idle rate). What
+ * it paces is timed in seconds (snapshot timeouts 1 s and up, suspect 3 s, redial 3 s).
  */
 export const MESH_HOUSEKEEPING_INTERVAL_MS = 250;
 /**
@@ -55,9 +55,6 @@ export const MESH_HOUSEKEEPING_INTERVAL_MS = 250;
  */
 export const DEFAULT_MESH_APPLY_MAX_DELAY_MS = MESH_HOUSEKEEPING_INTERVAL_MS;
 const MS_PER_SECOND = 1_000;
-
-/** The wall clock: ms since the Unix epoch. */
-const systemWallClock: Clock = { now: () => Date.now() };
 
 export interface ReplicaMeshOptions {
   readonly service: ReplicaPort;
@@ -103,7 +100,7 @@ export interface ReplicaMeshOptions {
   readonly startupSyncMs?: number;
 }
 
-export class ReplicaMesh implements MeshControl {
+export class ReplicaMesh {
   readonly #service: ReplicaPort;
   readonly #transport: MeshTransport;
   readonly #advertise: string;

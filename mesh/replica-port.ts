@@ -1,7 +1,7 @@
 /**
- * The mesh's two ports. `ReplicaPort` is all the mesh sees of the selection core: the members it
- * calls, no more (SelectionService satisfies it structurally; tests drive the mesh with a fake).
- * `MeshControl` is all the HTTP layer sees of the mesh (register, deregister, list peers).
+ * The mesh's port to the core. `ReplicaPort` is all the mesh sees of the selection core: the
+ * members it calls, no more (SelectionService satisfies it structurally; tests drive the mesh
+ * with a fake). What the HTTP layer sees of the mesh is its own (src/http/mesh-control.ts).
  */
 import type { BindingEvent, CatalogEvent, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates, WorkerStatusEvent } from "../src/core/replica-events.js";
 import type { SnapshotBooking } from "./types.js";
@@ -67,29 +67,4 @@ export interface ReplicaPort {
   workerStatusSnapshot(): WorkerStatusEvent[];
   loadAggregatesSnapshot(): LoadAggregates[];
   mirroredAggregatesSnapshot(): OriginAggregates[];
-}
-
-/** The mesh as the HTTP layer drives it (src/http/server.ts). */
-export interface MeshControl {
-  registerPeer(endpoint: string): Promise<boolean>;
-  deregisterPeer(endpoint: string): Promise<boolean>;
-  listPeers(): unknown[];
-  /**
-   * While the mesh pulls its peers' first snapshots after a start (mesh/startup-sync.ts): the
-   * peers still awaited, which `/ready` reports with a 503; null once that is over. Optional: a
-   * host-provided mesh without it never holds readiness.
-   */
-  startupSyncPending?(): string[] | null;
-  /**
-   * Applies, synchronously, every peer update the receive thread has handed over so far (a no-op
-   * without one): the HTTP layer calls it before each request, so an answer reflects every peer
-   * message received up to the thread's last hand-over rather than up to the last timed apply.
-   */
-  applyReceived(): void;
-  /**
-   * Resolves once every peer message this replica has received is applied (the receive thread
-   * hands over between intervals): what a lifecycle call for an unknown reservation waits for
-   * before answering 404, since the booking may sit in the thread's next hand-over.
-   */
-  catchUp(): Promise<void>;
 }

@@ -8,6 +8,9 @@
  * Guide's Clone pattern).
  */
 import type { BindingEvent, CatalogEvent, LoadAddEvent, LoadAggregates, LoadEvent, LoadMarkEvent, OriginAggregates, WorkerStatusEvent } from "../src/core/replica-events.js";
+import type { TraceCause } from "../src/util/trace-cause.js";
+
+export type { TraceCause };
 
 export const TOPIC_BATCH = "kvmesh.batch.v1";
 export const TOPIC_HEARTBEAT = "kvmesh.hb.v1";
@@ -47,16 +50,6 @@ export interface MeshBatch {
    * most MAX_TRACE_CAUSES_PER_BATCH), so a peer's span for applying it links to them.
    */
   readonly causes?: readonly TraceCause[];
-}
-
-/** A W3C trace context of a request (lowercase hex ids, as in `traceparent`). */
-export interface TraceCause {
-  /** 32 hex digits, not all zero. */
-  readonly traceId: string;
-  /** 16 hex digits, not all zero. */
-  readonly spanId: string;
-  /** The trace flags (bit 0: sampled). */
-  readonly flags: number;
 }
 
 /**

@@ -48,6 +48,7 @@ import { Packr, Unpackr } from "msgpackr";
 
 import { MAX_WORKER_STATUS_REASONS } from "../src/core/catalog-replication.js";
 import { KvmeshError } from "../src/core/errors.js";
+import { MAX_ID_BYTES } from "../src/core/request-ids.js";
 import type { HashList } from "../src/core/hash64.js";
 import type { BindingEvent, CatalogEvent, LoadAddEvent, LoadAggregateRow, LoadAggregates, LoadMarkEvent, PartitionRef, WorkerStatusEvent } from "../src/core/replica-events.js";
 import type { Lifecycle, WorkerRequest } from "../src/core/types.js";
@@ -78,8 +79,8 @@ export const MAX_SNAPSHOT_WORKER_STATUSES = 1_048_576;
 export const MAX_WORKER_FIELD_ENTRIES = 4_096;
 /** Other origins whose totals a snapshot carries (the mesh's tracked-origin bound is far below). */
 export const MAX_SNAPSHOT_ORIGINS = 4_096;
-/** request_id, session_id, model_name, routing_group, UTF-8 bytes. */
-export const MAX_ID_BYTES = 256;
+/** request_id, session_id, model_name, routing_group, UTF-8 bytes: the core's own bound. */
+export { MAX_ID_BYTES };
 export const MAX_ENDPOINT_BYTES = 1_024;
 export const MAX_ERROR_MESSAGE_BYTES = 4_096;
 /** Peer endpoints in a status reply. */
@@ -244,8 +245,8 @@ const SMALL_PACK_BUFFER_BYTES = 64 * 1024;
 
 /**
  * msgpackr packs into one buffer shared by every Packr in the process and returns views of it.
- * Packing a 189 MB snapshot there grew it by 1.25x steps (copying ~600 MB: 2.1-3.2 s here),
- * then kept it, so every later small frame pinned it and each refill allocated another of the
+ * Packing a large snapshot there grew it by 1.25x steps (copying it several times over, seconds
+ * for a snapshot of hundreds of MB), then kept it, so every later small frame pinned it and each refill allocated another of the
  * same size. A large frame gets a buffer sized from the estimate instead, and the shared
  * buffer is reset to a small one afterwards.
  */
@@ -421,7 +422,7 @@ function version(m: Fields): void {
 
 /**
  * Decoded hash lists are carved out of shared 64 KiB chunks: one typed-array allocation per
- * list cost ~1.3 us (40% of decoding a 100-add batch). A live list keeps at most its chunk
+ * list was a large share of decoding an add batch (`tsx scripts/bench-wire.ts`). A live list keeps at most its chunk
  * alive, and the load ledger copies what it keeps anyway.
  */
 const HASH_ARENA_CHUNK_WORDS = 16 * 1024;

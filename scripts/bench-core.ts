@@ -7,7 +7,7 @@
  * second on one core, heap bytes per indexed (rank, block) pair, and the cost of hashing a
  * 14,000-token prompt on its own. Flags: see --help.
  */
-import { seededRandom } from "../src/core/clock.js";
+import { seededRandom } from "../src/core/random.js";
 import { hashListToBigInts } from "../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../src/core/hashing.js";
 import type { KvEventBatch } from "../src/ingest/kv-event-decoder.js";

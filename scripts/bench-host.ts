@@ -42,6 +42,7 @@ import { fileURLToPath } from "node:url";
 import { setTimeout as sleep } from "node:timers/promises";
 import { Option } from "commander";
 import { cpuMs } from "../src/bench/process-usage.js";
+import { onLines } from "../src/util/lines.js";
 import { metricSum, RouterClient } from "../src/bench/router-client.js";
 import { killOnExit, stopAll } from "../src/bench/serve-process.js";
 import { histogramGrowth, histogramQuantile, scrapeHistogram, summarize, type Histogram } from "../src/bench/stats.js";
@@ -213,16 +214,8 @@ class HostRelay {
         process.stderr.write(`bench:host: stream of service ${from.index} answered ${res.statusCode}\n`);
         return;
       }
-      let buf = "";
-      res.setEncoding("utf8");
-      res.on("data", (chunk: string) => {
-        buf += chunk;
-        let nl: number;
-        while ((nl = buf.indexOf("\n")) >= 0) {
-          const line = buf.slice(0, nl);
-          buf = buf.slice(nl + 1);
-          this.#onLine(from, line);
-        }
+      onLines(res, (line) => {
+        this.#onLine(from, line);
       });
       res.on("close", () => {
         if (!this.#stopped) this.stats.streamsLost++;

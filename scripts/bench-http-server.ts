@@ -7,7 +7,7 @@
  */
 import { createServer } from "node:http";
 import { pino } from "pino";
-import { DEFAULT_DAEMON_CONFIG, startDaemon } from "../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG, startDaemon } from "../src/app/daemon.js";
 import { hashListToBigInts } from "../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../src/core/hashing.js";
 import { benchPrompt, BENCH_BLOCK_SIZE } from "./lib/bench-prompts.js";

@@ -10,7 +10,8 @@ export type { BindingEvent, LoadEvent, LoadAddEvent, LoadMarkEvent, PartitionRef
 export type { AffinityMode, SessionBinding, AffinityTarget, BindingVersion, ApplyOutcome } from "./core/affinity-table.js";
 export { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "./core/selector-config.js";
 export { KvmeshError, ERROR_CODES, type ErrorCode, type ErrorKind } from "./core/errors.js";
-export { ManualClock, seededRandom, systemClock, type Clock, type Random } from "./core/clock.js";
+export { ManualClock, systemClock, type Clock } from "./core/time.js";
+export { seededRandom, type Random } from "./core/random.js";
 export { computeBlockHashes, computeSequenceHashes, saltSeed, XXH3_SEED } from "./core/hashing.js";
 export { hashListFromBigInts, hashListToBigInts, type HashList } from "./core/hash64.js";
 export type { KvEvent, KvEventBatch, StorageTier } from "./ingest/kv-event-decoder.js";

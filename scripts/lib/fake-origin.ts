@@ -24,7 +24,8 @@
  * Heartbeat, Snapshot (its `aggregates` too), SnapshotBooking types; src/core/replica-events.ts
  * LoadAggregates.
  */
-import type { Clock, Random } from "../../src/core/clock.js";
+import { systemClock, type Clock } from "../../src/core/time.js";
+import type { Random } from "../../src/core/random.js";
 import { MeshTransport } from "../../mesh/transport.js";
 import type { LoadAggregates } from "../../src/core/replica-events.js";
 import { PROTOCOL_VERSION, TOPIC_BATCH, TOPIC_HEARTBEAT, type MeshBatch, type MeshEvent, type SnapshotBooking } from "../../mesh/types.js";
@@ -103,7 +104,7 @@ export class FakeOrigin {
   private constructor(transport: MeshTransport, o: FakeOriginOptions) {
     if ((o.bookings === undefined) === (o.aggregates === undefined)) throw new RangeError("a fake origin needs exactly one of bookings (exact) and aggregates (aggregate)");
     this.#transport = transport;
-    this.#mono = o.monotonic ?? { now: () => performance.now() };
+    this.#mono = o.monotonic ?? systemClock;
     this.#o = o;
     this.origin = o.origin;
     this.epoch = o.epoch;

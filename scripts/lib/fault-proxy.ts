@@ -26,11 +26,12 @@
  * Counters (`counters()`) say what was done, so a test can tell "no fault happened" from "the
  * fault was survived".
  *
- * Randomness and time are injected (src/core/clock.ts), so a seeded run drops the same chunks.
+ * Randomness and time are injected (src/core/time.ts, src/core/random.ts), so a seeded run drops the same chunks.
  */
 import { createServer, Socket, type AddressInfo, type Server } from "node:net";
 
-import { systemClock, mathRandom, type Clock, type Random } from "../../src/core/clock.js";
+import { systemClock, type Clock } from "../../src/core/time.js";
+import { mathRandom, type Random } from "../../src/core/random.js";
 import { CONTROL_PORT_OFFSET, parsePeerEndpoint, parseEndpoint } from "../../mesh/endpoints.js";
 
 /**

@@ -9,7 +9,7 @@
  * waited for forever.
  */
 import { FaultProxy, startMeshPeerProxy, type FaultProxyCounters, type FaultSettings } from "./fault-proxy.js";
-import { seededRandom } from "../../src/core/clock.js";
+import { seededRandom } from "../../src/core/random.js";
 import { hashListToBigInts } from "../../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import type { MockKvEvent } from "../../src/mock/kv-event-publisher.js";

@@ -12,7 +12,7 @@ import { readFileSync } from "node:fs";
 import { Agent, request } from "node:http";
 import { mapLimited } from "../../src/bench/bounded.js";
 import { metricSum } from "../../src/bench/router-client.js";
-import { isLoopbackHost } from "../../src/config.js";
+import { isLoopbackHost } from "../../src/app/config.js";
 import { isRunning as childRunning, spawnServe, stopServe } from "../../src/bench/serve-process.js";
 
 export const REPLICA_START_TIMEOUT_MS = 20_000;

@@ -14,8 +14,37 @@
  * replica alone saturates at r1 = (1 core - f) / origin: f cancels, and N r / r1 is the same
  * N / (1 + (N - 1) x ratio) with ratio = peer marginal / origin marginal.
  */
-import type { IdleCpu, MarginalCpu, ReplicaCpu } from "./scale-report.js";
 import type { ThreadCpu } from "./thread-cpu.js";
+
+export interface ReplicaCpu {
+  /** Main thread (event loop) CPU per routed request, us. */
+  readonly mainUs: number;
+  /** All threads' CPU per routed request, us. */
+  readonly allUs: number;
+  /** Over the window: main-thread cores busy (ms of CPU per ms of wall). */
+  readonly mainCores: number;
+  /** Live threads' CPU over the window by thread name, ms. */
+  readonly byThreadMs: Readonly<Record<string, number>>;
+  /** The replica's idle rates, measured before the traffic (absent with --idle-seconds 0 and in older reports). */
+  readonly idle?: IdleCpu;
+  /** Per request beyond the idle rates: (CPU - idle rate x window) / requests (absent with idle). */
+  readonly marginal?: MarginalCpu;
+}
+
+/** CPU of a replica over a window with no traffic, per second of wall. */
+export interface IdleCpu {
+  readonly windowMs: number;
+  readonly mainMsPerS: number;
+  readonly allMsPerS: number;
+}
+
+/** us per request beyond the idle rate, clamped at 0 (the flag says it was). */
+export interface MarginalCpu {
+  readonly mainUs: number;
+  readonly allUs: number;
+  readonly mainClamped: boolean;
+  readonly allClamped: boolean;
+}
 
 /** Replica counts the model is printed and plotted for. */
 export const MODEL_REPLICA_COUNTS: readonly number[] = Object.freeze([2, 4, 8, 16]);

@@ -3,38 +3,10 @@
  * (`label` names the build measured); `--compare` loads another run's JSON and shows it beside.
  */
 import type { LoadReplication } from "../../src/core/replica-events.js";
-import { capacityCurve, MODEL_REPLICA_COUNTS, modelledCapacity } from "./scale-model.js";
+import { capacityCurve, MODEL_REPLICA_COUNTS, modelledCapacity, type IdleCpu, type ReplicaCpu } from "./scale-model.js";
 import { lineChart, type Series } from "./svg-plot.js";
 
-export interface ReplicaCpu {
-  /** Main thread (event loop) CPU per routed request, us. */
-  readonly mainUs: number;
-  /** All threads' CPU per routed request, us. */
-  readonly allUs: number;
-  /** Over the window: main-thread cores busy (ms of CPU per ms of wall). */
-  readonly mainCores: number;
-  /** Live threads' CPU over the window by thread name, ms. */
-  readonly byThreadMs: Readonly<Record<string, number>>;
-  /** The replica's idle rates, measured before the traffic (absent with --idle-seconds 0 and in older reports). */
-  readonly idle?: IdleCpu;
-  /** Per request beyond the idle rates: (CPU - idle rate x window) / requests (absent with idle). */
-  readonly marginal?: MarginalCpu;
-}
-
-/** CPU of a replica over a window with no traffic, per second of wall. */
-export interface IdleCpu {
-  readonly windowMs: number;
-  readonly mainMsPerS: number;
-  readonly allMsPerS: number;
-}
-
-/** us per request beyond the idle rate, clamped at 0 (the flag says it was). */
-export interface MarginalCpu {
-  readonly mainUs: number;
-  readonly allUs: number;
-  readonly mainClamped: boolean;
-  readonly allClamped: boolean;
-}
+export type { IdleCpu, MarginalCpu, ReplicaCpu } from "./scale-model.js";
 
 export interface ScalePoint {
   readonly rate: number;

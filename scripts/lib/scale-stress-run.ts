@@ -20,7 +20,8 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { benchPrompt, BENCH_BLOCK_SIZE, BENCH_PROMPT_TOKENS } from "./bench-prompts.js";
 import { freePortPair } from "../../src/bench/ports.js";
 import { ReplicaFleet, type Replica } from "../../src/bench/replica-fleet.js";
-import { mathRandom, type Clock } from "../../src/core/clock.js";
+import { systemClock, systemWallClock, type Clock } from "../../src/core/time.js";
+import { mathRandom } from "../../src/core/random.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import { registerBenchWorkers } from "./bench-workers.js";
 import type { LoadReplication } from "../../src/core/replica-events.js";
@@ -247,8 +248,8 @@ async function measureStep(c: StepContext, rate: number, attempt: number): Promi
 }
 
 export async function runStress(o: StressRunOptions): Promise<StressResult> {
-  const wall = o.wallClock ?? { now: () => Date.now() };
-  const mono = o.monotonic ?? { now: () => performance.now() };
+  const wall = o.wallClock ?? systemWallClock;
+  const mono = o.monotonic ?? systemClock;
   o.log("stress: starting one peer");
   const fleet = await ReplicaFleet.start({
     replicas: 1,

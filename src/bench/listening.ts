@@ -5,10 +5,10 @@
  */
 import type { ChildProcess } from "node:child_process";
 
+import { onLines } from "../util/lines.js";
+
 /** pino's level number for warn: records at or above it are worth showing. */
 export const PINO_WARN = 40;
-/** A stdout line longer than this is not a log line anyone needs; the partial line is dropped. */
-const MAX_PARTIAL_LINE_CHARS = 1_000_000;
 /** How much of the child's stderr an error message quotes. */
 const STDERR_TAIL_CHARS = 2_000;
 
@@ -33,32 +33,24 @@ export function waitForListening(child: ChildProcess, o: ListeningOptions): Prom
     stderr = (stderr + d.toString()).slice(-STDERR_TAIL_CHARS);
   });
   return new Promise<number>((resolve, reject) => {
-    let partial = "";
     let port = 0;
     const timer = setTimeout(() => {
       reject(new Error(`${o.label} did not log "listening" within ${o.timeoutMs} ms: ${stderr}`));
     }, o.timeoutMs);
-    child.stdout?.on("data", (d: Buffer) => {
-      partial += d.toString();
-      let nl: number;
-      while ((nl = partial.indexOf("\n")) >= 0) {
-        const line = partial.slice(0, nl);
-        partial = partial.slice(nl + 1);
-        let rec: { level?: number; msg?: string; port?: number } = {};
-        try {
-          rec = JSON.parse(line) as typeof rec;
-        } catch {
-          o.onLine?.(line);
-          continue;
-        }
-        if ((rec.level ?? 0) >= PINO_WARN) o.onLine?.(line);
-        if (port === 0 && rec.msg === "listening" && typeof rec.port === "number") {
-          port = rec.port;
-          clearTimeout(timer);
-          resolve(port);
-        }
+    onLines(child.stdout, (line) => {
+      let rec: { level?: number; msg?: string; port?: number } = {};
+      try {
+        rec = JSON.parse(line) as typeof rec;
+      } catch {
+        o.onLine?.(line);
+        return;
       }
-      if (partial.length > MAX_PARTIAL_LINE_CHARS) partial = "";
+      if ((rec.level ?? 0) >= PINO_WARN) o.onLine?.(line);
+      if (port === 0 && rec.msg === "listening" && typeof rec.port === "number") {
+        port = rec.port;
+        clearTimeout(timer);
+        resolve(port);
+      }
     });
     child.once("exit", (code, signal) => {
       clearTimeout(timer);

@@ -6,6 +6,7 @@
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
+import { onLines } from "../util/lines.js";
 import { waitForListening } from "./listening.js";
 
 /** A child that has not logged "listening" in this long failed to start (tsx compiles for ~2 s here). */
@@ -78,13 +79,10 @@ export function liveChildren(): ChildProcess[] {
   return [...live];
 }
 
-/** Splits a stream's chunks into lines (the last, partial one waits for its newline). */
+/** A stream's non-blank lines. */
 function eachLine(stream: NodeJS.ReadableStream | null, onLine: (line: string) => void): void {
-  let partial = "";
-  stream?.on("data", (d: Buffer) => {
-    const lines = (partial + d.toString()).split("\n");
-    partial = lines.pop() ?? "";
-    for (const l of lines) if (l.trim() !== "") onLine(l);
+  onLines(stream, (l) => {
+    if (l.trim() !== "") onLine(l);
   });
 }
 

@@ -69,16 +69,16 @@ function addRun(ranks: Int32Array, off: number, len: number, mult: number, out: 
  * each with a refcount and a weight.
  *
  * Layout is chosen for the selection hot path, which is bound by cache and TLB misses here (a
- * dependent random read of a 64 MB table measured ~260 ns, independent ones ~70 ns):
+ * dependent random read of a large table costs several independent ones):
  * - a one-byte tag per slot (SwissTable-style) in its own small array, so a hash no rank holds
  *   (typically half of a prompt) is rejected by touching 1 byte instead of a 16-byte slot 16x
  *   further apart (4 MB vs 64 MB of table at 1.8 M active hashes);
  * - linear-probing slots of 16 bytes (key and holder-run pointer share a cache line);
  * - each hash's holders as one contiguous run in pooled typed arrays (ranks, refcounts and
  *   weights at the same offset), sized in powers of two and recycled per size class.
- * The first layout (keys in Uint32Arrays, holders as JS arrays) measured ~5x slower on the same
- * benchmark (97 us vs ~19 us for a 219-block prompt over 1,024 ranks and 1.8 M active hashes);
- * BigInt-keyed Maps measured ~435 ns per get here and are avoided altogether.
+ * The first layout (keys in Uint32Arrays, holders as JS arrays) measured several times slower
+ * on the same benchmark (`npm run bench:ledger`); BigInt-keyed Maps are slower still per get
+ * and are avoided altogether.
  */
 export class ActiveBlockIndex {
   #tags: Uint8Array;
@@ -180,9 +180,9 @@ export class ActiveBlockIndex {
     }
     // Pass 4: apply the runs. Consecutive prompt hashes usually have the very same holders in
     // the same order (every request touches a prefix front to back, and frees drop a rank from
-    // all of them at once), so an equal run is verified with a sequential compare (~1 ns per
+    // all of them at once), so an equal run is verified with a sequential compare (cheap per
     // entry) and applied once with a multiplicity instead of one random increment per hit
-    // (~4 ns here): 230 ranks sharing a 110-block prefix cost 230 increments, not 25 k.
+    // (dearer): 230 ranks sharing a 110-block prefix cost 230 increments, not 25 k.
     let runOff = 0;
     let runLen = 0;
     let mult = 0;
@@ -355,7 +355,7 @@ export class ActiveBlockIndex {
   /**
    * Reads the home tag and slot of every hash (no branch on the loaded data) so the misses
    * overlap before the dependent per-hash update loop of touchAll / untouchAll. (Also touching
-   * each home slot's holder run in a second pass measured slower, not faster, in bench-ledger.)
+   * each home slot's holder run in a second pass measured slower, not faster, in `npm run bench:ledger`.)
    */
   #warm(list: Uint32Array, n: number): void {
     const tags = this.#tags;

@@ -21,7 +21,7 @@
  */
 
 import { KvmeshError, badRequest } from "./errors.js";
-import type { Clock } from "./clock.js";
+import type { Clock } from "./time.js";
 import { compareVersions, type Version } from "./lamport.js";
 
 export type AffinityMode = "hard" | "soft";

@@ -10,7 +10,7 @@
  * stamp versions its peers already hold newer ones of, and they would keep the stale binding.
  */
 import { AffinityTable, affinitySweepIntervalMs, type BindingReason, type SessionBinding } from "./affinity-table.js";
-import type { Clock, WallClockNs } from "./clock.js";
+import type { Clock, WallClockNs } from "./time.js";
 import { KvmeshError } from "./errors.js";
 import { LamportClock } from "./lamport.js";
 import type { Partition } from "./partition.js";

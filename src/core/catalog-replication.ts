@@ -21,7 +21,7 @@
  * counted) so an older registration arriving late, or in a snapshot, does not bring the worker
  * back.
  */
-import type { Clock, WallClockNs } from "./clock.js";
+import type { Clock, WallClockNs } from "./time.js";
 import { KvmeshError } from "./errors.js";
 import { compareVersions, LamportClock, type Version } from "./lamport.js";
 import type { WorkerChange } from "./fleet.js";

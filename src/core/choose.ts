@@ -4,11 +4,12 @@
  * serves both `choose` (select, select_and_reserve: pick one) and `score` (/potential_loads,
  * /overlap_scores: report every candidate), so the two can never disagree on a cost.
  *
- * `choose` is the hot path (~80-180 us at 1,024 ranks): it works in the partition's reusable
+ * `choose` is the hot path (`npm run bench:core` times it at 1,024 ranks): it works in the partition's reusable
  * typed scratch arrays and allocates nothing per candidate. `score` is a diagnostic and copies
  * what it reports out of the scratch.
  */
-import type { Clock, Random } from "./clock.js";
+import type { Clock } from "./time.js";
+import type { Random } from "./random.js";
 import { badRequest, KvmeshError } from "./errors.js";
 import type { Fleet } from "./fleet.js";
 import { hashCount, hashListToSignedBigInts } from "./hash64.js";

@@ -4,11 +4,13 @@
  * read-only views: /loads, /dump, table sizes, KV-event endpoints.
  *
  * A partition `(model_name, routing_group)` is created with its first schedulable worker and
- * never deleted. What else lives in a partition (bookings, bindings) is owned by other parts of
+ * deleted with its last member (#dropMember), so workers moved through many model names do not
+ * leave empty partitions behind. What else lives in a partition (bookings, bindings) is owned by other parts of
  * the core; the fleet tells them through FleetHooks when a rank's state goes or a worker joins.
  */
 import type { AffinityTable } from "./affinity-table.js";
-import type { Clock, Random } from "./clock.js";
+import type { Clock } from "./time.js";
+import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
 import { hashCount, hashListFromBigInts } from "./hash64.js";
 import { computeBlockHashes } from "./hashing.js";
@@ -250,7 +252,7 @@ export class Fleet {
     return record;
   }
 
-  /** `workerId` leaves `p`; a partition left without workers leaves the fleet (F4: 5,000 PATCHes moving one worker through new model names used to leave 5,000 partitions, +975 MB). */
+  /** `workerId` leaves `p`; a partition left without workers leaves the fleet (one worker PATCHed through thousands of model names must not leave thousands of empty partitions). */
   #dropMember(p: Partition, workerId: WorkerId): void {
     for (const rank of p.removeMember(workerId)) this.#clearRank(p, rank);
     p.affinity?.dropWorker(workerId);

@@ -4,12 +4,14 @@
  * At the boundaries (HTTP JSON, KV events, mesh frames) a hash is a `bigint` in [0, 2^64); the
  * inputs also accept the signed form (toU64), and the HTTP responses that return a booking's
  * sequence hashes give them signed (hashListToSignedBigInts), as the reference does.
- * Inside hot structures it is a pair of uint32 (hi, lo): V8's Map with BigInt keys measured
- * ~435 ns per get here against ~20 ns for an open-addressing table over Uint32Arrays, and a
- * BigInt costs a heap object per key (4.2 M indexed pairs in the core benchmark).
+ * Inside hot structures it is a pair of uint32 (hi, lo): V8's Map with BigInt keys is an order
+ * of magnitude slower per get than an open-addressing table over Uint32Arrays (u64-table.ts), and
+ * a BigInt costs a heap object per key, which adds up at the millions of indexed pairs of
+ * `npm run bench:core`.
  *
  * A `HashList` is a Uint32Array of interleaved pairs: [hi0, lo0, hi1, lo1, ...].
  */
+import { badRequest } from "./errors.js";
 
 export type HashList = Uint32Array;
 
@@ -21,7 +23,7 @@ export const hashCount = (list: HashList): number => list.length >>> 1;
 
 /** Accepts a signed or unsigned 64-bit integer and returns its unsigned reinterpretation. */
 export function toU64(value: bigint): bigint {
-  if (value < I64_MIN || value > U64_MAX) throw new RangeError(`hash ${value} is outside the 64-bit range`);
+  if (value < I64_MIN || value > U64_MAX) throw badRequest(`hash ${value} is outside the 64-bit range`, "hash");
   return value < 0n ? value + (1n << 64n) : value;
 }
 
@@ -49,8 +51,9 @@ let swappedI64 = new BigInt64Array(swapped.buffer);
 /**
  * The list as BigInts. On little-endian hosts each element is read from a BigUint64Array over the
  * pairs swapped to (lo, hi): one BigInt per hash, made natively, where pairToBigInt makes four
- * (two BigInt(), a shift, an or). A 219-hash list converts in ~2 us instead of 14-19 us here, and
- * a select_and_reserve leaves ~11 KiB of heap garbage instead of ~29 (sampling heap profiler).
+ * (two BigInt(), a shift, an or): several times faster for a prompt's list, and a
+ * select_and_reserve leaves well under half the heap garbage (sampling heap profiler under
+ * `npm run bench:http`).
  */
 export function hashListToBigInts(list: HashList): bigint[] {
   return toBigInts(list, false);

@@ -4,8 +4,8 @@
  * chained sequence hash over consecutive block hashes. Values must match Dynamo bit for bit, since
  * the index compares them with hashes computed by other routers and by the engines.
  *
- * Speed: `@node-rs/xxhash` costs ~1 us per 256-byte call here, so a 14,000-token prompt at block
- * size 64 is dominated by its 218 native calls; everything else is one copy of the tokens into a
+ * Speed: a long prompt's hashing is dominated by its native `@node-rs/xxhash` calls, one per
+ * block (`npm run bench:core`); everything else is one copy of the tokens into a
  * Uint32Array and zero-copy subarray views over it.
  */
 import { xxh3 } from "@node-rs/xxhash";

@@ -4,7 +4,7 @@
  * roughly follow real time across replicas yet a writer whose clock stepped back still supersedes
  * everything it has seen.
  */
-import type { WallClockNs } from "./clock.js";
+import type { WallClockNs } from "./time.js";
 
 const U64_MAX = (1n << 64n) - 1n;
 

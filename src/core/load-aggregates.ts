@@ -7,7 +7,7 @@
  * In this mode a partition's ledger holds only this replica's own bookings, so its totals are
  * exactly what this replica contributes to the fleet's load.
  */
-import type { Clock } from "./clock.js";
+import type { Clock } from "./time.js";
 import { aggregateRow, partitionRef, type Partition } from "./partition.js";
 import type { AddedBooking, LoadAggregateRow, LoadAggregates, OriginAggregates, PartitionRef } from "./replica-events.js";
 import type { ServiceCounters } from "./service-stats.js";

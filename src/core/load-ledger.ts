@@ -13,7 +13,8 @@
  * that O(blocks x ranks) (219 x 1,024 = 224 k probes), the reverse index makes it
  * O(blocks + hits).
  */
-import type { Clock, Random } from "./clock.js";
+import type { Clock } from "./time.js";
+import type { Random } from "./random.js";
 import { KvmeshError, badRequest } from "./errors.js";
 import { ActiveBlockIndex, dropFraction, NO_CHANGE, PAIR_CREATED, type RankBlockTotals } from "./active-block-index.js";
 import type { HashList } from "./hash64.js";
@@ -118,8 +119,9 @@ export class LoadLedger {
   /**
    * Live requests per rank key, mirrored from each RankState in one flat array. Selection reads
    * the load of every candidate; at 1,024 ranks, following each rank's state object (and its
-   * Set and prefill queue) missed the CPU cache three times per rank, ~140 us of a ~1.3 ms
-   * bench:http flow. Idle ranks, nearly all of them, now cost one typed-array read.
+   * Set and prefill queue) missed the CPU cache three times per rank, a visible share of a
+   * bench:http flow (`npm run bench:http`). Idle ranks, nearly all of them, now cost one
+   * typed-array read.
    */
   #requestCounts = new Int32Array(INITIAL_RANK_SLOTS);
   readonly #index = new ActiveBlockIndex();

@@ -4,9 +4,9 @@
  * per rank for the selector.
  *
  * Why aggregates instead of each peer's bookings (the exact mode): mirroring a booking means
- * decoding its ~219 sequence hashes and indexing them, which cost a peer 400-900 us of CPU per
- * replicated request (127 us of it decode + apply, the rest per-message overhead), so 4 replicas
- * routed only ~2.3x one. An origin instead publishes, at most once per aggregation interval, the
+ * decoding its sequence hashes (hundreds for a long prompt) and indexing them, plus a message's
+ * overhead, per replicated request, so 4 replicas routed well under 4x one (`npm run bench:scale
+ * -- --load-replication exact` against the default). An origin instead publishes, at most once per aggregation interval, the
  * absolute totals of the ranks that changed; a peer's cost then follows the interval, not the
  * request rate. Absolute values (not deltas) make an update idempotent and let a lost one be
  * repaired by the next update or a snapshot.

@@ -1,10 +1,12 @@
 /**
  * One routing partition `(model_name, routing_group)`: its prefix index, load ledger, optional
  * session-affinity table, the interned ranks of its workers and the reusable buffers a
- * selection scores candidates in. Created with the first schedulable worker; never deleted.
+ * selection scores candidates in. Created with the first schedulable worker; the fleet deletes
+ * it when its last member leaves (src/core/fleet.ts).
  */
 import type { AffinityTable } from "./affinity-table.js";
-import type { Clock, Random } from "./clock.js";
+import type { Clock } from "./time.js";
+import type { Random } from "./random.js";
 import { LoadLedger } from "./load-ledger.js";
 import { MirroredLoad } from "./mirrored-load.js";
 import { PrefixIndex } from "./prefix-index.js";

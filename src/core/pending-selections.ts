@@ -9,8 +9,8 @@
  * appends so the key moves to the back. The order index therefore holds exactly the live entries
  * and cannot grow behind a long-lived front entry (the reference's
  * `order_index_bounded_by_live_entries_under_pinned_front`). A single Map in insertion order was
- * measured first: finding its front after front deletions walks V8's tombstones (4.7 us per
- * evicting insert at 4 096 entries against 1.3 us for this list, same loaded 2-core box), and a
+ * measured first: finding its front after front deletions walks V8's tombstones (several times
+ * this list's cost per evicting insert when full, `npm run bench:core`), and a
  * composite string key pays a fresh string hash per lookup, hence the list and nested maps.
  *
  * Large entries (a prompt of millions of tokens) have a budget of their own inside the byte
@@ -21,7 +21,7 @@
  */
 
 import { KvmeshError } from "./errors.js";
-import type { Clock } from "./clock.js";
+import type { Clock } from "./time.js";
 
 export const DEFAULT_PENDING_TTL_MS = 120_000;
 export const DEFAULT_PENDING_MAX_ENTRIES = 4_096;

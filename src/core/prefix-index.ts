@@ -166,6 +166,7 @@ function binarySearch(a: Int32Array, size: number, r: number): number {
 }
 
 function checkRank(rank: number): void {
+  // Assertion (a programming error, never input): rank keys come from the RankRegistry, in range.
   if (!Number.isInteger(rank) || rank < 0 || rank >= MAX_RANK_KEYS) {
     throw new RangeError(`rank key must be an integer in [0, ${MAX_RANK_KEYS}), got ${rank}`);
   }
@@ -309,6 +310,7 @@ export class PrefixIndex {
   ): boolean {
     checkRank(rank);
     const t = tierIndex(tier);
+    // Assertion (a programming error, never input): the decoder checked the event's two lists.
     if (blockHashes.length !== localHashes.length || (blockHashes.length & 1) !== 0) {
       throw new RangeError(
         `blockHashes and localHashes must be hash lists of equal length (got ${blockHashes.length} and ${localHashes.length} words)`,
@@ -846,7 +848,7 @@ export class PrefixIndex {
    * Child of `parent` keyed by local hash (hi, lo), or -1. Most nodes along a cached chain have a
    * single child, created right after its parent (adjacent ids, same cache lines), so checking the
    * head of the sibling list first skips the partition-wide table, whose random probes cost a cache
-   * miss each (~150 ns with millions of nodes) — that miss dominated the match walk.
+   * miss each with millions of nodes: that miss dominated the match walk (`npm run bench:core`).
    */
   #childOf(parent: number, hi: number, lo: number): number {
     const c = this.#firstChild[parent] as number;

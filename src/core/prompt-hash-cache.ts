@@ -1,9 +1,9 @@
 /**
  * A bounded, exact memo of prompt hashing (computeBlockHashes + computeSequenceHashes).
  *
- * Why: hashing a 14,000-token prompt at block size 64 costs 218 + 217 native XXH3 calls of
- * ~1.5 us each (BigInt seed and result included), the largest self-time item of a
- * select_and_reserve; LLM prompts share long prefixes (system prompts, multi-turn sessions),
+ * Why: hashing a 14,000-token prompt at block size 64 costs 218 + 217 native XXH3 calls (BigInt
+ * seed and result included), the largest self-time item of a select_and_reserve
+ * (`npm run bench:http`); LLM prompts share long prefixes (system prompts, multi-turn sessions),
  * so most blocks of a request were hashed by an earlier one.
  *
  * What is memoised: one block's (local hash, sequence hash) as a function of exactly
@@ -21,8 +21,8 @@
  * prefix with an earlier one walks that prompt's records sequentially (prefetched memory, no
  * index probe), and only its first block and the block after a divergence probe the index.
  * Against one scattered record per block this halved the hit path in the daemon, where the rest
- * of a request evicts the cache lines (~240 -> ~130 us per 14,000-token prompt; the uncached
- * hashing costs 300-400 us on the same loaded 2-core host).
+ * of a request evicts the cache lines (`npm run bench:http`; `npm run bench:core` for the
+ * uncached hashing).
  * Memory: capacityBlocks × (12 + 4 × (9 + window)) bytes: 19.0 MiB by default at block size 64.
  */
 import { xxh3 } from "@node-rs/xxhash";
@@ -88,9 +88,8 @@ export interface PromptHashCacheStats {
 
 /**
  * Whether log[at, at + w) holds exactly tokens[start, start + w). With `tokenBytes` (the bytes of
- * a Uint32Array `tokens`) the compare is one native memcmp of 4w bytes: at block size 64 that took
- * a 14,000-token prompt's all-hit lookup from ~57 to ~41 us here (best of 15 runs of 5,000)
- * against a JS loop over the token pairs. Otherwise the tokens are compared one by one, where
+ * a Uint32Array `tokens`) the compare is one native memcmp of 4w bytes, a clear gain on a long
+ * prompt's all-hit lookup against a JS loop over the token pairs (`npm run bench:core`). Otherwise the tokens are compared one by one, where
  * `===` also validates them: a logged token is a u32, and only the same integer (or -0 for 0,
  * which the reference accepts as 0 too) equals it.
  */
@@ -111,7 +110,7 @@ const chainView = new DataView(chainBytes.buffer);
  * 32-bit key of one block: the parent (or its absence) and the seed, mixed with five tokens
  * spread over the window (first, quarters, last), then avalanched so the low bits pick sets
  * evenly. Not all tokens: the exact compare a hit needs already reads every token, and hashing
- * them all too cost ~35 us per 14,000-token prompt here. The price is bounded: blocks that collide on
+ * them all too was a measurable cost per long prompt (`npm run bench:core`). The price is bounded: blocks that collide on
  * every field mixed here are siblings under one parent that differ only in unsampled tokens; they
  * share a set (8 of them coexist), and since their children's parents differ, at most the first
  * diverging block of a prompt can be affected. Exported so tests can force key collisions.
@@ -169,9 +168,9 @@ export class PromptHashCache {
   #seed = saltSeed(null, null);
 
   constructor(opts: PromptHashCacheOptions) {
-    if (!Number.isInteger(opts.blockSize) || opts.blockSize < 1) throw new RangeError(`blockSize must be a positive integer, got ${String(opts.blockSize)}`);
+    if (!Number.isInteger(opts.blockSize) || opts.blockSize < 1) throw badRequest(`blockSize must be a positive integer, got ${String(opts.blockSize)}`, "blockSize");
     const cap = opts.capacityBlocks ?? DEFAULT_PROMPT_HASH_CACHE_BLOCKS;
-    if (!Number.isInteger(cap) || cap < WAYS) throw new RangeError(`capacityBlocks must be an integer >= ${WAYS}, got ${String(cap)}`);
+    if (!Number.isInteger(cap) || cap < WAYS) throw badRequest(`capacityBlocks must be an integer >= ${WAYS}, got ${String(cap)}`, "capacityBlocks");
     this.blockSize = opts.blockSize;
     this.isEagle = opts.isEagle ?? false;
     this.capacityBlocks = 2 ** Math.floor(Math.log2(cap));

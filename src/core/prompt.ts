@@ -6,7 +6,7 @@ import { badRequest } from "./errors.js";
 import { hashListFromBigInts, type HashList } from "./hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "./hashing.js";
 import type { PromptHashCache } from "./prompt-hash-cache.js";
-import type { Random } from "./clock.js";
+import type { Random } from "./random.js";
 import type { PromptFields } from "./types.js";
 
 export interface NormalizedPrompt {

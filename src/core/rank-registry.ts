@@ -56,6 +56,7 @@ export class RankRegistry {
 
   workerOf(rank: number): WorkerId {
     const w = this.#worker[rank];
+    // Assertion (a programming error, never input): callers hold rank keys this registry issued.
     if (w === undefined) throw new RangeError(`rank key ${rank} was never interned`);
     return w;
   }

@@ -10,7 +10,7 @@
  * Aggregate: peers' per-rank totals go into each partition's MirroredLoad (load-aggregates.ts);
  * the ledger keeps only this replica's bookings, and its changed ranks are what it publishes.
  */
-import type { Clock } from "./clock.js";
+import type { Clock } from "./time.js";
 import type { Fleet } from "./fleet.js";
 import { LoadAggregation } from "./load-aggregates.js";
 import type { Partition } from "./partition.js";

@@ -2,7 +2,7 @@
  * Selection and session ids as requests carry them: their bounds, validation, and the generated
  * selection id of a `select_and_reserve` that names none.
  */
-import type { Random } from "./clock.js";
+import type { Random } from "./random.js";
 import { badRequest } from "./errors.js";
 
 /** Longest selection or session id accepted, bytes (the reference's session id limit). */

@@ -9,7 +9,8 @@
  * snapshot carries, and the session binding's lease.
  */
 import type { Lease } from "./affinity-table.js";
-import type { Clock, Random } from "./clock.js";
+import type { Clock } from "./time.js";
+import type { Random } from "./random.js";
 import { badRequest, KvmeshError } from "./errors.js";
 import { effectivePrefillFor, type Chooser, type Selection } from "./choose.js";
 import { hashCount } from "./hash64.js";

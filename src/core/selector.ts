@@ -7,7 +7,7 @@
  * The functions are pure apart from the injected Random (side-effect free, as the reference
  * requires of selectors).
  */
-import type { Random } from "./clock.js";
+import type { Random } from "./random.js";
 import { KvmeshError, badRequest } from "./errors.js";
 import type { SelectorConfig } from "./selector-config.js";
 

@@ -7,7 +7,8 @@
 import { validateBusyThresholds, type BusyThresholds } from "./busy-signals.js";
 import { LOAD_REPLICATION_MODES, type LoadReplication } from "./replica-events.js";
 import { DEFAULT_AFFINITY_MAX_ENTRIES, type AffinityMode } from "./affinity-table.js";
-import { mathRandom, systemClock, systemWallClockNs, type Clock, type Random, type WallClockNs } from "./clock.js";
+import { systemClock, systemWallClockNs, type Clock, type WallClockNs } from "./time.js";
+import { mathRandom, type Random } from "./random.js";
 import { badRequest } from "./errors.js";
 import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS } from "./load-ledger.js";
 import { MAX_RANK_KEYS } from "./rank-registry.js";
@@ -30,8 +31,8 @@ export const DEFAULT_MAX_LOCAL_RESERVATIONS = 131_072;
  */
 export const DEFAULT_MAX_RESERVATION_BYTES = 1_073_741_824;
 /**
- * Most partitions at once. A partition costs ~200 KB before any worker load (its prefix index,
- * affinity table and prompt-hash memo: 5,000 partitions measured +975 MB RSS), and real fleets
+ * Most partitions at once. A partition costs hundreds of KB before any worker load (its prefix
+ * index, affinity table and prompt-hash memo), and real fleets
  * have one per (model, routing group): tens.
  */
 export const DEFAULT_MAX_PARTITIONS = 1_024;
@@ -98,7 +99,7 @@ export interface SelectionServiceOptions {
   /**
    * How this replica shares its bookings with peers (replica-events.ts LoadReplication). Default
    * "exact", which emits every booking change through onLoadEvent as embedding hosts expect; the
-   * daemon's default is its own (src/config.ts).
+   * daemon's default is its own (src/app/config.ts).
    */
   readonly loadReplication?: LoadReplication;
   /** Most live bookings this replica makes itself (429 beyond); see DEFAULT_MAX_LOCAL_RESERVATIONS. */
@@ -110,7 +111,7 @@ export interface SelectionServiceOptions {
    * the mesh or host streams, only counted (`bindingRefreshesCoalesced`). Capped at the affinity
    * TTL / 8 (affinity-table.ts `refreshCoalesceWindowMs` says why). Binds, rebinds and keepalives
    * are always published. Default 0: every refresh is published; the daemon's default is its own
-   * (src/config.ts).
+   * (src/app/config.ts).
    */
   readonly bindingRefreshCoalesceMs?: number;
   readonly selectionCache?: { readonly ttlMs?: number; readonly maxEntries?: number; readonly maxBytes?: number };

@@ -6,7 +6,7 @@
  * its own bounded queue and hands over everything queued as one batch on each wake-up, so a
  * consumer that spends 20 ms sending a batch gets the next 20 ms of bindings in one batch rather
  * than one at a time (the reference's frontend channel held 4,096 bindings and sent one message
- * per binding; at our bench rate it dropped 41-46% of them).
+ * per binding, so at `npm run bench:host`'s rate it dropped a large share of them).
  *
  * Coalescing: while a binding waits in the queue, a newer one for the same (model, group,
  * session) replaces it in place. Peers merge last-writer-wins on (sequence, writer_id), so only

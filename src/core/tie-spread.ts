@@ -11,13 +11,14 @@
  *
  * Why classes by id and not by position in the tied list (the first version): positions shift
  * as soon as one booking makes a worker untied, so racing replicas' "own" positions collided
- * systematically. bench:mesh at 4 replicas, 1,024 workers, 200 req/s, new sessions placed on
- * the same worker by two replicas within 50 ms: 31 of 301 with position classes, 1 of 303 and
- * 0 of 304 with the plain random tie-break (--no-replica-tie-spread), 0 of 302 with id classes.
+ * systematically: `npm run bench:mesh` counts new sessions placed on the same worker by two
+ * replicas within 50 ms, which position classes made far more frequent than the plain random
+ * tie-break (--no-replica-tie-spread), and id classes do not.
  * With 1,024 idle workers random ties rarely collide; classes matter when few workers tie (a hot
  * prefix cached on 3 workers collides 1 time in 3 per racing pair with a random tie-break).
  */
-import type { Random } from "./clock.js";
+import { badRequest } from "./errors.js";
+import type { Random } from "./random.js";
 
 export interface ReplicaSlot {
   /** This replica's position among the live replicas (sorted by replica id). */
@@ -46,7 +47,7 @@ export class TieSpreader {
   #tied = new Int32Array(16);
 
   constructor(slot: () => ReplicaSlot, random: Random, nearTieBlocks = DEFAULT_NEAR_TIE_BLOCKS) {
-    if (!(nearTieBlocks >= 0)) throw new RangeError("nearTieBlocks must be >= 0");
+    if (!(nearTieBlocks >= 0)) throw badRequest("nearTieBlocks must be >= 0", "nearTieBlocks");
     this.#slot = slot;
     this.#random = random;
     this.#nearTie = nearTieBlocks;

@@ -11,8 +11,8 @@
  *   /reservations books from (a flood evicts honest entries); and /select, /potential_loads and
  *   /overlap_scores hash whole prompts (up to the 8 MiB body limit of CPU per call). Frontends
  *   are services that can hold a token; checking it costs one SHA-256 of the presented token
- *   and a 32-byte constant-time compare: checkBearer took ~5 us per call here (200,000 calls
- *   on the shared 2-core box), against tens to hundreds of us for a selection.
+ *   and a 32-byte constant-time compare, small against a selection's cost (`npm run bench:http`
+ *   with --api-token-file).
  * - GET and HEAD stay open: probes (/health, /ready), scrapers (/metrics) and dashboards
  *   (/loads, /workers, /replica_sync/peers and /status, /dump) read state and change nothing, and the daemon
  *   binds loopback unless told otherwise. The exception is the host-replication feed GET
@@ -30,7 +30,7 @@
 import { hash, timingSafeEqual } from "node:crypto";
 import { inspect } from "node:util";
 
-import { KvmeshError } from "../core/errors.js";
+import { badRequest, KvmeshError } from "../core/errors.js";
 import { contentLines, fileError, readSecretFile } from "../util/secret-file.js";
 
 /** RFC 6750 `WWW-Authenticate` realm. */
@@ -61,9 +61,9 @@ export class ApiToken {
 
   /** Validates and wraps a token; RangeError says what is wrong (never echoing the token). */
   static fromString(token: string): ApiToken {
-    if (token.length < MIN_API_TOKEN_CHARS) throw new RangeError(`token is shorter than ${MIN_API_TOKEN_CHARS} characters`);
-    if (token.length > MAX_API_TOKEN_CHARS) throw new RangeError(`token is longer than ${MAX_API_TOKEN_CHARS} characters`);
-    if (!TOKEN68.test(token)) throw new RangeError("token must be one line of letters, digits and - . _ ~ + / (optionally ending in =), e.g. from: openssl rand -base64 32");
+    if (token.length < MIN_API_TOKEN_CHARS) throw badRequest(`token is shorter than ${MIN_API_TOKEN_CHARS} characters`, "token");
+    if (token.length > MAX_API_TOKEN_CHARS) throw badRequest(`token is longer than ${MAX_API_TOKEN_CHARS} characters`, "token");
+    if (!TOKEN68.test(token)) throw badRequest("token must be one line of letters, digits and - . _ ~ + / (optionally ending in =), e.g. from: openssl rand -base64 32", "token");
     return new ApiToken(token);
   }
 

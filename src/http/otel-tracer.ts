@@ -1,5 +1,5 @@
 /**
- * The OpenTelemetry side of request tracing (src/http/tracing.ts), loaded only when tracing is on.
+ * The OpenTelemetry side of request tracing (src/http/tracing.ts, types in request-trace.ts), loaded only when tracing is on.
  * Its own TracerProvider (never the global one: several daemons may share a test process), a
  * BatchSpanProcessor and the OTLP/HTTP (JSON) exporter. The parent comes from the request's own
  * `traceparent` (src/http/traceparent.ts), passed as an explicit context, so no context manager
@@ -17,9 +17,8 @@ import type { SelectionNote } from "../core/types.js";
 import { LogThrottle } from "../util/log-throttle.js";
 import { decisionFields } from "./request-id.js";
 import { formatTraceparent, parseTraceparent, TRACEPARENT_HEADER, TRACESTATE_HEADER } from "./traceparent.js";
-import type { AppliedBatch } from "../../mesh/inbound.js";
-import type { TraceCause } from "../../mesh/types.js";
-import type { RequestEnd, RequestTrace, RequestTracer, TracingOptions } from "./tracing.js";
+import type { TraceCause } from "../util/trace-cause.js";
+import type { AppliedBatch, RequestEnd, RequestTrace, RequestTracer, TracingOptions } from "./request-trace.js";
 
 export const TRACER_NAME = "kvmesh";
 const UNMATCHED_ROUTE = "unmatched";

@@ -3,7 +3,7 @@
  * at 503 while the mesh pulls its peers' first snapshots after a start (mesh/startup-sync.ts), so
  * a load balancer sends a new or restarted replica nothing before it knows the fleet's sessions.
  */
-import type { MeshControl } from "../../mesh/replica-port.js";
+import type { MeshControl } from "./mesh-control.js";
 import type { SelectionService } from "../core/selection-service.js";
 
 export type Readiness = ReturnType<SelectionService["ready"]> & { mesh_syncing?: true; mesh_syncing_peers?: string[] };

@@ -1,8 +1,8 @@
 /**
  * Request-body validation: parsed JSON -> the typed shapes of src/core/types.ts.
  *
- * Hand-written, table-driven checks (TypeBox/ajv are not installed, and these run in ~100 ns per
- * field). Each table is typed against its wire interface (`Shape<T>` has one entry per key of T,
+ * Hand-written, table-driven checks (TypeBox/ajv are not installed, and these cost little per
+ * field next to parsing). Each table is typed against its wire interface (`Shape<T>` has one entry per key of T,
  * whose check returns that key's type), so a field added to types.ts without a validator fails
  * to compile. Wrong shapes are 422 KVMESH_INVALID_FIELD naming the field path
  * ("token_ids[3]: must be an integer in [0, 4294967295]"); unknown fields are rejected rather than

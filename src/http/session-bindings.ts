@@ -28,7 +28,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 
-import type { Clock } from "../core/clock.js";
+import { systemWallClock, type Clock } from "../core/time.js";
 import { KvmeshError, badRequest, invalidField } from "../core/errors.js";
 import type { BindingEvent } from "../core/replica-events.js";
 import type { SelectionService } from "../core/selection-service.js";
@@ -76,9 +76,9 @@ export class BindingReplayRing {
   #latest = 0;
 
   constructor(run: string, maxBatches = DEFAULT_REPLAY_RING_MAX_BATCHES, maxBindings = DEFAULT_REPLAY_RING_MAX_BINDINGS) {
-    if (!/^[0-9a-z]+$/.test(run)) throw new RangeError(`run id must be lowercase alphanumeric, got ${JSON.stringify(run)}`);
-    if (!Number.isSafeInteger(maxBatches) || maxBatches < 1) throw new RangeError(`maxBatches must be a positive integer, got ${maxBatches}`);
-    if (!Number.isSafeInteger(maxBindings) || maxBindings < 1) throw new RangeError(`maxBindings must be a positive integer, got ${maxBindings}`);
+    if (!/^[0-9a-z]+$/.test(run)) throw badRequest(`run id must be lowercase alphanumeric, got ${JSON.stringify(run)}`, "run");
+    if (!Number.isSafeInteger(maxBatches) || maxBatches < 1) throw badRequest(`maxBatches must be a positive integer, got ${maxBatches}`, "maxBatches");
+    if (!Number.isSafeInteger(maxBindings) || maxBindings < 1) throw badRequest(`maxBindings must be a positive integer, got ${maxBindings}`, "maxBindings");
     this.run = run;
     this.maxBatches = maxBatches;
     this.maxBindings = maxBindings;
@@ -196,9 +196,9 @@ export class SessionBindingsHttp {
   constructor(o: SessionBindingsHttpOptions) {
     this.#svc = o.service;
     this.#log = o.logger;
-    this.#clock = o.wallClock ?? { now: () => Date.now() };
+    this.#clock = o.wallClock ?? systemWallClock;
     this.#heartbeatMs = o.heartbeatMs ?? DEFAULT_STREAM_HEARTBEAT_MS;
-    if (!(this.#heartbeatMs > 0)) throw new RangeError(`heartbeatMs must be > 0, got ${this.#heartbeatMs}`);
+    if (!(this.#heartbeatMs > 0)) throw badRequest(`heartbeatMs must be > 0, got ${this.#heartbeatMs}`, "heartbeatMs");
     if (o.service.sessionReplicationWriterId === undefined) {
       this.#ring = undefined;
       return;

@@ -6,9 +6,9 @@
  * copy into a Uint32Array for hashing) was the largest self-time item of the daemon under
  * bench:http. Here the top-level `token_ids` array is read straight from the bytes into a
  * Uint32Array, and only the rest of the body (a few hundred bytes, with the array replaced by
- * `null`) goes through the exact generic parser. On bench:http's 85 KB bodies, parse + validation
- * went from ~400 to ~260 us alone, and from ~780 to ~430 us measured interleaved in the daemon
- * under load; the byte loop (~2 ns/byte here) is now the whole cost, about a plain byte sum's 2x.
+ * `null`) goes through the exact generic parser. On bench:http's bodies that roughly halved parse
+ * and validation in the daemon under load (`npm run bench:http`); the byte loop is now the whole
+ * cost, close to a plain byte sum's.
  *
  * Exactness: the fast path takes only what it can decide alone, and hands everything else to
  * `parseJsonBytes` over the whole original body, so results and error messages are exactly those
@@ -168,7 +168,7 @@ function parseU32Array(b: Buffer, start: number): TokenSpan | undefined {
   let count = 0;
   for (;;) {
     // `(c - ZERO) >>> 0 <= 9` tests for a digit with one unsigned compare: any byte below '0'
-    // wraps to a large u32 (about 5% faster on bench:http's 85 KB bodies than a two-sided test).
+    // wraps to a large u32 (a little faster than a two-sided test on bench:http's bodies).
     let d = (c - ZERO) >>> 0;
     if (d > 9) return undefined;
     const digitsStart = p;

@@ -1,11 +1,10 @@
 /**
  * The token_ids byte loop in WebAssembly (u32-array.wat), for long arrays.
  *
- * Why: that loop was the largest self-time item of the daemon under bench:http (~27% of its main
- * thread after the other fixes): ~2.5 ns per byte in JS, where a plain byte sum runs at ~1.45 ns
- * here. The same state machine compiled by V8's WebAssembly tier parses bench:http's 83 KB arrays
- * in about half the time, the copy into its memory and of the tokens out included (131 against
- * 256 us, best of 8 rounds of 1,000). It answers exactly what the JS loop answers (the tokens, or
+ * Why: that loop was the largest self-time item of the daemon's main thread under bench:http,
+ * well above a plain byte sum's cost. The same state machine compiled by V8's WebAssembly tier
+ * parses bench:http's long arrays in about half the time, the copy into its memory and of the
+ * tokens out included (`npm run bench:http`; profile with --cpu-prof). It answers exactly what the JS loop answers (the tokens, or
  * "not canonical: fall back"), which test/http/u32-array-parser.test.ts checks on random and
  * corrupted arrays.
  *

@@ -57,8 +57,8 @@ const fail = (path: string, problem: string): KvmeshError => badRequest(`${path}
 
 /**
  * A field's location is (event index, suffix) and only becomes a string on failure: building
- * paths eagerly for every hash and token id made validation ~4.5 us per event instead of under 1 us
- * (measured on 100-event batches of 16-token blocks).
+ * paths eagerly for every hash and token id made validation several times slower per event
+ * (`npm run bench:core` decodes and applies KV event batches).
  */
 const BATCH = -1;
 const loc = (ev: number, at: string): string => (ev === BATCH ? at : `events[${ev}]${at}`);

@@ -10,6 +10,8 @@
 import { xxh3 } from "@node-rs/xxhash";
 import { pino, type Logger } from "pino";
 import { Dealer, type Observer, Subscriber } from "zeromq";
+
+import { badRequest } from "../core/errors.js";
 import { LogThrottle } from "../util/log-throttle.js";
 import { observe, retireObserver } from "../util/zmq-observers.js";
 
@@ -134,7 +136,7 @@ export class KvEventListener {
     this.#log = (options.logger ?? pino({ enabled: false })).child({ kvEndpoint: options.endpoint });
     this.#replayTimeoutMs = options.replayTimeoutMs ?? DEFAULT_REPLAY_TIMEOUT_MS;
     if (!Number.isInteger(this.#replayTimeoutMs) || this.#replayTimeoutMs <= 0) {
-      throw new RangeError(`replayTimeoutMs must be a positive integer, got ${this.#replayTimeoutMs}`);
+      throw badRequest(`replayTimeoutMs must be a positive integer, got ${this.#replayTimeoutMs}`, "replayTimeoutMs");
     }
   }
 

@@ -9,7 +9,8 @@
  * (its index bound caps what they can grow to) and the reset is counted as damped. Every reset
  * counts against the window, so damping lasts until the publisher has been steady for a window.
  */
-import { systemClock, type Clock } from "../core/clock.js";
+import { badRequest } from "../core/errors.js";
+import { systemClock, type Clock } from "../core/time.js";
 
 /** Resets acted on within one window. */
 export const MAX_RESETS_PER_WINDOW = 4;
@@ -26,8 +27,8 @@ export class ResetDamper {
   #count = 0;
 
   constructor(maxResets: number = MAX_RESETS_PER_WINDOW, windowMs: number = RESET_DAMPING_WINDOW_MS, clock: Clock = systemClock) {
-    if (!Number.isInteger(maxResets) || maxResets < 1) throw new RangeError(`maxResets must be an integer >= 1, got ${maxResets}`);
-    if (!Number.isFinite(windowMs) || windowMs < 0) throw new RangeError(`windowMs must be a finite number >= 0, got ${windowMs}`);
+    if (!Number.isInteger(maxResets) || maxResets < 1) throw badRequest(`maxResets must be an integer >= 1, got ${maxResets}`, "maxResets");
+    if (!Number.isFinite(windowMs) || windowMs < 0) throw badRequest(`windowMs must be a finite number >= 0, got ${windowMs}`, "windowMs");
     this.#max = maxResets;
     this.#windowMs = windowMs;
     this.#clock = clock;

@@ -12,7 +12,7 @@ import { context } from "zeromq";
  * connection observer), plus a replay DEALER while it replays: about 3,400 ranks fit with room
  * for the mesh's sockets (#17 F2 measured the cap at about 3,413 ranks, not the 4,096 once
  * written here). A rank past it makes its worker incomplete with ZeroMQ's EMFILE as the reason
- * (src/daemon.ts), never schedulable.
+ * (src/app/daemon.ts), never schedulable.
  */
 export const DAEMON_ZMQ_MAX_SOCKETS = 10_240;
 

@@ -1,6 +1,6 @@
 /**
  * Metrics whose values are read at scrape time from counters a component keeps as plain numbers
- * (a property increment on the hot path, ~1 ns), rather than observed through prom-client as they
+ * (a property increment on the hot path), rather than observed through prom-client as they
  * change. Each scrape resets the family and copies the current values in, so a labelled series
  * whose subject is gone (a removed worker rank) disappears with it.
  */

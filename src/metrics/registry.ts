@@ -5,8 +5,8 @@
  *
  * Counters that live as plain numbers in hot paths (the selection core's stats, the mesh's stats)
  * are read at scrape time by collect() callbacks (see collected.ts): the select path pays nothing
- * for metrics. Only per-request HTTP series are observed as they happen (~80 ns a counter inc,
- * ~230 ns a histogram observe, against tens of µs per request).
+ * for metrics. Only per-request HTTP series are observed as they happen (a counter inc and a
+ * histogram observe are a small fraction of a request's cost: `npm run bench:http`).
  */
 import { collectDefaultMetrics, Registry } from "prom-client";
 
@@ -27,10 +27,10 @@ const DROPPED_DEFAULT_METRICS = ["nodejs_active_handles_total", "nodejs_active_r
 
 /**
  * Sampling interval of the event-loop delay histogram (nodejs_eventloop_lag_*), ms. prom-client's
- * default, 10 ms, arms a libuv timer that wakes the main thread 100 times a second: measured at
- * 8 ms of CPU a second on this machine (0.8% of a core, most of an idle replica's 10 ms/s). At
- * 100 ms it costs ~1 ms/s; a stall still shows in full in the next sample, it is only sampled
- * less often.
+ * default, 10 ms, arms a libuv timer that wakes the main thread 100 times a second, which was
+ * most of an idle replica's main-thread CPU (`npm run bench:scale` reports the idle rate). At
+ * 100 ms it wakes a tenth as often; a stall still shows in full in the next sample, it is only
+ * sampled less often.
  */
 export const EVENT_LOOP_SAMPLE_INTERVAL_MS = 100;
 

@@ -13,13 +13,12 @@
 import { readFileSync } from "node:fs";
 import { Context } from "zeromq";
 
-import type { Clock } from "../core/clock.js";
+import type { Clock, Timers } from "../core/time.js";
 import { badRequest } from "../core/errors.js";
 import { DEFAULT_MODEL_NAME, type WorkerId, type WorkerRequest } from "../core/types.js";
 import { DEFAULT_SUBSCRIBER_WAIT_MS, MockKvPublisher } from "./kv-event-publisher.js";
 import { MockEngine, DEFAULT_ENGINE_BLOCK_SIZE, type EngineRequest, type EngineResult, type EngineStats, type MockEngineConfig } from "./mock-engine.js";
 import { MockOpenAIServer } from "./openai-server.js";
-import type { Timers } from "./timers.js";
 
 /** One engine rank as a router registers it. */
 export interface EngineDescriptor {
@@ -75,7 +74,7 @@ export interface FleetOptions extends FleetEngineConfig {
    */
   readonly openai?: FleetOpenAIOptions | undefined;
   readonly clock?: Clock;
-  readonly timers?: Timers;
+  readonly timers?: Pick<Timers, "setTimeout">;
 }
 
 /** The HTTP API every rank of a fleet serves. */

@@ -27,13 +27,12 @@
  * at the next step boundary when a request arrives, so 1,024 mostly-decoding engines cost a timer
  * per finished request rather than one per token.
  */
-import { systemClock, type Clock } from "../core/clock.js";
+import { systemClock, type Clock, keepAliveTimers, type TimerHandle, type Timers } from "../core/time.js";
 import { KvmeshError } from "../core/errors.js";
 import { hashCount, pairToBigInt, type HashList } from "../core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../core/hashing.js";
 import { PagedKvCache } from "./kv-cache.js";
 import type { MockKvEvent } from "./kv-event-publisher.js";
-import { systemTimers, type TimerHandle, type Timers } from "./timers.js";
 
 /** vLLM's default KV block size, tokens. */
 export const DEFAULT_ENGINE_BLOCK_SIZE = 16;
@@ -120,7 +119,7 @@ export interface MockEngineConfig {
   /** Trace ms per wall ms: 10 runs a 10-minute trace in a minute. */
   readonly speedup?: number;
   readonly clock?: Clock;
-  readonly timers?: Timers;
+  readonly timers?: Pick<Timers, "setTimeout">;
   readonly events?: KvEventSink | null;
   /** Called as each step is scheduled (tests, tracing). */
   readonly onStep?: (step: EngineStepInfo) => void;
@@ -184,7 +183,7 @@ export class MockEngine {
   readonly #decodeMsPerToken: number;
   readonly #speedup: number;
   readonly #clock: Clock;
-  readonly #timers: Timers;
+  readonly #timers: Pick<Timers, "setTimeout">;
   readonly #sink: KvEventSink | null;
   readonly #onStep: ((step: EngineStepInfo) => void) | undefined;
 
@@ -232,7 +231,7 @@ export class MockEngine {
     this.#decodeMsPerToken = nonNegative(config.decodeMsPerToken ?? DEFAULT_DECODE_MS_PER_TOKEN, "decodeMsPerToken");
     this.#speedup = positive(config.speedup ?? 1, "speedup");
     this.#clock = config.clock ?? systemClock;
-    this.#timers = config.timers ?? systemTimers;
+    this.#timers = config.timers ?? keepAliveTimers;
     this.#sink = config.events ?? null;
     this.#onStep = config.onStep;
     this.cache = new PagedKvCache({
@@ -303,7 +302,7 @@ export class MockEngine {
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
-    if (this.#timer !== null) this.#timers.clearTimeout(this.#timer);
+    this.#timer?.cancel();
     this.#timer = null;
     const err = new KvmeshError("KVMESH_SHUTTING_DOWN", `engine ${this.workerId}/${this.dpRank} closed`);
     for (const r of this.#running) r.reject(err);
@@ -334,7 +333,7 @@ export class MockEngine {
       if (keep < this.#fastForwardSteps) {
         this.#fastForwardSteps = keep;
         this.#stepEnd = this.#stepStart + keep * stepWall;
-        if (this.#timer !== null) this.#timers.clearTimeout(this.#timer);
+        this.#timer?.cancel();
         this.#armStepTimer();
       }
     }

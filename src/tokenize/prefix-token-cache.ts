@@ -53,6 +53,7 @@ export class PrefixTokenCache {
   constructor(options: { maxEntries?: number; maxTokens?: number; onEvict?: () => void } = {}) {
     this.#maxEntries = options.maxEntries ?? DEFAULT_PREFIX_CACHE_MAX_ENTRIES;
     this.#maxTokens = options.maxTokens ?? DEFAULT_PREFIX_CACHE_MAX_TOKENS;
+    // Assertion (a programming error, never input): resolveTokenizerOptions checked both bounds.
     if (!Number.isSafeInteger(this.#maxEntries) || this.#maxEntries < 1) throw new RangeError(`maxEntries must be a positive integer, got ${this.#maxEntries}`);
     if (!Number.isSafeInteger(this.#maxTokens) || this.#maxTokens < 1) throw new RangeError(`maxTokens must be a positive integer, got ${this.#maxTokens}`);
     this.#onEvict = options.onEvict ?? (() => undefined);

@@ -4,7 +4,8 @@
  * flood the log. The first occurrence is logged at once; later ones at most once per interval,
  * with the number suppressed in between. Counters in /metrics stay exact.
  */
-import { systemClock, type Clock } from "../core/clock.js";
+import { badRequest } from "../core/errors.js";
+import { systemClock, type Clock } from "../core/time.js";
 
 /** One line per this many ms at most, per throttle. */
 export const DEFAULT_LOG_THROTTLE_INTERVAL_MS = 10_000;
@@ -16,7 +17,7 @@ export class LogThrottle {
   #suppressed = 0;
 
   constructor(intervalMs: number = DEFAULT_LOG_THROTTLE_INTERVAL_MS, clock: Clock = systemClock) {
-    if (!Number.isFinite(intervalMs) || intervalMs < 0) throw new RangeError(`intervalMs must be a finite number >= 0, got ${intervalMs}`);
+    if (!Number.isFinite(intervalMs) || intervalMs < 0) throw badRequest(`intervalMs must be a finite number >= 0, got ${intervalMs}`, "intervalMs");
     this.#intervalMs = intervalMs;
     this.#clock = clock;
   }

@@ -12,7 +12,7 @@ import { buildCli } from "../../cli/program.js";
 import { writeKeyPair } from "../../cli/keys.js";
 import type { RunningDaemon, ShutdownSignal, SignalSource } from "../../cli/serve.js";
 import { loadAllowFiles, loadMeshKeyFile, MeshKeyPair } from "../../mesh/curve.js";
-import type { DaemonConfig } from "../../src/daemon.js";
+import type { DaemonConfig } from "../../src/app/daemon.js";
 import { runCli } from "../helpers/cli-harness.js";
 import { waitFor } from "../helpers/wait.js";
 

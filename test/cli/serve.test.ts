@@ -6,8 +6,8 @@ import { buildCli, type CliDeps } from "../../cli/program.js";
 import { FORCED_EXIT_CODE, fieldNamer, logBaseFields, usageMessage, type RunningDaemon, type ShutdownSignal, type SignalSource } from "../../cli/serve.js";
 import { envNameFor } from "../../cli/parsers.js";
 import { negatablePairs } from "../../cli/negatable-pairs.js";
-import { configError } from "../../src/config.js";
-import { DEFAULT_DAEMON_CONFIG, type DaemonConfig } from "../../src/daemon.js";
+import { configError } from "../../src/app/config.js";
+import { DEFAULT_DAEMON_CONFIG, type DaemonConfig } from "../../src/app/daemon.js";
 import { waitFor } from "../helpers/wait.js";
 
 class FakeSignals implements SignalSource {

@@ -7,7 +7,7 @@
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 
-import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/app/daemon.js";
 import { parseJson, stringifyJson } from "../../src/http/json.js";
 import { withFreePortPair } from "../helpers/ports.js";
 import { serveInProcess } from "../helpers/serve-in-process.js";

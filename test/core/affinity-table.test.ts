@@ -8,7 +8,8 @@ import {
   type Lease,
   type SessionBinding,
 } from "../../src/core/affinity-table.js";
-import { ManualClock, seededRandom } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
+import { seededRandom } from "../../src/core/random.js";
 import { KvmeshError } from "../../src/core/errors.js";
 import { kvmeshErrorOf } from "../helpers/errors.js";
 

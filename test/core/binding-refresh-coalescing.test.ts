@@ -10,7 +10,7 @@
 import { describe, expect, it } from "vitest";
 
 import { AffinityTable, refreshCoalesceWindowMs, type AffinityTableOptions, type BindingReason, type Lease } from "../../src/core/affinity-table.js";
-import { ManualClock } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
 import type { BindingEvent } from "../../src/core/replica-events.js";
 import { makeService, tokens, worker } from "../helpers/core-fixtures.js";
 import { kvmeshErrorOf } from "../helpers/errors.js";

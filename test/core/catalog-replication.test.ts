@@ -5,7 +5,8 @@
  */
 import { describe, expect, it } from "vitest";
 import { DEFAULT_CATALOG_TOMBSTONE_TTL_MS } from "../../src/core/catalog-replication.js";
-import { ManualClock, seededRandom } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
+import { seededRandom } from "../../src/core/random.js";
 import type { CatalogEvent, WorkerStatusEvent } from "../../src/core/replica-events.js";
 import { SelectionService } from "../../src/core/selection-service.js";
 import { worker } from "../helpers/core-fixtures.js";

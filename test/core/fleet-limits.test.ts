@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 
-import { ManualClock, seededRandom } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
+import { seededRandom } from "../../src/core/random.js";
 import { DEFAULT_MAX_PARTITIONS, DEFAULT_MAX_RANKS, SelectionService } from "../../src/core/selection-service.js";
 import { makeService, tokens, worker } from "../helpers/core-fixtures.js";
 import { kvmeshErrorOf as fleetLimit } from "../helpers/errors.js";

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { ManualClock, seededRandom } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
+import { seededRandom } from "../../src/core/random.js";
 import type { BindingEvent } from "../../src/core/replica-events.js";
 import { DEFAULT_PARKED_BINDING_TTL_MS, SelectionService, type SelectionServiceOptions } from "../../src/core/selection-service.js";
 import type { SessionBindingInput } from "../../src/core/session-binding-input.js";

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { ManualClock, seededRandom } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
+import { seededRandom } from "../../src/core/random.js";
 import { hashListFromBigInts, type HashList } from "../../src/core/hash64.js";
 import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, LoadLedger } from "../../src/core/load-ledger.js";
 import { codeOf } from "../helpers/errors.js";

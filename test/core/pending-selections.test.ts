@@ -5,7 +5,7 @@ import {
   DEFAULT_PENDING_TTL_MS,
   PendingSelections,
 } from "../../src/core/pending-selections.js";
-import { ManualClock } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
 import { KvmeshError } from "../../src/core/errors.js";
 
 function make(overrides: { ttlMs?: number; maxEntries?: number; maxBytes?: number; largeEntryBytes?: number; maxLargeBytes?: number } = {}, clock = new ManualClock(0)) {

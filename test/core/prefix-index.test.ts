@@ -2,7 +2,7 @@ import { describe, it, expect } from "vitest";
 import { PrefixIndex, STORAGE_TIERS, type StorageTier, type MatchResult } from "../../src/core/prefix-index.js";
 import { computeSequenceHashes } from "../../src/core/hashing.js";
 import { hashListFromBigInts, pairToBigInt, type HashList } from "../../src/core/hash64.js";
-import { seededRandom, type Random } from "../../src/core/clock.js";
+import { seededRandom, type Random } from "../../src/core/random.js";
 
 /**
  * Blocks are named by small "content ids"; a request / stored chain is a path of ids. The local

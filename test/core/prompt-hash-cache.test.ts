@@ -1,5 +1,5 @@
 import { describe, it, expect } from "vitest";
-import { seededRandom, type Random } from "../../src/core/clock.js";
+import { seededRandom, type Random } from "../../src/core/random.js";
 import { KvmeshError } from "../../src/core/errors.js";
 import { computeBlockHashes, computeSequenceHashes, saltSeed } from "../../src/core/hashing.js";
 import { DEFAULT_PROMPT_HASH_CACHE_BLOCKS, PromptHashCache, promptBlockKey, type PromptHashOptions } from "../../src/core/prompt-hash-cache.js";
@@ -294,8 +294,8 @@ describe("PromptHashCache", () => {
     expect(cache.accepts(16, false)).toBe(false);
     expect(cache.accepts(32, true)).toBe(false);
     expect(new PromptHashCache({ blockSize: 64 }).tableBytes).toBe(65_536 * 304);
-    expect(() => new PromptHashCache({ blockSize: 0 })).toThrow(RangeError);
-    expect(() => new PromptHashCache({ blockSize: 1.5 })).toThrow(RangeError);
-    expect(() => new PromptHashCache({ blockSize: 4, capacityBlocks: 7 })).toThrow(RangeError);
+    expect(() => new PromptHashCache({ blockSize: 0 })).toThrow(KvmeshError);
+    expect(() => new PromptHashCache({ blockSize: 1.5 })).toThrow(KvmeshError);
+    expect(() => new PromptHashCache({ blockSize: 4, capacityBlocks: 7 })).toThrow(KvmeshError);
   });
 });

@@ -1,5 +1,5 @@
 import { describe, it, expect } from "vitest";
-import { seededRandom } from "../../src/core/clock.js";
+import { seededRandom } from "../../src/core/random.js";
 import { hashListFromBigInts } from "../../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import { MAX_PROMPT_TOKENS, normalizePrompt } from "../../src/core/prompt.js";

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { seededRandom, type Random } from "../../src/core/clock.js";
+import { seededRandom, type Random } from "../../src/core/random.js";
 import { KvmeshError } from "../../src/core/errors.js";
 import {
   DEFAULT_SELECTOR_CONFIG,

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { ManualClock, seededRandom } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
+import { seededRandom } from "../../src/core/random.js";
 import type { BindingEvent, LoadEvent } from "../../src/core/replica-events.js";
 import { SelectionService } from "../../src/core/selection-service.js";
 import { tokens, worker } from "../helpers/core-fixtures.js";

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { seededRandom } from "../../src/core/clock.js";
+import { seededRandom } from "../../src/core/random.js";
 import { spreadKey, TieSpreader } from "../../src/core/tie-spread.js";
 
 const costs = (...c: number[]): Float64Array => Float64Array.from(c);

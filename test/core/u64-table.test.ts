@@ -1,6 +1,8 @@
 import { describe, it, expect } from "vitest";
+
+import { KvmeshError } from "../../src/core/errors.js";
 import { U64Table } from "../../src/core/u64-table.js";
-import { seededRandom } from "../../src/core/clock.js";
+import { seededRandom } from "../../src/core/random.js";
 
 const keyOf = (tag: number, hi: number, lo: number): string => `${tag}:${hi}:${lo}`;
 
@@ -42,7 +44,7 @@ describe("U64Table", () => {
     expect(() => { t.set(1, 1, 1, 2 ** 31); }).toThrow(RangeError);
     expect(() => { t.set(1, 1, 1, 1.5); }).toThrow(RangeError);
     expect(t.size).toBe(0);
-    expect(() => new U64Table(0)).toThrow(RangeError);
+    expect(() => new U64Table(0)).toThrow(KvmeshError);
   });
 
   it("delete reports presence and keeps colliding keys reachable", () => {

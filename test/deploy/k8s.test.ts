@@ -13,8 +13,8 @@ import { afterAll, describe, expect, it } from "vitest";
 import { parseAllDocuments } from "yaml";
 
 import { writeKeyPair } from "../../cli/keys.js";
-import type { DaemonConfig } from "../../src/daemon.js";
-import { parseWorkersFile } from "../../src/workers-file.js";
+import type { DaemonConfig } from "../../src/app/daemon.js";
+import { parseWorkersFile } from "../../src/app/workers-file.js";
 import { startTestServer } from "../helpers/http-client.js";
 import { serveInProcess } from "../helpers/serve-in-process.js";
 

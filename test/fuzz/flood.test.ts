@@ -10,7 +10,7 @@ import { Registry } from "prom-client";
 import { Dealer, Router, XPublisher } from "zeromq";
 import { afterAll, describe, expect, it } from "vitest";
 
-import { ManualClock } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
 import { hashListFromBigInts } from "../../src/core/hash64.js";
 import { DEFAULT_PARKED_BINDINGS_MAX } from "../../src/core/selection-service.js";
 import { DEFAULT_REORDER_STATE_MAX_ENTRIES } from "../../src/core/replica-events.js";

@@ -6,7 +6,7 @@
 import { connect, type Socket } from "node:net";
 import { Packr, Unpackr } from "msgpackr";
 
-import { seededRandom, type Random } from "../../src/core/clock.js";
+import { seededRandom, type Random } from "../../src/core/random.js";
 
 /** A JSON literal written verbatim (numbers JSON.stringify cannot produce, or invalid text). */
 export class RawJson {
@@ -40,7 +40,7 @@ export function jsonText(v: unknown): string {
   }
 }
 
-/** Seeded helpers over src/core/clock.ts's mulberry32: the same seed replays the same cases. */
+/** Seeded helpers over src/core/random.ts's mulberry32: the same seed replays the same cases. */
 export class Fuzz {
   readonly #r: Random;
   constructor(seed: number) {

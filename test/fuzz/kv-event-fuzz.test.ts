@@ -10,7 +10,7 @@
 import { pino } from "pino";
 import { afterAll, describe, expect, it } from "vitest";
 
-import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/app/daemon.js";
 import { KvmeshError } from "../../src/core/errors.js";
 import { stringifyJson } from "../../src/http/json.js";
 import { decodeKvEventBatch, type KvEventBatch } from "../../src/ingest/kv-event-decoder.js";

@@ -1,5 +1,6 @@
 /** Builders shared by core tests: workers, prompts and the KV events an engine would publish. */
-import { ManualClock, seededRandom } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
+import { seededRandom } from "../../src/core/random.js";
 import { hashListToBigInts } from "../../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import type { KvEventBatch } from "../../src/ingest/kv-event-decoder.js";

@@ -10,6 +10,7 @@ import { randomBytes } from "node:crypto";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 
 import { ip } from "../../scripts/lib/netns-partition.js";
+import { onLines } from "../../src/util/lines.js";
 
 export { netnsUnavailableReason } from "../../scripts/lib/netns-partition.js";
 
@@ -90,16 +91,11 @@ export function createHostsNamespace(): HostsNamespace {
     ip("netns", "add", name);
     ip("-n", name, "link", "set", "lo", "up");
     relay = spawn(prefix[0] as string, [...prefix.slice(1), process.execPath, "-e", RELAY], { stdio: ["pipe", "pipe", "inherit"] });
-    let partial = "";
-    relay.stdout?.on("data", (d: Buffer) => {
-      const lines = (partial + d.toString()).split("\n");
-      partial = lines.pop() ?? "";
-      for (const l of lines) {
-        const r = JSON.parse(l) as { id: number; status?: number; text?: string; error?: string };
-        const w = waiting.get(r.id);
-        waiting.delete(r.id);
-        w?.(r.error === undefined ? { status: r.status ?? 0, text: r.text ?? "" } : new Error(r.error));
-      }
+    onLines(relay.stdout, (l) => {
+      const r = JSON.parse(l) as { id: number; status?: number; text?: string; error?: string };
+      const w = waiting.get(r.id);
+      waiting.delete(r.id);
+      w?.(r.error === undefined ? { status: r.status ?? 0, text: r.text ?? "" } : new Error(r.error));
     });
   } catch (err) {
     ns.destroy();

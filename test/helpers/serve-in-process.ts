@@ -7,7 +7,7 @@ import { CommanderError, type Command } from "commander";
 
 import { buildCli, defaultCliDeps } from "../../cli/program.js";
 import type { RunningDaemon, ShutdownSignal } from "../../cli/serve.js";
-import type { DaemonConfig } from "../../src/daemon.js";
+import type { DaemonConfig } from "../../src/app/daemon.js";
 import { waitFor } from "./wait.js";
 
 export interface ServeOutcome {

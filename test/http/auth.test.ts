@@ -10,7 +10,7 @@ import { inspect } from "node:util";
 import { pino } from "pino";
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 
-import { DEFAULT_DAEMON_CONFIG, isLoopbackHost, startDaemon, type Daemon } from "../../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG, isLoopbackHost, startDaemon, type Daemon } from "../../src/app/daemon.js";
 import { kvmeshErrorOf } from "../helpers/errors.js";
 import { ApiToken, checkBearer, loadApiTokenFile, readApiTokenText, requiresApiToken, wwwAuthenticateFor } from "../../src/http/auth.js";
 import { runCli } from "../helpers/cli-harness.js";

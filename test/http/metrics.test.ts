@@ -9,7 +9,7 @@ import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 
 import { MeshKeyPair, type MeshCurveConfig } from "../../mesh/curve.js";
-import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon, type DaemonConfig } from "../../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon, type DaemonConfig } from "../../src/app/daemon.js";
 import { stringifyJson } from "../../src/http/json.js";
 import { packageVersion } from "../../src/metrics/build-info.js";
 import { METRICS_CONTENT_TYPE } from "../../src/metrics/registry.js";

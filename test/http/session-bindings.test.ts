@@ -4,7 +4,7 @@ import { request, type IncomingMessage, type ServerResponse } from "node:http";
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 
-import { ManualClock } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
 import { parseJson } from "../../src/http/json.js";
 import { startHttpServer } from "../../src/http/server.js";
 import { BindingReplayRing, NDJSON_CONTENT_TYPE, SessionBindingsHttp } from "../../src/http/session-bindings.js";

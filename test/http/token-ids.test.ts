@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { seededRandom } from "../../src/core/clock.js";
+import { seededRandom } from "../../src/core/random.js";
 import { KvmeshError } from "../../src/core/errors.js";
 import { parseJsonBytes } from "../../src/http/json.js";
 import { parseSelectRequest } from "../../src/http/schemas.js";

@@ -2,7 +2,7 @@
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/app/daemon.js";
 import { ApiToken } from "../../src/http/auth.js";
 
 const TOKEN = "uI7tK2pQ9xV4mN8bR3wS6yZ1cF5hJ0dL";

@@ -5,6 +5,8 @@ import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { describe, expect, it } from "vitest";
 
+import { KvmeshError } from "../../src/core/errors.js";
+
 import type { ModelLoadResponse, WorkerCatalogRecord } from "../../src/core/types.js";
 import { loadUiAssets, UI_ASSET_FILES } from "../../src/http/ui/ui-assets.js";
 import { StatusPage } from "../../src/http/ui/ui-routes.js";
@@ -90,8 +92,8 @@ describe("RoutingHistory", () => {
   });
 
   it("refuses a capacity below 2", () => {
-    expect(() => new RoutingHistory(1)).toThrow(RangeError);
-    expect(() => new RoutingHistory(2.5)).toThrow(RangeError);
+    expect(() => new RoutingHistory(1)).toThrow(KvmeshError);
+    expect(() => new RoutingHistory(2.5)).toThrow(KvmeshError);
   });
 });
 

@@ -16,7 +16,7 @@
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 
-import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/app/daemon.js";
 import { parseJson, stringifyJson } from "../../src/http/json.js";
 import { MockKvPublisher, packMsgpack } from "../helpers/kv-publisher.js";
 import { waitFor } from "../helpers/wait.js";

@@ -6,7 +6,7 @@
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 
-import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/app/daemon.js";
 import { parseJson, stringifyJson } from "../../src/http/json.js";
 import { MAX_KV_EVENTS_PER_MESSAGE, MAX_KV_HASHES_PER_MESSAGE } from "../../src/ingest/kv-event-decoder.js";
 import { MockKvPublisher, packMsgpack } from "../helpers/kv-publisher.js";

@@ -1,7 +1,7 @@
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 
-import { DEFAULT_DAEMON_CONFIG, startDaemon } from "../../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG, startDaemon } from "../../src/app/daemon.js";
 import { parseJson, stringifyJson } from "../../src/http/json.js";
 import { KvEndpointError, KvIngest, type KvRankRef } from "../../src/ingest/kv-ingest.js";
 import { MockKvPublisher } from "../helpers/kv-publisher.js";

@@ -1,6 +1,8 @@
 import { describe, expect, it } from "vitest";
 
-import { ManualClock } from "../../src/core/clock.js";
+import { KvmeshError } from "../../src/core/errors.js";
+
+import { ManualClock } from "../../src/core/time.js";
 import { MAX_RESETS_PER_WINDOW, RESET_DAMPING_WINDOW_MS, ResetDamper } from "../../src/ingest/reset-damper.js";
 
 describe("ResetDamper (#17 F10)", () => {
@@ -35,7 +37,7 @@ describe("ResetDamper (#17 F10)", () => {
   });
 
   it("refuses nonsense settings", () => {
-    expect(() => new ResetDamper(0)).toThrow(RangeError);
-    expect(() => new ResetDamper(2, -1)).toThrow(RangeError);
+    expect(() => new ResetDamper(0)).toThrow(KvmeshError);
+    expect(() => new ResetDamper(2, -1)).toThrow(KvmeshError);
   });
 });

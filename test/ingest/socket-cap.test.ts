@@ -8,7 +8,7 @@ import { pino } from "pino";
 import { context, Publisher } from "zeromq";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/app/daemon.js";
 import { freePortPair } from "../helpers/ports.js";
 import { waitFor } from "../helpers/wait.js";
 

@@ -7,7 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
-import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/app/daemon.js";
 import { hashListToBigInts } from "../../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import { parseJson, stringifyJson } from "../../src/http/json.js";

@@ -5,8 +5,8 @@
  */
 import { request } from "node:http";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { hostReplicationProblem } from "../../src/config.js";
-import { DEFAULT_DAEMON_CONFIG } from "../../src/daemon.js";
+import { hostReplicationProblem } from "../../src/app/config.js";
+import { DEFAULT_DAEMON_CONFIG } from "../../src/app/daemon.js";
 import { spawnDaemon, stopDaemon, type DaemonProcess } from "../helpers/daemon-process.js";
 import { serveInProcess, type ServeOutcome } from "../helpers/serve-in-process.js";
 import { waitFor } from "../helpers/wait.js";

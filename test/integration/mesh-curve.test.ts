@@ -13,7 +13,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { MeshKeyPair, type MeshCurveConfig } from "../../mesh/curve.js";
 import { MeshAuthError, MeshTransport } from "../../mesh/transport.js";
 import { encodeControlRequest } from "../../mesh/wire.js";
-import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/app/daemon.js";
 import { parseJson, stringifyJson } from "../../src/http/json.js";
 import { freePortPair } from "../helpers/ports.js";
 import { waitFor } from "../helpers/wait.js";

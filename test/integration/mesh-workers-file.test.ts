@@ -10,8 +10,8 @@ import { join } from "node:path";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
-import { WORKERS_FILE_POLL_MS } from "../../src/workers-file.js";
+import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/app/daemon.js";
+import { WORKERS_FILE_POLL_MS } from "../../src/app/workers-file.js";
 import { withFreePortPair } from "../helpers/ports.js";
 import { waitFor } from "../helpers/wait.js";
 

@@ -4,7 +4,7 @@
 import { Publisher } from "zeromq";
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
-import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/app/daemon.js";
 import { parseJson, stringifyJson } from "../../src/http/json.js";
 import { freePortPair, withFreePortPair } from "../helpers/ports.js";
 import { waitFor } from "../helpers/wait.js";

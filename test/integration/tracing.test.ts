@@ -8,7 +8,7 @@ import type { AddressInfo } from "node:net";
 import { pino } from "pino";
 import { afterEach, describe, expect, it, vi } from "vitest";
 
-import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/daemon.js";
+import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../src/app/daemon.js";
 import { parseJson, stringifyJson } from "../../src/http/json.js";
 import { withFreePortPair } from "../helpers/ports.js";
 

@@ -27,7 +27,7 @@ import { registerCurveMetrics } from "../../mesh/mesh-metrics.js";
 import { MeshAuthError, MeshTransport, type MeshCurveStats } from "../../mesh/transport.js";
 import { rejectReasonOf } from "../../mesh/zap-handler.js";
 import { LogThrottle } from "../../src/util/log-throttle.js";
-import { ManualClock } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
 import { kvmeshErrorOf } from "../helpers/errors.js";
 import { freePortPair } from "../helpers/ports.js";
 import { waitFor } from "../helpers/wait.js";

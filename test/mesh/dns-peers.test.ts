@@ -1,9 +1,8 @@
 import { pino } from "pino";
 import { describe, expect, it } from "vitest";
 
-import { ManualClock } from "../../src/core/clock.js";
+import { ManualClock, ManualTimers } from "../../src/core/time.js";
 import { DnsPeerDiscovery, isDnsPeer, parseDnsPeer, type Resolve } from "../../mesh/dns-peers.js";
-import { ManualTimers } from "../../mesh/timers.js";
 
 const SELF = "tcp://10.0.0.1:7100";
 

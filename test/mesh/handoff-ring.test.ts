@@ -1,5 +1,7 @@
 import { describe, expect, it } from "vitest";
 
+import { MeshOptionError } from "../../mesh/errors.js";
+
 import { createHandoffRingBuffer, DEFAULT_HANDOFF_RING_BYTES, HandoffRing } from "../../mesh/handoff-ring.js";
 
 const bytes = (n: number, fill: number): Uint8Array => new Uint8Array(n).fill(fill);
@@ -34,7 +36,7 @@ describe("HandoffRing", () => {
     expect(ring.write(bytes(17, 9))).toBe(true);
     expect(ring.write(bytes(61, 0))).toBe(false);
     expect(new HandoffRing(createHandoffRingBuffer(64)).write(bytes(61, 0))).toBe(false);
-    expect(() => createHandoffRingBuffer(8)).toThrow(RangeError);
+    expect(() => createHandoffRingBuffer(8)).toThrow(MeshOptionError);
   });
 
   it("wraps records and their length prefixes around the end of the buffer", () => {

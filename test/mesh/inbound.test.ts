@@ -1,11 +1,10 @@
 import { pino } from "pino";
 import { describe, expect, it } from "vitest";
-import { ManualClock } from "../../src/core/clock.js";
+import { ManualClock, ManualTimers } from "../../src/core/time.js";
 import type { CatalogEvent, LoadEvent, WorkerStatusEvent } from "../../src/core/replica-events.js";
 import { DEPARTED_IGNORE_MS, MeshInbound, MAX_CONCURRENT_SNAPSHOT_PULLS, WORKER_CHANGE_RESNAPSHOT_DELAY_MS, type InboundMembership } from "../../mesh/inbound.js";
 import { DEFAULT_SNAPSHOT_TIMEOUT_MS } from "../../mesh/origin-tracker.js";
 import { DEFAULT_DOWN_AFTER_MS, DEFAULT_SUSPECT_AFTER_MS } from "../../mesh/peer-health.js";
-import { ManualTimers } from "../../mesh/timers.js";
 import { TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type Snapshot } from "../../mesh/types.js";
 import { encodeHeartbeat } from "../../mesh/wire.js";
 import { FakeReplicaPort } from "./fake-replica-port.js";

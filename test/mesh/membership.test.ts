@@ -1,6 +1,6 @@
 import { pino } from "pino";
 import { describe, expect, it } from "vitest";
-import { ManualClock } from "../../src/core/clock.js";
+import { ManualClock } from "../../src/core/time.js";
 import { KvmeshError } from "../../src/core/errors.js";
 import { MAX_CONCURRENT_STATUS_CHECKS, Membership, SILENT_PEER_REDIAL_MAX_MS, SILENT_PEER_REDIAL_MS, SLOT_REFRESH_MS } from "../../mesh/membership.js";
 import type { PeerState } from "../../mesh/peer-health.js";

@@ -1,6 +1,8 @@
 import { describe, expect, it } from "vitest";
 
-import { ManualClock } from "../../src/core/clock.js";
+import { MeshOptionError } from "../../mesh/errors.js";
+
+import { ManualClock } from "../../src/core/time.js";
 import type { Heartbeat, MeshBatch, Snapshot } from "../../mesh/types.js";
 import {
   DEFAULT_SNAPSHOT_TIMEOUT_MS,
@@ -280,10 +282,10 @@ describe("OriginTracker: late and foreign snapshots", () => {
 
   it("rejects invalid options", () => {
     const clock = new ManualClock();
-    expect(() => new OriginTracker(A, { clock, snapshotTimeoutMs: 0 })).toThrow(RangeError);
-    expect(() => new OriginTracker(A, { clock, snapshotTimeoutMs: 500, snapshotTimeoutMaxMs: 100 })).toThrow(RangeError);
-    expect(() => new OriginTracker(A, { clock, resyncBufferMaxBatches: 0 })).toThrow(RangeError);
-    expect(() => new OriginTracker(A, { clock, lagSamples: 0 })).toThrow(RangeError);
+    expect(() => new OriginTracker(A, { clock, snapshotTimeoutMs: 0 })).toThrow(MeshOptionError);
+    expect(() => new OriginTracker(A, { clock, snapshotTimeoutMs: 500, snapshotTimeoutMaxMs: 100 })).toThrow(MeshOptionError);
+    expect(() => new OriginTracker(A, { clock, resyncBufferMaxBatches: 0 })).toThrow(MeshOptionError);
+    expect(() => new OriginTracker(A, { clock, lagSamples: 0 })).toThrow(MeshOptionError);
   });
 });
 
@@ -370,6 +372,6 @@ describe("MeshReceiver", () => {
   });
 
   it("validates its options up front", () => {
-    expect(() => new MeshReceiver({ clock: new ManualClock(), snapshotTimeoutMs: -1 })).toThrow(RangeError);
+    expect(() => new MeshReceiver({ clock: new ManualClock(), snapshotTimeoutMs: -1 })).toThrow(MeshOptionError);
   });
 });

@@ -1,5 +1,7 @@
 import { describe, expect, it } from "vitest";
 
+import { MeshOptionError } from "../../mesh/errors.js";
+
 import { hashListFromBigInts } from "../../src/core/hash64.js";
 import type { MeshEvent } from "../../mesh/types.js";
 import { DEFAULT_BATCH_MAX_EVENTS, DEFAULT_OUTBOUND_MAX_EVENTS, OutboundQueue } from "../../mesh/outbound-queue.js";
@@ -124,12 +126,12 @@ describe("OutboundQueue", () => {
   });
 
   it("rejects invalid bounds", () => {
-    expect(() => new OutboundQueue({ maxEvents: 0 })).toThrow(RangeError);
-    expect(() => new OutboundQueue({ maxBytes: 0 })).toThrow(RangeError);
+    expect(() => new OutboundQueue({ maxEvents: 0 })).toThrow(MeshOptionError);
+    expect(() => new OutboundQueue({ maxBytes: 0 })).toThrow(MeshOptionError);
     const q = new OutboundQueue();
-    expect(() => q.drainBatches(0)).toThrow(RangeError);
-    expect(() => q.drainBatches(MAX_EVENTS_PER_BATCH + 1)).toThrow(RangeError);
-    expect(() => q.drainBatches(10, 0)).toThrow(RangeError);
+    expect(() => q.drainBatches(0)).toThrow(MeshOptionError);
+    expect(() => q.drainBatches(MAX_EVENTS_PER_BATCH + 1)).toThrow(MeshOptionError);
+    expect(() => q.drainBatches(10, 0)).toThrow(MeshOptionError);
   });
 
   it("holds 100k events at the default bound and drains them in order", () => {

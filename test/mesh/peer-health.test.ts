@@ -1,5 +1,7 @@
 import { describe, expect, it } from "vitest";
 
+import { MeshOptionError } from "../../mesh/errors.js";
+
 import {
   bindingDigestTerm,
   bookingDigestTerm,
@@ -77,8 +79,8 @@ describe("PeerHealth", () => {
   });
 
   it("rejects inconsistent thresholds", () => {
-    expect(() => new PeerHealth({ suspectAfterMs: 0 })).toThrow(RangeError);
-    expect(() => new PeerHealth({ suspectAfterMs: 5_000, downAfterMs: 5_000 })).toThrow(RangeError);
+    expect(() => new PeerHealth({ suspectAfterMs: 0 })).toThrow(MeshOptionError);
+    expect(() => new PeerHealth({ suspectAfterMs: 5_000, downAfterMs: 5_000 })).toThrow(MeshOptionError);
   });
 });
 

@@ -1,10 +1,9 @@
 import { pino } from "pino";
 import { describe, expect, it } from "vitest";
 
-import { ManualClock } from "../../src/core/clock.js";
+import { ManualClock, ManualTimers } from "../../src/core/time.js";
 import type { LoadAggregates } from "../../src/core/replica-events.js";
 import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, MeshPublisher, type AggregateSource, type PublishLink } from "../../mesh/publisher.js";
-import { ManualTimers } from "../../mesh/timers.js";
 import { TOPIC_BATCH } from "../../mesh/types.js";
 import { decodeBatch } from "../../mesh/wire.js";
 

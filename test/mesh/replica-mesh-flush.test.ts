@@ -1,12 +1,11 @@
 import { pino } from "pino";
 import { describe, expect, it } from "vitest";
-import { ManualClock } from "../../src/core/clock.js";
+import { ManualClock, ManualTimers } from "../../src/core/time.js";
 import { KvmeshError } from "../../src/core/errors.js";
 import type { LoadEvent } from "../../src/core/replica-events.js";
 import { MeshOptionError } from "../../mesh/errors.js";
 import { MeshPublisher, type PublishLink } from "../../mesh/publisher.js";
 import { ReplicaMesh } from "../../mesh/replica-mesh.js";
-import { ManualTimers } from "../../mesh/timers.js";
 import { TOPIC_BATCH, TOPIC_HEARTBEAT } from "../../mesh/types.js";
 import { decodeBatch, decodeHeartbeat } from "../../mesh/wire.js";
 import { FakeReplicaPort } from "./fake-replica-port.js";

@@ -6,12 +6,12 @@
  */
 import { afterEach, describe, expect, it } from "vitest";
 
-import { seededRandom } from "../../src/core/clock.js";
+import { seededRandom } from "../../src/core/random.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import { KvIngest } from "../../src/ingest/kv-ingest.js";
 import { MockKvPublisher } from "../../src/mock/kv-event-publisher.js";
 import { MockEngine } from "../../src/mock/mock-engine.js";
-import { ManualTimers } from "../../src/mock/timers.js";
+import { ManualTimers } from "../../src/core/time.js";
 import { SelectionService } from "../../src/core/selection-service.js";
 import { waitFor } from "../helpers/wait.js";
 

@@ -5,7 +5,7 @@ import { hashListToBigInts } from "../../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
 import type { MockKvEvent } from "../../src/mock/kv-event-publisher.js";
 import { MockEngine, type EngineResult, type EngineStepInfo, type MockEngineConfig } from "../../src/mock/mock-engine.js";
-import { ManualTimers, type Timers } from "../../src/mock/timers.js";
+import { ManualTimers, type Timers } from "../../src/core/time.js";
 
 const BLOCK = 4;
 
@@ -124,12 +124,7 @@ describe("MockEngine scheduler", () => {
     const run = async (lateMs: number): Promise<{ results: EngineResult[]; maxLagMs: number }> => {
       const timers = new ManualTimers();
       // Every timer fires `lateMs` after it was due, as on an overloaded host.
-      const late: Timers = {
-        setTimeout: (fn, ms) => timers.setTimeout(fn, ms + lateMs),
-        clearTimeout: (h) => {
-          timers.clearTimeout(h);
-        },
-      };
+      const late: Pick<Timers, "setTimeout"> = { setTimeout: (fn, ms) => timers.setTimeout(fn, ms + lateMs) };
       const engine = new MockEngine({ workerId: 1n, blockSize: BLOCK, kvBlocks: 64, maxBatchTokens: 16, prefillMsPerToken: 1, decodeMsPerToken: 10, clock: timers, timers: late });
       const promises = [prompt(40, 1), prompt(12, 2), prompt(20, 3)].map((tokens, i) => engine.submit({ requestId: `r${i}`, tokens, outputTokens: 4 + i }));
       timers.runAll();

@@ -7,6 +7,8 @@
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 
+import { KvmeshError } from "../../core/errors.js";
+
 export interface UiAsset {
   readonly body: string;
   readonly contentType: string;
@@ -32,7 +34,7 @@ export function loadUiAssets(dir: URL = UI_STATIC_DIR): Map<string, UiAsset> {
     try {
       body = readFileSync(url, "utf8");
     } catch (err) {
-      throw new Error(`status page file ${fileURLToPath(url)} is missing (npm run build copies src/http/ui/static next to the compiled module)`, { cause: err });
+      throw new KvmeshError("KVMESH_INTERNAL", `status page file ${fileURLToPath(url)} is missing (npm run build copies src/http/ui/static next to the compiled module)`, { cause: err });
     }
     out.set(path, { body, contentType });
   }

@@ -5,9 +5,9 @@
  * (RoutingHistory), so the page's rates cover the last minutes even when it was just opened.
  */
 import type { SelectionService } from "../../core/selection-service.js";
-import type { MeshControl } from "../../../mesh/replica-port.js";
+import type { MeshControl } from "../mesh-control.js";
 import { readiness } from "../readiness.js";
-import type { Reply, RequestContext, Route } from "../server.js";
+import type { Reply, RequestContext, Route } from "../route.js";
 import { loadUiAssets, type UiAsset } from "./ui-assets.js";
 import { parseUiQuery, rankTable, routingView, RoutingHistory, UI_SAMPLE_INTERVAL_MS, workerSummary, type RoutingSample } from "./ui-state.js";
 

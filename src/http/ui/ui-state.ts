@@ -98,7 +98,7 @@ export class RoutingHistory {
   #size = 0;
 
   constructor(readonly capacity: number = UI_HISTORY_SAMPLES) {
-    if (!(Number.isInteger(capacity) && capacity >= 2)) throw new RangeError(`RoutingHistory capacity must be an integer >= 2, got ${capacity}`);
+    if (!(Number.isInteger(capacity) && capacity >= 2)) throw badRequest(`RoutingHistory capacity must be an integer >= 2, got ${capacity}`, "capacity");
     this.#ring = new Array<RoutingSample | undefined>(capacity);
   }
 

@@ -8,21 +8,21 @@
  * booking cap, selector weights) are not repeated here: the core checks the very options this
  * config maps to, and its error comes back as a config error naming this config's field.
  */
-import { loadMeshCurveConfig, type MeshCurveConfig } from "../mesh/curve.js";
-import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
-import { DEFAULT_PEER_DNS_INTERVAL_SECS } from "../mesh/dns-peers.js";
-import { DEFAULT_MESH_STARTUP_SYNC_SECS } from "../mesh/startup-sync.js";
-import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_APPLY_INTERVAL_MS, DEFAULT_MESH_APPLY_MAX_DELAY_MS, DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../mesh/replica-mesh.js";
-import type { LoadReplication } from "./core/replica-events.js";
-import { isKvmeshError, KvmeshError } from "./core/errors.js";
-import { DEFAULT_PENDING_MAX_BYTES, DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "./core/pending-selections.js";
-import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS, DEFAULT_MAX_PARTITIONS, DEFAULT_MAX_RANKS, DEFAULT_MAX_RESERVATION_BYTES, type SelectionServiceOptions } from "./core/selection-service.js";
-import { resolveServiceOptions } from "./core/service-options.js";
-import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "./core/selector-config.js";
-import { loadApiTokenFile, type ApiToken } from "./http/auth.js";
-import { DEFAULT_BODY_LIMIT_BYTES } from "./http/server.js";
-import { DEFAULT_TRACES_SERVICE_NAME, tracesEndpointProblem } from "./http/tracing.js";
-import { DEFAULT_REPLAY_TIMEOUT_MS } from "./ingest/kv-event-listener.js";
+import { loadMeshCurveConfig, type MeshCurveConfig } from "../../mesh/curve.js";
+import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../../mesh/endpoints.js";
+import { DEFAULT_PEER_DNS_INTERVAL_SECS } from "../../mesh/dns-peers.js";
+import { DEFAULT_MESH_STARTUP_SYNC_SECS } from "../../mesh/startup-sync.js";
+import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_APPLY_INTERVAL_MS, DEFAULT_MESH_APPLY_MAX_DELAY_MS, DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../../mesh/replica-mesh.js";
+import type { LoadReplication } from "../core/replica-events.js";
+import { isKvmeshError, KvmeshError } from "../core/errors.js";
+import { DEFAULT_PENDING_MAX_BYTES, DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "../core/pending-selections.js";
+import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS, DEFAULT_MAX_PARTITIONS, DEFAULT_MAX_RANKS, DEFAULT_MAX_RESERVATION_BYTES, type SelectionServiceOptions } from "../core/selection-service.js";
+import { resolveServiceOptions } from "../core/service-options.js";
+import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../core/selector-config.js";
+import { loadApiTokenFile, type ApiToken } from "../http/auth.js";
+import { DEFAULT_BODY_LIMIT_BYTES } from "../http/server.js";
+import { DEFAULT_TRACES_SERVICE_NAME, tracesEndpointProblem } from "../http/tracing.js";
+import { DEFAULT_REPLAY_TIMEOUT_MS } from "../ingest/kv-event-listener.js";
 
 export type LogLevel = "trace" | "debug" | "info" | "warn" | "error" | "fatal" | "silent";
 
@@ -34,7 +34,7 @@ const MS_PER_SEC = 1_000;
 /**
  * The daemon's binding-refresh coalescing window, ms. A continuing session's request refreshes its
  * binding at commit and again at release, and a refresh only extends peers' idle deadline: in the
- * mesh these were ~4 of the ~5 events per batch at 100-200 req/s (issue 13). One second drops
+ * mesh these were most of the events per batch (issue 13; `npm run bench:mesh`). One second drops
  * them to about one per session per second, while a peer's copy of a binding idles out at most
  * 1 s (and at most TTL / 8) before ours (affinity-table.ts refreshCoalesceWindowMs).
  */
@@ -79,7 +79,7 @@ export interface DaemonConfig {
   /** Most worker ranks (sum of data_parallel_size) at once; a registration past it gets 409 KVMESH_FLEET_LIMIT. */
   readonly maxRanks: number;
   readonly bodyLimitBytes: number;
-  /** A JSON or YAML list of workers (the POST /workers shape) reconciled into the catalogue and watched (src/workers-file.ts). */
+  /** A JSON or YAML list of workers (the POST /workers shape) reconciled into the catalogue and watched (src/app/workers-file.ts). */
   readonly workersFile?: string | undefined;
   /** On SIGTERM: seconds `/ready` answers 503 while everything else is served, before shutting down (0: at once). */
   readonly drainSecs: number;

@@ -6,7 +6,7 @@ import { afterEach, describe, expect, it } from "vitest";
 
 import { KvmeshError } from "../../src/core/errors.js";
 import type { WorkerCatalogRecord, WorkerId, WorkerRequest } from "../../src/core/types.js";
-import { parseWorkersFile, WorkersFile, WorkersFileError, type WorkerCatalogTarget } from "../../src/workers-file.js";
+import { parseWorkersFile, WorkersFile, WorkersFileError, type WorkerCatalogTarget } from "../../src/app/workers-file.js";
 import { makeService } from "../helpers/core-fixtures.js";
 import { waitFor } from "../helpers/wait.js";
 

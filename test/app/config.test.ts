@@ -1,5 +1,5 @@
 /**
- * src/config.ts: the daemon's defaults come from the modules that own them, and
+ * src/app/config.ts: the daemon's defaults come from the modules that own them, and
  * resolveDaemonConfig is the one check of the rules spanning several fields (the daemon's own,
  * and the core's, converted into config errors naming the daemon's field).
  */
@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pino } from "pino";
 import { afterAll, describe, expect, it } from "vitest";
-import { DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../mesh/replica-mesh.js";
+import { DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../../mesh/replica-mesh.js";
 import {
   configErrorField,
   DEFAULT_DAEMON_CONFIG,
@@ -17,14 +17,14 @@ import {
   serviceOptionsOf,
   type ConfigField,
   type DaemonConfigInput,
-} from "../src/config.js";
-import { KvmeshError } from "../src/core/errors.js";
-import { DEFAULT_PENDING_MAX_BYTES, DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "../src/core/pending-selections.js";
-import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS } from "../src/core/selection-service.js";
-import { startDaemon } from "../src/daemon.js";
-import { DEFAULT_BODY_LIMIT_BYTES } from "../src/http/server.js";
-import { DEFAULT_REPLAY_TIMEOUT_MS } from "../src/ingest/kv-event-listener.js";
-import { kvmeshErrorOf } from "./helpers/errors.js";
+} from "../../src/app/config.js";
+import { KvmeshError } from "../../src/core/errors.js";
+import { DEFAULT_PENDING_MAX_BYTES, DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "../../src/core/pending-selections.js";
+import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS } from "../../src/core/selection-service.js";
+import { startDaemon } from "../../src/app/daemon.js";
+import { DEFAULT_BODY_LIMIT_BYTES } from "../../src/http/server.js";
+import { DEFAULT_REPLAY_TIMEOUT_MS } from "../../src/ingest/kv-event-listener.js";
+import { kvmeshErrorOf } from "../helpers/errors.js";
 
 const dir = mkdtempSync(join(tmpdir(), "kvmesh-config-"));
 afterAll(() => {

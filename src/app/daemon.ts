@@ -1,27 +1,27 @@
 /**
  * The daemon: a SelectionService fed by KV-event listeners (one ZeroMQ SUB per worker rank, kept
  * in step with the worker catalog), served over HTTP, with periodic upkeep. `kvmesh serve`
- * resolves its flags into a config (src/config.ts) and calls startDaemon; tests start it in process.
+ * resolves its flags into a config (src/app/config.ts) and calls startDaemon; tests start it in process.
  */
 import type { Logger } from "pino";
 import { isLoopbackHost, replicaSyncEndpoints, resolveDaemonConfig, serviceOptionsOf, type DaemonConfig } from "./config.js";
-import { KvEndpointError, KvIngest } from "./ingest/kv-ingest.js";
-import { raiseZmqSocketLimit } from "./ingest/zmq-socket-limit.js";
-import { HttpMetrics } from "./http/metrics.js";
-import { registerIngestMetrics } from "./metrics/ingest-metrics.js";
-import { createMetricsRegistry } from "./metrics/registry.js";
-import { registerServiceMetrics } from "./metrics/service-metrics.js";
-import { startHttpServer, type MeshControl, type RunningHttpServer } from "./http/server.js";
-import { startTracing, tracesExportUrl, type RequestTracer } from "./http/tracing.js";
-import { ReplicaMesh } from "../mesh/replica-mesh.js";
-import type { UiMeshSelf } from "./http/ui/ui-routes.js";
-import { isDnsPeer, parseDnsPeer } from "../mesh/dns-peers.js";
+import { KvEndpointError, KvIngest } from "../ingest/kv-ingest.js";
+import { raiseZmqSocketLimit } from "../ingest/zmq-socket-limit.js";
+import { HttpMetrics } from "../http/metrics.js";
+import { registerIngestMetrics } from "../metrics/ingest-metrics.js";
+import { createMetricsRegistry } from "../metrics/registry.js";
+import { registerServiceMetrics } from "../metrics/service-metrics.js";
+import { startHttpServer, type MeshControl, type RunningHttpServer } from "../http/server.js";
+import { startTracing, tracesExportUrl, type RequestTracer } from "../http/tracing.js";
+import { ReplicaMesh } from "../../mesh/replica-mesh.js";
+import type { UiMeshSelf } from "../http/ui/ui-routes.js";
+import { isDnsPeer, parseDnsPeer } from "../../mesh/dns-peers.js";
 import { WorkersFile } from "./workers-file.js";
-import { SelectionService } from "./core/selection-service.js";
-import { hasUnusableKvEndpoint, kvEventsEndpointRefused, replayEndpointFor } from "./core/worker-catalog.js";
-import { LogThrottle } from "./util/log-throttle.js";
+import { SelectionService } from "../core/selection-service.js";
+import { hasUnusableKvEndpoint, kvEventsEndpointRefused, replayEndpointFor } from "../core/worker-catalog.js";
+import { LogThrottle } from "../util/log-throttle.js";
 
-/** The daemon's configuration lives in src/config.ts; re-exported for the daemon's callers. */
+/** The daemon's configuration lives in src/app/config.ts; re-exported for the daemon's callers. */
 export { DEFAULT_DAEMON_CONFIG, type DaemonConfig, type LogLevel } from "./config.js";
 
 /** How often expiry, reservation sweeps and cache reaping run, ms. */
@@ -91,7 +91,7 @@ function logSecurityPosture(config: DaemonConfig, logger: Logger): void {
 }
 
 export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: DaemonHooks = {}): Promise<Daemon> {
-  // One check, in src/config.ts; a config the CLI resolved comes back as it is.
+  // One check, in src/app/config.ts; a config the CLI resolved comes back as it is.
   const config = resolveDaemonConfig(input);
   logSecurityPosture(config, logger);
   raiseZmqSocketLimit();
