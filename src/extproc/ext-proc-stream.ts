@@ -29,9 +29,6 @@ import {
 import { openAIKindOf } from "./openai-body.js";
 import type { BodySendMode, ProcessingRequest, ProcessingResponse } from "./protos.js";
 
-/** Default bound of a request body the picker buffers, bytes (16 MiB: a 220 KB chat body is far under it; a 2M-token prompt of ids is about 14 MiB). */
-export const DEFAULT_EXT_PROC_MAX_BODY_BYTES = 16 * 1024 * 1024;
-
 export type StreamService = Pick<SelectionService, "prefillComplete" | "freeReservation" | "moveReservation">;
 
 export interface StreamContext {

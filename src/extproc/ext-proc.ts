@@ -15,21 +15,14 @@ import type { PromptTokenizer } from "../tokenize/contract.js";
 import { EndpointPicker } from "./endpoint-picker.js";
 import { startExtProcServer, type RunningExtProcServer } from "./ext-proc-server.js";
 import { ExtProcStats } from "./ext-proc-stats.js";
-import { DEFAULT_EXT_PROC_MAX_BODY_BYTES } from "./ext-proc-stream.js";
+import { DEFAULT_DP_RANK_PORT_STRIDE, DEFAULT_EXT_PROC_MAX_BODY_BYTES, DEFAULT_ROUTING_GROUP_HEADER, DEFAULT_SESSION_HEADER, type TokenizerFailure } from "./defaults.js";
 import { PickerHealth, type HealthSource } from "./health.js";
 import { parseOpenAIBody, type OpenAIBodyParser } from "./openai-body.js";
-import { DEFAULT_DP_RANK_PORT_STRIDE, systemResolver, WorkerEndpoints, type HostResolver } from "./worker-endpoints.js";
+import { systemResolver, WorkerEndpoints, type HostResolver } from "./worker-endpoints.js";
 
-export { DEFAULT_EXT_PROC_MAX_BODY_BYTES } from "./ext-proc-stream.js";
-export { DEFAULT_DP_RANK_PORT_STRIDE } from "./worker-endpoints.js";
+export * from "./defaults.js";
 export type { RunningExtProcServer } from "./ext-proc-server.js";
 
-/** The session id's header (the gateway protocol names none; agents and gateways commonly send x-session-id). */
-export const DEFAULT_SESSION_HEADER = "x-session-id";
-/** The routing group's header (kvmesh's own; absent: the default group). */
-export const DEFAULT_ROUTING_GROUP_HEADER = "x-kvmesh-routing-group";
-
-export type TokenizerFailure = "route" | "reject";
 
 export interface EndpointPickerConfig {
   readonly host: string;

@@ -14,6 +14,7 @@ import { isIP } from "node:net";
 
 import type { Clock } from "../core/clock.js";
 import type { WorkerCatalogRecord } from "../core/types.js";
+import { DEFAULT_DP_RANK_PORT_STRIDE } from "./defaults.js";
 
 /** Host name -> one address (v4 or v6). Rejects, or resolves undefined, when it does not resolve. */
 export type HostResolver = (host: string) => Promise<string | undefined>;
@@ -24,8 +25,6 @@ export const systemResolver: HostResolver = async (host) => (await lookup(host))
 export const RESOLVED_TTL_MS = 30_000;
 /** How long a name that did not resolve is not asked again, ms. */
 export const UNRESOLVED_TTL_MS = 2_000;
-/** Default spacing of data-parallel ranks' ports (vLLM and SGLang offset per-rank ports by the rank). */
-export const DEFAULT_DP_RANK_PORT_STRIDE = 1;
 const DEFAULT_PORTS: Readonly<Record<string, number>> = { "http:": 80, "https:": 443 };
 const MAX_PORT = 65_535;
 
