@@ -9,7 +9,7 @@ import type { Logger } from "pino";
 
 import { KvmeshError, isKvmeshError } from "../core/errors.js";
 import type { SelectionService } from "../core/selection-service.js";
-import type { PromptFields, SelectAndReserveRequest, WorkerCatalogRecord, WorkerId } from "../core/types.js";
+import { DEFAULT_ROUTING_GROUP, type PromptFields, type SelectAndReserveRequest, type WorkerCatalogRecord, type WorkerId } from "../core/types.js";
 import type { OpenAIKind, OpenAIRequest, PromptTokenizer } from "../tokenize/contract.js";
 import { LogThrottle } from "../util/log-throttle.js";
 import type { ExtProcStats } from "./ext-proc-stats.js";
@@ -53,7 +53,7 @@ export interface PickResult {
   readonly routingGroup: string | undefined;
 }
 
-export type PickerService = Pick<SelectionService, "selectAndReserve" | "createReservation" | "potentialLoads" | "freeReservation" | "listWorkers" | "getWorker">;
+export type PickerService = Pick<SelectionService, "selectAndReserve" | "createReservation" | "potentialLoads" | "freeReservation" | "listWorkers" | "getWorker" | "loads">;
 
 export interface EndpointPickerOptions {
   readonly service: PickerService;
@@ -93,7 +93,7 @@ export class EndpointPicker {
     const sessionId = nonEmpty(input.headers.get(o.sessionHeader));
     const prompt = await this.#prompt(req, input.body.length, input.signal);
     const base: SelectAndReserveRequest = { model_name: req.model, routing_group: routingGroup, ...prompt, ...(sessionId === undefined ? {} : { session_id: sessionId }) };
-    const workers = (): WorkerCatalogRecord[] => o.service.listWorkers(req.model, routingGroup ?? "default").filter((w) => w.lifecycle === "schedulable");
+    const workers = (): WorkerCatalogRecord[] => o.service.listWorkers(req.model, routingGroup ?? DEFAULT_ROUTING_GROUP).filter((w) => w.lifecycle === "schedulable");
     const allowed = input.subset === undefined ? undefined : await this.#allowedBySubset(workers(), input.subset);
     if (allowed !== undefined && allowed.size === 0) {
       throw new KvmeshError("KVMESH_NOT_READY", `none of the subset hint's endpoints (${input.subset?.join(",") ?? ""}) is an eligible worker of model ${req.model}`, { details: { field: "subset" } });
@@ -169,25 +169,26 @@ export class EndpointPicker {
     return { selection_id: r.selection_id, worker_id: r.worker_id, dp_rank: r.dp_rank };
   }
 
-  /** The pick, then up to `fallbacks` other allowed ranks by cost (without the session, which would pin every candidate to its worker). */
+  /**
+   * The pick, then up to `fallbacks` other allowed ranks, least loaded first (fewest requests in
+   * flight, then fewest prefill tokens owed). By load rather than by cost: scoring the prompt
+   * again for every rank doubled the pick's CPU at 220 KB bodies (npm run bench:epp), and a
+   * fallback only serves when the pick failed.
+   */
   #withFallbacks(base: SelectAndReserveRequest, allowed: Allowed | undefined, excluded: ReadonlySet<WorkerId>, pick: RankRef, dest: RankDestination): { destinations: string[]; targets: Map<string, RankRef> } {
     const destinations = [dest.endpoint];
     const targets = new Map<string, RankRef>([[dest.endpoint, { worker_id: pick.worker_id, dp_rank: pick.dp_rank }]]);
     if (this.#fallbacks === 0) return { destinations, targets };
-    const unsessioned: SelectAndReserveRequest = { ...base };
-    delete unsessioned.session_id;
-    let rows;
-    try {
-      rows = this.#o.service.potentialLoads(allowed === undefined ? unsessioned : { ...unsessioned, allowed_worker_ids: [...allowed.keys()] });
-    } catch {
-      return { destinations, targets };
-    }
-    rows.sort((a, b) => a.cost - b.cost);
+    const rows = this.#o.service.loads(base.model_name, base.routing_group ?? DEFAULT_ROUTING_GROUP).flatMap((m) => m.loads);
+    rows.sort((a, b) => a.active_requests - b.active_requests || a.potential_prefill_tokens - b.potential_prefill_tokens);
     for (const r of rows) {
       if (destinations.length > this.#fallbacks) break;
       if (excluded.has(r.worker_id) || (r.worker_id === pick.worker_id && r.dp_rank === pick.dp_rank)) continue;
-      const ranks = allowed?.get(r.worker_id);
-      if (ranks !== undefined && !ranks.has(r.dp_rank)) continue;
+      if (allowed !== undefined) {
+        if (!allowed.has(r.worker_id)) continue;
+        const ranks = allowed.get(r.worker_id);
+        if (ranks !== undefined && !ranks.has(r.dp_rank)) continue;
+      }
       const record = this.#o.service.getWorker(r.worker_id);
       // From the cache only: a fallback is not worth a DNS wait; an unresolved one resolves in the background for later picks.
       const d = record === undefined ? undefined : this.#o.endpoints.cached(record, r.dp_rank);
