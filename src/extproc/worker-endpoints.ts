@@ -25,6 +25,8 @@ export const systemResolver: HostResolver = async (host) => (await lookup(host))
 export const RESOLVED_TTL_MS = 30_000;
 /** How long a name that did not resolve is not asked again, ms. */
 export const UNRESOLVED_TTL_MS = 2_000;
+/** Host names cached at most; past it, expired answers are dropped (the catalogue's names are far fewer). */
+export const MAX_CACHED_HOSTS = 4_096;
 const DEFAULT_PORTS: Readonly<Record<string, number>> = { "http:": 80, "https:": 443 };
 const MAX_PORT = 65_535;
 
@@ -123,6 +125,11 @@ export class WorkerEndpoints {
     return { endpoint: joinHostPort(ip, port), ip, port };
   }
 
+  #dropExpired(): void {
+    const now = this.#clock.now();
+    for (const [host, e] of this.#cache) if (e.pending === undefined && e.expiresAtMs <= now) this.#cache.delete(host);
+  }
+
   #fresh(host: string): CacheEntry | undefined {
     const e = this.#cache.get(host);
     return e !== undefined && (e.pending !== undefined || e.expiresAtMs > this.#clock.now()) ? e : undefined;
@@ -131,6 +138,7 @@ export class WorkerEndpoints {
   #lookup(host: string): Promise<string | undefined> {
     const existing = this.#cache.get(host);
     if (existing?.pending !== undefined) return existing.pending;
+    if (this.#cache.size >= MAX_CACHED_HOSTS) this.#dropExpired();
     const entry: CacheEntry = { address: undefined, expiresAtMs: 0, pending: undefined };
     const pending = this.#resolve(host)
       .catch(() => undefined)
