@@ -9,7 +9,9 @@
  * token ids (--body-kb, in 64 KiB chunks, FULL_DUPLEX_STREAMED), reads the routed answer and the
  * streamed body, then plays the response (headers, one body chunk, end of stream). Reports, per
  * concurrency: added latency (last body chunk sent -> routed answer received) p50/p99, the
- * daemon's CPU per request (all its threads, from /proc), and requests/s.
+ * daemon's CPU per request (all its threads, from /proc), the client's, and requests/s. 10% of
+ * the streams are cancelled mid-response and 5% report their first fallback as served (the
+ * booking moves); at the end /loads must show no request left active.
  *
  * Token-id bodies skip tokenization; the engine tokenizer's cost is the tokenize branch's to
  * report (it is not plugged into the daemon yet). Mock engines serving the requests over HTTP
@@ -19,7 +21,7 @@ import { cpuMs } from "../src/bench/process-usage.js";
 import { freePortPair } from "../src/bench/ports.js";
 import { spawnServe, stopServe } from "../src/bench/serve-process.js";
 import { summarize } from "../src/bench/stats.js";
-import { EnvoyClient } from "../test/extproc/envoy-client.js";
+import { destinationOf, EnvoyClient } from "../test/extproc/envoy-client.js";
 import { positiveInt, positiveNumber, scriptProgram } from "./lib/script-args.js";
 
 const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CPU per request and requests/s at 20 and 150 concurrent streams.")
@@ -51,7 +53,10 @@ interface Sample {
   addedMs: number;
 }
 
-async function oneStream(client: EnvoyClient, b: Buffer, session: string): Promise<Sample> {
+/** How a stream's response goes: to the end, cancelled mid-response (the client left), or served by the first fallback. */
+type Ending = "end" | "cancel" | "fallback";
+
+async function oneStream(client: EnvoyClient, b: Buffer, session: string, ending: Ending): Promise<Sample> {
   const s = client.open();
   client.headers(s, { headers: { "x-session-id": session } });
   // All but the last chunk, then time from the last one.
@@ -63,10 +68,18 @@ async function oneStream(client: EnvoyClient, b: Buffer, session: string): Promi
   const addedMs = performance.now() - t0;
   if (answer.immediate_response !== undefined) throw new Error(`picker refused: ${Buffer.from(answer.immediate_response.body ?? Buffer.alloc(0)).toString()}`);
   while ((await s.next()).request_body?.response?.body_mutation?.streamed_response?.end_of_stream !== true);
-  s.send({ response_headers: { headers: { headers: [{ key: ":status", raw_value: Buffer.from("200") }] } } });
+  const fallback = ending === "fallback" ? destinationOf(answer)?.split(",")[1] : undefined;
+  s.send({
+    response_headers: { headers: { headers: [{ key: ":status", raw_value: Buffer.from("200") }] } },
+    ...(fallback === undefined ? {} : { metadata_context: { filter_metadata: { "envoy.lb": { fields: { "x-gateway-destination-endpoint-served": { stringValue: fallback } } } } } }),
+  });
   await s.next();
   s.send({ response_body: { body: Buffer.from("data: {}\n\n") } });
   await s.next();
+  if (ending === "cancel") {
+    s.cancel();
+    return { addedMs };
+  }
   s.send({ response_body: { body: Buffer.from("data: [DONE]\n\n"), end_of_stream: true } });
   await s.next();
   s.end();
@@ -87,6 +100,7 @@ async function main(): Promise<void> {
     }
     const bodies = Array.from({ length: args.prefixes * 4 }, (_, n) => body(args.bodyKb, n % args.prefixes, n));
     console.log(`bench:epp: ${args.workers} workers, bodies ~${Math.round((bodies[0]?.length ?? 0) / 1000)} KB of token ids, ${args.seconds} s per concurrency`);
+    let n = 0;
     console.log("concurrency  requests/s  added p50 ms  added p99 ms  kvmesh CPU/request ms  client CPU/request ms");
     for (const concurrency of args.concurrency) {
       // One channel per 10 streams: Envoy multiplexes streams over a few HTTP/2 connections.
@@ -95,12 +109,13 @@ async function main(): Promise<void> {
       let stop = false;
       const samples: number[] = [];
       let done = 0;
-      let n = 0;
       const loop = async (k: number): Promise<void> => {
         const client = clients[k % clients.length] as EnvoyClient;
         while (!stop) {
           const i = n++;
-          const r = await oneStream(client, bodies[i % bodies.length] as Buffer, `s${i % args.prefixes}`);
+          // 10% cancelled mid-response, 5% served by the first fallback (#24's no-booking-left mix).
+          const ending: Ending = i % 20 === 3 ? "fallback" : i % 10 === 7 ? "cancel" : "end";
+          const r = await oneStream(client, bodies[i % bodies.length] as Buffer, `s${i % args.prefixes}`, ending);
           if (measuring) {
             samples.push(r.addedMs);
             done++;
@@ -127,8 +142,10 @@ async function main(): Promise<void> {
         `${String(concurrency).padStart(11)}  ${(done / (wallMs / 1_000)).toFixed(0).padStart(10)}  ${s.p50.toFixed(2).padStart(12)}  ${s.p99.toFixed(2).padStart(12)}  ${(cpu / Math.max(1, done)).toFixed(2).padStart(21)}  ${(clientCpu / Math.max(1, done)).toFixed(2).padStart(21)}`,
       );
     }
+    // Cancelled streams free as the cancellation reaches the daemon: give it a moment.
+    await new Promise((r) => setTimeout(r, 1_000));
     const loads = (await (await fetch(`http://127.0.0.1:${daemon.port}/loads`)).json()) as { loads: { active_requests: number }[] }[];
-    console.log(`active requests left on /loads: ${loads.flatMap((m) => m.loads).reduce((a, l) => a + l.active_requests, 0)}`);
+    console.log(`streams started: ${n}; active requests left on /loads: ${loads.flatMap((m) => m.loads).reduce((a, l) => a + l.active_requests, 0)}`);
   } finally {
     await stopServe(daemon);
   }
