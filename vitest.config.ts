@@ -18,6 +18,11 @@ const SYSTEM_TESTS = [
   "test/cli/peers.test.ts",
   "test/cli/serve.test.ts",
   "test/deploy/k8s.test.ts",
+  "test/deploy/k8s-gateway.test.ts",
+  // The endpoint picker's gRPC server (the wire and unit files beside them stay unit).
+  "test/extproc/ext-proc-server.test.ts",
+  "test/extproc/health.test.ts",
+  "test/extproc/tls.test.ts",
   "test/http/auth.test.ts",
   "test/http/metrics.test.ts",
   "test/http/server.test.ts",

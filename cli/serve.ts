@@ -24,6 +24,7 @@ import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/core/select
 import { LOAD_REPLICATION_MODES } from "../src/core/replica-events.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
 import { otelEnvTracing, tracesEndpointProblem } from "../src/http/tracing.js";
+import { addServeGatewayOptions } from "./serve-gateway.js";
 import { addServeSecurityOptions, LOG_REDACT_PATHS, SECURITY_FLAG_FIELDS } from "./serve-security.js";
 import {
   envNameFor,
@@ -346,6 +347,7 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     ),
   );
   addServeSecurityOptions(cmd);
+  addServeGatewayOptions(cmd);
 
   cmd.configureHelp({ ...cmd.configureHelp(), optionDescription: optionDescriptionWithAliases });
 

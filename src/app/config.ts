@@ -8,6 +8,8 @@
  * booking cap, selector weights) are not repeated here: the core checks the very options this
  * config maps to, and its error comes back as a config error naming this config's field.
  */
+import { accessSync, constants as fsConstants } from "node:fs";
+
 import { loadMeshCurveConfig, type MeshCurveConfig } from "../../mesh/curve.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../../mesh/endpoints.js";
 import { DEFAULT_PEER_DNS_INTERVAL_SECS } from "../../mesh/dns-peers.js";
@@ -23,6 +25,7 @@ import { loadApiTokenFile, type ApiToken } from "../http/auth.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../http/server.js";
 import { DEFAULT_TRACES_SERVICE_NAME, tracesEndpointProblem } from "../http/tracing.js";
 import { DEFAULT_REPLAY_TIMEOUT_MS } from "../ingest/kv-event-listener.js";
+import { DEFAULT_DP_RANK_PORT_STRIDE, DEFAULT_EXT_PROC_MAX_BODY_BYTES, DEFAULT_ROUTING_GROUP_HEADER, DEFAULT_SESSION_HEADER, type TokenizerFailure } from "../extproc/defaults.js";
 
 export type LogLevel = "trace" | "debug" | "info" | "warn" | "error" | "fatal" | "silent";
 
@@ -134,6 +137,23 @@ export interface DaemonConfig {
   readonly otlpTracesEndpoint?: string | undefined;
   /** The traces' service.name (`kvmesh serve`: OTEL_SERVICE_NAME). */
   readonly otlpServiceName: string;
+  /** Serve the endpoint picker (Envoy ext_proc, GIE's protocol) on this port of `host` (docs/gateway.md); unset: off. */
+  readonly extProcPort?: number | undefined;
+  /** TLS for ext_proc: PEM certificate chain and private key files (both or neither; neither: cleartext HTTP/2). */
+  readonly extProcTlsCertFile?: string | undefined;
+  readonly extProcTlsKeyFile?: string | undefined;
+  /** Also serve gRPC Health alone, cleartext, on this port (GIE's EPPs use 9003); needs extProcPort. */
+  readonly extProcHealthPort?: number | undefined;
+  /** Largest request body the picker buffers, bytes (413 beyond). */
+  readonly extProcMaxBodyBytes: number;
+  /** The request header carrying the session id (absent: routed by cache and load alone). */
+  readonly sessionHeader: string;
+  /** The request header carrying the routing group (absent: the default group). */
+  readonly routingGroupHeader: string;
+  /** When tokenization fails: route by session and load alone ("route"), or answer 503 ("reject"). */
+  readonly tokenizerFailure: TokenizerFailure;
+  /** Data-parallel rank r of a worker listens on its endpoint's port + (r - start rank) x this. */
+  readonly dpRankPortStride: number;
 }
 
 export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
@@ -177,6 +197,15 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   sessionReplicationWriterId: undefined,
   otlpTracesEndpoint: undefined,
   otlpServiceName: DEFAULT_TRACES_SERVICE_NAME,
+  extProcPort: undefined,
+  extProcTlsCertFile: undefined,
+  extProcTlsKeyFile: undefined,
+  extProcHealthPort: undefined,
+  extProcMaxBodyBytes: DEFAULT_EXT_PROC_MAX_BODY_BYTES,
+  sessionHeader: DEFAULT_SESSION_HEADER,
+  routingGroupHeader: DEFAULT_ROUTING_GROUP_HEADER,
+  tokenizerFailure: "route",
+  dpRankPortStride: DEFAULT_DP_RANK_PORT_STRIDE,
 });
 
 /**
@@ -239,7 +268,7 @@ export function resolveDaemonConfig(input: DaemonConfigInput = {}, options: Reso
   const set = Object.fromEntries(Object.entries(given).filter(([, v]) => v !== undefined)) as Partial<DaemonConfig>;
   const config: DaemonConfig = { ...DEFAULT_DAEMON_CONFIG, ...set, selector: { ...DEFAULT_DAEMON_CONFIG.selector, ...set.selector } };
   const files: SecretFiles = { meshKeyFile, meshAllowFiles, apiTokenFile };
-  const problem = replicaSyncProblem(config, name) ?? hostReplicationProblem(config, name) ?? meshSecurityProblem(config, files, name) ?? tracingProblem(config, name);
+  const problem = replicaSyncProblem(config, name) ?? hostReplicationProblem(config, name) ?? meshSecurityProblem(config, files, name) ?? tracingProblem(config, name) ?? extProcProblem(config, name);
   if (problem !== undefined) throw configError(problem.field, problem.message);
   checkCoreOptions(serviceOptionsOf(config), name);
   const resolved = Object.freeze(withSecrets(config, files, name, options.warn ?? (() => undefined)));
@@ -320,6 +349,48 @@ export function tracingProblem(config: DaemonConfig, name: FieldNamer = (f) => f
   const bad = endpoint === undefined ? undefined : tracesEndpointProblem(endpoint);
   if (bad !== undefined) return { field: "otlpTracesEndpoint", message: `${name("otlpTracesEndpoint")}: ${bad}` };
   if (config.otlpServiceName.trim() === "") return { field: "otlpServiceName", message: `${name("otlpServiceName")} must not be empty` };
+  return undefined;
+}
+
+/** An HTTP header name as Envoy hands it to ext_proc: a lower-case token (RFC 9110). */
+const HEADER_NAME = /^[a-z0-9!#$%&'*+.^_`|~-]+$/;
+
+/**
+ * The endpoint picker's fields: TLS needs both files (readable), the health port needs the
+ * ext_proc port, no port collides with another of this replica's, header names are header names.
+ */
+export function extProcProblem(config: DaemonConfig, name: FieldNamer = (f) => f): ConfigProblem | undefined {
+  const { extProcPort: port, extProcTlsCertFile: cert, extProcTlsKeyFile: key, extProcHealthPort: health } = config;
+  if ((cert === undefined) !== (key === undefined)) {
+    const field = cert === undefined ? "extProcTlsKeyFile" : "extProcTlsCertFile";
+    const other = cert === undefined ? "extProcTlsCertFile" : "extProcTlsKeyFile";
+    return { field, message: `${name(field)} requires ${name(other)} (TLS needs the certificate chain and its private key)` };
+  }
+  for (const field of ["extProcTlsCertFile", "extProcTlsKeyFile", "extProcHealthPort"] as const) {
+    if (config[field] !== undefined && port === undefined) return { field, message: `${name(field)} requires ${name("extProcPort")}` };
+  }
+  for (const field of ["extProcTlsCertFile", "extProcTlsKeyFile"] as const) {
+    const file = config[field];
+    if (file === undefined) continue;
+    try {
+      accessSync(file, fsConstants.R_OK);
+    } catch (err) {
+      return { field, message: `${name(field)}: cannot read ${file} (${(err as NodeJS.ErrnoException).code ?? String(err)})` };
+    }
+  }
+  if (port !== undefined && port !== 0) {
+    const taken: [ConfigField, number | undefined][] = [
+      ["port", config.port],
+      ["replicaSyncPort", config.replicaSyncPort],
+      ["replicaSyncPort", config.replicaSyncPort === undefined ? undefined : config.replicaSyncPort + CONTROL_PORT_OFFSET],
+    ];
+    for (const [other, p] of taken) if (p === port) return { field: "extProcPort", message: `${name("extProcPort")} ${port} collides with ${name(other)} (port ${p} is taken)` };
+    if (health === port) return { field: "extProcHealthPort", message: `${name("extProcHealthPort")} ${health} is the same as ${name("extProcPort")}` };
+  }
+  for (const field of ["sessionHeader", "routingGroupHeader"] as const) {
+    if (!HEADER_NAME.test(config[field])) return { field, message: `${name(field)}: ${JSON.stringify(config[field])} is not a lower-case HTTP header name` };
+  }
+  if (config.sessionHeader === config.routingGroupHeader) return { field: "routingGroupHeader", message: `${name("routingGroupHeader")} must differ from ${name("sessionHeader")}` };
   return undefined;
 }
 

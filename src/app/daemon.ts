@@ -12,6 +12,8 @@ import { registerIngestMetrics } from "../metrics/ingest-metrics.js";
 import { createMetricsRegistry } from "../metrics/registry.js";
 import { registerServiceMetrics } from "../metrics/service-metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "../http/server.js";
+import { readiness } from "../http/readiness.js";
+import type { RunningEndpointPicker } from "../extproc/ext-proc.js";
 import { startTracing, tracesExportUrl, type RequestTracer } from "../http/tracing.js";
 import { ReplicaMesh } from "../../mesh/replica-mesh.js";
 import type { UiMeshSelf } from "../http/ui/ui-routes.js";
@@ -33,6 +35,9 @@ export interface Daemon {
   readonly port: number;
   readonly service: SelectionService;
   readonly mesh: ReplicaMesh | undefined;
+  /** The endpoint picker's ext_proc port (and its separate health port), when --ext-proc-port is set. */
+  readonly extProcPort: number | undefined;
+  readonly extProcHealthPort: number | undefined;
   /**
    * Draining (SIGTERM): `/ready` answers 503 at once while everything else is served, for the
    * config's drainSecs; resolves then, or at once when close() is called meanwhile.
@@ -236,6 +241,46 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
     await ingest.close();
     throw err;
   }
+  let extProc: RunningEndpointPicker | undefined;
+  if (config.extProcPort !== undefined) {
+    // Loaded only when asked for, as tracing is: a daemon without it never loads gRPC.
+    const { startEndpointPicker } = await import("../extproc/ext-proc.js");
+    const meshControl = hooks.mesh ?? mesh;
+    try {
+      extProc = await startEndpointPicker(
+        {
+          host: config.host,
+          port: config.extProcPort,
+          tlsCertFile: config.extProcTlsCertFile,
+          tlsKeyFile: config.extProcTlsKeyFile,
+          healthPort: config.extProcHealthPort,
+          maxBodyBytes: config.extProcMaxBodyBytes,
+          sessionHeader: config.sessionHeader,
+          routingGroupHeader: config.routingGroupHeader,
+          tokenizerFailure: config.tokenizerFailure,
+          dpRankPortStride: config.dpRankPortStride,
+        },
+        {
+          service,
+          // The same rule as GET /ready (startup sync and drain included).
+          health: { ready: () => readiness(service, meshControl).ready, closing: () => service.shuttingDown },
+          logger: logger.child({ subsystem: "extproc" }),
+          registry,
+          // LEAD: plug tokenization in here (src/tokenize/: --tokenizer engine | --tokenizer-file)
+          // and src/openai/'s body parser as `parseBody`. Without a tokenizer, text prompts are
+          // routed by session and load alone (or 503 with --tokenizer-failure reject); bodies
+          // carrying token ids are routed by cache as well.
+          tokenizer: undefined,
+        },
+      );
+    } catch (err) {
+      await http.close();
+      await tracer?.shutdown();
+      await mesh?.close();
+      await ingest.close();
+      throw err;
+    }
+  }
   const timer = setInterval(() => {
     service.tick();
   }, MAINTENANCE_INTERVAL_MS);
@@ -248,6 +293,8 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
     port: http.port,
     service,
     mesh,
+    extProcPort: extProc?.port,
+    extProcHealthPort: extProc?.healthPort,
     drain(): Promise<void> {
       if (closing !== undefined || service.draining) return Promise.resolve();
       service.drain();
@@ -264,6 +311,8 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       endDrain?.();
       closing ??= (async () => {
         workersFile?.close();
+        // ext_proc streams end with the process: each frees its booking (no booking outlives its stream).
+        await extProc?.close();
         // Bookings are handed over, not freed: peers keep mirroring them, and a frontend's
         // prefill_complete or free for one at any replica counts it out there, so the load stays
         // accounted while the requests run (freeing them here instead made 10 lifecycle calls

@@ -378,6 +378,43 @@ export class ReservationBook {
     this.#o.emit({ type: "free", origin: this.#o.replicaId, owner: row.owner, request_id: selectionId, partition: partitionRef(row.partition) });
   }
 
+  /**
+   * Moves an own booking to another rank of its partition (the gateway's retries landed the
+   * request there): frees it and books the same prompt and terms on `workerId`/`dpRank` under
+   * `newId`, synchronously, so the free and the add leave in one mesh batch. A new id, because
+   * peers tombstone a freed id and would ignore a late add under it. The session (the old row's
+   * lease) commits on the new rank; in hard affinity mode a conflicting commit unbinds the
+   * session as any hard-mode conflict does (published), and the booking is made without it.
+   */
+  move(selectionId: string, newId: string, workerId: WorkerId, dpRank: number): void {
+    const row = this.#require(selectionId);
+    if (row.owner !== this.#o.replicaId) throw new KvmeshError("KVMESH_RESERVATION_NOT_FOUND", `reservation ${selectionId} is a peer's: only its owner moves it`);
+    validateId(newId, "selection_id");
+    this.assertIdFree(newId);
+    const p = row.partition;
+    const rank = p.ranks.get(workerId, dpRank);
+    if (rank === undefined || !p.isSchedulable(rank)) {
+      throw new KvmeshError("KVMESH_WORKER_NOT_SCHEDULABLE", `worker ${workerId} dp_rank ${dpRank} is not schedulable in ${p.key}`);
+    }
+    const a = row.add;
+    // #book reads only the sequence hashes of the prompt.
+    const prompt: NormalizedPrompt = { localHashes: a.sequence_hashes, seqHashes: a.sequence_hashes, islTokens: 0 };
+    const terms: BookingTerms = {
+      prefillTokens: a.prefill_tokens,
+      trackPrefill: a.track_prefill,
+      expectedOutputTokens: a.expected_output_tokens,
+      prefillDurationMs: a.prefill_duration_ms,
+      sessionId: row.lease?.sessionId,
+    };
+    this.free(selectionId);
+    try {
+      this.#book(p, newId, workerId, dpRank, prompt, terms);
+    } catch (err) {
+      if (!(err instanceof KvmeshError && err.code === "KVMESH_SESSION_CONFLICT")) throw err;
+      this.#book(p, newId, workerId, dpRank, prompt, { ...terms, sessionId: undefined });
+    }
+  }
+
   #require(selectionId: string): ReservationRow {
     if (typeof selectionId !== "string" || selectionId.length === 0) throw badRequest("selection_id must be a non-empty string", "selection_id");
     const row = this.#rows.get(selectionId);

@@ -359,6 +359,22 @@ export class SelectionService {
     this.#loadChanged();
   }
 
+  /**
+   * Moves this replica's booking `selectionId` to `target` (a gateway served the request on
+   * another worker than the one picked): one synchronous free and re-book, so peers receive both
+   * in the same batch, and the session binding follows in soft mode (ReservationBook.move says
+   * what hard mode does). Returns the booking under its new selection id, which the caller's
+   * later prefill_complete and free use.
+   */
+  moveReservation(selectionId: string, target: { readonly worker_id: WorkerId; readonly dp_rank: number }): ReservationResponse {
+    this.#assertRunning();
+    const newId = randomUuid(this.#random);
+    this.#book.move(selectionId, newId, target.worker_id, target.dp_rank);
+    const row = this.#book.get(newId);
+    if (row === undefined) throw new KvmeshError("KVMESH_INTERNAL", `reservation ${newId} missing after its move`);
+    return { selection_id: newId, model_name: row.partition.modelName, routing_group: row.partition.routingGroup, worker_id: row.workerId, dp_rank: row.dpRank, endpoint: this.#fleet.endpointOf(row.workerId) };
+  }
+
   freeReservation(selectionId: string): void {
     if (!this.#forwardedToOwner("free", selectionId)) this.#book.free(selectionId);
   }

@@ -1,4 +1,7 @@
 import { EventEmitter } from "node:events";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { CommanderError, type Command } from "commander";
 import type { Logger } from "pino";
 import { afterEach, describe, expect, it, vi } from "vitest";
@@ -110,6 +113,13 @@ async function serveConfig(...args: string[]): Promise<DaemonConfig> {
   return h.configs[0] as DaemonConfig;
 }
 
+// The ext_proc TLS files must be readable (the config checks); their content is read at start only.
+const TLS_DIR = mkdtempSync(join(tmpdir(), "kvmesh-serve-tls-"));
+const TLS_CERT = join(TLS_DIR, "tls.crt");
+const TLS_KEY = join(TLS_DIR, "tls.key");
+writeFileSync(TLS_CERT, "cert");
+writeFileSync(TLS_KEY, "key");
+
 const ALL_FLAGS: readonly [string, string][] = [
   ["--host", "0.0.0.0"],
   ["--port", "0"],
@@ -152,6 +162,15 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--drain-secs", "2"],
   ["--workers-file", "/etc/kvmesh/workers.yaml"],
   ["--otlp-traces-endpoint", "http://collector.example:4318/v1/traces"],
+  ["--ext-proc-port", "9002"],
+  ["--ext-proc-tls-cert-file", TLS_CERT],
+  ["--ext-proc-tls-key-file", TLS_KEY],
+  ["--ext-proc-health-port", "9003"],
+  ["--ext-proc-max-body-bytes", "1048576"],
+  ["--session-header", "X-Conversation-Id"],
+  ["--routing-group-header", "x-group"],
+  ["--tokenizer-failure", "reject"],
+  ["--dp-rank-port-stride", "2"],
 ];
 
 // Fields no flag sets (the mesh's flush and heartbeat intervals) keep their defaults.
@@ -200,6 +219,15 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
   drainSecs: 2,
   workersFile: "/etc/kvmesh/workers.yaml",
   otlpTracesEndpoint: "http://collector.example:4318/v1/traces",
+  extProcPort: 9002,
+  extProcTlsCertFile: TLS_CERT,
+  extProcTlsKeyFile: TLS_KEY,
+  extProcHealthPort: 9003,
+  extProcMaxBodyBytes: 1_048_576,
+  sessionHeader: "x-conversation-id",
+  routingGroupHeader: "x-group",
+  tokenizerFailure: "reject",
+  dpRankPortStride: 2,
 };
 
 afterEach(() => {
@@ -267,6 +295,15 @@ describe("kvmesh serve: usage errors", () => {
     [["--bogus"], "error: unknown option '--bogus'"],
     [["--selection-cache-max-bytes", "0"], "error: option '--selection-cache-max-bytes <bytes>' argument '0' is invalid. must be an integer in [1, 9007199254740991]"],
     [["--otlp-traces-endpoint", "collector:4318"], "error: option '--otlp-traces-endpoint <url>' argument 'collector:4318' is invalid. \"collector:4318\" is not an http(s) URL"],
+    [["--ext-proc-port", "9002", "--ext-proc-tls-cert-file", TLS_CERT], "error: --ext-proc-tls-cert-file requires --ext-proc-tls-key-file"],
+    [["--ext-proc-health-port", "9003"], "error: --ext-proc-health-port requires --ext-proc-port"],
+    [["--ext-proc-port", "9002", "--ext-proc-tls-cert-file", "/nonexistent/c", "--ext-proc-tls-key-file", TLS_KEY], "error: --ext-proc-tls-cert-file: cannot read /nonexistent/c (ENOENT)"],
+    [["--port", "9002", "--ext-proc-port", "9002"], "error: --ext-proc-port 9002 collides with --port"],
+    [["--ext-proc-port", "9002", "--ext-proc-health-port", "9002"], "error: --ext-proc-health-port 9002 is the same as --ext-proc-port"],
+    [["--session-header", "x session"], "error: option '--session-header <name>' argument 'x session' is invalid. must be an HTTP header name"],
+    [["--routing-group-header", "x-session-id"], "error: --routing-group-header must differ from --session-header"],
+    [["--tokenizer-failure", "retry"], "error: option '--tokenizer-failure <mode>' argument 'retry' is invalid. Allowed choices are route, reject."],
+    [["--ext-proc-max-body-bytes", "0"], "error: option '--ext-proc-max-body-bytes <bytes>' argument '0' is invalid."],
   ];
   for (const [args, message] of cases) {
     it(`rejects ${args.join(" ")}`, async () => {
