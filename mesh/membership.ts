@@ -172,7 +172,7 @@ export class Membership implements InboundMembership, PeeringRequests {
     } else if (this.#peers.has(ep) && this.#peers.get(ep) !== from) {
       // Known endpoint, process we have not heard from: a restart at the same address. Our SUB
       // may sit in libzmq's reconnect backoff (doubling to 5 s) since the old one died, so the
-      // restarted replica would go unheard that long (2 s measured, test/faults/replica-kill).
+      // restarted replica would go unheard that long (2 s measured, test/system/faults/replica-kill).
       this.#log.info({ peer: ep }, "peer restarted: redialing it now");
       this.#o.links.disconnectPeer(ep);
       this.#o.links.connectPeer(ep);
@@ -257,7 +257,7 @@ export class Membership implements InboundMembership, PeeringRequests {
    * Redials registered peers we have not heard from in a while. libzmq reconnects a SUB after a
    * dropped connection by itself, but not after a ZMTP protocol error (corrupted bytes on the
    * link): it terminates that connection's session for good, and the peer would stay silent
-   * forever (test/faults/mesh-link-faults). Redialing a peer that is merely slow or gone costs a
+   * forever (test/system/faults/mesh-link-faults). Redialing a peer that is merely slow or gone costs a
    * reconnect attempt, so it backs off from SILENT_PEER_REDIAL_MS to SILENT_PEER_REDIAL_MAX_MS.
    */
   redialSilentPeers(nowMs: number): void {

@@ -5,7 +5,7 @@
  * Starts `kvmesh serve --ext-proc-port` in a child process with --workers worker ranks registered
  * (KV events off: the prefix index is empty, so the cost measured is parsing, hashing, scoring
  * and booking, not index lookups), and drives it from this process with a client that plays Envoy
- * (test/extproc/envoy-client.ts): each stream sends request headers, a /v1/completions body of
+ * (test/helpers/envoy-client.ts): each stream sends request headers, a /v1/completions body of
  * token ids (--body-kb, in 64 KiB chunks, FULL_DUPLEX_STREAMED), reads the routed answer and the
  * streamed body, then plays the response (headers, one body chunk, end of stream). Reports, per
  * concurrency: added latency (last body chunk sent -> routed answer received) p50/p99, the
@@ -21,7 +21,7 @@ import { cpuMs } from "../src/bench/process-usage.js";
 import { freePortPair } from "../src/bench/ports.js";
 import { spawnServe, stopServe } from "../src/bench/serve-process.js";
 import { summarize } from "../src/bench/stats.js";
-import { destinationOf, EnvoyClient } from "../test/extproc/envoy-client.js";
+import { destinationOf, EnvoyClient } from "../test/helpers/envoy-client.js";
 import { positiveInt, positiveNumber, scriptProgram } from "./lib/script-args.js";
 
 const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CPU per request and requests/s at 20 and 150 concurrent streams.")

@@ -4,7 +4,7 @@
  * Encodes and decodes (with full validation) one batch of `--events` add events of `--hashes`
  * sequence hashes each (the default, 100 x 219, is a busy publisher's batch: 14,000-token prompts
  * at block size 64), and digests `--bookings` booking ids with stateDigest (mesh/peer-health.ts).
- * Timings live here, not in the unit tests (test/mesh/wire.test.ts and peer-health.test.ts
+ * Timings live here, not in the unit tests (test/unit/mesh/wire.test.ts and peer-health.test.ts
  * assert what the codec and the digest compute).
  */
 import { Command } from "commander";

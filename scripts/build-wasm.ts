@@ -1,7 +1,7 @@
 /**
  * npm run build:wasm — assembles src/http/u32-array.wat with wabt (a devDependency) into
  * src/http/u32-array-wasm.ts, the module's bytes as base64, so that installing and running
- * kvmesh needs no WebAssembly toolchain. test/http/u32-array-parser.test.ts checks that the
+ * kvmesh needs no WebAssembly toolchain. test/unit/http/u32-array-parser.test.ts checks that the
  * committed bytes are what the .wat assembles to.
  */
 import { readFileSync, writeFileSync } from "node:fs";

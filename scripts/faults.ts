@@ -13,7 +13,7 @@
  *   8. a rolling restart under load, with draining (scripts/lib/rolling-restart-scenario.ts)
  * and prints: scenario, requests sent, failures, time to converge, events shed and repaired,
  * state divergence, and the checks that failed. The short versions of the same scenarios run in
- * `npm test` (test/faults/).
+ * `npm test` (test/system/faults/).
  *
  * With --soak-minutes N (>= 10 for the real soak): three meshed replicas under a steady session
  * load for N minutes, sampling each replica's RSS and V8 heap, reporting memory over time and

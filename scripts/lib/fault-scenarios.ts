@@ -1,5 +1,5 @@
 /**
- * The mesh fault scenarios, shared by the short tests (test/faults/*.test.ts) and the long runs
+ * The mesh fault scenarios, shared by the short tests (test/system/faults/*.test.ts) and the long runs
  * of `npm run faults` (scripts/faults.ts): each one starts real replicas on loopback (or in
  * network namespaces, see netns-partition.ts), drives session load through them, injects one
  * kind of fault, and returns one row of the report with the figures the tests assert on.

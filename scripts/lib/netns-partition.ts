@@ -1,7 +1,7 @@
 /**
  * A real network partition between replicas: two network namespaces joined by a veth pair,
  * cut with `ip link set ... down` and healed with `up` (root only; these kernels have veth but
- * no netem). Used by the partition scenario of test/faults and scripts/faults.ts.
+ * no netem). Used by the partition scenario of test/system/faults and scripts/faults.ts.
  *
  *   root ns:  kf<id>l0 10.A.B.5/30 ---- kf<id>l1 10.A.B.6/30  ns L  (replicas A and C)
  *             kf<id>r0 10.A.B.9/30 ---- kf<id>r1 10.A.B.10/30 ns R  (replica B)

@@ -1,5 +1,5 @@
 /**
- * Real `kvmesh serve` replica processes for the fault scenarios (test/faults and scripts/faults.ts),
+ * Real `kvmesh serve` replica processes for the fault scenarios (test/system/faults and scripts/faults.ts),
  * and the HTTP and metrics probes those scenarios share.
  *
  * A replica is the shared harness's serve process (src/bench/serve-process.ts) with what the

@@ -316,7 +316,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
         // Bookings are handed over, not freed: peers keep mirroring them, and a frontend's
         // prefill_complete or free for one at any replica counts it out there, so the load stays
         // accounted while the requests run (freeing them here instead made 10 lifecycle calls
-        // answer 404 at live replicas in test/faults/shutdown-under-load.test.ts).
+        // answer 404 at live replicas in test/system/faults/shutdown-under-load.test.ts).
         service.shutdown();
         clearInterval(timer);
         await http.close();

@@ -5,7 +5,7 @@
  * well above a plain byte sum's cost. The same state machine compiled by V8's WebAssembly tier
  * parses bench:http's long arrays in about half the time, the copy into its memory and of the
  * tokens out included (`npm run bench:http`; profile with --cpu-prof). It answers exactly what the JS loop answers (the tokens, or
- * "not canonical: fall back"), which test/http/u32-array-parser.test.ts checks on random and
+ * "not canonical: fall back"), which test/unit/http/u32-array-parser.test.ts checks on random and
  * corrupted arrays.
  *
  * Used only where it pays and is safe: arrays of WASM_MIN_BYTES to WASM_MAX_BYTES (the module's
