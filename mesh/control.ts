@@ -81,7 +81,7 @@ export interface ControlRefusals {
 }
 
 export interface ControlServerOptions {
-  readonly port: Pick<ReplicaPort, "bookingsSnapshot" | "bindingsSnapshot" | "loadAggregatesSnapshot" | "mirroredAggregatesSnapshot" | "applyLoadEvent" | "catalogSnapshot" | "workerStatusSnapshot">;
+  readonly port: Pick<ReplicaPort, "snapshot" | "apply">;
   readonly publisher: Pick<MeshPublisher, "origin" | "epoch" | "seq" | "settled">;
   readonly peering: PeeringRequests;
   /** Told of each refusal (the mesh logs them, throttled). */
@@ -125,18 +125,7 @@ export class ControlServer {
         const p = this.#o.publisher;
         await p.settled();
         // Taken synchronously after the flush in progress, so it is consistent with seq.
-        const snapshot: Snapshot = {
-          v: 1,
-          origin: p.origin,
-          epoch: p.epoch,
-          seq: p.seq,
-          bookings: this.#o.port.bookingsSnapshot(),
-          bindings: this.#o.port.bindingsSnapshot(),
-          aggregates: this.#o.port.loadAggregatesSnapshot(),
-          mirrored: this.#o.port.mirroredAggregatesSnapshot(),
-          catalog: this.#o.port.catalogSnapshot(),
-          statuses: this.#o.port.workerStatusSnapshot(),
-        };
+        const snapshot: Snapshot = { ...this.#o.port.snapshot(), v: 1, origin: p.origin, epoch: p.epoch, seq: p.seq };
         return encodeControlReply({ type: "snapshot", snapshot });
       }
       case "lifecycle": {
@@ -144,7 +133,7 @@ export class ControlServer {
         if (e.owner !== this.#o.publisher.origin) return this.#refuse("lifecycle", `booking ${e.request_id} is owned by ${e.owner}, not this replica`);
         if (e.origin !== req.from || !peering.knows(req.from)) return this.#refuse("lifecycle", `origin ${req.from} is not a registered or heard peer`);
         // The same path as the event in the sender's stream: idempotent, so both may arrive.
-        this.#o.port.applyLoadEvent(e);
+        this.#o.port.apply(req.from, [{ kind: "load", event: e }]);
         this.stats.lifecycleReceived++;
         return encodeControlReply({ type: "ok" });
       }

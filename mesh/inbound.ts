@@ -77,20 +77,7 @@ export interface InboundStats {
 export interface MeshInboundOptions {
   /** This replica's origin: its own frames (looped back by a misconfigured peer) are ignored. */
   readonly origin: bigint;
-  readonly port: Pick<
-    ReplicaPort,
-    | "applyLoadEvent"
-    | "applyBindingEvent"
-    | "applyLoadAggregates"
-    | "replaceOrigin"
-    | "replaceOriginAggregates"
-    | "adoptMirroredAggregates"
-    | "countOwnedBy"
-    | "applyCatalogEvent"
-    | "applyWorkerStatus"
-    | "replaceWorkerStatuses"
-    | "dropOrigin"
-  >;
+  readonly port: Pick<ReplicaPort, "apply" | "install" | "describe" | "dropOrigin">;
   readonly control: Pick<ControlClient, "snapshot">;
   readonly logger: Logger;
   /** Monotonic, ms: peer health, snapshot timeouts and retries, origin idleness. */
@@ -232,7 +219,7 @@ export class MeshInbound {
   #checkDivergence(hb: Heartbeat): void {
     const t = this.receiver.tracker(hb.origin);
     if (t?.state !== "live" || t.lastAppliedSeq !== hb.seq) return;
-    const mirrored = this.#o.port.countOwnedBy(hb.origin);
+    const mirrored = this.#o.port.describe(hb.origin).bookings;
     const n = mirrored === hb.bookings ? 0 : (this.#mismatch.get(hb.origin) ?? 0) + 1;
     this.#mismatch.set(hb.origin, n);
     if (n >= DIVERGENT_HEARTBEATS_FOR_RESYNC) {
@@ -244,26 +231,7 @@ export class MeshInbound {
   }
 
   #apply(b: MeshBatch): void {
-    const port = this.#o.port;
-    for (const e of b.events) {
-      switch (e.kind) {
-        case "load":
-          port.applyLoadEvent(e.event);
-          break;
-        case "loads":
-          port.applyLoadAggregates(b.origin, e.event);
-          break;
-        case "binding":
-          port.applyBindingEvent(e.event);
-          break;
-        case "catalog":
-          port.applyCatalogEvent(e.event);
-          break;
-        case "worker_status":
-          port.applyWorkerStatus(b.origin, e.event);
-          break;
-      }
-    }
+    this.#o.port.apply(b.origin, b.events);
     this.stats.batchesApplied++;
     this.stats.eventsApplied += b.events.length;
     if (b.causes !== undefined && this.#o.applyTracer !== undefined) {
@@ -420,22 +388,16 @@ export class MeshInbound {
   }
 
   /**
-   * What a snapshot replaces: the catalogue first (merged last-writer-wins: a joiner with an empty
-   * catalogue gets the fleet's workers, and bookings and bindings then find them), the origin's
-   * statuses, its bookings (exact) or totals (aggregate), then its bindings.
+   * What a snapshot replaces is the core's to decide, in its kinds' order (the replication port's
+   * install). The mesh only keeps out what the sender mirrors of origins this replica saw go down,
+   * and remembers the origins it learns of only this way (#expireAdopted).
    */
   #replace(s: Snapshot): void {
-    const port = this.#o.port;
-    for (const c of s.catalog ?? []) port.applyCatalogEvent(c);
-    port.replaceWorkerStatuses(s.origin, s.statuses ?? []);
-    port.replaceOrigin(s.origin, s.bookings);
-    port.replaceOriginAggregates(s.origin, s.aggregates ?? []);
     const states = this.health.states();
-    const mirrored = (s.mirrored ?? []).filter((m) => states.get(m.origin) !== "down");
-    port.adoptMirroredAggregates(s.origin, mirrored);
+    const mirrored = s.mirrored?.filter((m) => states.get(m.origin) !== "down");
+    this.#o.port.install(s.origin, mirrored === undefined ? s : { ...s, mirrored });
     const now = this.#o.clock.now();
-    for (const m of mirrored) if (m.origin !== this.#o.origin && !states.has(m.origin) && !this.#adopted.has(m.origin)) this.#adopted.set(m.origin, now);
-    for (const b of s.bindings) port.applyBindingEvent(b);
+    for (const m of mirrored ?? []) if (m.origin !== this.#o.origin && !states.has(m.origin) && !this.#adopted.has(m.origin)) this.#adopted.set(m.origin, now);
   }
 
   /**

@@ -14,7 +14,7 @@ import { controlEndpointFor, parsePeerEndpoint } from "./endpoints.js";
 import { KvmeshError } from "../src/core/errors.js";
 import type { InboundMembership, MeshInbound } from "./inbound.js";
 import type { PeerState } from "./peer-health.js";
-import type { ReplicaPort, ReplicaSlot } from "./replica-port.js";
+import type { OriginFacts, ReplicaPort, ReplicaSlot } from "./replica-port.js";
 
 /** How long a computed replica slot (for tie spreading) is reused, ms: membership moves slowly. */
 export const SLOT_REFRESH_MS = 250;
@@ -39,6 +39,11 @@ export interface PeerView {
   gaps: number;
   snapshots: number;
   sync: "syncing" | "live" | null;
+  /**
+   * What this replica holds of the peer's origin, as the core's replicated kinds tell it (the
+   * bookings it owns here, whether it said it is leaving, ...); absent until its origin is known.
+   */
+  held?: OriginFacts;
 }
 
 /** Our SUB's connections (MeshTransport in production). */
@@ -59,7 +64,7 @@ export interface MembershipOptions {
   readonly links: PeerLinks;
   readonly control: Pick<ControlClient, "request">;
   readonly inbound: Pick<MeshInbound, "peerStates" | "originStats" | "forget" | "pullSnapshot" | "welcome">;
-  readonly port: Pick<ReplicaPort, "dropOrigin">;
+  readonly port: Pick<ReplicaPort, "dropOrigin" | "describe">;
   readonly logger: Logger;
   /** Monotonic, ms. */
   readonly clock: Clock;
@@ -145,6 +150,7 @@ export class Membership implements InboundMembership, PeeringRequests {
           gaps: s?.gaps ?? 0,
           snapshots: s?.snapshots ?? 0,
           sync: s?.state ?? null,
+          ...(origin === null ? {} : { held: this.#o.port.describe(origin) }),
         } satisfies PeerView;
       })
       .sort((a, b) => (a.endpoint < b.endpoint ? -1 : a.endpoint > b.endpoint ? 1 : 0));

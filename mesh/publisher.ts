@@ -1,20 +1,19 @@
 /**
- * The mesh's outbound side: every local load event and session binding goes into a bounded queue
+ * The mesh's outbound side: every event of the core's outbound stream goes into a bounded queue
  * (outbound-queue.ts); one flush loop drains it whole on each wake-up into numbered batches (seq
  * per (origin, epoch)) and publishes them; a heartbeat every heartbeatIntervalMs carries the last
  * seq and the bookings this origin owns, so an idle receiver still sees gaps and divergence.
  *
- * In aggregate load replication there are no per-booking events: a change of our bookings only
- * schedules a flush (`loadChanged`), and each flush takes the changed ranks' totals from the core
- * and publishes them with the queued bindings, so peers receive at most one batch per flush
- * interval whatever the request rate.
+ * Coalesced events (aggregate load replication's per-rank totals) are not pushed: the core says
+ * they are pending (`pending`), which schedules a flush, and each flush collects them from the core
+ * (`CoalescedSource`) and publishes them with the queued events, so peers receive at most one
+ * batch per flush interval whatever the request rate. The publisher names no event kind.
  *
  * Flush pacing reads the injected monotonic clock; only the lag stamps (`sentAtMs`) read the wall
  * clock, as receivers on other hosts compare them with theirs.
  */
 import type { Logger } from "pino";
 import type { Clock, TimerHandle, Timers } from "../src/core/time.js";
-import type { LoadAggregates } from "../src/core/replica-events.js";
 import { controlEndpointFor } from "./endpoints.js";
 import { MeshOptionError } from "./errors.js";
 import { OutboundQueue, type OutboundQueueOptions } from "./outbound-queue.js";
@@ -47,11 +46,12 @@ export const DEFAULT_MESH_FLUSH_INTERVAL_MS = 2;
  */
 export const DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS = 10;
 
-/** Where a flush takes this replica's changed totals from (aggregate load replication). */
-export interface AggregateSource {
-  takeLoadAggregates(): LoadAggregates[];
-  /** Some rank's prefill estimate still decays: flush again after an interval even if nothing else changes. */
-  readonly loadAggregatesDecaying: boolean;
+/** Where a flush collects the coalesced events from (the core's ReplicaAttachment). */
+export interface CoalescedSource {
+  /** The coalesced events changed since the last call. */
+  collect(): MeshEvent[];
+  /** Some value still decays (a prefill estimate): flush again after an interval even if nothing else changes. */
+  readonly decaying: boolean;
 }
 
 /** Where published frames go (MeshTransport's PUB in production). */
@@ -84,8 +84,8 @@ export interface MeshPublisherOptions {
   readonly flushIntervalMs?: number;
   readonly heartbeatIntervalMs?: number;
   readonly queue?: OutboundQueueOptions;
-  /** Aggregate load replication: where each flush takes our changed totals from. */
-  readonly aggregates?: AggregateSource;
+  /** Where each flush collects coalesced events from (its presence makes the aggregate flush interval the default). */
+  readonly coalesced?: CoalescedSource;
 }
 
 /** Validates a flush interval (ms) before anything binds; throws MeshOptionError naming the field. */
@@ -114,15 +114,15 @@ export class MeshPublisher {
   #flushing: Promise<void> | undefined;
   #heartbeat: TimerHandle | undefined;
   #closed = false;
-  /** Aggregate mode: our totals changed since the last flush took them. */
-  #loadDirty = false;
+  /** Coalesced events wait since the last flush collected them. */
+  #pending = false;
 
   constructor(o: MeshPublisherOptions) {
     this.#o = o;
     this.origin = o.origin;
     this.epoch = o.epoch;
     this.#log = o.logger;
-    this.#flushIntervalMs = flushIntervalOf(o.flushIntervalMs, o.aggregates !== undefined);
+    this.#flushIntervalMs = flushIntervalOf(o.flushIntervalMs, o.coalesced !== undefined);
     this.#heartbeatIntervalMs = o.heartbeatIntervalMs ?? DEFAULT_MESH_HEARTBEAT_INTERVAL_MS;
     this.#controlEndpoint = controlEndpointFor(o.advertise);
     this.#queue = new OutboundQueue({
@@ -163,10 +163,10 @@ export class MeshPublisher {
     this.#schedule();
   }
 
-  /** Aggregate mode: our bookings changed; the next flush takes the changed totals. */
-  loadChanged(): void {
+  /** Coalesced events wait: the next flush collects them. */
+  pending(): void {
     if (this.#closed) return;
-    this.#loadDirty = true;
+    this.#pending = true;
     this.#noteCause();
     this.#schedule();
   }
@@ -216,20 +216,20 @@ export class MeshPublisher {
   };
 
   /**
-   * Queues our changed totals (aggregate mode) ahead of the drain that publishes them. Decaying
+   * Queues the coalesced events (aggregate totals) ahead of the drain that publishes them. Decaying
    * estimates are re-taken once per flush (`withDecay`, the flush's first pass), never in the
    * loop that follows: a decaying rank would otherwise be republished on every pass, back to back.
    */
-  #takeAggregates(withDecay: boolean): void {
-    const src = this.#o.aggregates;
-    if (src === undefined || !(this.#loadDirty || (withDecay && src.loadAggregatesDecaying))) return;
-    this.#loadDirty = false;
-    for (const event of src.takeLoadAggregates()) this.#queue.push({ kind: "loads", event });
+  #collect(withDecay: boolean): void {
+    const src = this.#o.coalesced;
+    if (src === undefined || !(this.#pending || (withDecay && src.decaying))) return;
+    this.#pending = false;
+    for (const e of src.collect()) this.#queue.push(e);
   }
 
   async #flush(): Promise<void> {
     for (let pass = 0; ; pass++) {
-      this.#takeAggregates(pass === 0);
+      this.#collect(pass === 0);
       if (this.#queue.size === 0 || this.#closed) break;
       const batches = this.#queue.drainBatches();
       // A shed event is repaired by snapshot: skipping a seq makes every receiver see a gap.
@@ -249,7 +249,7 @@ export class MeshPublisher {
       }
     }
     // A decaying prefill estimate goes stale on peers as it ages: publish it again next interval.
-    if (!this.#closed && this.#o.aggregates?.loadAggregatesDecaying === true) this.#schedule();
+    if (!this.#closed && this.#o.coalesced?.decaying === true) this.#schedule();
   }
 
   sendHeartbeat(): void {
@@ -279,7 +279,7 @@ export class MeshPublisher {
     if (this.#closed) return;
     this.#cancelScheduled();
     await this.#flushing;
-    if (this.#queue.size > 0 || this.#loadDirty) {
+    if (this.#queue.size > 0 || this.#pending) {
       this.#startFlush();
       await this.#flushing;
     }

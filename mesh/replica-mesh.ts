@@ -1,5 +1,6 @@
 /**
- * The replica mesh: wires a ReplicaPort (the selection core) to its peers. A thin facade over
+ * The replica mesh: attaches to a ReplicaPort (the selection core's replication port) and carries
+ * its event stream to and from its peers. A thin facade over
  *
  *   publisher.ts   local events -> bounded queue -> paced, numbered batches; heartbeats
  *   inbound.ts     peers' batches and heartbeats -> the core; snapshot pulls and installs;
@@ -25,7 +26,7 @@ import { MeshInbound, type MeshApplyTracer } from "./inbound.js";
 import { registerLagMetrics, registerMeshMetrics, type MeshStats } from "./mesh-metrics.js";
 import { Membership, type PeerView } from "./membership.js";
 import { flushIntervalOf, MeshPublisher } from "./publisher.js";
-import type { ReplicaPort } from "./replica-port.js";
+import type { ReplicaAttachment, ReplicaPort } from "./replica-port.js";
 import { MeshTransport } from "./transport.js";
 import { DEFAULT_MESH_STARTUP_SYNC_SECS, StartupSync, type StartupSyncOutcome } from "./startup-sync.js";
 
@@ -57,6 +58,7 @@ export const DEFAULT_MESH_APPLY_MAX_DELAY_MS = MESH_HOUSEKEEPING_INTERVAL_MS;
 const MS_PER_SECOND = 1_000;
 
 export interface ReplicaMeshOptions {
+  /** The core's replication port (SelectionService.replication). */
   readonly service: ReplicaPort;
   /** Tracing on: spans for applied peer batches, linked to the requests that caused them. */
   readonly applyTracer?: MeshApplyTracer | undefined;
@@ -101,7 +103,7 @@ export interface ReplicaMeshOptions {
 }
 
 export class ReplicaMesh {
-  readonly #service: ReplicaPort;
+  readonly #attachment: ReplicaAttachment;
   readonly #transport: MeshTransport;
   readonly #advertise: string;
   readonly #publisher: MeshPublisher;
@@ -127,24 +129,32 @@ export class ReplicaMesh {
     const logger = o.logger;
     const service = o.service;
     const origin = service.replicaId;
-    this.#service = service;
     this.#transport = transport;
     this.#log = logger;
     this.#advertise = o.advertiseEndpoint ?? transport.publishEndpoint;
+    // eslint-disable-next-line @typescript-eslint/no-this-alias -- the publisher's source reads the attachment made after it
+    const self = this;
     const client = new ControlClient(transport, o.controlTimeoutMs ?? DEFAULT_CONTROL_TIMEOUT_MS, this.#advertise);
     this.#publisher = new MeshPublisher({
       origin,
       epoch: randomU64(o.random),
       advertise: this.#advertise,
       link: transport,
-      ownedBookings: () => service.countOwnedBy(origin),
+      ownedBookings: () => service.describe(origin).bookings,
       logger,
       clock,
       wallClock,
       timers,
       ...(o.flushIntervalMs === undefined ? {} : { flushIntervalMs: o.flushIntervalMs }),
       ...(o.heartbeatIntervalMs === undefined ? {} : { heartbeatIntervalMs: o.heartbeatIntervalMs }),
-      ...(service.loadReplication === "aggregate" ? { aggregates: service } : {}),
+      flushIntervalMs: flushIntervalOf(o.flushIntervalMs, service.loadReplication === "aggregate"),
+      // Coalesced events (aggregate totals) are collected from the core at each flush.
+      coalesced: {
+        collect: () => self.#attachment.collect(),
+        get decaying() {
+          return self.#attachment.decaying;
+        },
+      },
     });
     const lagObserver = o.metrics === undefined ? undefined : registerLagMetrics(o.metrics);
     this.#inbound = new MeshInbound({
@@ -185,28 +195,25 @@ export class ReplicaMesh {
       registerMeshMetrics(o.metrics, { stats: () => this.stats, shed: () => this.#publisher.shed, receiver: this.#inbound.receiver, health: this.#inbound.health, curve: () => transport.curveStats });
     }
 
-    service.onLoadEvent((event) => {
-      this.#publisher.enqueue({ kind: "load", event });
-      if (event.type !== "add" && event.origin === origin && event.owner !== origin) this.#forwardToOwner(event, client);
+    const membership = this.#membership;
+    this.#attachment = service.attach({
+      event: (e) => {
+        this.#publisher.enqueue(e);
+        // A lifecycle call taken here for a peer's booking: to its owner directly too.
+        if (e.kind === "load" && e.event.type !== "add" && e.event.origin === origin && e.event.owner !== origin) this.#forwardToOwner(e.event, client);
+      },
+      pending: () => {
+        this.#publisher.pending();
+      },
+      workersChanged: () => {
+        this.#inbound.refreshSoon();
+      },
+      // The core applies what the receive thread handed over before each decision and view.
+      drainInbound: () => {
+        this.applyReceived();
+      },
+      ...(o.tieSpread === false ? {} : { slot: () => membership.slot() }),
     });
-    service.onBindingEvent((event) => {
-      this.#publisher.enqueue({ kind: "binding", event });
-    });
-    service.onCatalogEvent((event) => {
-      this.#publisher.enqueue({ kind: "catalog", event });
-    });
-    service.onWorkerStatusEvent((event) => {
-      this.#publisher.enqueue({ kind: "worker_status", event });
-    });
-    if (service.loadReplication === "aggregate") {
-      service.onLoadChange(() => {
-        this.#publisher.loadChanged();
-      });
-    }
-    service.onWorkerChange(() => {
-      this.#inbound.refreshSoon();
-    });
-    if (o.tieSpread !== false) service.setReplicaSlot(() => this.#membership.slot());
     if (transport.receivesInThread) {
       transport.onEntries((entries) => {
         this.#inbound.onEntries(entries);
@@ -223,7 +230,7 @@ export class ReplicaMesh {
     this.#housekeeping = timers.setInterval(
       () => {
         const now = clock.now();
-        // Hand-overs no HTTP request pulled since the last apply (each request applies them first).
+        // Hand-overs no decision pulled since the last apply (the core drains them before each one).
         if (now - this.#appliedAtMs >= maxApplyDelayMs) this.applyReceived();
         this.#inbound.housekeeping(now);
         this.#membership.redialSilentPeers(now);
@@ -371,7 +378,7 @@ export class ReplicaMesh {
     this.#housekeeping.cancel();
     this.#inbound.close();
     this.#membership.close();
-    this.#service.setReplicaSlot(null);
+    this.#attachment.detach();
     await this.#transport.close();
   }
 }

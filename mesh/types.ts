@@ -7,7 +7,8 @@
  * that peer's ROUTER for a snapshot and replaces what it mirrors of that origin (the ZeroMQ
  * Guide's Clone pattern).
  */
-import type { BindingEvent, CatalogEvent, LoadAddEvent, LoadAggregates, LoadEvent, LoadMarkEvent, OriginAggregates, WorkerStatusEvent } from "../src/core/replica-events.js";
+import type { BookingSnapshot, LoadMarkEvent } from "../src/core/replica-events.js";
+import type { ReplicaEvent, ReplicaSnapshot } from "../src/core/replication/registry.js";
 import type { TraceCause } from "../src/util/trace-cause.js";
 
 export type { TraceCause };
@@ -17,17 +18,10 @@ export const TOPIC_HEARTBEAT = "kvmesh.hb.v1";
 export const PROTOCOL_VERSION = 1;
 
 /**
- * One replicated change: a load event (exact load replication, or a lifecycle call forwarded to a
- * booking's owner), a session binding, an origin's changed per-rank totals (aggregate load
- * replication, src/core/load-aggregates.ts), a worker catalogue entry, or the origin's own status
- * for a worker (src/core/catalog-replication.ts).
+ * One replicated change, as the core's replication port emits and applies it (a discriminated
+ * union keyed by `kind`, src/core/replication/registry.ts); mesh/wire.ts has one codec entry per kind.
  */
-export type MeshEvent =
-  | { readonly kind: "load"; readonly event: LoadEvent }
-  | { readonly kind: "binding"; readonly event: BindingEvent }
-  | { readonly kind: "loads"; readonly event: LoadAggregates }
-  | { readonly kind: "catalog"; readonly event: CatalogEvent }
-  | { readonly kind: "worker_status"; readonly event: WorkerStatusEvent };
+export type MeshEvent = ReplicaEvent;
 
 export interface MeshBatch {
   readonly v: typeof PROTOCOL_VERSION;
@@ -78,28 +72,18 @@ export interface Heartbeat {
 }
 
 /** A booking as carried in a snapshot: the add, and whether its prefill already completed. */
-export interface SnapshotBooking {
-  readonly add: LoadAddEvent;
-  readonly prefillDone: boolean;
-}
+export type SnapshotBooking = BookingSnapshot;
 
-export interface Snapshot {
+/** The envelope of a snapshot; its body is the core's (assembled and installed by the replication port). */
+export interface SnapshotEnvelope {
   readonly v: typeof PROTOCOL_VERSION;
   readonly origin: bigint;
   readonly epoch: bigint;
   /** The snapshot reflects every batch up to and including this seq. */
   readonly seq: number;
-  readonly bookings: readonly SnapshotBooking[];
-  readonly bindings: readonly BindingEvent[];
-  /** Aggregate load replication: the origin's totals on every rank it has load on, and its booking ids. */
-  readonly aggregates?: readonly LoadAggregates[];
-  /** Aggregate load replication: the totals the origin mirrors of other origins (for joiners). */
-  readonly mirrored?: readonly OriginAggregates[];
-  /** Every worker catalogue entry the origin holds, live and deleted (absent from older replicas). */
-  readonly catalog?: readonly CatalogEvent[];
-  /** The origin's own status for each worker it holds (absent from older replicas). */
-  readonly statuses?: readonly WorkerStatusEvent[];
 }
+
+export type Snapshot = SnapshotEnvelope & ReplicaSnapshot;
 
 /** Requests on the control channel (DEALER -> ROUTER), and their replies. */
 export type ControlRequest =

@@ -195,7 +195,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   if (sync !== undefined) {
     try {
       mesh = await ReplicaMesh.start({
-        service,
+        service: service.replication,
         applyTracer: tracer,
         publishBind: sync.bind,
         advertiseEndpoint: sync.advertise,

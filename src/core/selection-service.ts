@@ -23,15 +23,17 @@ import { KvmeshError } from "./errors.js";
 import { Fleet, type DumpEvent, type DumpFilter, type WorkerChange } from "./fleet.js";
 import { hashCount } from "./hash64.js";
 import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
-import { ReplicaState } from "./replica-state.js";
-import type { BindingEvent, BookingSnapshot, CatalogEvent, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates, WorkerStatusEvent } from "./replica-events.js";
+import { LOAD_STRATEGIES } from "./replication/load-strategies.js";
+import type { LoadStrategy } from "./replication/load-strategy.js";
+import { Replication, type ReplicationPort } from "./replication/port.js";
+import type { BindingEvent, LoadReplication } from "./replica-events.js";
 import { randomUuid, validateId } from "./request-ids.js";
 import { ReservationBook } from "./reservations.js";
 import { resolveServiceOptions, type SelectionServiceOptions } from "./service-options.js";
 import { ServiceCounters, type ServiceStats } from "./service-stats.js";
 import type { checkSessionBinding, SessionBindingInput, SessionBindingOutcome } from "./session-binding-input.js";
 import type { SessionBindingSubscription, SessionBindingUpdatesOptions } from "./session-binding-stream.js";
-import { TieSpreader, type ReplicaSlot } from "./tie-spread.js";
+import { TieSpreader } from "./tie-spread.js";
 import type {
   ModelLoadResponse,
   OverlapScoresResponse,
@@ -82,12 +84,11 @@ export class SelectionService {
   readonly #fleet: Fleet;
   readonly #chooser: Chooser;
   readonly #book: ReservationBook;
-  readonly #replica: ReplicaState;
+  readonly #load: LoadStrategy;
+  readonly #replication: Replication;
   readonly #bindings: SessionBindings;
   readonly #catalog: CatalogReplication;
-  readonly #loadListeners = new Set<(e: LoadEvent) => void>();
-  readonly #loadChangeListeners = new Set<() => void>();
-  readonly #exactLoadEvents: boolean;
+  readonly #drainingListeners: (() => void)[] = [];
   readonly #busy: BusyThresholds;
   #shuttingDown = false;
   #draining = false;
@@ -98,7 +99,6 @@ export class SelectionService {
     this.replicaId = o.replicaId;
     this.#clock = o.clock;
     this.#random = o.random;
-    this.#exactLoadEvents = o.loadReplication === "exact";
     const counters = this.#counters;
     // The fleet's hooks reach parts built after it; they only run once workers register.
     this.#fleet = new Fleet({
@@ -115,17 +115,17 @@ export class SelectionService {
           this.#bindings.unpark(p, workerId);
         },
         bookingsGone: (p, ids) => {
-          this.#replica.ownBookingsGone(p, ids);
+          this.#load.ownBookingsGone(p, ids);
           for (const id of ids) this.#book.drop(id);
         },
         partitionCreated: (p) => {
-          this.#replica.partitionCreated(p);
+          this.#load.partitionCreated(p);
         },
         partitionRemoved: (p) => {
-          this.#replica.partitionRemoved(p);
+          this.#load.partitionRemoved(p);
         },
         rankLeaving: (p, rank) => {
-          this.#replica.rankLeaving(p, rank);
+          this.#load.rankLeaving(p, rank);
         },
       },
     });
@@ -152,15 +152,55 @@ export class SelectionService {
       chooser: this.#chooser,
       random: o.random,
       emit: (e) => {
-        if (this.#exactLoadEvents) this.#emitLoad(e);
-        else this.#replica.noteOwnLoadEvent(e);
-        this.#loadChanged();
+        this.#load.ownEvent(e);
       },
       freed: (owner, id) => {
-        this.#replica.noteFreed(owner, id);
+        this.#load.noteFreed(owner, id);
       },
     });
-    this.#replica = new ReplicaState({ replicaId: o.replicaId, clock: o.clock, counters, fleet: this.#fleet, book: this.#book, mode: o.loadReplication, expiryMs: o.expiryMs });
+    this.#load = LOAD_STRATEGIES[o.loadReplication]({
+      replicaId: o.replicaId,
+      clock: o.clock,
+      counters,
+      fleet: this.#fleet,
+      book: this.#book,
+      expiryMs: o.expiryMs,
+      emit: (event) => {
+        this.#replication.emitLoad({ kind: "load", event });
+      },
+      pending: () => {
+        this.#replication.pending();
+      },
+    });
+    const drainingListeners = this.#drainingListeners;
+    const isDraining = (): boolean => this.#draining;
+    this.#replication = new Replication({
+      replicaId: o.replicaId,
+      load: this.#load,
+      parts: { bindings: this.#bindings, catalog: this.#catalog },
+      local: {
+        get draining() {
+          return isDraining();
+        },
+        onDraining: (listener) => {
+          drainingListeners.push(listener);
+        },
+      },
+      setSlot: (slot) => {
+        this.#chooser.setTieSpreader(slot === null ? undefined : new TieSpreader(slot, this.#random));
+      },
+    });
+    this.#fleet.onWorkerChange(() => {
+      this.#replication.workersChanged();
+    });
+  }
+
+  /**
+   * The replication port (src/core/replication/port.ts): what a replicator (the mesh, a host's
+   * transport) attaches to, applies peers' events and snapshots through, and reads counts from.
+   */
+  get replication(): ReplicationPort {
+    return this.#replication;
   }
 
   /** What the service has counted (live, read-only; cheap to read at every scrape). */
@@ -168,49 +208,14 @@ export class SelectionService {
     return this.#counters.view;
   }
 
-  // ---------------------------------------------------------------- observers (the replica seam)
-
-  /** Every change of this replica's own bookings as a load event (exact load replication only). */
-  onLoadEvent(listener: (e: LoadEvent) => void): () => void {
-    this.#loadListeners.add(listener);
-    return () => this.#loadListeners.delete(listener);
-  }
-
-  /**
-   * Called after any change of this replica's own bookings, in either mode: in aggregate mode the
-   * replicator then takes the changed totals (takeLoadAggregates) when its pacing allows.
-   */
-  onLoadChange(listener: () => void): () => void {
-    this.#loadChangeListeners.add(listener);
-    return () => this.#loadChangeListeners.delete(listener);
-  }
-
   /** How this replica shares its bookings with peers (service option loadReplication). */
   get loadReplication(): LoadReplication {
-    return this.#replica.mode;
+    return this.#load.mode;
   }
 
-  #emitLoad(e: LoadEvent): void {
-    for (const l of this.#loadListeners) l(e);
-  }
+  // ---------------------------------------------------------------- observers
 
-  #loadChanged(): void {
-    for (const l of this.#loadChangeListeners) l();
-  }
-
-  onBindingEvent(listener: (e: BindingEvent) => void): () => void {
-    return this.#bindings.onBindingEvent(listener);
-  }
-
-  /**
-   * In a mesh, spread ties of the argmin by this replica's slot among the live replicas instead
-   * of at random, so replicas racing on new requests pick different idle workers (see
-   * tie-spread.ts). `null` restores the random tie-break.
-   */
-  setReplicaSlot(slot: (() => ReplicaSlot) | null): void {
-    this.#chooser.setTieSpreader(slot === null ? undefined : new TieSpreader(slot, this.#random));
-  }
-
+  /** A worker registered, changed or left here (the KV-event ingest follows its endpoints). */
   onWorkerChange(listener: (c: WorkerChange) => void): () => void {
     return this.#fleet.onWorkerChange(listener);
   }
@@ -219,6 +224,7 @@ export class SelectionService {
 
   /** Registers (or replaces) a worker here, and on every peer (catalog-replication.ts). */
   upsertWorker(req: WorkerRequest): WorkerCatalogRecord {
+    this.#replication.drainInbound();
     this.#assertRunning();
     return this.#catalog.upsert(req);
   }
@@ -232,25 +238,30 @@ export class SelectionService {
   }
 
   patchWorker(workerId: WorkerId, patch: WorkerPatchRequest): WorkerCatalogRecord {
+    this.#replication.drainInbound();
     this.#assertRunning();
     return this.#catalog.patch(workerId, patch);
   }
 
   /** Deletion stays allowed while shutting down (a drained fleet must be able to leave). */
   deleteWorker(workerId: WorkerId): WorkerCatalogRecord {
+    this.#replication.drainInbound();
     return this.#catalog.delete(workerId);
   }
 
   /** Each replica's outcome for the worker (its lifecycle and reasons there), sorted by replica id. */
   workerReplicas(workerId: WorkerId): WorkerReplicaStatus[] {
+    this.#replication.drainInbound();
     return this.#catalog.replicasOf(workerId);
   }
 
   listWorkers(modelName?: string, routingGroup?: string): WorkerCatalogRecord[] {
+    this.#replication.drainInbound();
     return this.#fleet.listWorkers(modelName, routingGroup);
   }
 
   getWorker(workerId: WorkerId): WorkerCatalogRecord | undefined {
+    this.#replication.drainInbound();
     return this.#fleet.getWorker(workerId);
   }
 
@@ -259,6 +270,7 @@ export class SelectionService {
    * every catalog record (`catalog.list(None, None)`), not a count.
    */
   ready(): { ready: boolean; schedulable_workers: number; workers: WorkerCatalogRecord[]; draining?: true } {
+    this.#replication.drainInbound();
     const r = this.#fleet.readiness();
     const base = { ready: !this.#shuttingDown && !this.#draining && r.schedulable > 0, schedulable_workers: r.schedulable, workers: this.#fleet.listWorkers() };
     return this.#draining ? { ...base, draining: true } : base;
@@ -269,7 +281,9 @@ export class SelectionService {
    * keeps being served. The daemon then waits its drain window and shuts down.
    */
   drain(): void {
+    if (this.#draining) return;
     this.#draining = true;
+    for (const l of this.#drainingListeners) l();
   }
 
   get draining(): boolean {
@@ -296,6 +310,7 @@ export class SelectionService {
 
   /** `note`, when given, is filled with what the choice decided beyond its answer (a trace's attributes). */
   select(req: SelectRequest, note?: SelectionNote): SelectResponse {
+    this.#replication.drainInbound();
     try {
       this.#assertRunning();
       const sel = this.#chooser.choose(req, note);
@@ -321,6 +336,7 @@ export class SelectionService {
   }
 
   selectAndReserve(req: SelectAndReserveRequest, note?: SelectionNote): SelectResponse {
+    this.#replication.drainInbound();
     try {
       const selectionId = req.selection_id ?? randomUuid(this.#random);
       validateId(selectionId, "selection_id");
@@ -340,6 +356,7 @@ export class SelectionService {
   }
 
   createReservation(req: ReservationRequest): ReservationResponse {
+    this.#replication.drainInbound();
     try {
       this.#assertRunning();
       return this.#book.createReservation(req);
@@ -350,13 +367,15 @@ export class SelectionService {
   }
 
   prefillComplete(selectionId: string): void {
+    this.#replication.drainInbound();
     if (!this.#forwardedToOwner("prefill_complete", selectionId)) this.#book.prefillComplete(selectionId);
   }
 
   addOutputBlock(selectionId: string, decayFraction?: number): void {
+    this.#replication.drainInbound();
     this.#book.addOutputBlock(selectionId, decayFraction);
     // Exact replication does not carry output blocks (peers count the prompt's); totals do.
-    this.#loadChanged();
+    this.#load.ownChanged();
   }
 
   /**
@@ -367,6 +386,7 @@ export class SelectionService {
    * later prefill_complete and free use.
    */
   moveReservation(selectionId: string, target: { readonly worker_id: WorkerId; readonly dp_rank: number }): ReservationResponse {
+    this.#replication.drainInbound();
     this.#assertRunning();
     const newId = randomUuid(this.#random);
     this.#book.move(selectionId, newId, target.worker_id, target.dp_rank);
@@ -376,6 +396,7 @@ export class SelectionService {
   }
 
   freeReservation(selectionId: string): void {
+    this.#replication.drainInbound();
     if (!this.#forwardedToOwner("free", selectionId)) this.#book.free(selectionId);
   }
 
@@ -384,7 +405,8 @@ export class SelectionService {
    * it mirrors (exact mode: the booking; aggregate mode: its id and owner).
    */
   hasReservation(selectionId: string): boolean {
-    return this.#book.has(selectionId) || this.#replica.mirrorsBooking(selectionId);
+    this.#replication.drainInbound();
+    return this.#book.has(selectionId) || this.#load.mirrorsBooking(selectionId);
   }
 
   /**
@@ -393,26 +415,28 @@ export class SelectionService {
    * owner itself would be. Exact replication resolves it here (the mirrored row).
    */
   #forwardedToOwner(type: "prefill_complete" | "free", selectionId: string): boolean {
-    if (this.#exactLoadEvents || this.#book.has(selectionId)) return false;
-    const e = this.#replica.peerLifecycle(type, selectionId);
-    if (e === undefined) return false;
-    this.#emitLoad(e);
+    if (this.#book.has(selectionId)) return false;
+    const event = this.#load.peerLifecycle(type, selectionId);
+    if (event === undefined) return false;
+    this.#replication.emitLoad({ kind: "load", event });
     return true;
   }
 
   /** Live bookings known here: this replica's and its peers' (mirrored, or indexed by id in aggregate mode). */
   get reservationCount(): number {
-    return this.#book.size + this.#replica.mirroredBookingCount;
+    return this.#book.size + this.#load.mirroredBookingCount;
   }
 
   // ---------------------------------------------------------------- loads and diagnostics
 
   loads(modelName?: string, routingGroup?: string): ModelLoadResponse[] {
+    this.#replication.drainInbound();
     return this.#fleet.loads(modelName, routingGroup);
   }
 
   /** Per schedulable rank: its load if this prompt were booked there, and the resulting cost. */
   potentialLoads(req: SelectRequest): PotentialLoad[] {
+    this.#replication.drainInbound();
     this.#assertRunning();
     const { partition: p, prompt, config, rows } = this.#chooser.score(req);
     return rows.map((r) => ({
@@ -427,6 +451,7 @@ export class SelectionService {
   }
 
   overlapScores(req: SelectRequest): OverlapScoresResponse {
+    this.#replication.drainInbound();
     this.#assertRunning();
     const { partition: p, prompt, config, rows } = this.#chooser.score(req);
     return {
@@ -450,6 +475,7 @@ export class SelectionService {
    * service rebuilds the same index.
    */
   dump(filter?: DumpFilter): Record<string, { block_size: number; events: DumpEvent[] }> {
+    this.#replication.drainInbound();
     return this.#fleet.dump(filter);
   }
 
@@ -479,8 +505,8 @@ export class SelectionService {
       pendingLargeEvictions: this.#book.pendingLargeEvictions,
       reservationBytes: this.#book.bytes.own,
       mirroredReservationBytes: this.#book.bytes.mirrored,
-      reorderEntries: this.#replica.reorderEntries,
-      reorderShed: this.#replica.reorderShed,
+      reorderEntries: this.#load.reorderEntries,
+      reorderShed: this.#load.reorderShed,
     };
   }
 
@@ -488,117 +514,14 @@ export class SelectionService {
     return this.#fleet.kvEventsEndpointsOf(workerId);
   }
 
-  // ---------------------------------------------------------------- replica apply and snapshots
-
-  /** Applies a peer's load event (see ReplicaState.applyLoadEvent). */
-  applyLoadEvent(e: LoadEvent): boolean {
-    return this.#replica.applyLoadEvent(e);
-  }
-
-  /** Merges a peer's session binding by `(sequence, writer_id)` (the mesh's entry point). */
-  applyBindingEvent(e: BindingEvent): string {
-    return this.#bindings.applyBindingEvent(e);
-  }
-
-  /** Every catalogue change taken here, versioned (a peer applies it with applyCatalogEvent). */
-  onCatalogEvent(listener: (e: CatalogEvent) => void): () => void {
-    return this.#catalog.onCatalogEvent(listener);
-  }
-
-  /** This replica's outcome for a worker, whenever it changes (peers list it in GET /workers). */
-  onWorkerStatusEvent(listener: (e: WorkerStatusEvent) => void): () => void {
-    return this.#catalog.onWorkerStatusEvent(listener);
-  }
-
-  /** Merges a peer's catalogue event last-writer-wins (see CatalogReplication.apply). */
-  applyCatalogEvent(e: CatalogEvent): string {
-    return this.#catalog.apply(e);
-  }
-
-  /** A peer's (`origin`'s) status for a worker. */
-  applyWorkerStatus(origin: bigint, e: WorkerStatusEvent): void {
-    this.#catalog.applyStatus(origin, e);
-  }
-
-  /** A snapshot of `origin`: its statuses replace what was held of it. */
-  replaceWorkerStatuses(origin: bigint, statuses: readonly WorkerStatusEvent[]): void {
-    this.#catalog.replaceStatuses(origin, statuses);
-  }
-
-  /** Every catalogue entry held here, live and deleted (snapshots). */
-  catalogSnapshot(): CatalogEvent[] {
-    return this.#catalog.snapshot();
-  }
-
-  /** This replica's own per-worker statuses (snapshots). */
-  workerStatusSnapshot(): WorkerStatusEvent[] {
-    return this.#catalog.statusSnapshot();
-  }
-
   /** Catalogue deletions remembered now (tombstones). */
   get catalogTombstones(): number {
     return this.#catalog.tombstoneCount;
   }
 
-  /** Every live booking held here, own and mirrored, each with its owner (see ReplicaState). */
-  bookingsSnapshot(): BookingSnapshot[] {
-    return this.#replica.bookingsSnapshot();
-  }
-
   /** Every live session binding held here, then recent unbinds (LWW merge makes re-applying them harmless). */
   bindingsSnapshot(): BindingEvent[] {
     return this.#bindings.snapshot();
-  }
-
-  /** Live bookings this replica holds that `owner` made (own or mirrored). */
-  countOwnedBy(owner: bigint): number {
-    return this.#replica.countOwnedBy(owner);
-  }
-
-  /** Installs a snapshot from `owner` (see ReplicaState.replaceOrigin). */
-  replaceOrigin(owner: bigint, bookings: readonly BookingSnapshot[]): { added: number; removed: number } {
-    return this.#replica.replaceOrigin(owner, bookings);
-  }
-
-  /** Frees every booking mirrored from `owner` (a deregistered peer), and forgets its worker statuses. Returns how many bookings. */
-  dropOrigin(owner: bigint): number {
-    this.#catalog.dropOrigin(owner);
-    return this.#replica.dropOrigin(owner);
-  }
-
-  /** Aggregate mode: this replica's totals for the ranks whose load changed since the last call. */
-  takeLoadAggregates(): LoadAggregates[] {
-    return this.#replica.takeLoadAggregates();
-  }
-
-  /** Aggregate mode: a rank's prefill estimate still decays, so take again after an interval. */
-  get loadAggregatesDecaying(): boolean {
-    return this.#replica.loadAggregatesDecaying;
-  }
-
-  /** Aggregate mode: this replica's totals on every rank it has load on (for snapshots). */
-  loadAggregatesSnapshot(): LoadAggregates[] {
-    return this.#replica.loadAggregatesSnapshot();
-  }
-
-  /** Aggregate mode: applies a peer's totals; returns the rows applied (unknown workers are ignored). */
-  applyLoadAggregates(origin: bigint, a: LoadAggregates): number {
-    return this.#replica.applyLoadAggregates(origin, a);
-  }
-
-  /** Aggregate mode: what this replica mirrors of its peers (a snapshot carries it to joiners). */
-  mirroredAggregatesSnapshot(): OriginAggregates[] {
-    return this.#replica.mirroredAggregatesSnapshot();
-  }
-
-  /** Aggregate mode: adopts a peer's view of origins this replica has not heard from; returns how many. */
-  adoptMirroredAggregates(sender: bigint, mirrored: readonly OriginAggregates[]): number {
-    return this.#replica.adoptMirroredAggregates(sender, mirrored);
-  }
-
-  /** Aggregate mode: installs a peer's totals snapshot; returns the requests it holds here now. */
-  replaceOriginAggregates(origin: bigint, snapshot: readonly LoadAggregates[]): number {
-    return this.#replica.replaceOriginAggregates(origin, snapshot);
   }
 
   // ---------------------------------------------------------------- host replication
@@ -662,7 +585,7 @@ export class SelectionService {
       this.#bindings.sweepTable(p, now);
     }
     this.#book.sweep();
-    this.#replica.sweep(now);
+    this.#load.sweep(now);
     this.#bindings.sweepParked(now);
     this.#catalog.sweep(now);
   }

@@ -1,6 +1,7 @@
 /**
  * The mesh as the HTTP layer drives it: register, deregister and list peers, readiness during the
- * startup sync, and the receive thread's hand-over. The HTTP layer owns this interface (it is the
+ * startup sync, and the lifecycle retry's catch-up. (Peers' updates the receive thread handed over
+ * are the core's to apply, before each decision: src/core/replication/port.ts `drainInbound`.) The HTTP layer owns this interface (it is the
  * caller); the mesh (mesh/replica-mesh.ts) satisfies it structurally, and the composition root
  * (src/app/daemon.ts) hands one to the other, so src/http imports nothing from mesh/.
  */
@@ -14,12 +15,6 @@ export interface MeshControl {
    * host-provided mesh without it never holds readiness.
    */
   startupSyncPending?(): string[] | null;
-  /**
-   * Applies, synchronously, every peer update the receive thread has handed over so far (a no-op
-   * without one): the HTTP layer calls it before each request, so an answer reflects every peer
-   * message received up to the thread's last hand-over rather than up to the last timed apply.
-   */
-  applyReceived(): void;
   /**
    * Resolves once every peer message this replica has received is applied (the receive thread
    * hands over between intervals): what a lifecycle call for an unknown reservation waits for

@@ -216,8 +216,6 @@ class HttpApi {
         body = await readJsonBody(req, route.body, route.prompt === true, this.#limit);
         tr.bodyEndMs = performance.now();
       }
-      // Peers' updates the receive thread handed over since: a decision or a view sees them all.
-      this.#o.mesh?.applyReceived();
       const ctx = { params, query: q < 0 ? undefined : new URLSearchParams(url.slice(q + 1)), body, note: tr?.note };
       // A sampled request's changes carry its trace context to peers (src/util/trace-cause.ts).
       const cause = tr?.cause;

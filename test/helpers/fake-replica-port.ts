@@ -1,12 +1,14 @@
 import type { BindingEvent, CatalogEvent, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates, WorkerStatusEvent } from "../../src/core/replica-events.js";
-import type { ReplicaPort, ReplicaSlot } from "../../mesh/replica-port.js";
+import type { OriginFacts, ReplicaAttachment, ReplicaEvent, ReplicaLink, ReplicaPort, ReplicaSlot, ReplicaSnapshot } from "../../mesh/replica-port.js";
 import type { SnapshotBooking } from "../../mesh/types.js";
 
 /**
  * A ReplicaPort that records what the mesh does to it: the mesh's tests drive the mesh with this
- * instead of a SelectionService. `emitLoad`/`emitBinding` play local events; `owned` sets what
- * countOwnedBy answers. In aggregate mode, `pendingAggregates` is what the next
- * takeLoadAggregates hands out and `changeLoad` plays a change of our own bookings.
+ * instead of a SelectionService. What the mesh applies and installs is split back by kind into
+ * the recording arrays (`applied`, `replaced`, `appliedCatalog`...). `emitLoad`/`emitBinding`/
+ * `emitCatalog`/`emitStatus` play local events into the attached link; `owned` sets what
+ * describe(origin).bookings answers. In aggregate mode, `pendingAggregates` is what the next
+ * collect hands out and `changeLoad` plays a change of our own bookings.
  */
 export class FakeReplicaPort implements ReplicaPort {
   readonly replicaId: bigint;
@@ -21,120 +23,109 @@ export class FakeReplicaPort implements ReplicaPort {
   readonly replaced: { origin: bigint; bookings: readonly SnapshotBooking[] }[] = [];
   readonly dropped: bigint[] = [];
   readonly owned = new Map<bigint, number>();
+  readonly appliedCatalog: CatalogEvent[] = [];
+  readonly appliedStatuses: { origin: bigint; e: WorkerStatusEvent }[] = [];
+  readonly replacedStatuses: { origin: bigint; statuses: readonly WorkerStatusEvent[] }[] = [];
+  /** Events of kinds without an array of their own above. */
+  readonly appliedOther: { origin: bigint; e: ReplicaEvent }[] = [];
+  catalog: CatalogEvent[] = [];
+  statuses: WorkerStatusEvent[] = [];
   slot: (() => ReplicaSlot) | null = null;
-  #load: ((e: LoadEvent) => void) | undefined;
-  #binding: ((e: BindingEvent) => void) | undefined;
-  #workerChange: (() => void) | undefined;
-  #loadChange: (() => void) | undefined;
+  #link: ReplicaLink | undefined;
 
   constructor(replicaId = 7n, loadReplication: LoadReplication = "exact") {
     this.replicaId = replicaId;
     this.loadReplication = loadReplication;
   }
 
-  onLoadChange(listener: () => void): void {
-    this.#loadChange = listener;
-  }
-  takeLoadAggregates(): LoadAggregates[] {
-    return this.pendingAggregates.splice(0);
-  }
-  applyLoadAggregates(origin: bigint, a: LoadAggregates): void {
-    this.appliedAggregates.push({ origin, a });
-  }
-  replaceOriginAggregates(origin: bigint, snapshot: readonly LoadAggregates[]): void {
-    this.replacedAggregates.push({ origin, snapshot });
-  }
-  loadAggregatesSnapshot(): LoadAggregates[] {
-    return this.aggregatesSnapshot;
-  }
-  mirroredAggregatesSnapshot(): OriginAggregates[] {
-    return [];
-  }
-  adoptMirroredAggregates(sender: bigint, mirrored: readonly OriginAggregates[]): void {
-    this.adopted.push({ sender, mirrored });
-  }
-  changeLoad(): void {
-    this.#loadChange?.();
+  attach(link: ReplicaLink): ReplicaAttachment {
+    this.#link = link;
+    this.slot = link.slot === undefined ? null : () => link.slot?.() ?? { index: 0, count: 1 };
+    // eslint-disable-next-line @typescript-eslint/no-this-alias -- the attachment's getter reads the fake's field
+    const self = this;
+    return {
+      collect: () => this.pendingAggregates.splice(0).map((event): ReplicaEvent => ({ kind: "loads", event })),
+      get decaying() {
+        return self.loadAggregatesDecaying;
+      },
+      detach: () => {
+        this.#link = undefined;
+        this.slot = null;
+      },
+    };
   }
 
-  onLoadEvent(listener: (e: LoadEvent) => void): void {
-    this.#load = listener;
+  apply(origin: bigint, events: readonly ReplicaEvent[]): void {
+    for (const e of events) {
+      switch (e.kind) {
+        case "load":
+        case "binding":
+          this.applied.push(e.event);
+          break;
+        case "loads":
+          this.appliedAggregates.push({ origin, a: e.event });
+          break;
+        case "catalog":
+          this.appliedCatalog.push(e.event);
+          break;
+        case "worker_status":
+          this.appliedStatuses.push({ origin, e: e.event });
+          break;
+        default:
+          this.appliedOther.push({ origin, e });
+      }
+    }
   }
-  onBindingEvent(listener: (e: BindingEvent) => void): void {
-    this.#binding = listener;
+
+  /** Recorded in the core's install order: catalogue, statuses, bookings, totals, adopted totals, bindings. */
+  install(origin: bigint, s: ReplicaSnapshot): void {
+    this.appliedCatalog.push(...(s.catalog ?? []));
+    this.replacedStatuses.push({ origin, statuses: s.statuses ?? [] });
+    this.replaced.push({ origin, bookings: s.bookings });
+    this.replacedAggregates.push({ origin, snapshot: s.aggregates ?? [] });
+    this.adopted.push({ sender: origin, mirrored: s.mirrored ?? [] });
+    this.applied.push(...s.bindings);
   }
-  onWorkerChange(listener: () => void): void {
-    this.#workerChange = listener;
+
+  snapshot(): ReplicaSnapshot {
+    return { bookings: [], bindings: [], aggregates: this.aggregatesSnapshot, mirrored: [], catalog: this.catalog, statuses: this.statuses };
   }
-  readonly appliedCatalog: CatalogEvent[] = [];
-  readonly appliedStatuses: { origin: bigint; e: WorkerStatusEvent }[] = [];
-  readonly replacedStatuses: { origin: bigint; statuses: readonly WorkerStatusEvent[] }[] = [];
-  catalog: CatalogEvent[] = [];
-  statuses: WorkerStatusEvent[] = [];
-  #catalogEvent: ((e: CatalogEvent) => void) | undefined;
-  #statusEvent: ((e: WorkerStatusEvent) => void) | undefined;
-  onCatalogEvent(listener: (e: CatalogEvent) => void): void {
-    this.#catalogEvent = listener;
-  }
-  onWorkerStatusEvent(listener: (e: WorkerStatusEvent) => void): void {
-    this.#statusEvent = listener;
-  }
-  emitCatalog(e: CatalogEvent): void {
-    this.#catalogEvent?.(e);
-  }
-  emitStatus(e: WorkerStatusEvent): void {
-    this.#statusEvent?.(e);
-  }
-  applyCatalogEvent(e: CatalogEvent): void {
-    this.appliedCatalog.push(e);
-  }
-  applyWorkerStatus(origin: bigint, e: WorkerStatusEvent): void {
-    this.appliedStatuses.push({ origin, e });
-  }
-  replaceWorkerStatuses(origin: bigint, statuses: readonly WorkerStatusEvent[]): void {
-    this.replacedStatuses.push({ origin, statuses });
-  }
-  catalogSnapshot(): CatalogEvent[] {
-    return this.catalog;
-  }
-  workerStatusSnapshot(): WorkerStatusEvent[] {
-    return this.statuses;
-  }
-  setReplicaSlot(slot: (() => ReplicaSlot) | null): void {
-    this.slot = slot;
-  }
-  applyLoadEvent(e: LoadEvent): void {
-    this.applied.push(e);
-  }
-  applyBindingEvent(e: BindingEvent): void {
-    this.applied.push(e);
-  }
-  replaceOrigin(origin: bigint, bookings: readonly SnapshotBooking[]): void {
-    this.replaced.push({ origin, bookings });
-  }
+
   dropOrigin(origin: bigint): number {
     this.dropped.push(origin);
     return 0;
   }
-  countOwnedBy(origin: bigint): number {
-    return this.owned.get(origin) ?? 0;
+
+  describe(origin: bigint): OriginFacts {
+    return { bookings: this.owned.get(origin) ?? 0 };
   }
-  bookingsSnapshot(): SnapshotBooking[] {
-    return [];
-  }
-  bindingsSnapshot(): BindingEvent[] {
-    return [];
+
+  #emit(e: ReplicaEvent, what: string): void {
+    if (this.#link === undefined) throw new Error(`mesh did not subscribe to ${what} events`);
+    this.#link.event(e);
   }
 
   emitLoad(e: LoadEvent): void {
-    if (this.#load === undefined) throw new Error("mesh did not subscribe to load events");
-    this.#load(e);
+    this.#emit({ kind: "load", event: e }, "load");
   }
   emitBinding(e: BindingEvent): void {
-    if (this.#binding === undefined) throw new Error("mesh did not subscribe to binding events");
-    this.#binding(e);
+    this.#emit({ kind: "binding", event: e }, "binding");
+  }
+  emitCatalog(e: CatalogEvent): void {
+    this.#link?.event({ kind: "catalog", event: e });
+  }
+  emitStatus(e: WorkerStatusEvent): void {
+    this.#link?.event({ kind: "worker_status", event: e });
+  }
+  /** A change of our own bookings (aggregate mode): coalesced totals wait. */
+  changeLoad(): void {
+    this.#link?.pending?.();
   }
   workerChanged(): void {
-    this.#workerChange?.();
+    this.#link?.workersChanged?.();
+  }
+  /** What the core does before each decision: the link's held inbound messages apply. */
+  drainInbound(): void {
+    this.#link?.drainInbound?.();
   }
 }

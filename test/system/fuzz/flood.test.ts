@@ -22,6 +22,7 @@ import { encodeBatch, encodeHeartbeat } from "../../../mesh/wire.js";
 import { makeService, tokens, worker } from "../../helpers/core-fixtures.js";
 import { freePortPair } from "../../helpers/ports.js";
 import { waitFor } from "../../helpers/wait.js";
+import { replicaView } from "../../helpers/replica-view.js";
 
 const MiB = 1024 * 1024;
 const heapMiB = (): number => process.memoryUsage().heapUsed / MiB;
@@ -77,7 +78,7 @@ describe("floods hit caps and shed, instead of growing", () => {
     const { svc } = makeService({ sessionAffinity: { ttlSecs: 600, mode: "soft" } });
     const EXTRA = 5_000;
     for (let i = 0; i < DEFAULT_PARKED_BINDINGS_MAX + EXTRA; i++) {
-      svc.applyBindingEvent({ model_name: "m", routing_group: "g", session_id: `p-${i}`, worker_id: 99n, dp_rank: 0, sequence: BigInt(i + 1), writer_id: 5n, reason: "bind" });
+      replicaView(svc).applyBindingEvent({ model_name: "m", routing_group: "g", session_id: `p-${i}`, worker_id: 99n, dp_rank: 0, sequence: BigInt(i + 1), writer_id: 5n, reason: "bind" });
     }
     expect(svc.parkedBindings).toBe(DEFAULT_PARKED_BINDINGS_MAX);
     expect(svc.stats.parkedBindingsShed).toBe(EXTRA);
@@ -88,7 +89,7 @@ describe("floods hit caps and shed, instead of growing", () => {
     svc.upsertWorker(worker(1));
     const EXTRA = 10_000;
     for (let i = 0; i < DEFAULT_REORDER_STATE_MAX_ENTRIES + EXTRA; i++) {
-      svc.applyLoadEvent({ type: "free", origin: 5n, owner: 5n, request_id: `gone-${i}`, partition: { model_name: "default", routing_group: "default" } });
+      replicaView(svc).applyLoadEvent({ type: "free", origin: 5n, owner: 5n, request_id: `gone-${i}`, partition: { model_name: "default", routing_group: "default" } });
     }
     const z = svc.sizes();
     expect(z.reorderEntries).toBe(DEFAULT_REORDER_STATE_MAX_ENTRIES);
@@ -147,7 +148,7 @@ describe("floods hit caps and shed, instead of growing", () => {
       const { svc } = makeService({ replicaId: BigInt(port) * 1_000_003n, sessionAffinity: { ttlSecs: 600, mode: "hard" } });
       svc.upsertWorker(worker(1));
       const metrics = new Registry();
-      const mesh = await ReplicaMesh.start({ service: svc, publishBind: `tcp://127.0.0.1:${port}`, logger: log, heartbeatIntervalMs: 200, wallClock: { now: () => Date.now() }, metrics });
+      const mesh = await ReplicaMesh.start({ service: svc.replication, publishBind: `tcp://127.0.0.1:${port}`, logger: log, heartbeatIntervalMs: 200, wallClock: { now: () => Date.now() }, metrics });
       cleanup.push(() => mesh.close());
       return { svc, mesh, metrics, endpoint: `tcp://127.0.0.1:${port}` };
     };
@@ -221,7 +222,7 @@ describe("floods hit caps and shed, instead of growing", () => {
     // descriptors" (libzmq's default limit of 1,023 sockets per context).
     const port = await freePortPair();
     const { svc } = makeService({ replicaId: 77n });
-    const mesh = await ReplicaMesh.start({ service: svc, publishBind: `tcp://127.0.0.1:${port}`, logger: pino({ level: "silent" }) });
+    const mesh = await ReplicaMesh.start({ service: svc.replication, publishBind: `tcp://127.0.0.1:${port}`, logger: pino({ level: "silent" }) });
     cleanup.push(() => mesh.close());
     const rport = await freePortPair();
     const xpub = new XPublisher({ linger: 0 });

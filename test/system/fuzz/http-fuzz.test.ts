@@ -65,7 +65,6 @@ function fakeMesh(): MeshControl & { peers: Set<string> } {
   const peers = new Set<string>();
   return {
     peers,
-    applyReceived: () => undefined,
     catchUp: () => Promise.resolve(),
     registerPeer(endpoint: string): Promise<boolean> {
       const ep = parsePeerEndpoint(endpoint);

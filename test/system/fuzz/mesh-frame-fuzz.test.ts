@@ -43,6 +43,7 @@ import {
 import { withFreePortPair } from "../../helpers/ports.js";
 import { waitFor } from "../../helpers/wait.js";
 import { Fuzz, mutateBytes, mutateTree, packTree, TWO_64, unpackTree } from "../../helpers/fuzz-kit.js";
+import { replicaView } from "../../helpers/replica-view.js";
 
 const SEED = Number(process.env.FUZZ_SEED ?? 424_242);
 const DECODER_CASES = Number(process.env.FUZZ_CASES ?? 3_000);
@@ -258,7 +259,7 @@ function newService(): SelectionService {
 
 async function startReplica(logger = pino({ level: "silent" }), service = newService(), port?: number): Promise<Replica> {
   const metrics = new Registry();
-  const start = (p: number): Promise<ReplicaMesh> => ReplicaMesh.start({ service, publishBind: `tcp://127.0.0.1:${p}`, logger, heartbeatIntervalMs: 200, metrics });
+  const start = (p: number): Promise<ReplicaMesh> => ReplicaMesh.start({ service: service.replication, publishBind: `tcp://127.0.0.1:${p}`, logger, heartbeatIntervalMs: 200, metrics });
   let p = port ?? 0;
   const mesh = port !== undefined ? await start(port) : await withFreePortPair(async (free) => ((p = free), await start(free)));
   const r: Replica = { service, mesh, metrics, endpoint: `tcp://127.0.0.1:${p}`, port: p };
@@ -281,11 +282,11 @@ async function retryInUse<T>(start: () => Promise<T>): Promise<T> {
 
 /** Canonical bookings and bindings of a service: what must match between replicas. */
 function stateOf(s: SelectionService): { digest: string; bookings: string[]; bindings: string[] } {
-  const bookings = s.bookingsSnapshot().map((b) => `${b.add.owner}/${b.add.request_id}/${b.add.worker_id}/${b.add.dp_rank}/${b.prefillDone}/${hashListToBigInts(b.add.sequence_hashes).join(".")}`);
+  const bookings = replicaView(s).bookingsSnapshot().map((b) => `${b.add.owner}/${b.add.request_id}/${b.add.worker_id}/${b.add.dp_rank}/${b.prefillDone}/${hashListToBigInts(b.add.sequence_hashes).join(".")}`);
   const bindingList = s.bindingsSnapshot();
   const bindings = bindingList.map((b) => `${b.model_name}/${b.routing_group}/${b.session_id}/${b.worker_id}/${b.dp_rank}/${b.sequence}/${b.writer_id}`);
   const digest = stateDigest(
-    s.bookingsSnapshot().map((b) => `${b.add.owner}/${b.add.request_id}`),
+    replicaView(s).bookingsSnapshot().map((b) => `${b.add.owner}/${b.add.request_id}`),
     bindingList.map((b) => ({ sessionId: b.session_id, sequence: b.sequence, writerId: b.writer_id })),
   );
   return { digest, bookings: bookings.sort(), bindings: bindings.sort() };
@@ -430,7 +431,7 @@ describe("mesh live fuzz: a rogue peer towards a running replica", () => {
     await a.mesh.close();
     // libzmq releases a closed socket's listener on its reaper thread, a moment after close()
     // returned: rebinding the same port at once can still meet EADDRINUSE, so retry briefly.
-    a.mesh = await retryInUse(() => ReplicaMesh.start({ service: a.service, publishBind: a.endpoint, logger: pino({ level: "silent" }), heartbeatIntervalMs: 200 }));
+    a.mesh = await retryInUse(() => ReplicaMesh.start({ service: a.service.replication, publishBind: a.endpoint, logger: pino({ level: "silent" }), heartbeatIntervalMs: 200 }));
     cleanup.push(() => a.mesh.close());
     const firstEpoch = recorded[0]?.epoch;
     await waitFor(() => recorded.some((r) => r.epoch !== firstEpoch), 5_000, "A's new epoch on the wire");

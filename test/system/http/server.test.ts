@@ -423,7 +423,6 @@ describe("HTTP API: replica sync routes", () => {
   it("drive a MeshControl: 201 added, 200 present, 404 unknown, errors pass through", async () => {
     const peers = new Set<string>();
     const mesh: MeshControl = {
-      applyReceived: () => undefined,
       catchUp: () => Promise.resolve(),
       registerPeer: (e) => {
         if (!e.startsWith("tcp://")) return Promise.reject(new KvmeshError("KVMESH_BAD_REQUEST", `invalid endpoint ${e}`));
@@ -471,16 +470,20 @@ describe("HTTP API: replica sync routes", () => {
 });
 
 describe("HTTP API: peers' updates the receive thread handed over", () => {
-  it("are applied before each request is answered, so the answer reflects them", async () => {
+  it("are applied before each decision and view is answered (the core's rule), so the answer reflects them", async () => {
     const { svc } = makeService();
     // What the receive thread handed over and nobody applied yet: a booking a peer made on worker 1.
     const pending: (() => void)[] = [];
     let applies = 0;
-    const mesh: MeshControl = {
-      applyReceived: () => {
+    // The mesh's link to the core's replication port: the core drains it before each decision.
+    svc.replication.attach({
+      event: () => undefined,
+      drainInbound: () => {
         applies++;
         for (const apply of pending.splice(0)) apply();
       },
+    });
+    const mesh: MeshControl = {
       catchUp: () => Promise.resolve(),
       registerPeer: () => Promise.resolve(false),
       deregisterPeer: () => Promise.resolve(false),
@@ -497,7 +500,7 @@ describe("HTTP API: peers' updates the receive thread handed over", () => {
     expect(pending).toHaveLength(0);
     const before = applies;
     await t.call("GET", "/loads");
-    await t.call("GET", "/health");
+    await t.call("GET", "/dump");
     expect(applies).toBe(before + 2);
   });
 });
@@ -513,7 +516,6 @@ describe("HTTP API: lifecycle calls for a peer's booking not applied yet", () =>
         catchUps++;
         for (const id of late.splice(0)) expect((await holder.t?.call("POST", "/reservations", { selection_id: id, worker_id: 2, token_ids: tokens(2) }))?.status).toBe(201);
       },
-      applyReceived: () => undefined,
       registerPeer: () => Promise.resolve(false),
       deregisterPeer: () => Promise.resolve(false),
       listPeers: () => [],

@@ -14,27 +14,17 @@ import { freePortPair } from "../../helpers/ports.js";
 import { waitFor } from "../../helpers/wait.js";
 import { FakeReplicaPort } from "../../helpers/fake-replica-port.js";
 
-const PORT_MEMBERS = [
-  "onLoadEvent",
-  "onBindingEvent",
-  "onWorkerChange",
-  "setReplicaSlot",
-  "applyLoadEvent",
-  "applyBindingEvent",
-  "replaceOrigin",
-  "dropOrigin",
-  "countOwnedBy",
-  "bookingsSnapshot",
-  "bindingsSnapshot",
-] as const satisfies readonly (keyof ReplicaPort)[];
+const PORT_MEMBERS = ["attach", "apply", "snapshot", "install", "dropOrigin", "describe"] as const satisfies readonly (keyof ReplicaPort)[];
 
 describe("ReplicaPort", () => {
-  it("is satisfied by SelectionService", () => {
-    expectTypeOf<SelectionService>().toExtend<ReplicaPort>();
+  it("is satisfied by SelectionService's replication port, at most 8 members wide", () => {
+    expectTypeOf<SelectionService["replication"]>().toExtend<ReplicaPort>();
     const { svc } = makeService();
-    const port: ReplicaPort = svc;
+    const port: ReplicaPort = svc.replication;
     expect(typeof port.replicaId).toBe("bigint");
+    expect(port.loadReplication).toBe("exact");
     for (const m of PORT_MEMBERS) expect(typeof port[m], m).toBe("function");
+    expectTypeOf<keyof ReplicaPort>().toEqualTypeOf<(typeof PORT_MEMBERS)[number] | "replicaId" | "loadReplication">();
   });
 });
 

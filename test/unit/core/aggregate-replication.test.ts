@@ -5,6 +5,7 @@ import { seededRandom } from "../../../src/core/random.js";
 import type { LoadAggregates, LoadEvent } from "../../../src/core/replica-events.js";
 import { SelectionService } from "../../../src/core/selection-service.js";
 import { tokens, worker } from "../../helpers/core-fixtures.js";
+import { replicaView } from "../../helpers/replica-view.js";
 
 /** N services in aggregate mode; `deliver` hands each one's changed totals and forwarded calls to the others. */
 function mesh(n: number, workers = [1, 2, 3]) {
@@ -16,18 +17,18 @@ function mesh(n: number, workers = [1, 2, 3]) {
   const events: { from: number; e: LoadEvent }[] = [];
   let changes = 0;
   services.forEach((s, i) => {
-    s.onLoadEvent((e) => events.push({ from: i, e }));
-    s.onLoadChange(() => changes++);
+    replicaView(s).onLoadEvent((e) => events.push({ from: i, e }));
+    replicaView(s).onLoadChange(() => changes++);
     for (const id of workers) s.upsertWorker(worker(id));
   });
   const sent: LoadAggregates[][] = [];
   const deliver = (): void => {
     for (let round = 0; round < 4; round++) {
-      for (const e of events.splice(0)) services.forEach((s, j) => j !== e.from && s.applyLoadEvent(e.e));
+      for (const e of events.splice(0)) services.forEach((s, j) => j !== e.from && replicaView(s).applyLoadEvent(e.e));
       services.forEach((s, i) => {
-        const aggs = s.takeLoadAggregates();
+        const aggs = replicaView(s).takeLoadAggregates();
         if (aggs.length > 0) sent.push(aggs);
-        for (const a of aggs) services.forEach((t, j) => j !== i && t.applyLoadAggregates(s.replicaId, a));
+        for (const a of aggs) services.forEach((t, j) => j !== i && replicaView(t).applyLoadAggregates(s.replicaId, a));
       });
     }
   };
@@ -119,11 +120,11 @@ describe("aggregate load replication", () => {
     b.freeReservation("a1");
     c.freeReservation("a2");
     // Delivered to the survivors only: the forwarded frees reach each other, not A.
-    for (const q of events.splice(0)) for (const [j, s] of [b, c].entries()) if (j + 1 !== q.from) s.applyLoadEvent(q.e);
+    for (const q of events.splice(0)) for (const [j, s] of [b, c].entries()) if (j + 1 !== q.from) replicaView(s).applyLoadEvent(q.e);
     expect(totalRequests(b)).toBe(1);
     expect(totalRequests(c)).toBe(1);
     c.freeReservation("a3");
-    for (const q of events.splice(0)) for (const [j, s] of [b, c].entries()) if (j + 1 !== q.from) s.applyLoadEvent(q.e);
+    for (const q of events.splice(0)) for (const [j, s] of [b, c].entries()) if (j + 1 !== q.from) replicaView(s).applyLoadEvent(q.e);
     for (const s of [b, c]) {
       expect(s.loads()[0]?.loads.every((l) => l.active_requests === 0 && l.potential_decode_blocks === 0 && l.potential_prefill_tokens === 0)).toBe(true);
     }
@@ -137,10 +138,10 @@ describe("aggregate load replication", () => {
     a.selectAndReserve({ token_ids: tokens(2, 1), selection_id: "x" });
     a.selectAndReserve({ token_ids: tokens(2, 2), selection_id: "y" });
     // Not published yet: the heartbeat must not claim them.
-    expect(a.countOwnedBy(a.replicaId)).toBe(0);
+    expect(replicaView(a).countOwnedBy(a.replicaId)).toBe(0);
     deliver();
-    expect(a.countOwnedBy(a.replicaId)).toBe(2);
-    expect(b.countOwnedBy(a.replicaId)).toBe(2);
+    expect(replicaView(a).countOwnedBy(a.replicaId)).toBe(2);
+    expect(replicaView(b).countOwnedBy(a.replicaId)).toBe(2);
   });
 
   it("a snapshot replaces what is mirrored of an origin, ids included; dropOrigin forgets it", () => {
@@ -148,20 +149,20 @@ describe("aggregate load replication", () => {
     const [a, b, c] = services as [SelectionService, SelectionService, SelectionService];
     a.selectAndReserve({ token_ids: tokens(4, 1), selection_id: "r1" });
     a.selectAndReserve({ token_ids: tokens(4, 2), selection_id: "r2" });
-    a.takeLoadAggregates(); // published to nobody: c and b missed it
-    expect(b.replaceOriginAggregates(a.replicaId, a.loadAggregatesSnapshot())).toBe(2);
+    replicaView(a).takeLoadAggregates(); // published to nobody: c and b missed it
+    expect(replicaView(b).replaceOriginAggregates(a.replicaId, replicaView(a).loadAggregatesSnapshot())).toBe(2);
     expect(loadsOf(b)).toEqual(loadsOf(a));
     b.freeReservation("r2"); // resolvable: the snapshot carried the ids
     deliver();
     expect(a.hasReservation("r2")).toBe(false);
     // c missed the first publish: its count disagrees with the owner's (the heartbeat check's
     // trigger), until a snapshot repairs it.
-    expect(a.countOwnedBy(a.replicaId)).toBe(1);
-    expect(c.countOwnedBy(a.replicaId)).not.toBe(1);
-    c.replaceOriginAggregates(a.replicaId, a.loadAggregatesSnapshot());
-    expect(c.countOwnedBy(a.replicaId)).toBe(1);
+    expect(replicaView(a).countOwnedBy(a.replicaId)).toBe(1);
+    expect(replicaView(c).countOwnedBy(a.replicaId)).not.toBe(1);
+    replicaView(c).replaceOriginAggregates(a.replicaId, replicaView(a).loadAggregatesSnapshot());
+    expect(replicaView(c).countOwnedBy(a.replicaId)).toBe(1);
     expect(loadsOf(c)).toEqual(loadsOf(a));
-    expect(b.dropOrigin(a.replicaId)).toBe(1);
+    expect(replicaView(b).dropOrigin(a.replicaId)).toBe(1);
     expect(totalRequests(b)).toBe(0);
     expect(() => { b.freeReservation("r1"); }).toThrow(/not found/);
   });
@@ -173,22 +174,22 @@ describe("aggregate load replication", () => {
     deliver();
     // A dies. C starts with no workers yet and pulls B's snapshot: A's rows have nowhere to go.
     const c = new SelectionService({ clock, random: seededRandom(9), replicaId: 3n, wallClockNs: () => 5_000n, loadReplication: "aggregate" });
-    c.replaceOriginAggregates(b.replicaId, b.loadAggregatesSnapshot());
-    expect(c.adoptMirroredAggregates(b.replicaId, b.mirroredAggregatesSnapshot())).toBe(1);
+    replicaView(c).replaceOriginAggregates(b.replicaId, replicaView(b).loadAggregatesSnapshot());
+    expect(replicaView(c).adoptMirroredAggregates(b.replicaId, replicaView(b).mirroredAggregatesSnapshot())).toBe(1);
     for (const id of [1, 2]) c.upsertWorker(worker(id));
     expect(totalRequests(c)).toBe(0);
     // Its workers registered: the fresh pull adopts A's totals again, now with somewhere to go.
-    expect(c.adoptMirroredAggregates(b.replicaId, b.mirroredAggregatesSnapshot())).toBe(1);
+    expect(replicaView(c).adoptMirroredAggregates(b.replicaId, replicaView(b).mirroredAggregatesSnapshot())).toBe(1);
     expect(loadsOf(c)).toEqual(loadsOf(b));
     expect(c.hasReservation("a1")).toBe(true);
     // An origin C hears itself is never overwritten by another replica's view of it.
-    expect(c.adoptMirroredAggregates(a.replicaId, b.mirroredAggregatesSnapshot())).toBe(0);
-    const fresh = a.takeLoadAggregates();
+    expect(replicaView(c).adoptMirroredAggregates(a.replicaId, replicaView(b).mirroredAggregatesSnapshot())).toBe(0);
+    const fresh = replicaView(a).takeLoadAggregates();
     expect(fresh).toEqual([]);
     a.selectAndReserve({ token_ids: tokens(2, 2), selection_id: "a2" });
-    for (const x of a.takeLoadAggregates()) c.applyLoadAggregates(a.replicaId, x);
-    expect(c.adoptMirroredAggregates(b.replicaId, b.mirroredAggregatesSnapshot())).toBe(0);
-    expect(c.countOwnedBy(a.replicaId)).toBe(2);
+    for (const x of replicaView(a).takeLoadAggregates()) replicaView(c).applyLoadAggregates(a.replicaId, x);
+    expect(replicaView(c).adoptMirroredAggregates(b.replicaId, replicaView(b).mirroredAggregatesSnapshot())).toBe(0);
+    expect(replicaView(c).countOwnedBy(a.replicaId)).toBe(2);
   });
 
   it("a worker that leaves is published as zero, and peers' totals on it go", () => {
@@ -198,27 +199,27 @@ describe("aggregate load replication", () => {
     deliver();
     expect(totalRequests(b)).toBe(1);
     a.deleteWorker(1n);
-    const aggs = a.takeLoadAggregates();
+    const aggs = replicaView(a).takeLoadAggregates();
     expect(aggs[0]?.rows).toEqual([{ worker_id: 1n, dp_rank: 0, prefill_tokens: 0, blocks: 0, requests: 0 }]);
     expect(aggs[0]?.removed).toEqual(["r1"]);
-    for (const x of aggs) b.applyLoadAggregates(a.replicaId, x);
+    for (const x of aggs) replicaView(b).applyLoadAggregates(a.replicaId, x);
     expect(totalRequests(b)).toBe(0);
-    expect(b.countOwnedBy(a.replicaId)).toBe(0);
+    expect(replicaView(b).countOwnedBy(a.replicaId)).toBe(0);
   });
 
   it("a decaying prefill estimate is republished until it runs out", () => {
     const { services, clock } = mesh(2, [1]);
     const [a] = services as [SelectionService, SelectionService];
     a.selectAndReserve({ token_ids: tokens(4, 1), selection_id: "r1", expected_prefill_duration_ms: 100 });
-    const first = a.takeLoadAggregates()[0]?.rows[0]?.prefill_tokens ?? 0;
+    const first = replicaView(a).takeLoadAggregates()[0]?.rows[0]?.prefill_tokens ?? 0;
     expect(first).toBeGreaterThan(0);
-    expect(a.loadAggregatesDecaying).toBe(true);
+    expect(replicaView(a).loadAggregatesDecaying).toBe(true);
     clock.advance(50);
-    const half = a.takeLoadAggregates()[0]?.rows[0]?.prefill_tokens ?? 0;
+    const half = replicaView(a).takeLoadAggregates()[0]?.rows[0]?.prefill_tokens ?? 0;
     expect(half).toBeCloseTo(first / 2);
     clock.advance(60);
-    expect(a.takeLoadAggregates()[0]?.rows[0]?.prefill_tokens).toBe(0);
-    expect(a.loadAggregatesDecaying).toBe(false);
+    expect(replicaView(a).takeLoadAggregates()[0]?.rows[0]?.prefill_tokens).toBe(0);
+    expect(replicaView(a).loadAggregatesDecaying).toBe(false);
   });
 
   it("ignores exact-mode events and its own totals; forgets a peer silent past the booking expiry", () => {
@@ -227,18 +228,18 @@ describe("aggregate load replication", () => {
     const exact = new SelectionService({ clock, random: seededRandom(9), replicaId: 9n });
     exact.upsertWorker(worker(1));
     const seen: LoadEvent[] = [];
-    exact.onLoadEvent((e) => seen.push(e));
+    replicaView(exact).onLoadEvent((e) => seen.push(e));
     exact.selectAndReserve({ token_ids: tokens(2), selection_id: "e1" });
-    expect(b.applyLoadEvent(seen[0] as LoadEvent)).toBe(false);
-    expect(exact.applyLoadAggregates(a.replicaId, { partition: { model_name: "default", routing_group: "default" }, block_size: 4, rows: [], added: [], removed: [] })).toBe(0);
+    expect(replicaView(b).applyLoadEvent(seen[0] as LoadEvent)).toBe(false);
+    expect(replicaView(exact).applyLoadAggregates(a.replicaId, { partition: { model_name: "default", routing_group: "default" }, block_size: 4, rows: [], added: [], removed: [] })).toBe(0);
     a.selectAndReserve({ token_ids: tokens(2), selection_id: "r1" });
-    const aggs = a.takeLoadAggregates();
-    for (const x of aggs) expect(a.applyLoadAggregates(a.replicaId, x)).toBe(0);
-    for (const x of aggs) b.applyLoadAggregates(a.replicaId, x);
+    const aggs = replicaView(a).takeLoadAggregates();
+    for (const x of aggs) expect(replicaView(a).applyLoadAggregates(a.replicaId, x)).toBe(0);
+    for (const x of aggs) replicaView(b).applyLoadAggregates(a.replicaId, x);
     expect(totalRequests(b)).toBe(1);
     clock.advance(300_001);
     b.tick();
-    expect(b.countOwnedBy(a.replicaId)).toBe(0);
+    expect(replicaView(b).countOwnedBy(a.replicaId)).toBe(0);
     deliver();
   });
 });

@@ -14,6 +14,7 @@ import { ManualClock } from "../../../src/core/time.js";
 import type { BindingEvent } from "../../../src/core/replica-events.js";
 import { makeService, tokens, worker } from "../../helpers/core-fixtures.js";
 import { kvmeshErrorOf } from "../../helpers/errors.js";
+import { replicaView } from "../../helpers/replica-view.js";
 
 const TTL_MS = 10_000;
 const W1 = { workerId: 1n, dpRank: 0 };
@@ -164,7 +165,7 @@ describe("SelectionService bindingRefreshCoalesceMs", () => {
   it("publishes a continuing session's refreshes at most once per window and counts the rest", () => {
     const { svc, clock } = makeService({ sessionAffinity: { ttlSecs: 60 }, bindingRefreshCoalesceMs: 1_000 });
     const seen: BindingEvent[] = [];
-    svc.onBindingEvent((e) => seen.push(e));
+    replicaView(svc).onBindingEvent((e) => seen.push(e));
     svc.upsertWorker(worker(1));
     svc.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "a" });
     clock.advance(100);

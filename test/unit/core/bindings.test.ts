@@ -2,12 +2,13 @@ import { describe, expect, it } from "vitest";
 import { SelectionService } from "../../../src/core/selection-service.js";
 import type { BindingEvent } from "../../../src/core/replica-events.js";
 import { makeService, tokens, worker } from "../../helpers/core-fixtures.js";
+import { replicaView } from "../../helpers/replica-view.js";
 
 const AFFINITY = { ttlSecs: 60 };
 
 function published(svc: SelectionService): BindingEvent[] {
   const out: BindingEvent[] = [];
-  svc.onBindingEvent((e) => out.push(e));
+  replicaView(svc).onBindingEvent((e) => out.push(e));
   return out;
 }
 
@@ -37,7 +38,7 @@ describe("binding versions (Lamport clock)", () => {
       writer_id: 99n,
       reason: "bind",
     };
-    expect(svc.applyBindingEvent(peer)).toBe("inserted");
+    expect(replicaView(svc).applyBindingEvent(peer)).toBe("inserted");
     // A partition created after the peer's binding was seen: its first version beats it.
     svc.upsertWorker(worker(2, { model_name: "m2" }));
     svc.selectAndReserve({ model_name: "m2", token_ids: tokens(2), session_id: "mine" });
@@ -59,7 +60,7 @@ describe("binding versions (Lamport clock)", () => {
       writer_id: 99n,
       reason: "bind",
     };
-    expect(svc.applyBindingEvent(parked)).toBe("parked-unknown-worker");
+    expect(replicaView(svc).applyBindingEvent(parked)).toBe("parked-unknown-worker");
     svc.upsertWorker(worker(8, { model_name: "m3" }));
     svc.selectAndReserve({ model_name: "m3", token_ids: tokens(2), session_id: "early" });
     const rebound = events.filter((e) => e.session_id === "early");

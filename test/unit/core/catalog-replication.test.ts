@@ -10,6 +10,7 @@ import { seededRandom } from "../../../src/core/random.js";
 import type { CatalogEvent, WorkerStatusEvent } from "../../../src/core/replica-events.js";
 import { SelectionService } from "../../../src/core/selection-service.js";
 import { worker } from "../../helpers/core-fixtures.js";
+import { replicaView } from "../../helpers/replica-view.js";
 
 interface Sent {
   readonly from: number;
@@ -22,14 +23,14 @@ function replicas(n: number, wallNs: (i: number) => bigint = () => 5_000n) {
   const q: Sent[] = [];
   const services = Array.from({ length: n }, (_, i) => {
     const s = new SelectionService({ clock, random: seededRandom(10 + i), replicaId: BigInt(i + 1), wallClockNs: () => wallNs(i) });
-    s.onCatalogEvent((event) => q.push({ from: i, e: { kind: "catalog", event } }));
-    s.onWorkerStatusEvent((event) => q.push({ from: i, e: { kind: "status", event } }));
+    replicaView(s).onCatalogEvent((event) => q.push({ from: i, e: { kind: "catalog", event } }));
+    replicaView(s).onWorkerStatusEvent((event) => q.push({ from: i, e: { kind: "status", event } }));
     return s;
   });
   const deliverTo = (j: number, item: Sent): void => {
     const s = services[j] as SelectionService;
-    if (item.e.kind === "catalog") s.applyCatalogEvent(item.e.event);
-    else s.applyWorkerStatus(BigInt(item.from + 1), item.e.event);
+    if (item.e.kind === "catalog") replicaView(s).applyCatalogEvent(item.e.event);
+    else replicaView(s).applyWorkerStatus(BigInt(item.from + 1), item.e.event);
   };
   /** Delivers everything queued (and what it causes); `reverse`: each round in reverse order. */
   const deliver = (reverse = false): number => {
@@ -89,10 +90,10 @@ describe("replicated catalogue: last writer wins", () => {
     a.upsertWorker(worker(4));
     deliver();
     // B deletes; A's stale re-send of the old registration (a snapshot, say) arrives after.
-    const old = a.catalogSnapshot();
+    const old = replicaView(a).catalogSnapshot();
     b.deleteWorker(4n);
     deliver();
-    for (const e of old) expect(b.applyCatalogEvent(e)).toBe("ignored-stale");
+    for (const e of old) expect(replicaView(b).applyCatalogEvent(e)).toBe("ignored-stale");
     expect(a.getWorker(4n)).toBeUndefined();
     expect(b.getWorker(4n)).toBeUndefined();
     expect(b.stats.catalogEventsStale).toBeGreaterThan(0);
@@ -119,7 +120,7 @@ describe("replicated catalogue: last writer wins", () => {
     b.tick();
     expect(b.catalogTombstones).toBe(0);
     expect(b.stats.catalogTombstonesExpired).toBe(1);
-    expect(b.catalogSnapshot()).toEqual([]);
+    expect(replicaView(b).catalogSnapshot()).toEqual([]);
   });
 });
 
@@ -134,7 +135,7 @@ describe("replicated catalogue: idempotent registration", () => {
     expect(delivered).toBe(6);
     // Each replica stored the worker once; peers' copies of the same content moved only the version.
     expect(changes).toEqual([1, 1, 1]);
-    const versions = services.map((s) => s.catalogSnapshot().map((e) => [e.sequence, e.writer_id]));
+    const versions = services.map((s) => replicaView(s).catalogSnapshot().map((e) => [e.sequence, e.writer_id]));
     expect(versions[0]).toEqual([[5_002n, 3n]]);
     expect(versions[1]).toEqual(versions[0]);
     expect(versions[2]).toEqual(versions[0]);
@@ -184,11 +185,11 @@ describe("replicated catalogue: per-replica status", () => {
     a.upsertWorker(worker(7));
     deliver();
     expect(a.workerReplicas(7n)).toHaveLength(2);
-    a.replaceWorkerStatuses(2n, []);
+    replicaView(a).replaceWorkerStatuses(2n, []);
     expect(a.workerReplicas(7n)).toHaveLength(1);
-    a.replaceWorkerStatuses(2n, b.workerStatusSnapshot());
+    replicaView(a).replaceWorkerStatuses(2n, replicaView(b).workerStatusSnapshot());
     expect(a.workerReplicas(7n)).toHaveLength(2);
-    a.dropOrigin(2n);
+    replicaView(a).dropOrigin(2n);
     expect(a.workerReplicas(7n).map((r) => r.replica_id)).toEqual(["1"]);
   });
 
@@ -197,25 +198,25 @@ describe("replicated catalogue: per-replica status", () => {
     const a = new SelectionService({ clock, random: seededRandom(1), replicaId: 1n, wallClockNs: () => 5n });
     const small = new SelectionService({ clock, random: seededRandom(2), replicaId: 2n, wallClockNs: () => 5n, maxRanks: 1 });
     const statuses: WorkerStatusEvent[] = [];
-    small.onWorkerStatusEvent((e) => statuses.push(e));
+    replicaView(small).onWorkerStatusEvent((e) => statuses.push(e));
     const events: CatalogEvent[] = [];
-    a.onCatalogEvent((e) => events.push(e));
+    replicaView(a).onCatalogEvent((e) => events.push(e));
     a.upsertWorker(worker(8, { data_parallel_size: 2, kv_events_endpoints: { "0": "tcp://127.0.0.1:1", "1": "tcp://127.0.0.1:2" } }));
-    for (const e of events) expect(small.applyCatalogEvent(e)).toBe("rejected");
+    for (const e of events) expect(replicaView(small).applyCatalogEvent(e)).toBe("rejected");
     expect(small.getWorker(8n)).toBeUndefined();
     expect(small.stats.catalogEventsRejected).toBe(1);
     expect(statuses).toHaveLength(1);
     expect(statuses[0]?.reasons[0]).toMatch(/^not registered on this replica: .*maxRanks/);
-    for (const s of statuses) a.applyWorkerStatus(2n, s);
+    for (const s of statuses) replicaView(a).applyWorkerStatus(2n, s);
     expect(a.workerReplicas(8n).map((r) => [r.replica_id, r.lifecycle])).toEqual([
       ["1", "schedulable"],
       ["2", "incomplete"],
     ]);
     // Deleting it where it was refused deletes it everywhere.
     const tombstones: CatalogEvent[] = [];
-    small.onCatalogEvent((e) => tombstones.push(e));
+    replicaView(small).onCatalogEvent((e) => tombstones.push(e));
     expect(small.deleteWorker(8n).lifecycle).toBe("unschedulable");
-    for (const e of tombstones) a.applyCatalogEvent(e);
+    for (const e of tombstones) replicaView(a).applyCatalogEvent(e);
     expect(a.getWorker(8n)).toBeUndefined();
     expect(small.workerReplicas(8n)).toEqual([]);
   });

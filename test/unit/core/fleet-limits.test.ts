@@ -5,6 +5,7 @@ import { seededRandom } from "../../../src/core/random.js";
 import { DEFAULT_MAX_PARTITIONS, DEFAULT_MAX_RANKS, SelectionService } from "../../../src/core/selection-service.js";
 import { makeService, tokens, worker } from "../../helpers/core-fixtures.js";
 import { kvmeshErrorOf as fleetLimit } from "../../helpers/errors.js";
+import { replicaView } from "../../helpers/replica-view.js";
 
 describe("partitions leave with their last worker (#17 F4)", () => {
   it("a worker moved through 200 model names leaves one partition behind, not 200", () => {
@@ -64,18 +65,18 @@ describe("partitions leave with their last worker (#17 F4)", () => {
     const b = make(2n);
     for (const s of [a, b]) s.upsertWorker(worker(7));
     a.selectAndReserve({ token_ids: tokens(4, 1), selection_id: "r1" });
-    for (const agg of a.takeLoadAggregates()) b.applyLoadAggregates(a.replicaId, agg);
+    for (const agg of replicaView(a).takeLoadAggregates()) replicaView(b).applyLoadAggregates(a.replicaId, agg);
     expect(b.loads()[0]?.loads[0]?.active_requests).toBe(1);
     // A's catalogue loses the worker (an operator removed it there only); B still has it.
     a.deleteWorker(7n);
     expect(a.sizes().partitions).toBe(0);
-    const last = a.takeLoadAggregates();
+    const last = replicaView(a).takeLoadAggregates();
     expect(last).toHaveLength(1);
     expect(last[0]?.rows.map((r) => [r.worker_id, r.requests])).toEqual([[7n, 0]]);
     expect(last[0]?.removed).toEqual(["r1"]);
-    for (const agg of last) b.applyLoadAggregates(a.replicaId, agg);
+    for (const agg of last) replicaView(b).applyLoadAggregates(a.replicaId, agg);
     expect(b.loads()[0]?.loads[0]?.active_requests).toBe(0);
-    expect(a.takeLoadAggregates()).toEqual([]);
+    expect(replicaView(a).takeLoadAggregates()).toEqual([]);
   });
 });
 

@@ -6,6 +6,7 @@ import { describe, expect, it } from "vitest";
 import { KvmeshError } from "../../../src/core/errors.js";
 import type { BindingEvent, LoadEvent } from "../../../src/core/replica-events.js";
 import { makeService, tokens, worker } from "../../helpers/core-fixtures.js";
+import { replicaView } from "../../helpers/replica-view.js";
 
 const activeOn = (svc: ReturnType<typeof makeService>["svc"], id: bigint): number | undefined => svc.loads()[0]?.loads.find((l) => l.worker_id === id)?.active_requests;
 
@@ -15,7 +16,7 @@ describe("moveReservation", () => {
     svc.upsertWorker(worker(1));
     svc.upsertWorker(worker(2));
     const events: LoadEvent[] = [];
-    svc.onLoadEvent((e) => events.push(e));
+    replicaView(svc).onLoadEvent((e) => events.push(e));
     const picked = svc.selectAndReserve({ token_ids: tokens(3), selection_id: "a" });
     const other = picked.worker_id === 1n ? 2n : 1n;
     events.length = 0;
@@ -69,7 +70,7 @@ describe("moveReservation", () => {
   it("hard mode: the booking moves, the conflicting binding is unbound (published), and the session binds afresh", () => {
     const { svc } = makeService({ sessionAffinity: { ttlSecs: 60, mode: "hard" } });
     const seen: BindingEvent[] = [];
-    svc.onBindingEvent((e) => seen.push(e));
+    replicaView(svc).onBindingEvent((e) => seen.push(e));
     svc.upsertWorker(worker(1));
     svc.upsertWorker(worker(2));
     const picked = svc.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "a" });

@@ -4,6 +4,7 @@ import { BOOKED_BLOCK_BYTES, BOOKING_OVERHEAD_BYTES, bookingBytes } from "../../
 import { DEFAULT_MAX_RESERVATION_BYTES } from "../../../src/core/selection-service.js";
 import { makeService, tokens, worker } from "../../helpers/core-fixtures.js";
 import { kvmeshErrorOf } from "../../helpers/errors.js";
+import { replicaView } from "../../helpers/replica-view.js";
 
 describe("the byte budget of live bookings (#17 F3)", () => {
   it("charges 1 KiB + 192 bytes per booked block, 1 GiB by default", () => {
@@ -36,7 +37,7 @@ describe("the byte budget of live bookings (#17 F3)", () => {
     const a = makeService({ replicaId: 1n, maxReservationBytes: 2_000 }).svc;
     const b = makeService({ replicaId: 2n, maxReservationBytes: 2_000 }).svc;
     for (const s of [a, b]) s.upsertWorker(worker(1));
-    a.onLoadEvent((e) => b.applyLoadEvent(e));
+    replicaView(a).onLoadEvent((e) => replicaView(b).applyLoadEvent(e));
     a.selectAndReserve({ token_ids: tokens(4, 1), selection_id: "from-a" });
     expect(b.sizes()).toMatchObject({ reservationBytes: 0, mirroredReservationBytes: bookingBytes(4) });
     // B's own budget is untouched by what it mirrors.

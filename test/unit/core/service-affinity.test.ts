@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import { KvmeshError } from "../../../src/core/errors.js";
 import type { BindingEvent } from "../../../src/core/replica-events.js";
 import { makeService, storedBatch, tokens, worker } from "../../helpers/core-fixtures.js";
+import { replicaView } from "../../helpers/replica-view.js";
 
 describe("session affinity through the service", () => {
   it("keeps a session on its worker even when another worker holds the prompt", () => {
@@ -40,7 +41,7 @@ describe("session affinity through the service", () => {
   it("soft mode follows a custom allowlist, rebinds with a newer version and publishes it", () => {
     const { svc } = makeService({ sessionAffinity: { ttlSecs: 60, mode: "soft" } });
     const seen: BindingEvent[] = [];
-    svc.onBindingEvent((e) => seen.push(e));
+    replicaView(svc).onBindingEvent((e) => seen.push(e));
     svc.upsertWorker(worker(1));
     svc.upsertWorker(worker(2));
     const first = svc.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "a" });
@@ -68,7 +69,7 @@ describe("session affinity through the service", () => {
   it("publishes a refresh when a request of the session finishes", () => {
     const { svc } = makeService({ sessionAffinity: { ttlSecs: 60 } });
     const seen: BindingEvent[] = [];
-    svc.onBindingEvent((e) => seen.push(e));
+    replicaView(svc).onBindingEvent((e) => seen.push(e));
     svc.upsertWorker(worker(1));
     svc.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "a" });
     expect(seen.map((e) => e.reason)).toEqual(["bind"]);
@@ -97,7 +98,7 @@ describe("an explicit worker skips session handling (spec §4.7 step 4)", () => 
   function boundSession(mode: "hard" | "soft"): { svc: ReturnType<typeof makeService>["svc"]; seen: BindingEvent[]; bound: bigint; other: bigint } {
     const { svc } = makeService({ sessionAffinity: { ttlSecs: 60, mode } });
     const seen: BindingEvent[] = [];
-    svc.onBindingEvent((e) => seen.push(e));
+    replicaView(svc).onBindingEvent((e) => seen.push(e));
     svc.upsertWorker(worker(1));
     svc.upsertWorker(worker(2));
     const bound = svc.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "a" }).worker_id;
@@ -133,7 +134,7 @@ describe("an explicit worker skips session handling (spec §4.7 step 4)", () => 
   it("a new session with a pinned worker is not bound, neither by select_and_reserve nor by a replayed /select", () => {
     const { svc } = makeService({ sessionAffinity: { ttlSecs: 60 } });
     const seen: BindingEvent[] = [];
-    svc.onBindingEvent((e) => seen.push(e));
+    replicaView(svc).onBindingEvent((e) => seen.push(e));
     svc.upsertWorker(worker(1));
     svc.upsertWorker(worker(2));
     svc.selectAndReserve({ token_ids: tokens(2), session_id: "n", selection_id: "a", pinned_worker: { worker_id: 2n, dp_rank: 0 } });

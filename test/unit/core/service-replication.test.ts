@@ -4,6 +4,7 @@ import { seededRandom } from "../../../src/core/random.js";
 import type { BindingEvent, LoadEvent } from "../../../src/core/replica-events.js";
 import { SelectionService } from "../../../src/core/selection-service.js";
 import { tokens, worker } from "../../helpers/core-fixtures.js";
+import { replicaView } from "../../helpers/replica-view.js";
 
 /** N services sharing a clock whose emitted events are queued, to be delivered in any order. */
 function mesh(n: number, affinity?: { ttlSecs: number; mode?: "hard" | "soft" }) {
@@ -22,8 +23,8 @@ function mesh(n: number, affinity?: { ttlSecs: number; mode?: "hard" | "soft" })
   const loadQ: { from: number; e: LoadEvent }[] = [];
   const bindQ: { from: number; e: BindingEvent }[] = [];
   services.forEach((s, i) => {
-    s.onLoadEvent((e) => loadQ.push({ from: i, e }));
-    s.onBindingEvent((e) => bindQ.push({ from: i, e }));
+    replicaView(s).onLoadEvent((e) => loadQ.push({ from: i, e }));
+    replicaView(s).onBindingEvent((e) => bindQ.push({ from: i, e }));
     for (const id of [1, 2, 3]) s.upsertWorker(worker(id));
   });
   const deliver = (order: (q: number) => number = (q) => q): void => {
@@ -33,9 +34,9 @@ function mesh(n: number, affinity?: { ttlSecs: number; mode?: "hard" | "soft" })
       const idx = lq.map((_, k) => order(k));
       for (const k of idx.sort((a, b) => a - b)) {
         const item = lq[k];
-        if (item !== undefined) services.forEach((s, j) => j !== item.from && s.applyLoadEvent(item.e));
+        if (item !== undefined) services.forEach((s, j) => j !== item.from && replicaView(s).applyLoadEvent(item.e));
       }
-      for (const item of bq) services.forEach((s, j) => j !== item.from && s.applyBindingEvent(item.e));
+      for (const item of bq) services.forEach((s, j) => j !== item.from && replicaView(s).applyBindingEvent(item.e));
     }
   };
   return { services, clock, loadQ, bindQ, deliver };
@@ -76,12 +77,12 @@ describe("two cores exchanging events in memory", () => {
     a.prefillComplete("y");
     const events = loadQ.splice(0).map((q) => q.e);
     // Deliver in reverse: free(x) before add(x), prefill(y) before add(y).
-    for (const e of events.reverse()) b.applyLoadEvent(e);
+    for (const e of events.reverse()) replicaView(b).applyLoadEvent(e);
     expect(b.hasReservation("x")).toBe(false);
     expect(b.hasReservation("y")).toBe(true);
     expect(loadsOf(b)).toEqual(loadsOf(a));
     // Duplicates are no-ops.
-    for (const e of events) b.applyLoadEvent(e);
+    for (const e of events) replicaView(b).applyLoadEvent(e);
     expect(loadsOf(b)).toEqual(loadsOf(a));
   });
 
@@ -91,10 +92,10 @@ describe("two cores exchanging events in memory", () => {
     a.selectAndReserve({ token_ids: tokens(2), selection_id: "z" });
     const add = loadQ.splice(0)[0]?.e;
     if (add?.type !== "add") throw new Error("expected an add");
-    expect(a.applyLoadEvent(add)).toBe(false);
-    expect(b.applyLoadEvent({ ...add, partition: { model_name: "other", routing_group: "default" } })).toBe(false);
-    expect(b.applyLoadEvent({ ...add, worker_id: 99n })).toBe(false);
-    expect(b.applyLoadEvent(add)).toBe(true);
+    expect(replicaView(a).applyLoadEvent(add)).toBe(false);
+    expect(replicaView(b).applyLoadEvent({ ...add, partition: { model_name: "other", routing_group: "default" } })).toBe(false);
+    expect(replicaView(b).applyLoadEvent({ ...add, worker_id: 99n })).toBe(false);
+    expect(replicaView(b).applyLoadEvent(add)).toBe(true);
   });
 });
 
@@ -118,7 +119,7 @@ describe("replicated session bindings", () => {
         const j = Math.floor(rnd.next() * (k + 1));
         [events[k], events[j]] = [events[j] as (typeof events)[number], events[k] as (typeof events)[number]];
       }
-      for (const item of events) services.forEach((s, j) => j !== item.from && s.applyBindingEvent(item.e));
+      for (const item of events) services.forEach((s, j) => j !== item.from && replicaView(s).applyBindingEvent(item.e));
       const winners = services.map((s) => s.select({ token_ids: tokens(1, 50), session_id: "s" }).worker_id);
       expect(new Set(winners).size).toBe(1);
     }
@@ -140,7 +141,7 @@ describe("a binding stays alive where it was written while a peer serves the ses
       b.freeReservation(`u${i}`);
       const refreshes = bindQ.filter((q) => q.from === 1 && q.e.reason === "refresh");
       expect(refreshes.length).toBeGreaterThan(0);
-      expect(refreshes.map((q) => a.applyBindingEvent(q.e))).toContain("refreshed");
+      expect(refreshes.map((q) => replicaView(a).applyBindingEvent(q.e))).toContain("refreshed");
       bindQ.splice(0);
     }
     // 24 s after A last served it, A still holds the binding: B kept it in use.
@@ -148,8 +149,8 @@ describe("a binding stays alive where it was written while a peer serves the ses
     // A plain echo of A's own binding, or a refresh for another worker, is still ignored.
     const own = a.bindingsSnapshot()[0];
     if (own === undefined) throw new Error("A lost the binding");
-    expect(a.applyBindingEvent({ ...own, reason: "bind" })).toBe("ignored-own");
-    expect(a.applyBindingEvent({ ...own, reason: "refresh", worker_id: own.worker_id === 1n ? 2n : 1n })).toBe("ignored-own");
+    expect(replicaView(a).applyBindingEvent({ ...own, reason: "bind" })).toBe("ignored-own");
+    expect(replicaView(a).applyBindingEvent({ ...own, reason: "refresh", worker_id: own.worker_id === 1n ? 2n : 1n })).toBe("ignored-own");
     // With nobody serving it, the binding idles out after the TTL as before.
     clock.advance(11_000);
     a.tick();
@@ -189,7 +190,7 @@ describe("a hard-mode conflict unbinds the session on every replica (F18)", () =
     const staleCopy = b.bindingsSnapshot().find((e) => e.session_id === "s" && e.reason !== "unbind") as BindingEvent;
     deliver();
     // B's refresh of the copy it held, delayed past the unbind (a reordering or a snapshot).
-    for (const s of services) s.applyBindingEvent({ ...staleCopy, reason: "refresh" });
+    for (const s of services) replicaView(s).applyBindingEvent({ ...staleCopy, reason: "refresh" });
     for (const s of services) expect(live(s)).toEqual([]);
     // The session's next request binds afresh on C, and that newer binding reaches everyone.
     const again = c.selectAndReserve({ token_ids: tokens(2), session_id: "s", selection_id: "3", allowed_worker_ids: [other] });
@@ -202,9 +203,9 @@ describe("a hard-mode conflict unbinds the session on every replica (F18)", () =
     const { b, bindQ } = conflicted();
     const unbind = bindQ.find((q) => q.e.reason === "unbind")?.e as BindingEvent;
     const held = live(b)[0] as BindingEvent;
-    expect(b.applyBindingEvent({ ...unbind, sequence: held.sequence - 1n })).toBe("ignored-conflict");
+    expect(replicaView(b).applyBindingEvent({ ...unbind, sequence: held.sequence - 1n })).toBe("ignored-conflict");
     expect(live(b)).toHaveLength(1);
-    expect(b.applyBindingEvent(unbind)).toBe("unbound");
-    expect(b.applyBindingEvent(unbind)).toBe("ignored-conflict");
+    expect(replicaView(b).applyBindingEvent(unbind)).toBe("unbound");
+    expect(replicaView(b).applyBindingEvent(unbind)).toBe("ignored-conflict");
   });
 });

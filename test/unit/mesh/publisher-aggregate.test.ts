@@ -3,8 +3,8 @@ import { describe, expect, it } from "vitest";
 
 import { ManualClock, ManualTimers } from "../../../src/core/time.js";
 import type { LoadAggregates } from "../../../src/core/replica-events.js";
-import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, MeshPublisher, type AggregateSource, type PublishLink } from "../../../mesh/publisher.js";
-import { TOPIC_BATCH } from "../../../mesh/types.js";
+import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, MeshPublisher, type CoalescedSource, type PublishLink } from "../../../mesh/publisher.js";
+import { TOPIC_BATCH, type MeshEvent } from "../../../mesh/types.js";
 import { decodeBatch } from "../../../mesh/wire.js";
 
 const partition = { model_name: "m", routing_group: "g" };
@@ -17,13 +17,13 @@ const totals = (requests: number, id: string): LoadAggregates => ({
 });
 
 /** What a SelectionService in aggregate mode hands the publisher: totals taken once, then gone. */
-class FakeTotals implements AggregateSource {
+class FakeTotals implements CoalescedSource {
   pending: LoadAggregates[] = [];
-  loadAggregatesDecaying = false;
+  decaying = false;
   takes = 0;
-  takeLoadAggregates(): LoadAggregates[] {
+  collect(): MeshEvent[] {
     this.takes++;
-    return this.pending.splice(0);
+    return this.pending.splice(0).map((event): MeshEvent => ({ kind: "loads", event }));
   }
 }
 
@@ -49,7 +49,7 @@ function start(flushIntervalMs?: number) {
     clock: timers.clock,
     wallClock: new ManualClock(1_764_000_000_000),
     timers,
-    aggregates: source,
+    coalesced: source,
     ...(flushIntervalMs === undefined ? {} : { flushIntervalMs }),
   });
   const step = async (ms: number): Promise<void> => {
@@ -64,7 +64,7 @@ describe("MeshPublisher in aggregate load replication", () => {
   it("defaults to the aggregate interval and publishes the changed totals as one loads event", async () => {
     const { publisher, source, step, batches } = start();
     source.pending = [totals(1, "a")];
-    publisher.loadChanged();
+    publisher.pending();
     await step(0);
     expect(batches()).toHaveLength(1);
     const [event] = batches()[0]?.events ?? [];
@@ -73,8 +73,8 @@ describe("MeshPublisher in aggregate load replication", () => {
     expect(event?.kind === "loads" ? event.event.added.map((b) => b.id) : undefined).toEqual(["a"]);
     // Within the interval, further changes wait and share the next batch.
     source.pending = [totals(2, "b")];
-    publisher.loadChanged();
-    publisher.loadChanged();
+    publisher.pending();
+    publisher.pending();
     await step(DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS - 1);
     expect(batches()).toHaveLength(1);
     await step(1);
@@ -86,7 +86,7 @@ describe("MeshPublisher in aggregate load replication", () => {
     const { publisher, source, step, batches } = start(20);
     for (let i = 0; i < 100; i++) {
       source.pending = [totals(i + 1, `r${i}`)];
-      publisher.loadChanged();
+      publisher.pending();
       if (i % 10 === 0) {
         publisher.enqueue({
           kind: "binding",
@@ -108,14 +108,14 @@ describe("MeshPublisher in aggregate load replication", () => {
   it("takes again after an interval while a prefill estimate decays, and stops when it does", async () => {
     const { publisher, source, step } = start(10);
     source.pending = [totals(1, "a")];
-    source.loadAggregatesDecaying = true;
-    publisher.loadChanged();
+    source.decaying = true;
+    publisher.pending();
     await step(0);
     await step(10);
     await step(10);
     // Once per interval, not back to back within a flush (a decaying rank is in every take).
     expect(source.takes).toBe(3);
-    source.loadAggregatesDecaying = false;
+    source.decaying = false;
     await step(10);
     await step(50);
     expect(source.takes).toBe(3);
@@ -126,10 +126,10 @@ describe("MeshPublisher in aggregate load replication", () => {
     await step(5_000);
     expect(source.takes).toBe(0);
     source.pending = [totals(1, "a")];
-    publisher.loadChanged();
+    publisher.pending();
     await step(0);
     source.pending = [totals(0, "z")];
-    publisher.loadChanged(); // inside the interval: waits for it
+    publisher.pending(); // inside the interval: waits for it
     await publisher.close();
     expect(batches()).toHaveLength(2);
   });
