@@ -56,24 +56,13 @@ export class FakeReplicaPort implements ReplicaPort {
   }
 
   apply(origin: bigint, events: readonly ReplicaEvent[]): void {
+    // An if-chain, not a switch: a kind added to the core lands in appliedOther without an edit here.
     for (const e of events) {
-      switch (e.kind) {
-        case "load":
-        case "binding":
-          this.applied.push(e.event);
-          break;
-        case "loads":
-          this.appliedAggregates.push({ origin, a: e.event });
-          break;
-        case "catalog":
-          this.appliedCatalog.push(e.event);
-          break;
-        case "worker_status":
-          this.appliedStatuses.push({ origin, e: e.event });
-          break;
-        default:
-          this.appliedOther.push({ origin, e });
-      }
+      if (e.kind === "load" || e.kind === "binding") this.applied.push(e.event);
+      else if (e.kind === "loads") this.appliedAggregates.push({ origin, a: e.event });
+      else if (e.kind === "catalog") this.appliedCatalog.push(e.event);
+      else if (e.kind === "worker_status") this.appliedStatuses.push({ origin, e: e.event });
+      else this.appliedOther.push({ origin, e });
     }
   }
 

@@ -32,7 +32,7 @@ const addWithHashes = (i: number, hashes: number): MeshEvent => ({
 });
 
 const ids = (batches: MeshEvent[][]): string[] =>
-  batches.flat().map((e) => (e.kind === "load" ? e.event.request_id : e.kind === "binding" ? e.event.session_id : e.kind === "loads" ? e.event.partition.model_name : e.event.worker_id.toString()));
+  batches.flat().map((e) => (e.kind === "load" ? e.event.request_id : e.kind === "binding" ? e.event.session_id : e.kind === "loads" ? e.event.partition.model_name : "worker_id" in e.event ? e.event.worker_id.toString() : e.kind));
 
 describe("OutboundQueue", () => {
   it("uses the documented defaults", () => {
