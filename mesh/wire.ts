@@ -35,12 +35,13 @@
  *              but worker_id, checked by the catalogue's own validator (worker-catalog.ts)
  *   status     k "w", wk worker_id(u64), sq sequence(u64), wr writer_id(u64), lc lifecycle,
  *              rs reasons[]
+ *   drain      k "d", dr draining (the origin is leaving; src/core/replication/drain-kind.ts)
  *   heartbeat  v, o, e, s, t, ce controlEndpoint, pe publishEndpoint, nb bookings
  *              (+ nn 0, d "": legacy, see encodeHeartbeat)
  *   snapshot   v, o, e, s, bk [{a: add event map, c: prefillDone}], bn [binding map],
  *              ag [loads map], mg [{o origin(u64), ag [loads map]}] (both optional: absent in
  *              exact load replication and from older replicas), ct [catalog map], ws [status
- *              map] (optional: absent from older replicas)
+ *              map] (optional: absent from older replicas), dn draining (optional: only when true)
  *   control    v, ty "snapshot"|"peer"|"unpeer", f from(u64), pe publishEndpoint
  *   reply      v, ty "snapshot"|"ok"|"error", sn snapshot map, msg message
  */
@@ -211,6 +212,8 @@ function eventToWire(me: MeshEvent): WireMap {
       return statusToWire(me.event);
     case "load":
       return me.event.type === "add" ? addToWire(me.event) : markToWire(me.event);
+    case "drain":
+      return { k: "d", dr: me.event.draining };
   }
 }
 
@@ -225,6 +228,7 @@ function snapshotToWire(s: Snapshot): WireMap {
   if (s.mirrored !== undefined && s.mirrored.length > 0) out.mg = s.mirrored.map((m) => ({ o: m.origin, ag: m.aggregates.map(loadsToWire) }));
   if (s.catalog !== undefined && s.catalog.length > 0) out.ct = s.catalog.map(catalogToWire);
   if (s.statuses !== undefined && s.statuses.length > 0) out.ws = s.statuses.map(statusToWire);
+  if (s.draining === true) out.dn = true;
   return out;
 }
 
@@ -327,6 +331,7 @@ export function estimateEventBytes(me: MeshEvent): number {
   // Rare events (a registration, a status change): their JSON text is near enough their msgpack size.
   if (me.kind === "catalog") return 64 + (me.event.worker === null ? 0 : JSON.stringify(workerToWire(me.event.worker.request)).length);
   if (me.kind === "worker_status") return 64 + me.event.reasons.reduce((n, r) => n + 3 + r.length, 0);
+  if (me.kind === "drain") return 8;
   if (me.kind === "binding") {
     const e = me.event;
     return 72 + e.model_name.length + e.routing_group.length + e.session_id.length;
@@ -612,6 +617,8 @@ function decodeEvent(raw: unknown, at: string): MeshEvent {
       return { kind: "catalog", event: decodeCatalog(m, `${at}.event`) };
     case "w":
       return { kind: "worker_status", event: decodeStatus(m, `${at}.event`) };
+    case "d":
+      return { kind: "drain", event: { draining: bool(m.dr, `${at}.event.draining`) } };
     default:
       throw new MeshWireError(`${at}.kind`, `unknown event kind ${JSON.stringify(describeScalar(m.k))}`);
   }
@@ -674,6 +681,7 @@ function decodeSnapshotFields(m: Fields, at: string): Snapshot {
     ...(mirrored === undefined ? {} : { mirrored }),
     ...(catalog === undefined ? {} : { catalog }),
     ...(statuses === undefined ? {} : { statuses }),
+    ...(m.dn === undefined ? {} : { draining: bool(m.dn, `${p}draining`) }),
   };
 }
 

@@ -146,6 +146,8 @@ function checkDecodedBatch(b: MeshBatch): string | null {
     } else if (e.kind === "worker_status") {
       const x = e.event;
       if (!u64(x.worker_id) || !["incomplete", "schedulable", "draining", "unschedulable"].includes(x.lifecycle) || x.reasons.some((r) => typeof r !== "string")) return "worker_status";
+    } else if (e.kind === "drain") {
+      if (typeof e.event.draining !== "boolean") return "drain";
     } else {
       const x = e.event;
       if (!u64(x.origin) || !u64(x.owner) || typeof x.request_id !== "string" || x.request_id.length === 0) return "load";
