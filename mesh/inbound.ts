@@ -11,7 +11,8 @@
  *
  * Everything here reads the monotonic clock except the lag histograms (publisher's wall-clock
  * `sentAtMs` against ours). The receive thread decodes off the main thread; this talks to the core
- * through ReplicaPort's apply members and to membership through InboundMembership only.
+ * through ReplicaPort's apply, install, describe and dropOrigin, and to membership through
+ * InboundMembership only.
  */
 import PQueue from "p-queue";
 import type { Logger } from "pino";

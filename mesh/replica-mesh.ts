@@ -49,8 +49,8 @@ export const MAX_LIFECYCLE_FORWARDS_IN_FLIGHT = 256;
  */
 export const MESH_HOUSEKEEPING_INTERVAL_MS = 250;
 /**
- * Default longest wait, ms, before the receive thread's hand-overs that no HTTP request pulled are
- * applied anyway, on the housekeeping tick: what peer health, gap detection, snapshot repair and
+ * Default longest wait, ms, before the receive thread's hand-overs that no decision pulled (the
+ * core drains them before each one) are applied anyway, on the housekeeping tick: what peer health, gap detection, snapshot repair and
  * the divergence check lag by on a replica that serves no requests. The tick, not a timer of its
  * own: every timer is a wake-up of the main thread, and an idle replica had ~33 a second.
  */
