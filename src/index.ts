@@ -7,6 +7,8 @@ export type { SelectionServiceOptions, SessionAffinityOptions, ServiceStats, Wor
 export { DEFAULT_MAX_PENDING_BINDINGS, type SessionBindingSubscription, type SessionBindingBatch, type SessionBindingUpdatesOptions } from "./core/session-binding-stream.js";
 export type { SessionBindingInput, SessionBindingOutcome, SessionBindingOutcomeKind } from "./core/session-binding-input.js";
 export type { BindingEvent, LoadEvent, LoadAddEvent, LoadMarkEvent, PartitionRef } from "./core/replica-events.js";
+export type { ReplicationPort, ReplicaLink, ReplicaAttachment } from "./core/replication/port.js";
+export type { ReplicaEvent, ReplicaSnapshot, OriginFacts } from "./core/replication/registry.js";
 export type { AffinityMode, SessionBinding, AffinityTarget, BindingVersion, ApplyOutcome } from "./core/affinity-table.js";
 export { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "./core/selector-config.js";
 export { KvmeshError, ERROR_CODES, type ErrorCode, type ErrorKind } from "./core/errors.js";
