@@ -3,46 +3,35 @@
  * CURVE SUB per peer (curve-sockets.ts) in the runtime's private context, driven by the runtime's
  * CurvePeerSubscribers, each message handed to the transport as it arrives (peer-reader.ts).
  */
-import type { Logger } from "pino";
-
 import type { CurveRuntime } from "./curve-runtime.js";
 import { CurvePeerSockets } from "./curve-sockets.js";
 import type { CurvePeerSubscribers } from "./curve-subscribers.js";
-import { MessageCounter, type PeerReader, type PeerReaderOptions, type ReceiveCounts } from "./peer-reader.js";
+import { MainThreadReader, type PeerReaderOptions } from "./peer-reader.js";
 
-export class CurveReader implements PeerReader {
+export class CurveReader extends MainThreadReader {
   readonly name = "main-thread CURVE SUBs";
-  readonly delivers = "messages";
-  readonly threadStats = null;
-  readonly #counter: MessageCounter;
   readonly #sockets: CurvePeerSockets;
   readonly #subs: CurvePeerSubscribers;
-  readonly #log: Logger;
   #closing: Promise<void> | null = null;
 
   constructor(o: PeerReaderOptions, curve: CurveRuntime) {
-    this.#counter = new MessageCounter(o.sink);
-    this.#log = o.logger;
+    super(o.sink);
     const events: { subs: CurvePeerSubscribers | null } = { subs: null };
     this.#sockets = new CurvePeerSockets({
       context: curve.context,
       keyPair: curve.config.keyPair,
       socketOptions: o.socket,
       topics: o.topics,
-      onFrames: this.#counter.message,
+      onFrames: this.message,
       onEvent: (endpoint, generation, event) => {
         events.subs?.event(endpoint, generation, event);
       },
       onReadError: (endpoint, err) => {
-        this.#log.error({ err, peer: endpoint }, "mesh CURVE SUB loop stopped");
+        o.logger.error({ err, peer: endpoint }, "mesh CURVE SUB loop stopped");
       },
     });
     this.#subs = curve.peerSubscribers(this.#sockets);
     events.subs = this.#subs;
-  }
-
-  get counts(): ReceiveCounts {
-    return this.#counter.counts;
   }
 
   /** Starts looking up the peers' keys (nothing is received before). */
@@ -57,14 +46,6 @@ export class CurveReader implements PeerReader {
 
   disconnect(endpoint: string): void {
     this.#subs.disconnect(endpoint);
-  }
-
-  applyReceived(): void {
-    // Nothing waits: every message was delivered as it was read.
-  }
-
-  catchUp(): Promise<void> {
-    return Promise.resolve();
   }
 
   close(): Promise<void> {

@@ -66,8 +66,11 @@ export interface PeerReaderOptions {
   readonly logger: Logger;
 }
 
-/** Counts what a main-thread reader reads, and passes it on. */
-export class MessageCounter {
+/** What the main-thread readers share: each message is counted and delivered as it is read, nothing waits. */
+export abstract class MainThreadReader implements PeerReader {
+  abstract readonly name: string;
+  readonly delivers = "messages";
+  readonly threadStats = null;
   #received = 0;
   #malformed = 0;
   readonly #sink: PeerSink;
@@ -80,9 +83,23 @@ export class MessageCounter {
     return { received: this.#received, malformedFrames: this.#malformed };
   }
 
-  readonly message = (frames: Buffer[]): void => {
+  /** One message read from any of the reader's sockets. */
+  protected readonly message = (frames: Buffer[]): void => {
     this.#received++;
     if (frames.length !== 2) this.#malformed++;
     this.#sink.message(frames);
   };
+
+  applyReceived(): void {
+    // Nothing waits: every message was delivered as it was read.
+  }
+
+  catchUp(): Promise<void> {
+    return Promise.resolve();
+  }
+
+  abstract start(): void;
+  abstract connect(endpoint: string): void;
+  abstract disconnect(endpoint: string): void;
+  abstract close(): Promise<void>;
 }

@@ -6,28 +6,21 @@ import type { Logger } from "pino";
 import { Subscriber } from "zeromq";
 
 import { isIpv6Endpoint } from "./endpoints.js";
-import { MessageCounter, type PeerReader, type PeerReaderOptions, type ReceiveCounts } from "./peer-reader.js";
+import { MainThreadReader, type PeerReaderOptions } from "./peer-reader.js";
 
 const errorCode = (err: unknown): unknown => (typeof err === "object" && err !== null && "code" in err ? err.code : undefined);
 
-export class SubReader implements PeerReader {
+export class SubReader extends MainThreadReader {
   readonly name = "main-thread SUB";
-  readonly delivers = "messages";
-  readonly threadStats = null;
   readonly #sub: Subscriber;
-  readonly #counter: MessageCounter;
   readonly #log: Logger;
   #loop: Promise<void> | null = null;
 
   constructor(o: PeerReaderOptions) {
+    super(o.sink);
     this.#sub = new Subscriber({ ...o.socket });
     for (const t of o.topics) this.#sub.subscribe(t);
-    this.#counter = new MessageCounter(o.sink);
     this.#log = o.logger;
-  }
-
-  get counts(): ReceiveCounts {
-    return this.#counter.counts;
   }
 
   /** Starts the read loop (libzmq queues until then). */
@@ -38,7 +31,7 @@ export class SubReader implements PeerReader {
 
   async #read(): Promise<void> {
     try {
-      for await (const frames of this.#sub) this.#counter.message(frames);
+      for await (const frames of this.#sub) this.message(frames);
     } catch (err) {
       if (!this.#sub.closed) this.#log.error({ err }, "mesh SUB loop stopped");
     }
@@ -60,14 +53,6 @@ export class SubReader implements PeerReader {
       // libzmq throws ENOENT synchronously for an endpoint it no longer knows.
       if (errorCode(err) !== "ENOENT") throw err;
     }
-  }
-
-  applyReceived(): void {
-    // Nothing waits: every message was delivered as it was read.
-  }
-
-  catchUp(): Promise<void> {
-    return Promise.resolve();
   }
 
   async close(): Promise<void> {

@@ -36,6 +36,12 @@ import { waitFor } from "../../helpers/wait.js";
 
 const silent = pino({ level: "silent" });
 
+const curveStatsOf = (t: MeshTransport): MeshCurveStats => {
+  const s = t.curveStats;
+  if (s === null) throw new Error("not a CURVE transport");
+  return s;
+};
+
 /** A registry holding only the CURVE families of `t`. */
 function curveRegistry(t: MeshTransport): Registry {
   const registry = new Registry();
@@ -206,11 +212,7 @@ describe("MeshTransport with CURVE", () => {
       return to.got.includes(`kvmesh.batch.v1:${tag}`);
     }, 5_000, `${tag} delivered`);
   };
-  const curve = (n: Node): MeshCurveStats => {
-    const s = n.t.curveStats;
-    if (s === null) throw new Error("not a CURVE transport");
-    return s;
-  };
+  const curve = (n: Node): MeshCurveStats => curveStatsOf(n.t);
 
   it("listed replicas exchange messages and control requests; an unlisted one and a plain one get nothing", async () => {
     const [ka, kb, ku] = [MeshKeyPair.generate(), MeshKeyPair.generate(), MeshKeyPair.generate()];
@@ -375,12 +377,6 @@ describe("MeshTransport with CURVE on a receive thread", () => {
     }, 5_000, `origin ${origin} through the receive thread`);
   };
 
-  const stats = (t: MeshTransport): MeshCurveStats => {
-    const s = t.curveStats;
-    if (s === null) throw new Error("not a CURVE transport");
-    return s;
-  };
-
   it("reads listed peers on the thread, never an unlisted one, and counts the thread's messages", async () => {
     const [ka, kb, ku] = [MeshKeyPair.generate(), MeshKeyPair.generate(), MeshKeyPair.generate()];
     const a = await reader(ka, [ka, kb]);
@@ -392,14 +388,14 @@ describe("MeshTransport with CURVE on a receive thread", () => {
     a.t.connectPeer(u.publishEndpoint);
     await delivered(b, a, 0xbn);
     expect(a.t.curvePeerStates().get(b.publishEndpoint)).toBe("connected");
-    await waitFor(() => stats(a.t).keyLookups.lookups.not_listed >= 1, 5_000, "U's key found unlisted");
+    await waitFor(() => curveStatsOf(a.t).keyLookups.lookups.not_listed >= 1, 5_000, "U's key found unlisted");
     for (let i = 0; i < 5; i++) await heartbeat(u, 0xeen);
     await delivered(b, a, 0xb2n);
     expect(a.origins.has(0xeen)).toBe(false);
     expect(a.t.stats.received).toBeGreaterThan(0);
     expect(a.t.receiveThreadStats?.restarts).toBe(0);
     // The keys A holds are the ones it dials with: U's PUB never saw A subscribe.
-    expect(stats(u).inbound.accepted).toBe(0);
+    expect(curveStatsOf(u).inbound.accepted).toBe(0);
   });
 
   it("re-keys a peer that comes back with another key pair, and retries one that refuses us, through the thread", async () => {
@@ -413,14 +409,14 @@ describe("MeshTransport with CURVE on a receive thread", () => {
     await first.close();
     const second = await rebind(() => publisher(k2, [ka], at));
     await delivered(second, a, 0x12n);
-    expect(stats(a.t).subscribers.rekeys).toBeGreaterThanOrEqual(1);
-    expect(stats(a.t).keyLookups.lookups.found).toBeGreaterThanOrEqual(2);
+    expect(curveStatsOf(a.t).subscribers.rekeys).toBeGreaterThanOrEqual(1);
+    expect(curveStatsOf(a.t).keyLookups.lookups.found).toBeGreaterThanOrEqual(2);
 
     // S does not list A: its ZAP refuses A's SUB, which A counts and retries with backoff.
     const strict = await publisher(ks, [ks]);
     a.t.connectPeer(strict.publishEndpoint);
-    await waitFor(() => stats(a.t).subscribers.refusedByPeer + stats(a.t).keyLookups.lookups.rejected >= 1, 5_000, "S refusing A");
-    expect(stats(strict).zap.denied).toBeGreaterThanOrEqual(1);
+    await waitFor(() => curveStatsOf(a.t).subscribers.refusedByPeer + curveStatsOf(a.t).keyLookups.lookups.rejected >= 1, 5_000, "S refusing A");
+    expect(curveStatsOf(strict).zap.denied).toBeGreaterThanOrEqual(1);
     a.t.disconnectPeer(strict.publishEndpoint);
     expect(a.t.curvePeerStates().has(strict.publishEndpoint)).toBe(false);
   });
