@@ -20,9 +20,9 @@
  * keys and the state machine of the per-peer SUBs. Peers are still plain endpoints, so the
  * connecting side looks up which listed key the peer at an endpoint holds (curve-key-directory.ts)
  * and connects with it: one SUB per peer (curve-subscribers.ts, in whichever thread the reader
- * reads) and one DEALER per request, as without CURVE. An
- * unlisted replica can therefore neither subscribe to our PUB nor reach our ROUTER (ZAP refuses
- * its key), and we never subscribe to or query a server whose key we do not list.
+ * reads) and one DEALER per request, as without CURVE. An unlisted replica can therefore neither
+ * subscribe to our PUB nor reach our ROUTER (ZAP refuses its key), and we never subscribe to or
+ * query a server whose key we do not list.
  */
 import PQueue from "p-queue";
 import { pino, type Logger } from "pino";
