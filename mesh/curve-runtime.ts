@@ -1,9 +1,10 @@
 /**
  * What a CURVE mesh transport holds besides its sockets: a private zmq Context whose ZAP handler
  * admits only the listed public keys (zap-handler.ts), the directory of peers' server keys
- * (curve-key-directory.ts), one SUB per peer (curve-subscribers.ts), and the watchers counting
- * inbound handshakes on our PUB and ROUTER. The transport (sockets only) asks it for socket
- * options and for the key of a control server.
+ * (curve-key-directory.ts), the state machine of the per-peer SUBs (curve-subscribers.ts; the
+ * transport's peer reader decides where their sockets live), and the watchers counting inbound
+ * handshakes on our PUB and ROUTER. The transport (sockets only) asks it for socket options and
+ * for the key of a control server.
  *
  * Two phases, because of an ordering rule: the ZAP handler must be bound before any CURVE server
  * socket binds (a server bound first would admit every client key until the handler appears), so
@@ -14,7 +15,8 @@ import { Context, type Socket } from "zeromq";
 
 import type { MeshCurveConfig } from "./curve.js";
 import { ServerKeyDirectory, type KeyDirectoryStats } from "./curve-key-directory.js";
-import { CurvePeerSubscribers, type CurveSubscriberStats, type SubscriberBaseOptions } from "./curve-subscribers.js";
+import { CurvePeerSubscribers, type CurvePeerState, type CurveSubscriberStats } from "./curve-subscribers.js";
+import type { CurveSocketHost } from "./curve-sockets.js";
 import { MeshAuthError } from "./errors.js";
 import { MESH_ZAP_DOMAIN, newHandshakeCounters, watchServerHandshakes, ZapHandler, type HandshakeCounters, type HandshakeWatcher, type ZapStats } from "./zap-handler.js";
 
@@ -49,20 +51,16 @@ export interface CurveAttachOptions {
   /** The bound PUB and ROUTER: their inbound handshakes are counted. */
   readonly publish: Socket;
   readonly control: Socket;
-  /** Options for the per-peer SUBs (heartbeats, reconnect, HWM). */
-  readonly subscriberOptions: SubscriberBaseOptions;
-  readonly topics: readonly string[];
-  /** Every message from any peer's SUB. */
-  readonly onFrames: (frames: Buffer[]) => void;
   /** With CURVE: how long one lookup of a peer's key waits for handshakes, ms. */
   readonly keyProbeTimeoutMs?: number;
 }
 
 interface Attached {
   readonly keys: ServerKeyDirectory;
-  readonly subs: CurvePeerSubscribers;
   readonly watchers: HandshakeWatcher[];
 }
+
+const NO_SUBSCRIBER_STATS: CurveSubscriberStats = { rekeys: 0, refusedByPeer: 0 };
 
 export class CurveRuntime {
   readonly config: MeshCurveConfig;
@@ -71,6 +69,7 @@ export class CurveRuntime {
   readonly #log: Logger;
   readonly #inbound = newHandshakeCounters();
   #attached: Attached | null = null;
+  #subs: CurvePeerSubscribers | null = null;
   #requestAuthFailures = 0;
 
   private constructor(config: MeshCurveConfig, context: Context, zap: ZapHandler, log: Logger) {
@@ -95,7 +94,7 @@ export class CurveRuntime {
     return { context: this.context, curveServerKey: serverKey, curvePublicKey: this.config.keyPair.publicKey, curveSecretKey: this.config.keyPair.secretKey };
   }
 
-  /** Starts key lookups, the per-peer SUBs and the handshake watchers, once the servers are bound. */
+  /** Starts key lookups and the handshake watchers, once the servers are bound. */
   attach(o: CurveAttachOptions): void {
     const keys = new ServerKeyDirectory({
       context: this.context,
@@ -104,27 +103,30 @@ export class CurveRuntime {
       logger: this.#log,
       ...(o.keyProbeTimeoutMs === undefined ? {} : { probeTimeoutMs: o.keyProbeTimeoutMs }),
     });
-    const subs = new CurvePeerSubscribers({
-      context: this.context,
-      keyPair: this.config.keyPair,
-      directory: keys,
-      socketOptions: o.subscriberOptions,
-      topics: o.topics,
-      onFrames: o.onFrames,
-      logger: this.#log,
-    });
     const watchers = [watchServerHandshakes(o.publish, "publish", this.#inbound, this.#log), watchServerHandshakes(o.control, "control", this.#inbound, this.#log)];
-    this.#attached = { keys, subs, watchers };
+    this.#attached = { keys, watchers };
   }
 
   get #parts(): Attached {
+    // Assertion (a programming error): MeshTransport.bind attaches before anything asks.
     if (this.#attached === null) throw new Error("CurveRuntime: attach() was not called");
     return this.#attached;
   }
 
-  /** The per-peer SUBs. */
-  get subscribers(): CurvePeerSubscribers {
-    return this.#parts.subs;
+  /**
+   * The state machine of the per-peer SUBs, driving the sockets of `sockets` (after attach; once:
+   * the transport's one peer reader calls it).
+   */
+  peerSubscribers(sockets: CurveSocketHost): CurvePeerSubscribers {
+    // Assertion (a programming error): the transport's one reader asks once.
+    if (this.#subs !== null) throw new Error("CurveRuntime: peerSubscribers() was already called");
+    this.#subs = new CurvePeerSubscribers({ keyPair: this.config.keyPair, directory: this.#parts.keys, sockets, logger: this.#log });
+    return this.#subs;
+  }
+
+  /** Per-peer connection states (endpoint -> state). */
+  peerStates(): Map<string, CurvePeerState> {
+    return this.#subs?.states() ?? new Map<string, CurvePeerState>();
   }
 
   /**
@@ -159,17 +161,14 @@ export class CurveRuntime {
       inbound: { accepted: this.#inbound.accepted, rejected: { ...this.#inbound.rejected } },
       zap: this.#zap.stats,
       keyLookups: p.keys.stats,
-      subscribers: p.subs.stats,
+      subscribers: this.#subs?.stats ?? { ...NO_SUBSCRIBER_STATS },
       requestAuthFailures: this.#requestAuthFailures,
     };
   }
 
-  /** Stops key probes and closes the per-peer SUBs; resolves when they are closed. */
-  closeClients(): Promise<void> {
-    const p = this.#attached;
-    if (p === null) return Promise.resolve();
-    p.keys.close();
-    return p.subs.close();
+  /** Stops key probes in flight (the peer reader closes the per-peer SUBs). */
+  closeProbes(): void {
+    this.#attached?.keys.close();
   }
 
   /** Stops the handshake watchers (after the server sockets closed); resolves when they end. */

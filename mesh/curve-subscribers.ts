@@ -1,12 +1,16 @@
 /**
- * The receiving side of a CURVE mesh: one SUB per peer, each connected with that peer's server
- * key (found by the ServerKeyDirectory). A plain mesh uses one SUB for every peer, but a CURVE
- * client names the server key in a socket option that libzmq applies at connect time, so one
- * socket per peer keeps each peer's key with its connection (changing the option on a connected
- * socket also makes zeromq.js print a process warning on every change) and lets a peer that
- * changes keys be re-keyed alone.
+ * The receiving side of a CURVE mesh, as decisions: one SUB per peer, each connected with that
+ * peer's server key (found by the ServerKeyDirectory). A plain mesh uses one SUB for every peer,
+ * but a CURVE client names the server key in a socket option that libzmq applies at connect
+ * time, so one socket per peer keeps each peer's key with its connection (changing the option on
+ * a connected socket also makes zeromq.js print a process warning on every change) and lets a
+ * peer that changes keys be re-keyed alone.
  *
- * Per peer: look the key up -> connect -> watch the handshakes:
+ * The sockets themselves live behind a CurveSocketHost (curve-sockets.ts): on this thread, or on
+ * the receive thread, whose message channel carries open/close down and handshake events back.
+ * This state machine, the key lookups and the counters stay on the main thread either way.
+ *
+ * Per peer: look the key up -> open -> follow the handshakes:
  * - handshake ok: connected (backoff reset);
  * - refused by the peer (its ZAP said 400) or the peer dropped CURVE: libzmq does not reconnect
  *   after these, so the socket is closed and the lookup retried with backoff (a peer restarted
@@ -16,12 +20,10 @@
  * - lookup found no usable key (peer not listed, plain, or down): retried with backoff.
  */
 import type { Logger } from "pino";
-import { Subscriber, type Context, type Event, type Observer } from "zeromq";
 
 import type { MeshKeyPair } from "./curve.js";
 import type { ServerKeyDirectory } from "./curve-key-directory.js";
-import { isIpv6Endpoint } from "./endpoints.js";
-import { observe, retireObserver } from "../src/util/zmq-observers.js";
+import type { CurveSocketEvent, CurveSocketHost } from "./curve-sockets.js";
 
 /** First retry of a failed lookup or a refused connection, ms; doubles per failure. */
 export const DEFAULT_CURVE_RETRY_MIN_MS = 250;
@@ -35,16 +37,12 @@ export const STALE_KEY_HANDSHAKE_FAILURES = 2;
 
 export type CurvePeerState = "looking_up" | "connecting" | "connected" | "waiting";
 
-/** Socket options shared with the transport's other sockets (heartbeats, reconnect, HWM). */
-export type SubscriberBaseOptions = Readonly<Record<string, number>>;
-
 export interface CurveSubscribersOptions {
-  readonly context: Context;
   readonly keyPair: MeshKeyPair;
-  readonly directory: ServerKeyDirectory;
-  readonly socketOptions: SubscriberBaseOptions;
-  readonly topics: readonly string[];
-  readonly onFrames: (frames: Buffer[]) => void;
+  /** Where peers' keys are found, and forgotten when they stop working. */
+  readonly directory: Pick<ServerKeyDirectory, "lookup" | "forget">;
+  /** Where the SUBs are opened and closed (their handshake events come back through event()). */
+  readonly sockets: CurveSocketHost;
   readonly logger: Logger;
   readonly retryMinMs?: number;
   readonly retryMaxMs?: number;
@@ -53,14 +51,15 @@ export interface CurveSubscribersOptions {
 interface Peer {
   readonly endpoint: string;
   state: CurvePeerState;
-  sub: Subscriber | null;
-  /** The sub's event observer, closed with it (see #drop). */
-  events: Observer | null;
+  /** The key of the open socket; null while none is open. */
   key: string | null;
   failures: number;
   retryMs: number;
   timer: NodeJS.Timeout | undefined;
-  /** Bumped whenever the peer's socket is replaced or dropped: stale callbacks compare it. */
+  /**
+   * Changed whenever the peer's socket is replaced or dropped: stale callbacks and events compare
+   * it. Drawn from one counter for all peers, so a peer removed and added again never reuses one.
+   */
   generation: number;
   /** Logged "connected" once per key, not on every reconnect. */
   announcedKey: string | null;
@@ -76,18 +75,16 @@ export interface CurveSubscriberStats {
 export class CurvePeerSubscribers {
   readonly #o: CurveSubscribersOptions;
   readonly #peers = new Map<string, Peer>();
-  readonly #topics: readonly string[];
-  readonly #loops = new Set<Promise<void>>();
   readonly #retryMinMs: number;
   readonly #retryMaxMs: number;
   readonly #stats: CurveSubscriberStats = { rekeys: 0, refusedByPeer: 0 };
   /** Peers are only looked up once started: until the transport has a message handler, nothing may be received. */
   #started = false;
   #closed = false;
+  #generations = 0;
 
   constructor(o: CurveSubscribersOptions) {
     this.#o = o;
-    this.#topics = [...o.topics];
     this.#retryMinMs = o.retryMinMs ?? DEFAULT_CURVE_RETRY_MIN_MS;
     this.#retryMaxMs = o.retryMaxMs ?? DEFAULT_CURVE_RETRY_MAX_MS;
   }
@@ -104,13 +101,13 @@ export class CurvePeerSubscribers {
   /** Starts receiving from `endpoint` (canonical); false if already known. */
   connect(endpoint: string): boolean {
     if (this.#closed || this.#peers.has(endpoint)) return false;
-    const peer: Peer = { endpoint, state: "looking_up", sub: null, events: null, key: null, failures: 0, retryMs: this.#retryMinMs, timer: undefined, generation: 0, announcedKey: null };
+    const peer: Peer = { endpoint, state: "looking_up", key: null, failures: 0, retryMs: this.#retryMinMs, timer: undefined, generation: ++this.#generations, announcedKey: null };
     this.#peers.set(endpoint, peer);
     if (this.#started) this.#lookup(peer);
     return true;
   }
 
-  /** Starts connecting to the peers known so far and to later ones (the transport's onMessage). */
+  /** Starts connecting to the peers known so far and to later ones (the transport's message handler). */
   start(): void {
     if (this.#started || this.#closed) return;
     this.#started = true;
@@ -164,83 +161,48 @@ export class CurvePeerSubscribers {
   }
 
   #open(peer: Peer, key: string): void {
-    const sub = new Subscriber({
-      ...this.#o.socketOptions,
-      context: this.#o.context,
-      ipv6: isIpv6Endpoint(peer.endpoint),
-      curveServerKey: key,
-      curvePublicKey: this.#o.keyPair.publicKey,
-      curveSecretKey: this.#o.keyPair.secretKey,
-    });
-    for (const t of this.#topics) sub.subscribe(t);
-    let events: Observer;
-    try {
-      events = observe(sub);
-    } catch (err) {
-      sub.close();
-      this.#o.logger.warn({ err, peer: peer.endpoint }, "mesh CURVE socket observer failed (retried)");
-      this.#retryLater(peer);
-      return;
-    }
-    peer.sub = sub;
-    peer.events = events;
     peer.key = key;
     peer.failures = 0;
     peer.state = "connecting";
-    const generation = peer.generation;
-    sub.connect(peer.endpoint);
-    this.#track(this.#readLoop(sub));
-    this.#track(this.#watchLoop(peer, sub, events, key, generation));
+    // The host may answer at once (no observer): the peer is in its "connecting" state by then.
+    this.#o.sockets.open(peer.endpoint, key, peer.generation);
   }
 
-  #track(loop: Promise<void>): void {
-    this.#loops.add(loop);
-    void loop.finally(() => this.#loops.delete(loop));
-  }
-
-  async #readLoop(sub: Subscriber): Promise<void> {
-    try {
-      for await (const frames of sub) this.#o.onFrames(frames);
-    } catch (err) {
-      if (!sub.closed) this.#o.logger.error({ err }, "mesh CURVE SUB loop stopped");
-    }
-  }
-
-  async #watchLoop(peer: Peer, sub: Subscriber, events: Observer, key: string, generation: number): Promise<void> {
-    try {
-      for await (const e of events) {
-        // A receive pending when the observer is closed resolves with undefined.
-        const event = e as Event | undefined;
-        if (event === undefined || this.#stale(peer, generation)) return;
-        if (event.type === "handshake") {
-          peer.state = "connected";
-          peer.failures = 0;
-          peer.retryMs = this.#retryMinMs;
-          if (peer.announcedKey !== key) {
-            peer.announcedKey = key;
-            this.#o.logger.info({ peer: peer.endpoint, peer_key: key }, "mesh peer connected over CURVE");
-          }
-        } else if (event.type === "handshake:error:auth") {
-          // libzmq gives up on a connection its peer refused: retry ourselves, with backoff.
-          this.#stats.refusedByPeer++;
-          this.#o.logger.warn({ peer: peer.endpoint, our_key: this.#o.keyPair.publicKey }, "mesh peer refused our CURVE key (retrying with backoff)");
-          this.#replace(peer, false);
-          return;
-        } else if (event.type === "handshake:error:protocol" || event.type === "handshake:error:other") {
-          const mechanism = event.type === "handshake:error:protocol" && event.error.code === "ERR_ZMTP_MECHANISM_MISMATCH";
-          peer.failures++;
-          if (mechanism || peer.failures >= STALE_KEY_HANDSHAKE_FAILURES) {
-            this.#o.directory.forget(peer.endpoint, key);
-            this.#stats.rekeys++;
-            this.#replace(peer, true);
-            return;
-          }
+  /** A handshake event of the SUB opened for `endpoint` at `generation` (older sockets' events are ignored). */
+  event(endpoint: string, generation: number, event: CurveSocketEvent): void {
+    const peer = this.#peers.get(endpoint);
+    if (peer === undefined || this.#stale(peer, generation)) return;
+    const key = peer.key;
+    if (key === null) return;
+    switch (event) {
+      case "connected":
+        peer.state = "connected";
+        peer.failures = 0;
+        peer.retryMs = this.#retryMinMs;
+        if (peer.announcedKey !== key) {
+          peer.announcedKey = key;
+          this.#o.logger.info({ peer: endpoint, peer_key: key }, "mesh peer connected over CURVE");
         }
-      }
-    } catch (err) {
-      if (!sub.closed && !events.closed) this.#o.logger.debug({ err, peer: peer.endpoint }, "mesh CURVE handshake watcher stopped");
-    } finally {
-      retireObserver(events);
+        return;
+      case "refused":
+        // libzmq gives up on a connection its peer refused: retry ourselves, with backoff.
+        this.#stats.refusedByPeer++;
+        this.#o.logger.warn({ peer: endpoint, our_key: this.#o.keyPair.publicKey }, "mesh peer refused our CURVE key (retrying with backoff)");
+        this.#replace(peer, false);
+        return;
+      case "unobservable":
+        this.#o.logger.warn({ peer: endpoint }, "mesh CURVE socket observer failed (retried)");
+        this.#replace(peer, false);
+        return;
+      case "no_curve":
+      case "failed":
+        peer.failures++;
+        if (event === "no_curve" || peer.failures >= STALE_KEY_HANDSHAKE_FAILURES) {
+          this.#o.directory.forget(endpoint, key);
+          this.#stats.rekeys++;
+          this.#replace(peer, true);
+        }
+        return;
     }
   }
 
@@ -252,23 +214,17 @@ export class CurvePeerSubscribers {
   }
 
   #drop(peer: Peer): void {
-    peer.generation++;
+    peer.generation = ++this.#generations;
     if (peer.timer !== undefined) clearTimeout(peer.timer);
     peer.timer = undefined;
-    const sub = peer.sub;
-    const events = peer.events;
-    peer.sub = null;
-    peer.events = null;
+    if (peer.key !== null) this.#o.sockets.close(peer.endpoint);
     peer.key = null;
-    if (sub !== null && !sub.closed) sub.close();
-    // Explicitly: an observer does not always see its socket's "end" event (zmq-observers.ts).
-    if (events !== null) retireObserver(events);
   }
 
-  async close(): Promise<void> {
+  /** Closes every peer's socket (the host's closeAll waits for them); idempotent. */
+  close(): void {
     this.#closed = true;
     for (const p of this.#peers.values()) this.#drop(p);
     this.#peers.clear();
-    await Promise.all([...this.#loops]);
   }
 }

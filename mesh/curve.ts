@@ -18,7 +18,7 @@ import { createPrivateKey, createPublicKey } from "node:crypto";
 import { inspect } from "node:util";
 import { curveKeyPair } from "zeromq";
 
-import { KvmeshError } from "../src/core/errors.js";
+import { badRequest, KvmeshError } from "../src/core/errors.js";
 import { contentLines, fileError, readSecretFile, readSmallTextFile } from "../src/util/secret-file.js";
 
 /** RFC 32's alphabet: 85 printable characters, 4 bytes -> 5 characters. */
@@ -47,6 +47,7 @@ const X25519_SPKI_BYTES = 44;
 
 /** Z85-encodes bytes whose length is a multiple of 4. */
 export function z85Encode(bytes: Uint8Array): string {
+  // Assertion (a programming error): only keys (32 bytes) are encoded.
   if (bytes.length % 4 !== 0) throw new RangeError(`z85Encode: length must be a multiple of 4, got ${bytes.length}`);
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   let out = "";
@@ -62,32 +63,32 @@ export function z85Encode(bytes: Uint8Array): string {
   return out;
 }
 
-/** Decodes Z85 text; throws RangeError naming the problem (length, character, overflow). */
+/** Decodes Z85 text; throws KVMESH_BAD_REQUEST naming the problem (length, character, overflow). */
 export function z85Decode(text: string): Buffer {
-  if (text.length % 5 !== 0) throw new RangeError(`Z85 text length must be a multiple of 5, got ${text.length}`);
+  if (text.length % 5 !== 0) throw badRequest(`Z85 text length must be a multiple of 5, got ${text.length}`);
   const out = Buffer.alloc((text.length / 5) * 4);
   for (let i = 0; i < text.length; i += 5) {
     let v = 0;
     for (let k = 0; k < 5; k++) {
       const code = text.charCodeAt(i + k);
       const d = code < 128 ? (Z85_DECODE[code] ?? -1) : -1;
-      if (d < 0) throw new RangeError(`invalid Z85 character ${JSON.stringify(text[i + k])} at position ${i + k}`);
+      if (d < 0) throw badRequest(`invalid Z85 character ${JSON.stringify(text[i + k])} at position ${i + k}`);
       v = v * 85 + d;
     }
     // Five characters can spell up to 85^5 - 1 > 2^32 - 1: such text encodes no 4 bytes.
-    if (v > 0xffff_ffff) throw new RangeError(`Z85 group at position ${i} exceeds 32 bits`);
+    if (v > 0xffff_ffff) throw badRequest(`Z85 group at position ${i} exceeds 32 bits`);
     out.writeUInt32BE(v, (i / 5) * 4);
   }
   return out;
 }
 
-/** Decodes a 40-character Z85 CURVE key to its 32 bytes; `what` names it in errors. */
+/** Decodes a 40-character Z85 CURVE key to its 32 bytes; `what` names it in errors (KVMESH_BAD_REQUEST). */
 export function decodeCurveKey(z85: string, what: string): Buffer {
-  if (z85.length !== CURVE_KEY_Z85_CHARS) throw new RangeError(`${what} must be ${CURVE_KEY_Z85_CHARS} Z85 characters, got ${z85.length}`);
+  if (z85.length !== CURVE_KEY_Z85_CHARS) throw badRequest(`${what} must be ${CURVE_KEY_Z85_CHARS} Z85 characters, got ${z85.length}`, what);
   try {
     return z85Decode(z85);
   } catch (err) {
-    throw new RangeError(`${what} is not valid Z85: ${(err as Error).message}`);
+    throw badRequest(`${what} is not valid Z85: ${(err as Error).message}`, what);
   }
 }
 
@@ -96,6 +97,7 @@ export function curvePublicKeyOf(secretZ85: string): string {
   const secret = decodeCurveKey(secretZ85, "secret key");
   const priv = createPrivateKey({ key: Buffer.concat([X25519_PKCS8_PREFIX, secret]), format: "der", type: "pkcs8" });
   const spki = createPublicKey(priv).export({ format: "der", type: "spki" });
+  // Assertion (node:crypto's X25519 SPKI is fixed-size): never input.
   if (spki.length !== X25519_SPKI_BYTES) throw new Error(`unexpected X25519 SPKI length ${spki.length}`);
   return z85Encode(spki.subarray(spki.length - CURVE_KEY_BYTES));
 }
@@ -116,7 +118,7 @@ export class MeshKeyPair {
     return new MeshKeyPair(kp.publicKey, kp.secretKey);
   }
 
-  /** The pair of a Z85 secret key (throws RangeError on malformed text). */
+  /** The pair of a Z85 secret key (throws KVMESH_BAD_REQUEST on malformed text). */
   static fromSecretKey(secretZ85: string): MeshKeyPair {
     return new MeshKeyPair(curvePublicKeyOf(secretZ85), secretZ85);
   }

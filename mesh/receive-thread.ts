@@ -1,29 +1,33 @@
 /**
  * The mesh's receive thread (a worker_threads worker; receive-worker.ts starts and drives it).
- * It owns the SUB socket that reads every peer's PUB, decodes each frame, folds it into the next
+ * It owns the sockets that read the peers' PUBs, decodes each frame, folds it into the next
  * hand-over (receive-coalescer.ts) and writes that hand-over into a shared ring once per apply
  * interval, which the main thread reads when it needs peers' state: it is never woken for them.
  *
+ * The sockets: a plain mesh's one SUB for every peer, or, with CURVE, one CURVE SUB per peer
+ * (curve-sockets.ts) in a private context, opened and closed as the main thread's
+ * CurvePeerSubscribers says (each connect names the peer's server key), their handshake events
+ * posted back to it. The keys, lookups and ZAP handler stay on the main thread.
+ *
  * Messages (receive-protocol.ts): in, connect/disconnect/flush/close; out on parentPort, ready,
- * flushed, command-failed, fatal and closed; hand-overs (the entries, the running counters and up
- * to MAX_FAILURES_PER_HANDOVER decode failures to log) into the ring (handoff-ring.ts), or on the
- * hand-off port when the ring cannot take one.
+ * flushed, command-failed, fatal, curve (handshake events) and closed; hand-overs (the entries,
+ * the running counters and up to MAX_FAILURES_PER_HANDOVER decode failures to log) into the ring
+ * (handoff-ring.ts), or on the hand-off port when the ring cannot take one.
  */
-import { parentPort, workerData } from "node:worker_threads";
-import { Subscriber } from "zeromq";
-
 import { serialize } from "node:v8";
+import { parentPort, workerData } from "node:worker_threads";
+import { Context, Subscriber } from "zeromq";
 
+import { CurvePeerSockets } from "./curve-sockets.js";
 import { HandoffRing } from "./handoff-ring.js";
 import { ReceiveCoalescer, type DecodeFailure } from "./receive-coalescer.js";
 import { MAX_FAILURES_PER_HANDOVER, type HandoffReport, type ThreadCommand, type ThreadData, type ThreadReport } from "./receive-protocol.js";
 
 const port = parentPort;
+// Assertion (a programming error): receive-worker.ts starts this file as a worker.
 if (port === null) throw new Error("receive-thread.ts runs as a worker thread only");
 const data = workerData as ThreadData;
 
-const sub = new Subscriber({ ...data.socket });
-for (const t of data.topics) sub.subscribe(t);
 const coalescer = new ReceiveCoalescer(data.self);
 const ring = new HandoffRing(data.ring);
 let failures: DecodeFailure[] = [];
@@ -79,29 +83,102 @@ function schedule(): void {
   timer = setTimeout(handOver, data.applyIntervalMs);
 }
 
-async function readLoop(): Promise<void> {
-  try {
-    for await (const frames of sub) {
-      const failure = coalescer.add(frames, Date.now());
-      if (failure !== null && failures.length < MAX_FAILURES_PER_HANDOVER) failures.push(failure);
-      schedule();
-    }
-  } catch (err) {
-    if (!closed) post({ t: "fatal", message: err instanceof Error ? err.message : String(err) });
-  }
+/** One message from any peer's socket. */
+function receive(frames: Buffer[]): void {
+  const failure = coalescer.add(frames, Date.now());
+  if (failure !== null && failures.length < MAX_FAILURES_PER_HANDOVER) failures.push(failure);
+  schedule();
 }
+
+/**
+ * A socket's read loop failed: the main thread starts the thread again (receive-worker.ts). The
+ * sockets are closed first: terminating a thread with a receive pending on a zeromq socket or
+ * observer aborts the whole process (zeromq 6.8 throws a Napi::Error during teardown).
+ */
+function fatal(err: unknown): void {
+  if (closed) return;
+  closed = true;
+  const message = err instanceof Error ? err.message : String(err);
+  void peers.close().then(() => {
+    post({ t: "fatal", message });
+  });
+}
+
+type ConnectCommand = Extract<ThreadCommand, { op: "connect" }>;
+
+/** The thread's sockets, plain or CURVE (chosen once, from workerData). */
+interface PeerSockets {
+  connect(cmd: ConnectCommand): void;
+  disconnect(endpoint: string): void;
+  /** Resolves once every socket and observer is closed: the main thread terminates the thread then. */
+  close(): Promise<void>;
+}
+
+function plainSockets(): PeerSockets {
+  const sub = new Subscriber({ ...data.socket });
+  for (const t of data.topics) sub.subscribe(t);
+  void (async () => {
+    try {
+      for await (const frames of sub) receive(frames);
+    } catch (err) {
+      fatal(err);
+    }
+  })();
+  return {
+    connect: (cmd) => {
+      // The ipv6 option applies to the next connect only (see sub-reader.ts).
+      if (sub.ipv6 !== cmd.ipv6) sub.ipv6 = cmd.ipv6;
+      sub.connect(cmd.endpoint);
+    },
+    disconnect: (endpoint) => {
+      sub.disconnect(endpoint);
+    },
+    close: () => {
+      sub.close();
+      return Promise.resolve();
+    },
+  };
+}
+
+function curveSockets(keyPair: NonNullable<ThreadData["curve"]>): PeerSockets {
+  const sockets = new CurvePeerSockets({
+    // Private, as on the main thread: CURVE's crypto gets its own I/O thread (zap-handler.ts).
+    context: new Context(),
+    keyPair,
+    socketOptions: data.socket,
+    topics: data.topics,
+    onFrames: receive,
+    onEvent: (endpoint, generation, event) => {
+      post({ t: "curve", endpoint, generation, event });
+    },
+    onReadError: (_endpoint, err) => {
+      fatal(err);
+    },
+  });
+  return {
+    connect: (cmd) => {
+      // Assertion (a programming error): a CURVE thread's connects carry the peer's key.
+      if (cmd.curve === undefined) throw new Error(`connect to ${cmd.endpoint} without a CURVE server key`);
+      sockets.open(cmd.endpoint, cmd.curve.serverKey, cmd.curve.generation);
+    },
+    disconnect: (endpoint) => {
+      sockets.close(endpoint);
+    },
+    close: () => sockets.closeAll(),
+  };
+}
+
+const peers = data.curve === null ? plainSockets() : curveSockets(data.curve);
 
 port.on("message", (cmd: ThreadCommand) => {
   if (closed) return;
   try {
     switch (cmd.op) {
       case "connect":
-        // The ipv6 option applies to the next connect only (see MeshTransport.connectPeer).
-        if (sub.ipv6 !== cmd.ipv6) sub.ipv6 = cmd.ipv6;
-        sub.connect(cmd.endpoint);
+        peers.connect(cmd);
         break;
       case "disconnect":
-        sub.disconnect(cmd.endpoint);
+        peers.disconnect(cmd.endpoint);
         break;
       case "flush":
         handOver(true);
@@ -110,9 +187,11 @@ port.on("message", (cmd: ThreadCommand) => {
       case "close":
         closed = true;
         handOver(true);
-        sub.close();
-        post({ t: "closed", stats: { ...coalescer.stats } });
-        port.close();
+        // Closed before answering: the main thread terminates the thread on "closed" (see fatal).
+        void peers.close().then(() => {
+          post({ t: "closed", stats: { ...coalescer.stats } });
+          port.close();
+        });
         break;
     }
   } catch (err) {
@@ -123,4 +202,3 @@ port.on("message", (cmd: ThreadCommand) => {
 });
 
 post({ t: "ready" });
-void readLoop();

@@ -1,6 +1,7 @@
 /**
  * The main thread's handle on the mesh's receive thread (receive-thread.ts): starts it, tells it
- * which peers' PUBs to read, and hands its decoded, folded entries to `onEntries`.
+ * which peers' PUBs to read (with CURVE, with which server key: thread-reader.ts), and hands its
+ * decoded, folded entries to `onEntries`.
  *
  * The thread writes a hand-over once per apply interval (receive-coalescer.ts says why) into a
  * shared ring (handoff-ring.ts), which wakes nobody. `applyReceived()` reads it synchronously
@@ -24,7 +25,8 @@ import type { Logger } from "pino";
 
 import type { CoalescerStats, ReceivedEntry } from "./receive-coalescer.js";
 import { createHandoffRingBuffer, HandoffRing } from "./handoff-ring.js";
-import type { HandoffReport, ThreadCommand, ThreadData, ThreadReport } from "./receive-protocol.js";
+import type { CurveSocketEvent } from "./curve-sockets.js";
+import type { CurveConnect, HandoffReport, ThreadCommand, ThreadData, ThreadReport } from "./receive-protocol.js";
 
 /**
  * Default hand-over interval of the receive thread, ms. Each hand-over costs the main thread a
@@ -54,6 +56,8 @@ export const RECEIVE_THREAD_CLOSE_TIMEOUT_MS = 2_000;
 export interface ReceiveWorkerOptions extends Omit<ThreadData, "handoff" | "ring"> {
   readonly logger: Logger;
   readonly onEntries: (entries: ReceivedEntry[]) => void;
+  /** With CURVE: the handshake events of the thread's per-peer SUBs. */
+  readonly onCurveEvent?: (endpoint: string, generation: number, event: CurveSocketEvent) => void;
 }
 
 export interface ReceiveWorkerStats extends CoalescerStats {
@@ -83,8 +87,8 @@ const THREAD_FILE = new URL(import.meta.url.endsWith(".ts") ? "./receive-thread.
 export class ReceiveWorker {
   readonly #o: ReceiveWorkerOptions;
   readonly #log: Logger;
-  /** Endpoint -> ipv6: what a restarted thread connects to again. */
-  readonly #peers = new Map<string, boolean>();
+  /** Endpoint -> its connect: what a restarted thread connects to again. */
+  readonly #peers = new Map<string, ThreadCommand>();
   #worker: Worker;
   /** Where #worker writes its hand-overs, and posts those the ring cannot take (both read by applyReceived). */
   #ring: HandoffRing;
@@ -160,9 +164,11 @@ export class ReceiveWorker {
     };
   }
 
-  connect(endpoint: string, ipv6: boolean): void {
-    this.#peers.set(endpoint, ipv6);
-    this.#send({ op: "connect", endpoint, ipv6 });
+  /** Plain: connects the thread's SUB. CURVE: opens the peer's SUB with `curve`'s key (replacing any). */
+  connect(endpoint: string, ipv6: boolean, curve?: CurveConnect): void {
+    const cmd: ThreadCommand = { op: "connect", endpoint, ipv6, ...(curve === undefined ? {} : { curve }) };
+    this.#peers.set(endpoint, cmd);
+    this.#send(cmd);
   }
 
   disconnect(endpoint: string): void {
@@ -264,7 +270,7 @@ export class ReceiveWorker {
       this.#ring = s.ring;
       this.#startedAtMs = performance.now();
       this.#wire(s.worker);
-      for (const [endpoint, ipv6] of this.#peers) this.#send({ op: "connect", endpoint, ipv6 });
+      for (const cmd of this.#peers.values()) this.#send(cmd);
     }, delayMs);
     this.#restartTimer.unref();
   }
@@ -288,6 +294,9 @@ export class ReceiveWorker {
       case "fatal":
         if (this.#closing === undefined) this.#died(r.message);
         break;
+      case "curve":
+        this.#o.onCurveEvent?.(r.endpoint, r.generation, r.event);
+        break;
     }
   }
 }
@@ -305,7 +314,7 @@ function spawnThread(o: ReceiveWorkerOptions): Spawned {
   // Never listened on, so never started: it must not keep the process alive either.
   port1.unref();
   const sab = createHandoffRingBuffer();
-  const data: ThreadData = { topics: o.topics, socket: o.socket, applyIntervalMs: o.applyIntervalMs, self: o.self, ring: sab, handoff: port2 };
+  const data: ThreadData = { topics: o.topics, socket: o.socket, curve: o.curve, applyIntervalMs: o.applyIntervalMs, self: o.self, ring: sab, handoff: port2 };
   return { worker: spawn(THREAD_FILE, data), handoff: port1, ring: new HandoffRing(sab) };
 }
 

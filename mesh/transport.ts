@@ -4,8 +4,11 @@
  *
  *   PUB    bind  publishBind      [topic, payload]
  *   ROUTER bind  controlBind      [identity, "", request] -> [identity, "", "OK"|"ERR", body]
- *   SUB    connect to every peer  [topic, payload] -> onMessage
+ *   SUB    connect to every peer  [topic, payload] -> onMessage, or decoded -> onEntries
  *   DEALER one per request()      ["", request] -> ["", "OK"|"ERR", body]
+ *
+ * The SUB side is the peer reader (peer-reader.ts), chosen once at bind: on this thread or on a
+ * receive thread, one plain SUB or one CURVE SUB per peer. Nothing below asks which.
  *
  * zeromq.js allows one send and one receive in flight per socket and throws EBUSY synchronously
  * on a second, so every socket has exactly one reader loop and one writer (a FIFO for the PUB,
@@ -14,22 +17,27 @@
  * With `curve` set, every socket lives in a private zmq Context whose ZAP handler admits only
  * the listed public keys, and the PUB and ROUTER are CURVE servers with this replica's key; the
  * CURVE runtime (curve-runtime.ts) holds that context, the ZAP handler, the directory of peers'
- * keys and the per-peer SUBs. Peers are still plain endpoints, so the connecting side looks up
- * which listed key the peer at an endpoint holds (curve-key-directory.ts) and connects with it:
- * one SUB per peer (curve-subscribers.ts) and one DEALER per request, as without CURVE. An
- * unlisted replica can therefore neither subscribe to our PUB nor reach our ROUTER (ZAP refuses
- * its key), and we never subscribe to or query a server whose key we do not list.
+ * keys and the state machine of the per-peer SUBs. Peers are still plain endpoints, so the
+ * connecting side looks up which listed key the peer at an endpoint holds (curve-key-directory.ts)
+ * and connects with it: one SUB per peer (curve-subscribers.ts, in whichever thread the reader
+ * reads) and one DEALER per request, as without CURVE. An unlisted replica can therefore neither
+ * subscribe to our PUB nor reach our ROUTER (ZAP refuses its key), and we never subscribe to or
+ * query a server whose key we do not list.
  */
 import PQueue from "p-queue";
 import { pino, type Logger } from "pino";
-import { Dealer, Publisher, Router, Subscriber, type MessageLike } from "zeromq";
+import { Dealer, Publisher, Router, type MessageLike } from "zeromq";
 
 import type { MeshCurveConfig } from "./curve.js";
+import { CurveReader } from "./curve-reader.js";
 import { CurveRuntime, type MeshCurveStats } from "./curve-runtime.js";
 import { controlEndpointFor, isIpv6Endpoint, parseBindEndpoint, parsePeerEndpoint } from "./endpoints.js";
 import { MeshAuthError, MeshClosedError, MeshRemoteError, MeshRequestTimeoutError, type MeshAuthFailure } from "./errors.js";
+import type { PeerReader, PeerReaderOptions } from "./peer-reader.js";
 import type { ReceivedEntry } from "./receive-coalescer.js";
-import { ReceiveWorker, type ReceiveWorkerStats } from "./receive-worker.js";
+import type { ReceiveWorkerStats } from "./receive-worker.js";
+import { SubReader } from "./sub-reader.js";
+import { ThreadReader } from "./thread-reader.js";
 import { TOPIC_BATCH, TOPIC_HEARTBEAT } from "./types.js";
 
 export { MeshAuthError, MeshClosedError, MeshRemoteError, MeshRequestTimeoutError, type MeshAuthFailure, type MeshCurveStats };
@@ -81,9 +89,8 @@ export interface MeshTransportOptions {
    * Read peers' PUBs on a receive thread (receive-worker.ts) that decodes and folds what arrives
    * and hands it over once per `applyIntervalMs`, instead of on this thread through onMessage.
    * What it hands over reaches onEntries when applyReceived() is called (the owner calls it
-   * often enough: ReplicaMesh on each HTTP request and housekeeping tick). Plain meshes only:
-   * with `curve` the per-peer SUBs stay on this thread (their key lookups and handshake watchers
-   * live here), and this is ignored.
+   * often enough: ReplicaMesh on each HTTP request and housekeeping tick). With `curve` too, the
+   * thread holds the per-peer CURVE SUBs; their key lookups stay here (thread-reader.ts).
    */
   readonly receiveThread?: { readonly applyIntervalMs: number; readonly self: bigint } | undefined;
 }
@@ -115,6 +122,13 @@ interface QueuedSend {
   readonly reject: (err: Error) => void;
 }
 
+/** Chooses the transport's one peer reader (the table in peer-reader.ts). */
+async function openPeerReader(o: PeerReaderOptions): Promise<PeerReader> {
+  if (o.receiveThread !== null) return ThreadReader.start(o, o.receiveThread);
+  if (o.curve !== null) return new CurveReader(o, o.curve);
+  return new SubReader(o);
+}
+
 interface CommonSocketOptions {
   readonly linger: number;
   readonly heartbeatInterval: number;
@@ -127,12 +141,12 @@ interface CommonSocketOptions {
 
 function positiveInt(name: string, value: number | undefined, fallback: number): number {
   const v = value ?? fallback;
+  // Assertion (a programming error): the daemon's options are checked where they are parsed (src/app/config.ts).
   if (!Number.isInteger(v) || v <= 0) throw new RangeError(`${name} must be a positive integer, got ${v}`);
   return v;
 }
 
 const toError = (err: unknown): Error => (err instanceof Error ? err : new Error(String(err)));
-const errorCode = (err: unknown): unknown => (typeof err === "object" && err !== null && "code" in err ? err.code : undefined);
 
 export class MeshTransport {
   readonly publishEndpoint: string;
@@ -140,21 +154,17 @@ export class MeshTransport {
 
   readonly #pub: Publisher;
   readonly #router: Router;
-  /** The one SUB of a plain mesh; null with CURVE (one SUB per peer in the CURVE runtime) or a receive thread. */
-  readonly #sub: Subscriber | null;
-  /** The receive thread that holds the plain mesh's SUB, when it is off this thread. */
-  readonly #thread: ReceiveWorker | null;
+  /** Reads the peers' PUBs: chosen once, at bind (peer-reader.ts). */
+  readonly #reader: PeerReader;
   readonly #curve: CurveRuntime | null;
   readonly #common: CommonSocketOptions;
   readonly #log: Logger;
   readonly #peers = new Set<string>();
   readonly #dealers = new Set<Dealer>();
   readonly #controlQueue = new PQueue({ concurrency: MAX_CONCURRENT_CONTROL_REQUESTS });
-  readonly #stats: MeshTransportStats = {
+  readonly #stats: Omit<MeshTransportStats, "received" | "malformedFrames"> = {
     published: 0,
     publishErrors: 0,
-    received: 0,
-    malformedFrames: 0,
     controlRequests: 0,
     controlErrors: 0,
     requestTimeouts: 0,
@@ -168,25 +178,14 @@ export class MeshTransport {
   /** Hand-overs that came before onEntries was set. */
   #early: ReceivedEntry[][] = [];
   #onControl: ControlHandler | null = null;
-  readonly #loops: Promise<void>[] = [];
-  readonly #started = new Set<"sub" | "router">();
+  #routerLoop: Promise<void> | null = null;
   #closed = false;
   #closing: Promise<void> | null = null;
 
-  private constructor(
-    pub: Publisher,
-    router: Router,
-    sub: Subscriber | null,
-    endpoints: { publish: string; control: string },
-    common: CommonSocketOptions,
-    log: Logger,
-    curve: CurveRuntime | null,
-    thread: ReceiveWorker | null,
-  ) {
+  private constructor(pub: Publisher, router: Router, reader: PeerReader, endpoints: { publish: string; control: string }, common: CommonSocketOptions, log: Logger, curve: CurveRuntime | null) {
     this.#pub = pub;
     this.#router = router;
-    this.#sub = sub;
-    this.#thread = thread;
+    this.#reader = reader;
     this.#curve = curve;
     this.publishEndpoint = endpoints.publish;
     this.controlEndpoint = endpoints.control;
@@ -220,47 +219,42 @@ export class MeshTransport {
     const server = curve?.serverOptions ?? {};
     const pub = new Publisher({ ...common, ...server, sendHighWaterMark: hwm, ipv6: isIpv6Endpoint(publishBind) });
     const router = new Router({ ...common, ...server, ipv6: isIpv6Endpoint(controlBind) });
-    const threaded = curve === null && o.receiveThread !== undefined ? o.receiveThread : null;
-    const sub = curve === null && threaded === null ? new Subscriber({ ...common, receiveHighWaterMark: hwm }) : null;
+    let reader: PeerReader | null = null;
     try {
-      if (sub !== null) for (const t of topics) sub.subscribe(t);
       await pub.bind(publishBind);
       await router.bind(controlBind);
       const endpoints = { publish: pub.lastEndpoint ?? publishBind, control: router.lastEndpoint ?? controlBind };
-      // The per-peer SUBs deliver to the transport built below (nothing arrives before onMessage).
+      curve?.attach({ publish: pub, control: router, ...(keyProbeTimeoutMs === undefined ? {} : { keyProbeTimeoutMs }) });
+      // The reader delivers to the transport built below (nothing is read before its handler is set).
       const built: { transport: MeshTransport | undefined } = { transport: undefined };
-      curve?.attach({
-        publish: pub,
-        control: router,
-        subscriberOptions: { ...common, receiveHighWaterMark: hwm },
+      reader = await openPeerReader({
         topics,
-        onFrames: (frames) => {
-          if (built.transport !== undefined) built.transport.#deliver(frames);
+        socket: { ...common, receiveHighWaterMark: hwm },
+        curve,
+        receiveThread: o.receiveThread ?? null,
+        logger: log,
+        sink: {
+          message: (frames) => {
+            if (built.transport !== undefined) built.transport.#deliver(frames);
+          },
+          entries: (entries) => {
+            if (built.transport !== undefined) built.transport.#deliverEntries(entries);
+          },
         },
-        ...(keyProbeTimeoutMs === undefined ? {} : { keyProbeTimeoutMs }),
       });
-      // The thread delivers to the transport built below (no peer is connected before it exists).
-      const thread =
-        threaded === null
-          ? null
-          : await ReceiveWorker.start({
-              topics,
-              socket: { ...common, receiveHighWaterMark: hwm },
-              applyIntervalMs: threaded.applyIntervalMs,
-              self: threaded.self,
-              logger: log,
-              onEntries: (entries) => {
-                if (built.transport !== undefined) built.transport.#deliverEntries(entries);
-              },
-            });
-      const transport = new MeshTransport(pub, router, sub, endpoints, common, log, curve, thread);
+      const transport = new MeshTransport(pub, router, reader, endpoints, common, log, curve);
       built.transport = transport;
-      log.info({ ...endpoints, curve: curve === null ? false : { public_key: curve.config.keyPair.publicKey, allowed_keys: curve.config.allow.length } }, "mesh transport bound");
+      log.info(
+        { ...endpoints, reader: reader.name, curve: curve === null ? false : { public_key: curve.config.keyPair.publicKey, allowed_keys: curve.config.allow.length } },
+        "mesh transport bound",
+      );
       return transport;
     } catch (err) {
       pub.close();
       router.close();
-      sub?.close();
+      curve?.closeProbes();
+      await reader?.close();
+      await curve?.closeWatchers();
       await curve?.closeZap();
       throw toError(err);
     }
@@ -278,33 +272,36 @@ export class MeshTransport {
 
   /** Per-peer CURVE connection states (endpoint -> state); empty without CURVE. */
   curvePeerStates(): Map<string, string> {
-    return this.#curve?.subscribers.states() ?? new Map<string, string>();
+    return this.#curve?.peerStates() ?? new Map<string, string>();
   }
 
   get stats(): MeshTransportStats {
-    if (this.#thread === null) return { ...this.#stats };
-    const t = this.#thread.stats;
-    return { ...this.#stats, received: t.received, malformedFrames: t.malformed - t.decodeErrors };
+    return { ...this.#stats, ...this.#reader.counts };
   }
 
   /** The receive thread's counters (null when peers are read on this thread). */
   get receiveThreadStats(): ReceiveWorkerStats | null {
-    return this.#thread?.stats ?? null;
+    return this.#reader.threadStats;
+  }
+
+  /** Which peer reader this transport uses (peer-reader.ts), for logs and diagnostics. */
+  get readerName(): string {
+    return this.#reader.name;
   }
 
   /** Delivers, synchronously, what the receive thread has handed over so far (nothing without one). */
   applyReceived(): void {
-    this.#thread?.applyReceived();
+    this.#reader.applyReceived();
   }
 
   /** Resolves once what the receive thread holds has been delivered (at once without one). */
   catchUp(): Promise<void> {
-    return this.#thread?.flush() ?? Promise.resolve();
+    return this.#reader.catchUp();
   }
 
   /** Whether peers' messages arrive through onEntries (a receive thread) rather than onMessage. */
   get receivesInThread(): boolean {
-    return this.#thread !== null;
+    return this.#reader.delivers === "entries";
   }
 
   get closed(): boolean {
@@ -348,18 +345,19 @@ export class MeshTransport {
     }
   }
 
-  /** Sets the handler for peers' messages; the SUB loop starts on the first call (libzmq queues until then). */
+  /** Sets the handler for peers' messages; the reader starts on the first call (libzmq queues until then). */
   onMessage(handler: MessageHandler): void {
     this.#onMessage = handler;
-    this.#startLoop("sub");
+    if (!this.#closed) this.#reader.start();
   }
 
-  /** Sets the handler for the receive thread's hand-overs (see receivesInThread). */
+  /** Sets the handler for the receive thread's hand-overs (see receivesInThread); the reader starts. */
   onEntries(handler: EntriesHandler): void {
     this.#onEntries = handler;
     const early = this.#early;
     this.#early = [];
     for (const entries of early) this.#deliverEntries(entries);
+    if (!this.#closed) this.#reader.start();
   }
 
   #deliverEntries(entries: ReceivedEntry[]): void {
@@ -378,69 +376,29 @@ export class MeshTransport {
   /** Sets the control request handler; starts the ROUTER loop on the first call. */
   onControl(handler: ControlHandler): void {
     this.#onControl = handler;
-    this.#startLoop("router");
+    if (!this.#closed) this.#routerLoop ??= this.#readRouter();
   }
 
-  #startLoop(which: "sub" | "router"): void {
-    if (this.#closed || this.#started.has(which)) return;
-    this.#started.add(which);
-    if (which === "sub" && this.#curve !== null) {
-      this.#curve.subscribers.start();
-      return;
-    }
-    this.#loops.push(which === "sub" ? this.#subLoop() : this.#routerLoop());
-  }
-
-  /** Connects the SUB to a peer's PUB (all mesh topics); false if already connected. */
+  /**
+   * Reads a peer's PUB (all mesh topics); false if already read. With CURVE, its SUB opens once
+   * its key is known (curve-subscribers.ts).
+   */
   connectPeer(publishEndpoint: string): boolean {
     if (this.#closed) throw new MeshClosedError("connectPeer");
     const ep = parsePeerEndpoint(publishEndpoint);
     if (this.#peers.has(ep)) return false;
-    if (this.#thread !== null) {
-      this.#thread.connect(ep, isIpv6Endpoint(ep));
-      this.#peers.add(ep);
-      this.#log.info({ peer: ep }, "mesh peer connected (receive thread)");
-      return true;
-    }
-    if (this.#sub === null) {
-      // CURVE: the peer's SUB is opened once its key is known (curve-subscribers.ts).
-      this.#curve?.subscribers.connect(ep);
-      this.#peers.add(ep);
-      this.#log.info({ peer: ep }, "mesh peer added (looking up its CURVE key)");
-      return true;
-    }
-    // The ipv6 option applies to the next connect only; leaving it on for hostnames would let
-    // "localhost" resolve to ::1 while the peer listens on 127.0.0.1. zeromq.js prints a process
-    // warning on each change after the first connect, so only flip it when it must change.
-    const ipv6 = isIpv6Endpoint(ep);
-    if (this.#sub.ipv6 !== ipv6) this.#sub.ipv6 = ipv6;
-    this.#sub.connect(ep);
+    this.#reader.connect(ep);
     this.#peers.add(ep);
-    this.#log.info({ peer: ep }, "mesh peer connected");
+    this.#log.info({ peer: ep, reader: this.#reader.name }, "mesh peer added");
     return true;
   }
 
-  /** Disconnects from a peer's PUB; false if it was not connected. */
+  /** Stops reading a peer's PUB; false if it was not read. */
   disconnectPeer(publishEndpoint: string): boolean {
     const ep = parsePeerEndpoint(publishEndpoint);
     if (!this.#peers.delete(ep)) return false;
     if (this.#closed) return true;
-    if (this.#thread !== null) {
-      this.#thread.disconnect(ep);
-      this.#log.info({ peer: ep }, "mesh peer disconnected");
-      return true;
-    }
-    if (this.#sub === null) {
-      this.#curve?.subscribers.disconnect(ep);
-      this.#log.info({ peer: ep }, "mesh peer disconnected");
-      return true;
-    }
-    try {
-      this.#sub.disconnect(ep);
-    } catch (err) {
-      // libzmq throws ENOENT synchronously for an endpoint it no longer knows.
-      if (errorCode(err) !== "ENOENT") throw toError(err);
-    }
+    this.#reader.disconnect(ep);
     this.#log.info({ peer: ep }, "mesh peer disconnected");
     return true;
   }
@@ -449,20 +407,9 @@ export class MeshTransport {
     return [...this.#peers].sort();
   }
 
-  async #subLoop(): Promise<void> {
-    if (this.#sub === null) return;
-    try {
-      for await (const frames of this.#sub) this.#deliver(frames);
-    } catch (err) {
-      if (!this.#closed) this.#log.error({ err }, "mesh SUB loop stopped");
-    }
-  }
-
-  /** One message from a peer (any SUB) to the handler. */
+  /** One message from a peer (read on this thread) to the handler. */
   #deliver(frames: Buffer[]): void {
     if (this.#closed) return;
-    this.#stats.received++;
-    if (frames.length !== 2) this.#stats.malformedFrames++;
     const topic = frames[0]?.toString("utf8") ?? "";
     const payload = frames[1] ?? Buffer.alloc(0);
     try {
@@ -472,7 +419,7 @@ export class MeshTransport {
     }
   }
 
-  async #routerLoop(): Promise<void> {
+  async #readRouter(): Promise<void> {
     try {
       for await (const frames of this.#router) {
         this.#stats.controlRequests++;
@@ -497,6 +444,7 @@ export class MeshTransport {
     } else {
       try {
         const handler = this.#onControl;
+        // Assertion (a programming error): the owner sets onControl before peering; answered ERR.
         if (handler === null) throw new Error("no control handler");
         reply = [REPLY_OK, await handler(request)];
       } catch (err) {
@@ -530,6 +478,7 @@ export class MeshTransport {
   async request(controlEndpoint: string, payload: Buffer, timeoutMs: number): Promise<Buffer> {
     if (this.#closed) throw new MeshClosedError("request");
     const ep = parsePeerEndpoint(controlEndpoint);
+    // Assertion (a programming error): callers pass their own named defaults.
     if (!Number.isFinite(timeoutMs) || timeoutMs <= 0) throw new RangeError(`timeoutMs must be positive, got ${timeoutMs}`);
     const startedMs = performance.now();
     const serverKey = this.#curve === null ? null : await this.#controlServerKey(this.#curve, ep, timeoutMs);
@@ -603,12 +552,12 @@ export class MeshTransport {
     this.#outbox = [];
     for (const item of queued) item.reject(new MeshClosedError("publish"));
     for (const dealer of this.#dealers) dealer.close();
-    const curveClients = this.#curve?.closeClients();
+    this.#curve?.closeProbes();
+    const reader = this.#reader.close();
     this.#pub.close();
     this.#router.close();
-    this.#sub?.close();
     const watchers = this.#curve?.closeWatchers();
-    await Promise.all([...this.#loops, this.#draining, curveClients, watchers, this.#thread?.close()]);
+    await Promise.all([this.#routerLoop, this.#draining, reader, watchers]);
     // Last: the ZAP handler serves the CURVE sockets closed above.
     await this.#curve?.closeZap();
     this.#log.info({ publish: this.publishEndpoint }, "mesh transport closed");

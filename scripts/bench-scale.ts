@@ -26,6 +26,10 @@
  * most once per interval, scripts/lib/aggregate-bookings.ts; exact: every booking's events). The
  * default label is `git describe` and the mode; the JSON records the mode and interval.
  *
+ * --curve meshes every replica over CURVE, as the Kubernetes base does (deploy/k8s): each gets its
+ * own key pair and every one lists all keys (scripts/lib/bench-curve-keys.ts); with --stress the
+ * fake origin holds a listed key too.
+ *
  * --label names the build measured; --compare FILE prints and plots another run's JSON beside
  * this one (measure the base build with --label before --json reports/bench-scale-before.json,
  * then the new one with --compare reports/bench-scale-before.json). --help lists every flag.
@@ -65,7 +69,7 @@ const log = (line: string): void => {
 const config = parseBenchScaleArgs(process.argv.slice(2), gitLabel());
 const aggregateIntervalMs = config.meshAggregateIntervalMs ?? DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS;
 const modeText = config.loadReplication === "aggregate" ? `aggregate load replication every ${aggregateIntervalMs} ms` : "exact load replication";
-log(`bench:scale (${config.label}): ${modeText}, ${config.stress ? `stress, rates ${config.stressRates.join(",")}/s, ${config.stressStepSeconds} s each` : `rates ${config.rates.join(",")}/s, peers ${config.peerCounts.join(",")}, ${config.seconds} s per point after ${config.idleSeconds} s idle and ${config.warmupSeconds} s warm-up`}, ${config.workers} workers, CLK_TCK ${CLK_TCK}`);
+log(`bench:scale (${config.label}): ${modeText}${config.curve ? ", CURVE mesh" : ""}, ${config.stress ? `stress, rates ${config.stressRates.join(",")}/s, ${config.stressStepSeconds} s each` : `rates ${config.rates.join(",")}/s, peers ${config.peerCounts.join(",")}, ${config.seconds} s per point after ${config.idleSeconds} s idle and ${config.warmupSeconds} s warm-up`}, ${config.workers} workers, CLK_TCK ${CLK_TCK}`);
 
 const points: ScalePoint[] = [];
 let stress: StressResult | null = null;
@@ -81,6 +85,7 @@ if (config.stress) {
     loadReplication: config.loadReplication,
     meshAggregateIntervalMs: config.meshAggregateIntervalMs,
     serveArgs: config.serveArgs,
+    curve: config.curve,
     aggregateIntervalMs,
     log,
   });
@@ -99,6 +104,7 @@ if (config.stress) {
         loadReplication: config.loadReplication,
         meshAggregateIntervalMs: config.meshAggregateIntervalMs,
         serveArgs: config.serveArgs,
+        curve: config.curve,
         log,
       })),
     );

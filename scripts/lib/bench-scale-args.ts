@@ -86,6 +86,8 @@ export interface BenchScaleConfig {
   readonly meshAggregateIntervalMs: number | undefined;
   /** --serve-args: more `kvmesh serve` flags for every replica, after the bench's own (a design variant to measure). */
   readonly serveArgs: readonly string[];
+  /** --curve: every replica (and the stress fake origin) meshes over CURVE, each with its own key, all listing all. */
+  readonly curve: boolean;
 }
 
 /** Each stress step's measured seconds: `seconds`, or less so that `steps` steps fit the budget. */
@@ -163,6 +165,7 @@ export function benchScaleCommand(): Command {
         .default(DEFAULT_LOAD_REPLICATION),
     )
     .addOption(new Option("--mesh-aggregate-interval-ms <ms>", "every serve's --mesh-aggregate-interval-ms, and the fake origin's flush spacing in aggregate mode [default: the daemon's, 10]").argParser(integerInRange(0, MAX_AGGREGATE_INTERVAL_MS)))
+    .addOption(new Option("--curve", "mesh over CURVE (as the Kubernetes base does): each replica gets its own key pair, and every replica lists every key").default(false))
     .addOption(new Option("--serve-args <flags>", 'more `kvmesh serve` flags for every replica, space-separated (e.g. "--no-mesh-receive-thread"); a bad flag fails the first serve with its usage error').default(""));
 }
 
@@ -187,6 +190,7 @@ interface RawOptions {
   loadReplication: LoadReplication;
   meshAggregateIntervalMs?: number;
   serveArgs: string;
+  curve: boolean;
 }
 
 /** `argv`: the user's arguments (no node, no script). Throws commander's error on bad input when `cmd` has exitOverride. */
@@ -205,7 +209,7 @@ export function parseBenchScaleArgs(argv: readonly string[], defaultLabel: strin
     seed: o.seed,
     json: o.json ?? (o.stress ? DEFAULT_STRESS_JSON : DEFAULT_JSON),
     svg: o.svg,
-    label: o.label ?? `${defaultLabel} ${o.loadReplication}`,
+    label: o.label ?? `${defaultLabel} ${o.loadReplication}${o.curve ? " curve" : ""}`,
     compare: o.compare ?? [],
     stress: o.stress,
     stressRates,
@@ -216,5 +220,6 @@ export function parseBenchScaleArgs(argv: readonly string[], defaultLabel: strin
     loadReplication: o.loadReplication,
     meshAggregateIntervalMs: o.meshAggregateIntervalMs,
     serveArgs: o.serveArgs.split(" ").filter((a) => a !== ""),
+    curve: o.curve,
   };
 }

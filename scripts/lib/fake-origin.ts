@@ -26,6 +26,7 @@
  */
 import { systemClock, type Clock } from "../../src/core/time.js";
 import type { Random } from "../../src/core/random.js";
+import type { MeshCurveConfig } from "../../mesh/curve.js";
 import { MeshTransport } from "../../mesh/transport.js";
 import type { LoadAggregates } from "../../src/core/replica-events.js";
 import { PROTOCOL_VERSION, TOPIC_BATCH, TOPIC_HEARTBEAT, type MeshBatch, type MeshEvent, type SnapshotBooking } from "../../mesh/types.js";
@@ -53,6 +54,8 @@ export interface FakeOriginOptions {
   readonly origin: bigint;
   /** Random per start, as a replica's: a new epoch tells peers the old state is gone. */
   readonly epoch: bigint;
+  /** Mesh over CURVE with this key pair and allow list (bench:scale --curve). */
+  readonly curve?: MeshCurveConfig;
 }
 
 /** What the fake origin publishes in aggregate mode: AggregateBookings' take, snapshot and count. */
@@ -118,7 +121,7 @@ export class FakeOrigin {
   }
 
   static async bind(o: FakeOriginOptions): Promise<FakeOrigin> {
-    const transport = await MeshTransport.bind({ publishBind: `tcp://127.0.0.1:${o.port}` });
+    const transport = await MeshTransport.bind({ publishBind: `tcp://127.0.0.1:${o.port}`, ...(o.curve === undefined ? {} : { curve: o.curve }) });
     return new FakeOrigin(transport, o);
   }
 

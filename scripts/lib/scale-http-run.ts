@@ -16,6 +16,7 @@ import { benchPrompt } from "./bench-prompts.js";
 import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { ReplicaFleet, type Replica } from "../../src/bench/replica-fleet.js";
 import type { LoadReplication } from "../../src/core/replica-events.js";
+import { writeBenchCurveKeys } from "./bench-curve-keys.js";
 import { scaleServeArgs } from "./bench-scale-args.js";
 import { registerBenchWorkers } from "./bench-workers.js";
 import { lagQuantiles, meshWindow, parseMeshMetrics, type MeshScrape } from "./mesh-scrape.js";
@@ -49,6 +50,8 @@ export interface HttpRunOptions {
   readonly meshAggregateIntervalMs: number | undefined;
   /** bench:scale --serve-args: more serve flags for every replica. */
   readonly serveArgs: readonly string[];
+  /** bench:scale --curve: every replica meshes over CURVE with its own key. */
+  readonly curve: boolean;
   readonly log: (line: string) => void;
 }
 
@@ -123,14 +126,19 @@ const scrape = async (r: Replica): Promise<MeshScrape> => parseMeshMetrics(await
 /** Starts the origin and K peers, measures every rate, stops them. */
 export async function runHttpPoints(o: HttpRunOptions): Promise<ScalePoint[]> {
   const label = `K=${o.peers}`;
-  o.log(`${label}: starting the origin and ${o.peers} peer${o.peers === 1 ? "" : "s"}`);
+  o.log(`${label}: starting the origin and ${o.peers} peer${o.peers === 1 ? "" : "s"}${o.curve ? " (CURVE)" : ""}`);
+  const keys = o.curve ? writeBenchCurveKeys(1 + o.peers) : null;
   const fleet = await ReplicaFleet.start({
     replicas: 1 + o.peers,
     mesh: true,
     serveArgs: scaleServeArgs(o, ["--no-kv-events", "--session-affinity-ttl-secs", String(AFFINITY_TTL_SECS)]),
+    ...(keys === null ? {} : { serveArgsOf: (i: number) => keys.serveArgsOf(i) }),
     onLog: (i, line) => {
       o.log(`[${i === 0 ? "origin" : `peer ${i}`}] ${line}`);
     },
+  }).catch((err: unknown) => {
+    keys?.remove();
+    throw err;
   });
   try {
     const [origin, ...peers] = fleet.replicas as [Replica, ...Replica[]];
@@ -212,5 +220,6 @@ export async function runHttpPoints(o: HttpRunOptions): Promise<ScalePoint[]> {
     return points;
   } finally {
     await fleet.stop();
+    keys?.remove();
   }
 }

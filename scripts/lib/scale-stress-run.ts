@@ -30,6 +30,7 @@ import { FakeOrigin, randomU64 } from "./fake-origin.js";
 import { lagQuantiles, meshWindow, parseMeshMetrics } from "./mesh-scrape.js";
 import { idleCpu, replicaCpu } from "./scale-model.js";
 import type { IdleCpu, StressResult, StressStep } from "./scale-report.js";
+import { writeBenchCurveKeys } from "./bench-curve-keys.js";
 import { scaleServeArgs } from "./bench-scale-args.js";
 import { SyntheticBookings } from "./synthetic-bookings.js";
 import { threadCpu, threadCpuDelta } from "./thread-cpu.js";
@@ -60,6 +61,8 @@ export interface StressRunOptions {
   readonly meshAggregateIntervalMs: number | undefined;
   /** bench:scale --serve-args: more serve flags for every replica. */
   readonly serveArgs: readonly string[];
+  /** bench:scale --curve: the peer and the fake origin mesh over CURVE, each with its own key. */
+  readonly curve: boolean;
   /** Aggregate mode: the fake origin's flush spacing, ms (the daemon's default when not set). */
   readonly aggregateIntervalMs: number;
   readonly log: (line: string) => void;
@@ -250,14 +253,20 @@ async function measureStep(c: StepContext, rate: number, attempt: number): Promi
 export async function runStress(o: StressRunOptions): Promise<StressResult> {
   const wall = o.wallClock ?? systemWallClock;
   const mono = o.monotonic ?? systemClock;
-  o.log("stress: starting one peer");
+  o.log(`stress: starting one peer${o.curve ? " (CURVE)" : ""}`);
+  // Replica 0 is the peer, 1 the fake origin.
+  const keys = o.curve ? writeBenchCurveKeys(2) : null;
   const fleet = await ReplicaFleet.start({
     replicas: 1,
     mesh: true,
     serveArgs: scaleServeArgs(o, ["--no-kv-events"]),
+    ...(keys === null ? {} : { serveArgsOf: (i: number) => keys.serveArgsOf(i) }),
     onLog: (_i, line) => {
       o.log(`[peer] ${line}`);
     },
+  }).catch((err: unknown) => {
+    keys?.remove();
+    throw err;
   });
   const peer = fleet.replicas[0] as Replica;
   let origin: FakeOrigin | undefined;
@@ -267,7 +276,7 @@ export async function runStress(o: StressRunOptions): Promise<StressResult> {
     await registerBenchWorkers(peer.client, o.workers);
     const originId = randomU64(mathRandom);
     const synthetic = { origin: originId, workers: o.workers, blockSize: BENCH_BLOCK_SIZE, promptTokens: BENCH_PROMPT_TOKENS, prompts: hashedPrompts() };
-    const bind = { port: await freePortPair(), wallClock: wall, monotonic: mono, origin: originId, epoch: randomU64(mathRandom) };
+    const bind = { port: await freePortPair(), wallClock: wall, monotonic: mono, origin: originId, epoch: randomU64(mathRandom), ...(keys === null ? {} : { curve: keys.config(1) }) };
     let bookings: StressSource;
     if (o.loadReplication === "aggregate") {
       const agg = new AggregateBookings(synthetic);
@@ -330,5 +339,6 @@ export async function runStress(o: StressRunOptions): Promise<StressResult> {
     await gen?.stop();
     await origin?.close();
     await fleet.stop();
+    keys?.remove();
   }
 }

@@ -108,7 +108,7 @@ export interface DaemonConfig {
   readonly meshAggregateIntervalMs: number;
   /** How often the mesh heartbeats its peers, ms. */
   readonly meshHeartbeatIntervalMs: number;
-  /** Read peers' updates on a receive thread (mesh/receive-worker.ts) instead of the main thread. Plain meshes; ignored with CURVE. */
+  /** Read peers' updates on a receive thread (mesh/thread-reader.ts) instead of the main thread, with or without CURVE. */
   readonly meshReceiveThread: boolean;
   /** With the receive thread: how often it hands what arrived to the main thread, ms. */
   readonly meshApplyIntervalMs: number;

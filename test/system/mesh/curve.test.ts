@@ -25,6 +25,8 @@ import {
 } from "../../../mesh/curve.js";
 import { registerCurveMetrics } from "../../../mesh/mesh-metrics.js";
 import { MeshAuthError, MeshTransport, type MeshCurveStats } from "../../../mesh/transport.js";
+import { PROTOCOL_VERSION, TOPIC_HEARTBEAT } from "../../../mesh/types.js";
+import { encodeHeartbeat } from "../../../mesh/wire.js";
 import { rejectReasonOf } from "../../../mesh/zap-handler.js";
 import { LogThrottle } from "../../../src/util/log-throttle.js";
 import { ManualClock } from "../../../src/core/time.js";
@@ -33,6 +35,12 @@ import { freePortPair } from "../../helpers/ports.js";
 import { waitFor } from "../../helpers/wait.js";
 
 const silent = pino({ level: "silent" });
+
+const curveStatsOf = (t: MeshTransport): MeshCurveStats => {
+  const s = t.curveStats;
+  if (s === null) throw new Error("not a CURVE transport");
+  return s;
+};
 
 /** A registry holding only the CURVE families of `t`. */
 function curveRegistry(t: MeshTransport): Registry {
@@ -204,11 +212,7 @@ describe("MeshTransport with CURVE", () => {
       return to.got.includes(`kvmesh.batch.v1:${tag}`);
     }, 5_000, `${tag} delivered`);
   };
-  const curve = (n: Node): MeshCurveStats => {
-    const s = n.t.curveStats;
-    if (s === null) throw new Error("not a CURVE transport");
-    return s;
-  };
+  const curve = (n: Node): MeshCurveStats => curveStatsOf(n.t);
 
   it("listed replicas exchange messages and control requests; an unlisted one and a plain one get nothing", async () => {
     const [ka, kb, ku] = [MeshKeyPair.generate(), MeshKeyPair.generate(), MeshKeyPair.generate()];
@@ -328,6 +332,93 @@ describe("MeshTransport with CURVE", () => {
     await strict.t.close();
     const relaxed = await rebind(() => node(kb, [ka, kb], at));
     await delivered(relaxed, a, "now-allowed");
+  });
+});
+
+describe("MeshTransport with CURVE on a receive thread", () => {
+  const open: MeshTransport[] = [];
+  afterEach(async () => {
+    await Promise.all(open.splice(0).map((t) => t.close()));
+  });
+
+  const curveOf = (kp: MeshKeyPair, allow: readonly MeshKeyPair[]): { keyPair: MeshKeyPair; allow: string[]; warnings: [] } => ({ keyPair: kp, allow: allow.map((k) => k.publicKey), warnings: [] });
+
+  /** A transport that reads its peers on a receive thread; `origins` collects the heartbeats it hands over. */
+  async function reader(kp: MeshKeyPair, allow: readonly MeshKeyPair[]): Promise<{ t: MeshTransport; origins: Set<bigint> }> {
+    const t = await MeshTransport.bind({ publishBind: "tcp://127.0.0.1:*", logger: silent, keyProbeTimeoutMs: 500, curve: curveOf(kp, allow), receiveThread: { applyIntervalMs: 0, self: 1n } });
+    open.push(t);
+    const origins = new Set<bigint>();
+    t.onEntries((entries) => {
+      for (const e of entries) if (e.kind === "heartbeat") origins.add(e.heartbeat.origin);
+    });
+    return { t, origins };
+  }
+
+  /** A main-thread CURVE transport that only publishes. */
+  async function publisher(kp: MeshKeyPair, allow: readonly MeshKeyPair[], publishBind = "tcp://127.0.0.1:*"): Promise<MeshTransport> {
+    const t = await MeshTransport.bind({ publishBind, logger: silent, keyProbeTimeoutMs: 500, curve: curveOf(kp, allow) });
+    open.push(t);
+    t.onMessage(() => undefined);
+    return t;
+  }
+
+  const heartbeat = (t: MeshTransport, origin: bigint): Promise<void> =>
+    t.publish(
+      TOPIC_HEARTBEAT,
+      encodeHeartbeat({ v: PROTOCOL_VERSION, origin, epoch: 1n, seq: 0, sentAtMs: Date.now(), controlEndpoint: t.controlEndpoint, publishEndpoint: t.publishEndpoint, bookings: 0 }),
+    );
+
+  /** Heartbeats from `from` until `to` has applied one of `origin` (a SUB joins asynchronously). */
+  const delivered = async (from: MeshTransport, to: { t: MeshTransport; origins: Set<bigint> }, origin: bigint): Promise<void> => {
+    await waitFor(async () => {
+      await heartbeat(from, origin);
+      to.t.applyReceived();
+      return to.origins.has(origin);
+    }, 5_000, `origin ${origin} through the receive thread`);
+  };
+
+  it("reads listed peers on the thread, never an unlisted one, and counts the thread's messages", async () => {
+    const [ka, kb, ku] = [MeshKeyPair.generate(), MeshKeyPair.generate(), MeshKeyPair.generate()];
+    const a = await reader(ka, [ka, kb]);
+    const b = await publisher(kb, [ka, kb]);
+    const u = await publisher(ku, [ka, kb, ku]);
+    expect(a.t.receivesInThread).toBe(true);
+    expect(a.t.readerName).toBe("receive thread, CURVE SUBs");
+    a.t.connectPeer(b.publishEndpoint);
+    a.t.connectPeer(u.publishEndpoint);
+    await delivered(b, a, 0xbn);
+    expect(a.t.curvePeerStates().get(b.publishEndpoint)).toBe("connected");
+    await waitFor(() => curveStatsOf(a.t).keyLookups.lookups.not_listed >= 1, 5_000, "U's key found unlisted");
+    for (let i = 0; i < 5; i++) await heartbeat(u, 0xeen);
+    await delivered(b, a, 0xb2n);
+    expect(a.origins.has(0xeen)).toBe(false);
+    expect(a.t.stats.received).toBeGreaterThan(0);
+    expect(a.t.receiveThreadStats?.restarts).toBe(0);
+    // The keys A holds are the ones it dials with: U's PUB never saw A subscribe.
+    expect(curveStatsOf(u).inbound.accepted).toBe(0);
+  });
+
+  it("re-keys a peer that comes back with another key pair, and retries one that refuses us, through the thread", async () => {
+    const [ka, k1, k2, ks] = [MeshKeyPair.generate(), MeshKeyPair.generate(), MeshKeyPair.generate(), MeshKeyPair.generate()];
+    const port = await freePortPair();
+    const at = `tcp://127.0.0.1:${port}`;
+    const a = await reader(ka, [ka, k1, k2, ks]);
+    const first = await publisher(k1, [ka], at);
+    a.t.connectPeer(at);
+    await delivered(first, a, 0x11n);
+    await first.close();
+    const second = await rebind(() => publisher(k2, [ka], at));
+    await delivered(second, a, 0x12n);
+    expect(curveStatsOf(a.t).subscribers.rekeys).toBeGreaterThanOrEqual(1);
+    expect(curveStatsOf(a.t).keyLookups.lookups.found).toBeGreaterThanOrEqual(2);
+
+    // S does not list A: its ZAP refuses A's SUB, which A counts and retries with backoff.
+    const strict = await publisher(ks, [ks]);
+    a.t.connectPeer(strict.publishEndpoint);
+    await waitFor(() => curveStatsOf(a.t).subscribers.refusedByPeer + curveStatsOf(a.t).keyLookups.lookups.rejected >= 1, 5_000, "S refusing A");
+    expect(curveStatsOf(strict).zap.denied).toBeGreaterThanOrEqual(1);
+    a.t.disconnectPeer(strict.publishEndpoint);
+    expect(a.t.curvePeerStates().has(strict.publishEndpoint)).toBe(false);
   });
 });
 

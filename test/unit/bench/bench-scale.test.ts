@@ -260,6 +260,14 @@ describe("bench:scale arguments", () => {
     expect(c.stressRates[c.stressRates.length - 1]).toBe(100_000);
     expect(c.stressRetries).toBe(1);
     expect(c.lagTargetMs).toBe(20);
+    expect(c.curve).toBe(false);
+  });
+
+  it("reads --curve and names the default label after it", () => {
+    const c = parse(["--curve"]);
+    expect(c.curve).toBe(true);
+    expect(c.label).toBe("test-build aggregate curve");
+    expect(parse(["--curve", "--label", "k8s"]).label).toBe("k8s");
   });
 
   it("reads lists sorted and deduplicated, and every flag", () => {
