@@ -274,7 +274,7 @@ for (const proto of PROTOS) {
       await expect(a.t.request("tcp://nope", Buffer.from("x"), 100)).rejects.toThrow(/endpoint/);
     });
 
-    it("closes promptly with peers connected and a request pending; later calls fail as closed", async () => {
+    it("closes with peers connected without waiting for a pending request; later calls fail as closed", async () => {
       const a = await node();
       const b = await node();
       a.t.connectPeer(b.t.publishEndpoint);
