@@ -622,7 +622,7 @@ export async function scenarioStalledPeer(o: StalledPeerOptions = STALLED_SHORT)
         check("converged after it resumed", convergeMs !== null, convergeMs === null ? "never" : `${convergeMs.toFixed(0)} ms`),
         check("no divergence after the load stops", disagreeing.length + loadDiff === 0 && idleMs !== null, { sessions: disagreeing.slice(0, 3), workers: loadDiff }),
       ],
-      figures: [{ name: "select p99 at the others while it was frozen", value: `${latDuring.p99.toFixed(0)} ms`, target: `< ${STALLED_PEER_MAX_P99_MS} ms`, met: latDuring.n === 0 ? null : latDuring.p99 < STALLED_PEER_MAX_P99_MS }],
+      figures: [figureMs("select p99 at the others while it was frozen", latDuring.n === 0 ? null : latDuring.p99, STALLED_PEER_MAX_P99_MS)],
       details: {
         load: l,
         selectLatencyBeforeMs: latBefore,
@@ -658,8 +658,8 @@ export const SHUTDOWN_HANG_MS = 30_000;
  * SIGTERM one replica while load runs at it: every in-flight request completes or is refused
  * cleanly (503 KVMESH_SHUTTING_DOWN, a refused connection, or a reset before any response byte on
  * a pooled connection the server closed as idle, all retried elsewhere; no reset mid-answer, no
- * hang, no other 5xx), the process exits 0 (its time to exit is reported against SHUTDOWN_MAX_MS), and the survivors hold no
- * partial state: once every request the client knows about is freed, they show no active load
+ * hang, no other 5xx), the process exits 0 (how fast is reported against SHUTDOWN_MAX_MS), and the
+ * survivors hold no partial state: once every request the client knows about is freed, they show no active load
  * (a booking published without its answer reaching the client, or a free lost in the shutdown,
  * would remain).
  */
