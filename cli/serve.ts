@@ -335,7 +335,7 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
   addBooleanPair(
     cmd,
     "--mesh-insecure",
-    "allow a plain (no CURVE) mesh on a non-loopback --host: anyone who reaches its ports can join, read and cut it (refused without this flag; README Security)",
+    "allow a plain (no CURVE) mesh on a non-loopback --host: anyone who reaches its ports can join, read and cut it (refused without this flag; docs/security.md)",
     d.meshInsecure,
   );
   addBooleanPair(cmd, "--mesh-receive-thread", "read peers' updates on a worker thread that decodes and merges them, so the main thread pays per apply interval, not per peer message (CURVE meshes too)", d.meshReceiveThread);

@@ -12,7 +12,8 @@
  *   7. hostile KV inputs into one replica (scripts/lib/hostile-inputs-scenario.ts)
  *   8. a rolling restart under load, with draining (scripts/lib/rolling-restart-scenario.ts)
  * and prints: scenario, requests sent, failures, time to converge, events shed and repaired,
- * state divergence, and the checks that failed. The short versions of the same scenarios run in
+ * state divergence, the checks that failed, and each scenario's speed figures against their
+ * targets (met or missed: reported, never a failed check). The short versions of the same scenarios run in
  * `npm test` (test/system/faults/).
  *
  * With --soak-minutes N (>= 10 for the real soak): three meshed replicas under a steady session
@@ -142,6 +143,8 @@ function notes(rows: readonly ScenarioRow[]): string[] {
   for (const r of rows) {
     const failed = r.checks.filter((c) => !c.ok);
     for (const c of failed) out.push(`FAIL ${r.scenario}: ${c.name}: ${c.value}`);
+    // Speed figures against their targets: reported, never a failed check (the machine decides them too).
+    for (const f of r.figures ?? []) out.push(`${r.scenario}: ${f.name} ${f.value} (target ${f.target}: ${f.met === null ? "not measured" : f.met ? "met" : "missed"})`);
     if (typeof r.details.summary === "string") out.push(`${r.scenario}: ${r.details.summary}`);
     const phases = r.details.phases as PhaseResult[] | undefined;
     if (phases !== undefined) {

@@ -67,6 +67,8 @@ export interface ScenarioRow {
   /** Sessions bound differently across replicas + workers whose load differs, after convergence. */
   readonly divergence: number;
   readonly checks: readonly Check[];
+  /** Speed figures against their targets: reported (npm run faults prints them), never pass/fail. */
+  readonly figures?: readonly Figure[];
   readonly details: Record<string, unknown>;
   /** Set when the scenario could not run here (e.g. no `ip netns`); checks are then empty. */
   readonly skipped?: string;
@@ -76,6 +78,27 @@ export const rowPassed = (r: ScenarioRow): boolean => r.skipped === undefined &&
 
 export function check(name: string, ok: boolean, value: unknown): Check {
   return { name, ok, value: typeof value === "string" ? value : JSON.stringify(value) };
+}
+
+/**
+ * A speed figure (a convergence time, a latency) and the target it is measured against. A
+ * scenario's checks assert behaviour only (it converged, nothing failed, nothing diverged); how
+ * fast depends on the machine and what else runs on it, so the figure is reported beside its
+ * target instead: `npm run faults` prints it, and the tests that run the short scenarios do not
+ * assert it.
+ */
+export interface Figure {
+  readonly name: string;
+  readonly value: string;
+  /** The target, e.g. "< 1000 ms". */
+  readonly target: string;
+  /** Whether the figure met its target; null when it was not measured. */
+  readonly met: boolean | null;
+}
+
+/** A duration against an upper target, in ms (null: never happened within the scenario's deadline). */
+export function figureMs(name: string, ms: number | null, maxMs: number): Figure {
+  return { name, value: ms === null ? "never" : `${ms.toFixed(0)} ms`, target: `< ${maxMs} ms`, met: ms === null ? null : ms < maxMs };
 }
 
 // ------------------------------------------------------------------ a mesh on loopback
@@ -288,11 +311,15 @@ export async function scenarioKill(o: KillOptions = KILL_SHORT): Promise<Scenari
       checks: [
         ...loadChecks(l),
         check("no failure at the survivors while the victim was dead", failuresWhileDead === 0, failuresWhileDead),
-        check(`restarted replica converged on loads and bindings < ${RESTART_CONVERGE_TARGET_MS} ms (under load)`, both !== null && both < RESTART_CONVERGE_TARGET_MS, both === null ? "never" : `${both.toFixed(0)} ms`),
-        check(`the survivors receive the restarted replica again < ${SURVIVORS_SEE_RESTART_MAX_MS} ms`, fleetMs !== null && fleetMs < SURVIVORS_SEE_RESTART_MAX_MS, fleetMs === null ? "never" : `${fleetMs.toFixed(0)} ms`),
+        check("restarted replica converged on loads and bindings (under load)", both !== null, both === null ? "never" : `${both.toFixed(0)} ms`),
+        check("the survivors receive the restarted replica again", fleetMs !== null, fleetMs === null ? "never" : `${fleetMs.toFixed(0)} ms`),
         check("every pre-kill session routes to its worker at the restarted replica", movedAtRestart.length === 0, movedAtRestart.slice(0, 5)),
         check("stickiness through the kill >= 0.99", l.stickiness.turnShare >= 0.99, l.stickiness),
         check("no divergence after the load stops", disagreeing.length + loadDiff === 0 && idleMs !== null, { sessions: disagreeing.slice(0, 3), workers: loadDiff }),
+      ],
+      figures: [
+        figureMs("restarted replica converged on loads and bindings (under load)", both, RESTART_CONVERGE_TARGET_MS),
+        figureMs("the survivors receive the restarted replica again", fleetMs, SURVIVORS_SEE_RESTART_MAX_MS),
       ],
       details: { load: l, restartedConvergedMs: convergeMs, survivorsSeeRestartedMs: fleetMs, workerRegistrationMs: registerMs, idleConvergeMs: idleMs, sessionsCheckedThroughKill: sessionsBefore.length, mesh: d },
     };
@@ -545,14 +572,20 @@ export async function scenarioStalledPeer(o: StalledPeerOptions = STALLED_SHORT)
     victim.child.kill("SIGSTOP");
     const rssMax = [...rss0];
     const frozenUntil = performance.now() + o.frozenMs;
+    // Answers in the freeze's second half show the others did not block once their queues to it
+    // filled (the HWM), not only that requests in flight at the SIGSTOP got through.
+    const halfway = frozenUntil - o.frozenMs / 2;
+    let lateMark: number | undefined;
     while (performance.now() < frozenUntil) {
       await sleep(250);
+      if (lateMark === undefined && performance.now() >= halfway) lateMark = load.latencyMark();
       others.forEach((r, i) => {
         rssMax[i] = Math.max(rssMax[i] ?? 0, rssOf(r.pid));
       });
     }
     const duringFailures = load.report().failures;
     const latDuring = load.latencySince(mark);
+    const answeredLate = lateMark === undefined ? 0 : load.latencySince(lateMark).n;
     victim.child.kill("SIGCONT");
     const resumedAt = performance.now();
     let convergeMs: number | null = null;
@@ -582,13 +615,14 @@ export async function scenarioStalledPeer(o: StalledPeerOptions = STALLED_SHORT)
       checks: [
         ...loadChecks(l),
         check("no failure at the others while the peer was frozen", duringFailures === 0, duringFailures),
-        // Blocking on the frozen peer would show as seconds (the freeze); a busy machine as 100s of ms.
-        check(`the others answered while it was frozen (select p99 < ${STALLED_PEER_MAX_P99_MS} ms)`, latDuring.n > 0 && latDuring.p99 < STALLED_PEER_MAX_P99_MS, latDuring),
+        // Blocking on the frozen peer would leave nothing answered until it resumed.
+        check("the others kept answering while it was frozen (in its second half too)", latDuring.n > 0 && answeredLate > 0, { ...latDuring, answeredInSecondHalf: answeredLate }),
         check(`survivors' RSS grew < ${STALLED_PEER_MAX_RSS_GROWTH_BYTES / 2 ** 20} MiB while it was frozen`, growth.every((g) => g < STALLED_PEER_MAX_RSS_GROWTH_BYTES), growth.map((g) => `${(g / 2 ** 20).toFixed(1)} MiB`)),
         check("the frozen peer repaired what it missed by snapshot", victimRepairs.snapshotsInstalled > 0, { gaps: victimRepairs.gaps, snapshots: victimRepairs.snapshotsInstalled }),
         check("converged after it resumed", convergeMs !== null, convergeMs === null ? "never" : `${convergeMs.toFixed(0)} ms`),
         check("no divergence after the load stops", disagreeing.length + loadDiff === 0 && idleMs !== null, { sessions: disagreeing.slice(0, 3), workers: loadDiff }),
       ],
+      figures: [figureMs("select p99 at the others while it was frozen", latDuring.n === 0 ? null : latDuring.p99, STALLED_PEER_MAX_P99_MS)],
       details: {
         load: l,
         selectLatencyBeforeMs: latBefore,
@@ -615,15 +649,17 @@ export interface ShutdownOptions extends LoadScenarioOptions {
 
 export const SHUTDOWN_SHORT: ShutdownOptions = { replicas: 2, workers: 8, rateRps: 40, slots: 32, warmMs: 1_500, afterMs: 1_000, seed: 61 };
 export const SHUTDOWN_LONG: ShutdownOptions = { replicas: 3, workers: 32, rateRps: 80, slots: 96, warmMs: 5_000, afterMs: 3_000, seed: 61 };
-/** The HTTP close grace is 2 s (src/http/server.ts); the whole shutdown must fit well within this. */
+/** The HTTP close grace is 2 s (src/http/server.ts); the whole shutdown should fit well within this (a reported target). */
 export const SHUTDOWN_MAX_MS = 5_000;
+/** Past this the replica is taken as hung (a failed check): a deadline for liveness, not a speed target. */
+export const SHUTDOWN_HANG_MS = 30_000;
 
 /**
  * SIGTERM one replica while load runs at it: every in-flight request completes or is refused
  * cleanly (503 KVMESH_SHUTTING_DOWN, a refused connection, or a reset before any response byte on
  * a pooled connection the server closed as idle, all retried elsewhere; no reset mid-answer, no
- * hang, no other 5xx), the process exits 0 within SHUTDOWN_MAX_MS, and the survivors hold no
- * partial state: once every request the client knows about is freed, they show no active load
+ * hang, no other 5xx), the process exits 0 (how fast is reported against SHUTDOWN_MAX_MS), and the
+ * survivors hold no partial state: once every request the client knows about is freed, they show no active load
  * (a booking published without its answer reaching the client, or a free lost in the shutdown,
  * would remain).
  */
@@ -646,7 +682,7 @@ export async function scenarioShutdown(o: ShutdownOptions = SHUTDOWN_SHORT): Pro
       new Promise<string>((resolve) => {
         hangTimer = setTimeout(() => {
           resolve("hung");
-        }, SHUTDOWN_MAX_MS);
+        }, SHUTDOWN_HANG_MS);
       }),
     ]);
     clearTimeout(hangTimer);
@@ -674,10 +710,11 @@ export async function scenarioShutdown(o: ShutdownOptions = SHUTDOWN_SHORT): Pro
           l.unclean === 0,
           l.unclean === 0 ? `${l.refusedWhileDraining} refused cleanly (${l.resetBeforeResponseWhileDraining} of them reset unanswered on an idle keep-alive connection)` : l.uncleanSamples,
         ),
-        check(`exited 0 within ${SHUTDOWN_MAX_MS} ms`, exitCode === 0, `${String(exitCode)} after ${exitMs.toFixed(0)} ms`),
+        check("exited 0 (no hang)", exitCode === 0, `${String(exitCode)} after ${exitMs.toFixed(0)} ms`),
         check("every booking the client saw was freed", fates.booked === 0, fates),
         check("no partial state at the survivors (no active load once all is freed)", residual.every((n) => n === 0), residual),
       ],
+      figures: [figureMs("exit after SIGTERM", exitCode === "hung" ? null : exitMs, SHUTDOWN_MAX_MS)],
       details: { load: l, exitCode, exitMs, fates, residualActive: residual, mesh: d },
     };
   } finally {

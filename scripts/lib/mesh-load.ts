@@ -48,6 +48,13 @@ export interface LoadReport {
   failureSamples: string[];
   /** Errors at a replica marked down (killed): expected, not failures. */
   atDownReplica: number;
+  /**
+   * Follow-ups of a killed replica's bookings, redirected to a live one, that it does not know
+   * (404 KVMESH_RESERVATION_NOT_FOUND): booked too shortly before the kill for any peer to have
+   * received them, or dropped with the peer once it was down (docs/mesh.md). Lost with it, not
+   * failures; a loaded machine widens the window, so a run may have a few.
+   */
+  lostWithDownReplica: number;
   /** Clean refusals at a draining replica (503 shutting down, connection refused). */
   refusedWhileDraining: number;
   /**
@@ -90,6 +97,7 @@ export class MeshLoad {
     failures: 0,
     failureSamples: [],
     atDownReplica: 0,
+    lostWithDownReplica: 0,
     refusedWhileDraining: 0,
     resetBeforeResponseWhileDraining: 0,
     unclean: 0,
@@ -286,6 +294,11 @@ export class MeshLoad {
       res = await this.#send(at, method, path, method === "DELETE" ? undefined : "{}", sel);
     }
     if (typeof res === "string") return false;
+    if (res.status === 404 && this.#mode.get(booked) === "down" && res.text.includes("KVMESH_RESERVATION_NOT_FOUND")) {
+      this.#r.lostWithDownReplica++;
+      this.bookings.set(sel, { replica: booked.name, fate: "unknown" });
+      return false;
+    }
     if (res.status !== 200) {
       this.#fail(`${method} ${path} at ${at.name}: ${res.status} ${res.text.slice(0, 200)}`);
       return false;

@@ -118,7 +118,7 @@ export interface DaemonConfig {
   readonly meshCurve?: MeshCurveConfig | undefined;
   /**
    * Run a plain (no CURVE) mesh on a non-loopback --host anyway: refused without it, since anyone
-   * who reaches the mesh ports can then join, read and cut the mesh (README "Security").
+   * who reaches the mesh ports can then join, read and cut the mesh (docs/security.md).
    */
   readonly meshInsecure: boolean;
   /** Bearer token the state-changing HTTP routes require (`--api-token-file`, src/http/auth.ts); unset: no authentication. */

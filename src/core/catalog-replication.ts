@@ -34,7 +34,7 @@ import { recordToRequest, workerDraft } from "./worker-catalog.js";
  * How long a deletion is remembered, ms. It must outlast the oldest copy of the worker a peer can
  * still send: a batch in flight (ms), a snapshot pull (the control timeout, seconds) or a replica
  * cut off and back (its snapshot carries its stale entry). 10 minutes covers a pod rescheduled
- * with its state; a replica cut off for longer can bring a deleted worker back (README, Limits).
+ * with its state; a replica cut off for longer can bring a deleted worker back (docs/limits.md).
  */
 export const DEFAULT_CATALOG_TOMBSTONE_TTL_MS = 600_000;
 /** Bound on tombstones; past it the oldest is dropped (counted). 65,536 deletions in 10 minutes is far past any fleet's churn. */

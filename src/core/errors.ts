@@ -21,7 +21,7 @@ interface ErrorSpec {
   readonly description: string;
 }
 
-/** code -> (kind, HTTP status). Documented in README "Errors"; a test keeps the two in sync. */
+/** code -> (kind, HTTP status). Documented in docs/errors.md; a test keeps the two in sync. */
 export const ERROR_CODES = {
   KVMESH_BAD_REQUEST: { kind: "bad_request", status: 400, description: "invalid argument (the message names the field)" },
   KVMESH_INVALID_OPTION: { kind: "bad_request", status: 400, description: "invalid daemon configuration (details.field names the option; the CLI names the flag that set it)" },

@@ -12,8 +12,8 @@
  * repaired by the next update or a snapshot.
  *
  * The price: a prefix that two replicas booked on the same rank counts once in each origin's
- * total, so twice in the sum (the exact ledger counts it once). See the README's mesh section
- * for what that measured to cost in decisions.
+ * total, so twice in the sum (the exact ledger counts it once). See docs/benchmarks.md
+ * (Scale-out figures) for what that measured to cost in decisions.
  */
 
 /** One rank's totals from one origin. */

@@ -201,7 +201,7 @@ const workerFields: Shape<Omit<WorkerRequest, "worker_id">> = {
   kv_events_endpoint: opt(str()),
   kv_events_endpoints: opt(recordOf(str(), "strings")),
   replay_endpoint: opt(str()),
-  // kvmesh addition: one replay endpoint per dp rank (README, Compatibility with the reference).
+  // kvmesh addition: one replay endpoint per dp rank (docs/compatibility.md).
   replay_endpoints: opt(recordOf(str(), "strings")),
   block_size: opt(u32),
   data_parallel_start_rank: opt(u32),
@@ -210,7 +210,7 @@ const workerFields: Shape<Omit<WorkerRequest, "worker_id">> = {
   total_kv_blocks: opt(uSafe),
   is_eagle: opt(bool),
   taints: opt(arrayOf(str(), "strings")),
-  // The rest of the reference's WorkerRequest (types.rs): stored and echoed (README, Workers).
+  // The rest of the reference's WorkerRequest (types.rs): stored and echoed (docs/http-api.md, Worker fields).
   stable_routing_id: opt(str()),
   topology_domains: opt(recordOf(str(), "strings")),
   kv_transfer_domain: opt(str()),

@@ -4,7 +4,7 @@
  * `undefined` check; OpenTelemetry's SDK is loaded only by startTracing (a dynamic import of
  * ./otel-tracer.ts), so a daemon without --otlp-traces-endpoint never loads it.
  *
- * Spans (README "Tracing"): one server span per request, `<METHOD> <route>`, with the routing
+ * Spans (docs/tracing.md): one server span per request, `<METHOD> <route>`, with the routing
  * decision as attributes; its children `kvmesh.read_body`, `kvmesh.select` and, inside that,
  * `kvmesh.prompt_hash`, timed by the HTTP layer and by the core's SelectionNote.
  */

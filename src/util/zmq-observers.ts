@@ -20,6 +20,7 @@
  * OBSERVER_CLOSE_GRACE_MS after its socket was closed. A receive pending at that moment resolves
  * with undefined, which readers treat as the end.
  */
+import { EventEmitter } from "node:events";
 import type { Observer, Socket } from "zeromq";
 
 /** How long a closed observer stays referenced (its address unusable for a new one), ms. */
@@ -47,7 +48,7 @@ export function observe(socket: Socket): Observer {
   const failed: unknown[] = [];
   for (let attempt = 1; ; attempt++) {
     try {
-      return socket.events;
+      return withSafeEmitter(socket.events);
     } catch (err) {
       if (!isAddrInUse(err) || attempt >= OBSERVE_ATTEMPTS) throw err;
       failed.push(err);
@@ -68,6 +69,40 @@ export function retireObserver(observer: Observer, nowMs: number = performance.n
     closeQuietly(observer);
   }, OBSERVER_CLOSE_GRACE_MS);
   timer.unref();
+}
+
+/**
+ * zeromq.js's event-emitter mode (`observer.on(...)`) reads events in a loop that catches
+ * nothing: closing the observer while that loop waits rejects the receive (ENOTSOCK once its
+ * socket is gone), unhandled, which ends a Node process. That happened whenever an observer did
+ * not end by itself within OBSERVER_CLOSE_GRACE_MS of its socket's close (seen under load, in
+ * test/system/ingest/socket-cap.test.ts). This gives the observer the same emitter, created on
+ * first use as zeromq.js does, fed by a loop that ends on a rejection or the end of events.
+ */
+function withSafeEmitter(observer: Observer): Observer {
+  let emitter: EventEmitter | undefined;
+  Object.defineProperty(observer, "emitter", {
+    configurable: true,
+    get: (): EventEmitter => {
+      if (emitter !== undefined) return emitter;
+      const ee = new EventEmitter();
+      emitter = ee;
+      void (async () => {
+        while (!observer.closed) {
+          let event: Awaited<ReturnType<Observer["receive"]>> | undefined;
+          try {
+            event = await observer.receive();
+          } catch {
+            return;
+          }
+          if (event === undefined) return;
+          ee.emit(event.type, event);
+        }
+      })();
+      return ee;
+    },
+  });
+  return observer;
 }
 
 let closeFailures = 0;

@@ -377,10 +377,10 @@ export interface RawExchange {
 }
 
 /**
- * Writes `chunks` to host:port (with `gapMs` between them), reads until the server closes or
- * `timeoutMs` passes, and parses what came back.
+ * Writes `chunks` to host:port (with `gapMs` between them), reads until the server closes,
+ * `timeoutMs` passes or `signal` aborts, and parses what came back.
  */
-export function rawExchange(host: string, port: number, chunks: readonly (Buffer | string)[], timeoutMs: number, gapMs = 0): Promise<RawExchange> {
+export function rawExchange(host: string, port: number, chunks: readonly (Buffer | string)[], timeoutMs: number, gapMs = 0, signal?: AbortSignal): Promise<RawExchange> {
   return new Promise((resolve) => {
     const got: Buffer[] = [];
     let closedByServer = false;
@@ -395,6 +395,7 @@ export function rawExchange(host: string, port: number, chunks: readonly (Buffer
       resolve({ responses: parseResponses(bytes), closedByServer, bytes });
     };
     const timer = setTimeout(finish, timeoutMs);
+    signal?.addEventListener("abort", finish, { once: true });
     sock.on("data", (d: Buffer) => got.push(d));
     sock.on("end", () => {
       closedByServer = true;

@@ -82,7 +82,7 @@ export class StatusPage {
     ];
   }
 
-  /** GET /ui/state's document (see README, HTTP API). */
+  /** GET /ui/state's document (see docs/http-api.md, Status page). */
   state(c: Pick<RequestContext, "query">): Record<string, unknown> {
     const { query, top } = parseUiQuery(c.query);
     const svc = this.#o.service;

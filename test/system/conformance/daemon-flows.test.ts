@@ -63,7 +63,7 @@ describe("conformance: the daemon's defaults (spec §6.4, §6.1)", () => {
     const r = await serveInProcess([]);
     expect(r.code).toBeUndefined();
     expect(r.config?.port).toBe(8092); // spec §6.4 `python -m dynamo.select_service --port 8092`
-    // kvmesh (README row "the server binds 0.0.0.0"): loopback unless --host says otherwise;
+    // kvmesh (docs/compatibility.md row "the server binds 0.0.0.0"): loopback unless --host says otherwise;
     // reference: server.rs run_server binds ("0.0.0.0", port), spec §6.1 "binds 0.0.0.0, no auth".
     expect(r.config?.host).toBe("127.0.0.1");
     expect((await serveInProcess(["--host", "0.0.0.0"])).config?.host).toBe("0.0.0.0");
@@ -76,7 +76,7 @@ describe("conformance: peers (spec §5.7, §6.1; reference: server.rs replica_sy
     const b = await replica();
     const reg = await call(a.d, "POST", "/replica_sync/register_peer", { endpoint: b.sync });
     expect(reg.status).toBe(201); // reference: register_peer Ok(true) -> json_ok(CREATED)
-    // reference: {"status":"ok"}; kvmesh adds endpoint and added (README row "peer registration bodies").
+    // reference: {"status":"ok"}; kvmesh adds endpoint and added (docs/compatibility.md row "peer registration bodies").
     expect(reg.json).toEqual({ status: "ok", endpoint: b.sync, added: true });
     const again = await call(a.d, "POST", "/replica_sync/register_peer", { endpoint: b.sync });
     expect(again.status).toBe(200); // reference: Ok(false) -> json_ok(OK)

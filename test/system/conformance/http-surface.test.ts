@@ -6,8 +6,8 @@
  * - `reference: FILE ITEM`: ai-dynamo/dynamo lib/kv-router/src/services/selection/FILE, read
  *   where the spec is silent or disagrees (the code wins); `tests.rs NAME` is one of the
  *   reference's own HTTP tests, ported here with its bodies;
- * - `kvmesh (README row ...)`: a deliberate difference, listed in README "Compatibility with the
- *   reference"; the test asserts kvmesh's behaviour.
+ * - `kvmesh (docs/compatibility.md row ...)`: a deliberate difference, listed in
+ *   docs/compatibility.md; the test asserts kvmesh's behaviour.
  */
 import { afterEach, describe, expect, it } from "vitest";
 
@@ -33,12 +33,12 @@ describe("conformance: general HTTP behaviour (spec §6.1, reference: server.rs)
     const a = await app();
     const nf = await a.get("/missing");
     expect(nf.status).toBe(404); // reference: server.rs not_found fallback
-    expect(expectErrorBody(nf)).toEqual({ error: "route not found", code: "KVMESH_ROUTE_NOT_FOUND" }); // + code: kvmesh (README row "error bodies")
+    expect(expectErrorBody(nf)).toEqual({ error: "route not found", code: "KVMESH_ROUTE_NOT_FOUND" }); // + code: kvmesh (docs/compatibility.md row "error bodies")
     for (const [method, path] of [["GET", "/select"], ["PUT", "/workers"], ["POST", "/workers/1"], ["GET", "/reservations/x/prefill_complete"], ["DELETE", "/reservations"]] as const) {
       const r = await a.call(method, path);
       expect(r.status, `${method} ${path}`).toBe(405); // reference: server.rs method_not_allowed_fallback
       expect(expectErrorBody(r).error).toBe("method not allowed");
-      expect(r.headers.get("allow")).not.toBeNull(); // kvmesh (README row "error bodies"): additive Allow
+      expect(r.headers.get("allow")).not.toBeNull(); // kvmesh (docs/compatibility.md row "error bodies"): additive Allow
     }
   });
 
@@ -65,7 +65,7 @@ describe("conformance: general HTTP behaviour (spec §6.1, reference: server.rs)
   it("an unknown request field is 422 naming it (kvmesh; the reference ignores it)", async () => {
     const a = await app();
     await a.registerWorker();
-    // kvmesh (README row "serde ignores unknown request fields"): the reference's serde structs have
+    // kvmesh (docs/compatibility.md row "serde ignores unknown request fields"): the reference's serde structs have
     // no deny_unknown_fields (reference: types.rs), so it would answer 200.
     for (const [path, body] of [
       ["/select", sel({ temperature: 0.5 })],
@@ -127,7 +127,7 @@ describe("conformance: worker registration (spec §3.3, reference: types.rs Work
     // reference: types.rs skip_serializing_if: router-hint fields are left out when absent.
     expect(rec).not.toHaveProperty("router_hint_worker_type");
     expect(rec).not.toHaveProperty("router_hint_source_control_endpoints");
-    // kvmesh (README row "worker record"): the rank range is echoed resolved (0 and 1) where the
+    // kvmesh (docs/compatibility.md row "worker record"): the rank range is echoed resolved (0 and 1) where the
     // reference echoes what was given (null); not_schedulable_reasons and kv_events_endpoints are
     // always present where the reference omits them when empty.
     expect(rec).toMatchObject({ data_parallel_start_rank: 0, data_parallel_size: 1, not_schedulable_reasons: [], kv_events_endpoints: {} });
@@ -156,7 +156,7 @@ describe("conformance: worker registration (spec §3.3, reference: types.rs Work
       const r = await a.post("/workers", body);
       expect(r.status).toBe(201);
       expect(obj(r).lifecycle).toBe("incomplete");
-      // kvmesh (README row "incomplete reasons"): the reasons name the same field in kvmesh's words
+      // kvmesh (docs/compatibility.md row "incomplete reasons"): the reasons name the same field in kvmesh's words
       // ("missing block_size" where the reference says "block_size must be greater than 0").
       expect((obj(r).not_schedulable_reasons as string[]).join("; ")).toMatch(reason);
     }
@@ -586,7 +586,7 @@ describe("conformance: reservation lifecycle (spec §4.8; reference: server.rs p
     const unknown = await a.post("/reservations/nope/prefill_complete", {});
     expect(unknown.status).toBe(404);
     expect(expectErrorBody(unknown).code).toBe("KVMESH_RESERVATION_NOT_FOUND");
-    // reference: server.rs prefill_complete reads no body; kvmesh (README row "lifecycle bodies")
+    // reference: server.rs prefill_complete reads no body; kvmesh (docs/compatibility.md row "lifecycle bodies")
     // takes none or a JSON object without fields.
     expect((await a.call("POST", "/reservations/r/prefill_complete")).status).toBe(200);
     expect((await a.post("/reservations/r/prefill_complete", { force: true })).status).toBe(422);
@@ -608,7 +608,7 @@ describe("conformance: reservation lifecycle (spec §4.8; reference: server.rs p
     expect((await a.loads())[0]?.potential_decode_blocks).toBe(before + 1);
     expect((await a.post("/reservations/res-output/output_block", { decay_fraction: 0.5 })).status).toBe(200);
     expect((await a.post("/reservations/nope/output_block", {})).status).toBe(404);
-    // kvmesh (README row "lifecycle bodies"): no body at all is accepted (the reference's Json extractor answers 415).
+    // kvmesh (docs/compatibility.md row "lifecycle bodies"): no body at all is accepted (the reference's Json extractor answers 415).
     expect((await a.call("POST", "/reservations/res-output/output_block")).status).toBe(200);
     // reference: OutputBlockRequest { decay_fraction: Option<f64> }: a string is a shape error.
     expect((await a.post("/reservations/res-output/output_block", { decay_fraction: "half" })).status).toBe(422);

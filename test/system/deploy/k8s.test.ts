@@ -176,7 +176,7 @@ describe.skipIf(missing !== null)("deploy/k8s", () => {
     expect(config.apiToken).toBeDefined();
     // The ConfigMap's workers file is one the daemon accepts.
     expect(parseWorkersFile("workers.yaml", configMap.data["workers.yaml"] ?? "")).toEqual([]);
-    // The Secrets the pod mounts are the ones README says to create.
+    // The Secrets the pod mounts are the ones README (Run it on Kubernetes) says to create.
     const secrets = sts.spec.template.spec.volumes.flatMap((v) => (v.secret === undefined ? [] : [v.secret.secretName]));
     expect(secrets.sort()).toEqual(["kvmesh-api-token", "kvmesh-mesh-key"]);
     // The mesh Service's ports are the ones the mesh binds (--replica-sync-port and the next).

@@ -16,6 +16,7 @@ import { PUBLISHER_SHORT, scenarioPublisherRestart } from "../../../scripts/lib/
 import { freePortPair } from "../../helpers/ports.js";
 import { RestartableKvPublisher } from "../../../scripts/lib/restartable-kv-publisher.js";
 import { waitFor } from "../../helpers/wait.js";
+import { SCENARIO_TEST_TIMEOUT_MS } from "../../helpers/timeouts.js";
 
 const cleanups: (() => Promise<void>)[] = [];
 afterEach(async () => {
@@ -133,5 +134,5 @@ describe("fault: KV-event publisher restart on replicas", () => {
     for (const c of row.checks) expect(c.ok, `${c.name}: ${c.value}`).toBe(true);
     expect(row.checks).toHaveLength(PUBLISHER_SHORT.cases.length);
     expect(row.failures).toBe(0);
-  }, 40_000);
+  }, SCENARIO_TEST_TIMEOUT_MS);
 });

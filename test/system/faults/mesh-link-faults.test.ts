@@ -6,6 +6,7 @@
  */
 import { describe, expect, it } from "vitest";
 import { PROXY_SHORT, scenarioProxyFaults, type PhaseResult } from "../../../scripts/lib/fault-scenarios.js";
+import { SCENARIO_TEST_TIMEOUT_MS } from "../../helpers/timeouts.js";
 
 describe("fault: delay, loss and stalls on the mesh links", () => {
   it("keeps routing, shows the lag, repairs losses by snapshot and recovers after each fault", async () => {
@@ -23,5 +24,5 @@ describe("fault: delay, loss and stalls on the mesh links", () => {
     expect(stall?.proxy.stalls).toBeGreaterThan(0);
     expect(row.failures).toBe(0);
     expect(row.divergence).toBe(0);
-  }, 45_000);
+  }, SCENARIO_TEST_TIMEOUT_MS);
 });

@@ -5,6 +5,7 @@
 import { describe, expect, it } from "vitest";
 import { PARTITION_SHORT, scenarioPartition } from "../../../scripts/lib/fault-scenarios.js";
 import { netnsUnavailableReason } from "../../../scripts/lib/netns-partition.js";
+import { SCENARIO_TEST_TIMEOUT_MS } from "../../helpers/timeouts.js";
 
 const unavailable = netnsUnavailableReason();
 if (unavailable !== null) console.warn(`partition fault test skipped: ${unavailable}`);
@@ -19,5 +20,5 @@ describe("fault: network partition between replicas", () => {
     expect(row.failures).toBe(0);
     expect(row.convergeMs).not.toBeNull();
     expect(row.divergence).toBe(0);
-  }, 45_000);
+  }, SCENARIO_TEST_TIMEOUT_MS);
 });

@@ -5,6 +5,7 @@
  */
 import { describe, expect, it } from "vitest";
 import { ROLLING_SHORT, scenarioRollingRestart, STICKINESS_MIN } from "../../../scripts/lib/rolling-restart-scenario.js";
+import { SCENARIO_TEST_TIMEOUT_MS } from "../../helpers/timeouts.js";
 
 describe("fault: rolling restart under load", () => {
   it("drains and restarts each replica in turn with no failed request, sessions kept, nothing left booked", async () => {
@@ -14,5 +15,5 @@ describe("fault: rolling restart under load", () => {
     expect(row.failures).toBe(0);
     expect((row.details.load as { stickiness: { turnShare: number } }).stickiness.turnShare).toBeGreaterThanOrEqual(STICKINESS_MIN);
     expect(row.divergence).toBe(0);
-  }, 60_000);
+  }, SCENARIO_TEST_TIMEOUT_MS);
 });

@@ -3,7 +3,7 @@
  * reservations, peers' bindings for unknown workers, tombstones, outbound mesh events and frames
  * from forged origin ids. Without a forced GC, heap figures are noise, so each flood pushes well
  * past a bound and checks that the table stops at its cap while a shed/eviction counter rises by
- * the excess (README "Limits" lists the bounds). Heap before/after is printed for the record.
+ * the excess (docs/limits.md lists the bounds). Heap before/after is printed for the record.
  */
 import { pino } from "pino";
 import { Registry } from "prom-client";

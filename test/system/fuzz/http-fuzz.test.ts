@@ -34,6 +34,7 @@ import {
   nestedObjects,
   percentile,
   rawExchange,
+  type RawExchange,
   RawJson,
   TWO_53,
   TWO_64,
@@ -633,35 +634,48 @@ describe("HTTP fuzz", () => {
     expect((await send({ method: "GET", path: "/health" })).status).toBe(200);
   });
 
-  it("slow clients trickling headers or bodies do not block others, and the server bounds how long they may take", async () => {
+  it("slow clients trickling headers or bodies do not block others", async () => {
     // The timeouts exist and are ordered as node requires (keep-alive < headers <= request).
     expect(DEFAULT_KEEP_ALIVE_TIMEOUT_MS).toBeLessThan(DEFAULT_HEADERS_TIMEOUT_MS);
     expect(DEFAULT_HEADERS_TIMEOUT_MS).toBeLessThanOrEqual(DEFAULT_REQUEST_TIMEOUT_MS);
     const SLOW = 40;
-    const slow: Promise<unknown>[] = [];
+    const SERVED = 50;
+    // The slow clients trickle, then hold their unfinished requests open until the others are
+    // served: a server they blocked would answer no one, and the test would run into its timeout.
+    const stop = new AbortController();
+    let slowEnded = 0;
+    const slow: Promise<RawExchange>[] = [];
     for (let i = 0; i < SLOW; i++) {
       const body = jsonText({ worker_id: 900_000 + i, endpoint: "http://slow", block_size: BS });
       const head = `POST /workers HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\n\r\n`;
       // Half trickle their headers, half their body, one byte every 50 ms (~2 s of trickling).
       const bytes = i % 2 === 0 ? head + body : body;
       const chunks = [...(i % 2 === 0 ? [] : [head]), ...bytes.split("").slice(0, 40)];
-      slow.push(rawExchange("127.0.0.1", daemon.port, chunks, 2_500, 50));
+      slow.push(
+        rawExchange("127.0.0.1", daemon.port, chunks, 60_000, 50, stop.signal).finally(() => {
+          slowEnded++;
+        }),
+      );
     }
     const latencies: number[] = [];
-    const deadline = performance.now() + 1_800;
-    let served = 0;
-    while (performance.now() < deadline) {
-      const t0 = performance.now();
-      const g = await send({ method: "POST", path: "/select", body: asBody({ token_ids: tokenList(new Fuzz(served), 2), allowed_worker_ids: [...ANCHOR_WORKERS] }) });
-      latencies.push(performance.now() - t0);
-      expect(g.status).toBe(200);
-      served++;
+    let servedWhileSlowOpen = 0;
+    try {
+      for (let served = 0; served < SERVED; served++) {
+        const t0 = performance.now();
+        const g = await send({ method: "POST", path: "/select", body: asBody({ token_ids: tokenList(new Fuzz(served), 2), allowed_worker_ids: [...ANCHOR_WORKERS] }) });
+        latencies.push(performance.now() - t0);
+        expect(g.status).toBe(200);
+        if (slowEnded === 0) servedWhileSlowOpen++;
+      }
+    } finally {
+      stop.abort();
     }
-    await Promise.all(slow);
-    console.log(`slow clients: ${SLOW} trickling, ${served} requests served meanwhile, p50 ${percentile(latencies, 50).toFixed(2)} ms, p99 ${percentile(latencies, 99).toFixed(2)} ms`);
-    expect(served).toBeGreaterThan(100);
-    // Blocked by the tricklers, a request would wait out their ~2 s; 500 ms leaves room for a loaded host.
-    expect(percentile(latencies, 99)).toBeLessThan(500);
+    const slowEnds = await Promise.all(slow);
+    console.log(`slow clients: ${SLOW} trickling, ${SERVED} requests served meanwhile, p50 ${percentile(latencies, 50).toFixed(2)} ms, p99 ${percentile(latencies, 99).toFixed(2)} ms`);
+    // Every request was answered while every slow client still held its unfinished request open,
+    // and none of those was answered or cut by the server meanwhile.
+    expect(servedWhileSlowOpen).toBe(SERVED);
+    expect(slowEnds.filter((e) => e.closedByServer || e.responses.length > 0)).toEqual([]);
   });
 
   it("a client too slow with its headers or body is cut with a 408 JSON answer once the (shortened) timeouts pass", async () => {
@@ -677,6 +691,7 @@ describe("HTTP fuzz", () => {
     try {
       const head = "POST /workers HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n";
       const t0 = performance.now();
+      // The slow clients would go on for 5 s (and more); a 408 from the server shows it cut them.
       const [headers, body, idle] = await Promise.all([
         // One header byte every 100 ms, for up to 5 s.
         rawExchange("127.0.0.1", server.port, head.split(""), 5_000, 100),
@@ -693,8 +708,7 @@ describe("HTTP fuzz", () => {
       }
       expect(idle.responses[0]?.status).toBe(200);
       expect(idle.closedByServer).toBe(true);
-      // Everything was cut well before the clients would have finished (5 s of trickling).
-      expect(elapsed).toBeLessThan(2_500);
+      console.log(`slow clients cut with 408 after ${Math.round(elapsed)} ms (timeouts: headers 300 ms, request 600 ms)`);
     } finally {
       await server.close();
     }

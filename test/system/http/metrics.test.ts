@@ -1,6 +1,6 @@
 /**
  * GET /metrics of real daemons: one prom-client registry per daemon, the default process and
- * event-loop series, kvmesh_build_info, README listing exactly the families served, and
+ * event-loop series, kvmesh_build_info, docs/metrics.md listing exactly the families served, and
  * `promtool check metrics` clean (when promtool is installed: Debian's `prometheus` package).
  */
 import { spawnSync } from "node:child_process";
@@ -106,12 +106,11 @@ describe("GET /metrics", () => {
     expect(await scrape(b)).not.toContain(`route="/health"`);
   });
 
-  it("README's Metrics section lists exactly the families daemons serve", async () => {
+  it("docs/metrics.md lists exactly the families daemons serve", async () => {
     const { meshed, host } = await everyFamily();
     const served = new Set([...families(meshed), ...families(host)]);
-    const readme = readFileSync(new URL("../../../README.md", import.meta.url), "utf8");
-    const section = /\n## Metrics\n([\s\S]*?)\n## /.exec(readme)?.[1] ?? "";
-    const listed = new Set([...section.matchAll(/`((?:kvmesh|process|nodejs)_[a-z0-9_]+)/g)].map((m) => m[1] as string));
+    const page = readFileSync(new URL("../../../docs/metrics.md", import.meta.url), "utf8");
+    const listed = new Set([...page.matchAll(/`((?:kvmesh|process|nodejs)_[a-z0-9_]+)/g)].map((m) => m[1] as string));
     expect([...served].filter((n) => !listed.has(n)).sort()).toEqual([]);
     expect([...listed].filter((n) => !served.has(n)).sort()).toEqual([]);
 
@@ -146,7 +145,7 @@ describe("GET /metrics", () => {
   });
 
   it("counts coalesced binding refreshes: the daemon's --binding-refresh-coalesce-ms (1,000 ms by default) reaches the service", async () => {
-    // kvmesh's own rule (README "The replica mesh", Refresh coalescing; issue 13). Before it, all
+    // kvmesh's own rule (docs/mesh.md, Refresh coalescing; issue 13). Before it, all
     // four uses of the session were published and the counter family did not exist.
     const session = async (d: Daemon): Promise<string> => {
       expect((await call(d, "POST", "/workers", { worker_id: 1, endpoint: "http://w1", block_size: BS })).status).toBe(201);

@@ -228,14 +228,13 @@ describe("KvEventListener", () => {
     expect(listener.stats).toMatchObject({ resets: 1, stale: 0, lost: 0, lastSeq: 1n });
   });
 
-  it("closes promptly while a replay is in flight", async () => {
-    const { pub, listener, got } = await setup({ replay: "ignore" }, { replayTimeoutMs: 10_000 });
+  it("closes without waiting for a replay in flight", async () => {
+    // The replay would give up after 60 s: a close that waited for it runs into the test's timeout.
+    const { pub, listener, got } = await setup({ replay: "ignore" }, { replayTimeoutMs: 60_000 });
     await pub.publish(stored(0n), { deliver: false });
     await pub.publish(stored(1n));
     await waitFor(() => pub.replayRequests.length === 1);
-    const t0 = performance.now();
     await listener.close();
-    expect(performance.now() - t0).toBeLessThan(1_000);
     expect(got).toEqual([]);
     await listener.close(); // idempotent
     await expect(listener.start()).rejects.toThrow(/closed/);

@@ -52,7 +52,7 @@ describe("DEFAULT_DAEMON_CONFIG", () => {
     expect(d.bodyLimitBytes).toBe(DEFAULT_BODY_LIMIT_BYTES);
     expect(d.meshFlushIntervalMs).toBe(DEFAULT_MESH_FLUSH_INTERVAL_MS);
     expect(d.meshHeartbeatIntervalMs).toBe(DEFAULT_MESH_HEARTBEAT_INTERVAL_MS);
-    // The values README's Command line section documents.
+    // The values docs/configuration.md documents.
     expect([d.host, d.port, d.activeRequestExpirySecs, d.maxReservations, d.replayTimeoutMs, d.selectionCacheTtlSecs, d.selectionCacheMaxEntries, d.bodyLimitBytes]).toEqual([
       "127.0.0.1", 8092, 300, 131_072, 2_000, 120, 4_096, 8_388_608,
     ]);

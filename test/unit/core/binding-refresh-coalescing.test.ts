@@ -2,7 +2,7 @@
  * Coalescing of session-binding refreshes (issue 13, "Coalesce binding refreshes"). The reference
  * (dynamo lib/kv-router/src/services/selection/affinity.rs) replicates every binding change and
  * says nothing about how often a refresh must travel; what is fixed here is kvmesh's own rule
- * (README "The replica mesh", Refresh coalescing): a refresh of a binding published less than
+ * (docs/mesh.md, Refresh coalescing): a refresh of a binding published less than
  * min(window, TTL / 8) ago is not emitted but counted; binds, rebinds and the half-TTL keepalive
  * always are. Every expectation below fails on the code before the option existed (each refresh
  * was emitted, and there was no counter).

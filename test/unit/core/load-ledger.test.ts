@@ -439,7 +439,19 @@ describe("LoadLedger against a naive model", () => {
     let nextId = 0;
     const liveIds = (): string[] => [...model.requests.keys()];
 
-    for (let step = 0; step < 3000; step++) {
+    // Every value is compared at every step as before, with plain comparisons that record the
+    // first mismatch (an expect() per value was most of this test's time: ~250,000 of them).
+    const failures: string[] = [];
+    const same = (what: string, got: unknown, want: unknown): void => {
+      if (got !== want) failures.push(`${what}: got ${String(got)}, model ${String(want)}`);
+    };
+    // toBeCloseTo(want, 9): |got - want| < 10^-9 / 2.
+    const close = (what: string, got: number, want: number): void => {
+      if (!(Math.abs(got - want) < 5e-10)) failures.push(`${what}: got ${got}, model ${want}`);
+    };
+    const requests = new Int32Array(RANKS);
+    const prefillTokens = new Float64Array(RANKS);
+    for (let step = 0; step < 3000 && failures.length === 0; step++) {
       const op = rng.next();
       const ids = liveIds();
       if (op < 0.4 || ids.length === 0) {
@@ -453,29 +465,34 @@ describe("LoadLedger against a naive model", () => {
       } else if (op < 0.65) {
         const id = ids[int(ids.length)] as string;
         const decay = DECAYS[int(DECAYS.length)];
-        expect(ledger.addOutputBlock(id, decay)).toBe(true);
+        same(`step ${step} addOutputBlock(${id})`, ledger.addOutputBlock(id, decay), true);
         model.addOutput(id, decay);
       } else if (op < 0.78) {
         const id = ids[int(ids.length)] as string;
-        expect(ledger.markPrefillComplete(id)).toBe(true);
+        same(`step ${step} markPrefillComplete(${id})`, ledger.markPrefillComplete(id), true);
         (model.requests.get(id) as ModelRequest).inPrefill = false;
       } else if (op < 0.98) {
         const id = ids[int(ids.length)] as string;
-        expect(ledger.free(id)).toBe(true);
+        same(`step ${step} free(${id})`, ledger.free(id), true);
         model.free(id);
       } else {
         const rank = int(RANKS);
         const expected = ids.filter((id) => model.requests.get(id)?.rank === rank).sort();
-        expect(ledger.removeRank(rank).sort()).toEqual(expected);
+        same(`step ${step} removeRank(${rank})`, JSON.stringify(ledger.removeRank(rank).sort()), JSON.stringify(expected));
         for (const id of expected) model.free(id);
       }
 
-      expect(ledger.size).toBe(model.requests.size);
+      same(`step ${step} size`, ledger.size, model.requests.size);
+      requests.fill(0);
+      prefillTokens.fill(0);
+      for (const r of model.requests.values()) {
+        requests[r.rank] = (requests[r.rank] as number) + 1;
+        if (r.inPrefill) prefillTokens[r.rank] = (prefillTokens[r.rank] as number) + r.prefillTokens;
+      }
       for (let rank = 0; rank < RANKS; rank++) {
-        const reqs = [...model.requests.values()].filter((r) => r.rank === rank);
-        expect(ledger.activeRequests(rank)).toBe(reqs.length);
-        expect(ledger.activeBlocks(rank)).toBeCloseTo(model.activeBlocks(rank), 9);
-        expect(ledger.activePrefillTokens(rank)).toBe(reqs.filter((r) => r.inPrefill).reduce((a, r) => a + r.prefillTokens, 0));
+        same(`step ${step} activeRequests(${rank})`, ledger.activeRequests(rank), requests[rank]);
+        close(`step ${step} activeBlocks(${rank})`, ledger.activeBlocks(rank), model.activeBlocks(rank));
+        same(`step ${step} activePrefillTokens(${rank})`, ledger.activePrefillTokens(rank), prefillTokens[rank]);
       }
       // The bulk read selection uses agrees with the accessors, for ranks never seen too.
       const candidates = Int32Array.from({ length: RANKS + 3 }, (_, i) => (i * 5) % (RANKS + 3));
@@ -484,23 +501,24 @@ describe("LoadLedger against a naive model", () => {
       ledger.fillCandidateLoads(candidates, candidates.length, 7, held, prefill, decode, count);
       for (let i = 0; i < candidates.length; i++) {
         const rank = candidates[i] as number;
-        expect(prefill[i]).toBe(ledger.activePrefillTokens(rank));
-        expect(decode[i]).toBe(ledger.activeBlocks(rank) + 7 - (held[rank] as number));
-        expect(count[i]).toBe(ledger.activeRequests(rank));
+        same(`step ${step} candidate ${rank} prefill`, prefill[i], ledger.activePrefillTokens(rank));
+        same(`step ${step} candidate ${rank} decode`, decode[i], ledger.activeBlocks(rank) + 7 - (held[rank] as number));
+        same(`step ${step} candidate ${rank} count`, count[i], ledger.activeRequests(rank));
       }
       if (step % 25 !== 0) continue;
 
-      expect(ledger.distinctActiveHashes).toBe(model.distinct());
-      for (const [id, r] of model.requests) expect(ledger.get(id)?.blockCount).toBe(r.hashes.length + r.output.length);
+      same(`step ${step} distinctActiveHashes`, ledger.distinctActiveHashes, model.distinct());
+      for (const [id, r] of model.requests) same(`step ${step} blockCount(${id})`, ledger.get(id)?.blockCount, r.hashes.length + r.output.length);
       const query = request();
       ledger.newBlocksFor(hashFrom(query), out, touched);
       for (let rank = 0; rank < RANKS; rank++) {
-        const held = model.pairs.get(rank);
-        expect(out[rank]).toBe(query.filter((h) => held?.has(h) === true).length);
+        const heldPairs = model.pairs.get(rank);
+        same(`step ${step} newBlocksFor rank ${rank}`, out[rank], query.filter((h) => heldPairs?.has(h) === true).length);
       }
       for (const r of touched) out[r] = 0;
       touched.length = 0;
     }
+    expect(failures).toEqual([]);
     for (const id of liveIds()) ledger.free(id);
     expect(ledger.distinctActiveHashes).toBe(0);
     expect(ledger.loads()).toEqual([]);

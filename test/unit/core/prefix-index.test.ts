@@ -293,15 +293,30 @@ describe("PrefixIndex: dumpRank", () => {
 
 /** Naive model: per rank and tier, the set of held paths (as "1,2,3" keys). */
 class NaiveIndex {
-  readonly held = new Map<number, Map<StorageTier, Set<string>>>();
+  /** rank -> tier -> held path key ("1,2,3") -> the path. */
+  readonly held = new Map<number, Map<StorageTier, Map<string, number[]>>>();
+  // Kept as the sets change, so that checking size and node count after every operation costs
+  // what the change costs, not a walk of everything held (same values as recounting).
+  #size = 0;
+  /** Prefix key -> how many held (rank, tier, path) entries have it as a prefix. */
+  readonly #prefixRefs = new Map<string, number>();
 
-  #tiers(rank: number): Map<StorageTier, Set<string>> {
+  #tiers(rank: number): Map<StorageTier, Map<string, number[]>> {
     let m = this.held.get(rank);
     if (m === undefined) {
-      m = new Map(STORAGE_TIERS.map((t) => [t, new Set<string>()]));
+      m = new Map(STORAGE_TIERS.map((t) => [t, new Map<string, number[]>()]));
       this.held.set(rank, m);
     }
     return m;
+  }
+
+  #ref(path: readonly number[], by: 1 | -1): void {
+    for (let d = 1; d <= path.length; d++) {
+      const k = path.slice(0, d).join(",");
+      const n = (this.#prefixRefs.get(k) ?? 0) + by;
+      if (n === 0) this.#prefixRefs.delete(k);
+      else this.#prefixRefs.set(k, n);
+    }
   }
 
   holds(rank: number, tiers: readonly StorageTier[], key: string): boolean {
@@ -311,40 +326,47 @@ class NaiveIndex {
 
   stored(rank: number, tier: StorageTier, path: readonly number[], from: number): boolean {
     if (from > 0 && !this.holds(rank, STORAGE_TIERS, path.slice(0, from).join(","))) return false;
-    const set = this.#tiers(rank).get(tier) as Set<string>;
-    for (let d = from + 1; d <= path.length; d++) set.add(path.slice(0, d).join(","));
+    const set = this.#tiers(rank).get(tier) as Map<string, number[]>;
+    for (let d = from + 1; d <= path.length; d++) {
+      const key = path.slice(0, d).join(",");
+      if (set.has(key)) continue;
+      const prefix = path.slice(0, d);
+      set.set(key, prefix);
+      this.#size++;
+      this.#ref(prefix, 1);
+    }
     return true;
   }
 
   removed(rank: number, tier: StorageTier, keys: readonly string[]): number {
     const set = this.held.get(rank)?.get(tier);
     let n = 0;
-    for (const k of keys) if (set?.delete(k) ?? false) n++;
+    for (const k of keys) {
+      const path = set?.get(k);
+      if (path === undefined) continue;
+      (set as Map<string, number[]>).delete(k);
+      this.#size--;
+      this.#ref(path, -1);
+      n++;
+    }
     return n;
   }
 
   cleared(rank: number): void {
+    for (const set of this.held.get(rank)?.values() ?? []) {
+      for (const path of set.values()) this.#ref(path, -1);
+      this.#size -= set.size;
+    }
     this.held.delete(rank);
   }
 
   size(): number {
-    let n = 0;
-    for (const m of this.held.values()) for (const s of m.values()) n += s.size;
-    return n;
+    return this.#size;
   }
 
   /** Distinct held paths closed under prefixes: exactly the nodes a pruned tree keeps. */
   nodeCount(): number {
-    const all = new Set<string>();
-    for (const m of this.held.values()) {
-      for (const s of m.values()) {
-        for (const k of s) {
-          const ids = k.split(",");
-          for (let d = 1; d <= ids.length; d++) all.add(ids.slice(0, d).join(","));
-        }
-      }
-    }
-    return all.size;
+    return this.#prefixRefs.size;
   }
 
   match(path: readonly number[]): Scores {
@@ -366,7 +388,7 @@ class NaiveIndex {
     const m = this.held.get(rank);
     if (m === undefined) return [];
     const out: number[][] = [];
-    for (const [t, s] of m) if (tier === undefined || t === tier) for (const k of s) out.push(k.split(",").map(Number));
+    for (const [t, s] of m) if (tier === undefined || t === tier) for (const path of s.values()) out.push(path);
     return out;
   }
 }

@@ -144,7 +144,7 @@ describe("a KV-event endpoint the listener cannot use", () => {
   });
 });
 
-// kvmesh addition (README, Compatibility with the reference): a replay endpoint per dp rank, for
+// kvmesh addition (docs/compatibility.md): a replay endpoint per dp rank, for
 // engines that run one replay socket per rank; the reference's single replay_endpoint stays
 // single-rank only.
 describe("replay_endpoints", () => {
