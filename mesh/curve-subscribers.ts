@@ -16,12 +16,12 @@
  * - lookup found no usable key (peer not listed, plain, or down): retried with backoff.
  */
 import type { Logger } from "pino";
-import { Subscriber, type Context, type Event, type Observer } from "zeromq";
+import { Subscriber, type Context, type Event } from "zeromq";
 
 import type { MeshKeyPair } from "./curve.js";
 import type { ServerKeyDirectory } from "./curve-key-directory.js";
 import { isIpv6Endpoint } from "./endpoints.js";
-import { observe, retireObserver } from "../src/util/zmq-observers.js";
+import { observe, retireObserver, type IteratedObserver } from "../src/util/zmq-observers.js";
 
 /** First retry of a failed lookup or a refused connection, ms; doubles per failure. */
 export const DEFAULT_CURVE_RETRY_MIN_MS = 250;
@@ -55,7 +55,7 @@ interface Peer {
   state: CurvePeerState;
   sub: Subscriber | null;
   /** The sub's event observer, closed with it (see #drop). */
-  events: Observer | null;
+  events: IteratedObserver | null;
   key: string | null;
   failures: number;
   retryMs: number;
@@ -173,7 +173,7 @@ export class CurvePeerSubscribers {
       curveSecretKey: this.#o.keyPair.secretKey,
     });
     for (const t of this.#topics) sub.subscribe(t);
-    let events: Observer;
+    let events: IteratedObserver;
     try {
       events = observe(sub);
     } catch (err) {
@@ -206,10 +206,10 @@ export class CurvePeerSubscribers {
     }
   }
 
-  async #watchLoop(peer: Peer, sub: Subscriber, events: Observer, key: string, generation: number): Promise<void> {
+  async #watchLoop(peer: Peer, sub: Subscriber, events: IteratedObserver, key: string, generation: number): Promise<void> {
     try {
       for await (const e of events) {
-        // A receive pending when the observer is closed resolves with undefined.
+        // A receive pending when the observer is closed resolves with undefined or rejects (ENOTSOCK).
         const event = e as Event | undefined;
         if (event === undefined || this.#stale(peer, generation)) return;
         if (event.type === "handshake") {

@@ -220,7 +220,11 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   }
   const metrics = new HttpMetrics(registry);
   registerServiceMetrics(registry, service);
-  registerIngestMetrics(registry, () => ingest.stats());
+  registerIngestMetrics(
+    registry,
+    () => ingest.stats(),
+    () => ingest.budgetRefusals,
+  );
   let http: RunningHttpServer;
   try {
     http = await startHttpServer({
