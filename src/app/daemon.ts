@@ -101,6 +101,15 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   logSecurityPosture(config, logger);
   raiseZmqSocketLimit();
   const service = new SelectionService(serviceOptionsOf(config));
+  const versionLog = new LogThrottle();
+  service.onVersionRefused((r) => {
+    versionLog.hit((suppressed) => {
+      logger.warn(
+        { kind: r.kind, writer_id: r.writerId.toString(), sequence: r.sequence.toString(), ...(r.origin === undefined ? {} : { origin: r.origin.toString() }), suppressed },
+        "replicated version refused: more than 5 minutes ahead of this replica's clock, or not written by its sender (kvmesh_versions_refused_total)",
+      );
+    });
+  });
   const ingestLog = logger.child({ subsystem: "ingest" });
   const indexShedLog = new LogThrottle();
   const cycleLog = new LogThrottle();

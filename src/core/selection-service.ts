@@ -15,6 +15,7 @@
  */
 import { addBusySignals, type BusyThresholds } from "./busy-signals.js";
 import { SessionBindings } from "./bindings.js";
+import type { VersionRefusal } from "./lamport.js";
 import { CatalogReplication, type WorkerReplicaStatus } from "./catalog-replication.js";
 import { Chooser, effectivePrefill, selectResponse } from "./choose.js";
 import type { Clock } from "./time.js";
@@ -86,6 +87,7 @@ export class SelectionService {
   readonly #bindings: SessionBindings;
   readonly #catalog: CatalogReplication;
   readonly #loadListeners = new Set<(e: LoadEvent) => void>();
+  readonly #refusalListeners = new Set<(r: VersionRefusal) => void>();
   readonly #loadChangeListeners = new Set<() => void>();
   readonly #exactLoadEvents: boolean;
   readonly #busy: BusyThresholds;
@@ -138,8 +140,20 @@ export class SelectionService {
       hostReplication: o.hostReplication,
       counters,
       fleet: this.#fleet,
+      onVersionRefused: (r) => {
+        this.#versionRefused(r);
+      },
     });
-    this.#catalog = new CatalogReplication({ clock: o.clock, wallClockNs: o.wallClockNs, replicaId: o.replicaId, counters, fleet: this.#fleet });
+    this.#catalog = new CatalogReplication({
+      clock: o.clock,
+      wallClockNs: o.wallClockNs,
+      replicaId: o.replicaId,
+      counters,
+      fleet: this.#fleet,
+      onVersionRefused: (r) => {
+        this.#versionRefused(r);
+      },
+    });
     this.#chooser = new Chooser({ selector: o.selector, workerType: o.workerType, random: o.random, clock: o.clock, counters, fleet: this.#fleet });
     this.#book = new ReservationBook({
       replicaId: o.replicaId,
@@ -510,9 +524,22 @@ export class SelectionService {
     return this.#catalog.onWorkerStatusEvent(listener);
   }
 
-  /** Merges a peer's catalogue event last-writer-wins (see CatalogReplication.apply). */
-  applyCatalogEvent(e: CatalogEvent): string {
-    return this.#catalog.apply(e);
+  /**
+   * Merges a peer's catalogue event last-writer-wins (see CatalogReplication.apply). `origin`: the
+   * replica whose own stream carried it, which must be its writer (a snapshot relays others').
+   */
+  applyCatalogEvent(e: CatalogEvent, origin?: bigint): string {
+    return this.#catalog.apply(e, origin);
+  }
+
+  /** A binding or catalogue event refused for its version (lamport.ts; the daemon logs it, throttled). */
+  onVersionRefused(listener: (r: VersionRefusal) => void): () => void {
+    this.#refusalListeners.add(listener);
+    return () => this.#refusalListeners.delete(listener);
+  }
+
+  #versionRefused(r: VersionRefusal): void {
+    for (const l of this.#refusalListeners) l(r);
   }
 
   /** A peer's (`origin`'s) status for a worker. */
