@@ -22,6 +22,7 @@ export class HttpMetrics {
   readonly #requests: Counter<"route" | "status">;
   readonly #durations: Histogram<"route">;
   readonly #unauthorized: Counter<"reason">;
+  readonly #pipelineOverflow: Counter;
 
   constructor(registry: MetricsRegistry) {
     this.registry = registry;
@@ -40,6 +41,11 @@ export class HttpMetrics {
       labelNames: ["reason"] as const,
       registers,
     });
+    this.#pipelineOverflow = new Counter({
+      name: "kvmesh_http_pipeline_overflow_total",
+      help: "Connections closed for queueing more pipelined requests than are answered while their answers went unread (src/http/pipeline.ts).",
+      registers,
+    });
     // Every reason from the start, so a rate() over a first refusal sees it rise from 0.
     for (const reason of AUTH_FAILURES) this.#unauthorized.inc({ reason }, 0);
   }
@@ -47,6 +53,11 @@ export class HttpMetrics {
   observeRequest(route: string, status: number, ms: number): void {
     this.#requests.inc({ route, status: String(status) });
     this.#durations.observe({ route }, ms / MS_PER_SECOND);
+  }
+
+  /** A connection cut off for pipelining too deep (src/http/pipeline.ts). */
+  observePipelineOverflow(): void {
+    this.#pipelineOverflow.inc();
   }
 
   /** A request refused for a missing, malformed or wrong API token (401). */

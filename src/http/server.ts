@@ -25,6 +25,7 @@ import { handleClientErrors } from "./client-error.js";
 import { stringifyJson } from "./json.js";
 import type { MeshControl } from "./mesh-control.js";
 import type { HttpMetrics } from "./metrics.js";
+import { MAX_PIPELINED_WAITING, PipelineGate } from "./pipeline.js";
 import { ClientGoneError, JSON_CONTENT_TYPE, readJsonBody } from "./request-body.js";
 import { decisionFields, REQUEST_ID_HEADER, requestIdOf } from "./request-id.js";
 import type { RequestTracer } from "./request-trace.js";
@@ -116,6 +117,9 @@ class HttpApi {
   readonly #server: Server;
   /** Refused tokens are logged at most once per 10 s (a scanner must not flood the log). */
   readonly #authLog = new LogThrottle();
+  readonly #pipelineLog = new LogThrottle();
+  /** Pipelined requests answered a few at a time per socket (src/http/pipeline.ts). */
+  readonly #pipeline: PipelineGate;
   #closing = false;
   #closed: Promise<void> | undefined;
 
@@ -139,8 +143,14 @@ class HttpApi {
     this.#server.keepAliveTimeout = t.keepAliveMs ?? DEFAULT_KEEP_ALIVE_TIMEOUT_MS;
     // Parser-level refusals (bad framing, oversized headers, slow clients) answer JSON too.
     handleClientErrors(this.#server, this.#log);
+    this.#pipeline = new PipelineGate((socket) => {
+      o.metrics.observePipelineOverflow();
+      this.#pipelineLog.hit((suppressed) => {
+        this.#log.warn({ remote: socket.remoteAddress, suppressed }, `connection closed: more than ${String(MAX_PIPELINED_WAITING)} pipelined requests waiting for their answers to be read (kvmesh_http_pipeline_overflow_total)`);
+      });
+    });
     this.#server.on("request", (req: IncomingMessage, res: ServerResponse) => {
-      void this.#handle(req, res);
+      this.#pipeline.admit(req, res, () => void this.#handle(req, res));
     });
   }
 
