@@ -75,6 +75,9 @@ export type { DumpEvent, DumpFilter, WorkerChange } from "./fleet.js";
  */
 export const DEFAULT_MAX_BATCHED_TOKENS = 10_000_000;
 
+/** GET /ready lists the workers' records up to this many workers (the reference's shape); past it, a count (#29 G13). */
+export const READY_WORKERS_LISTED_MAX = 256;
+
 export class SelectionService {
   readonly replicaId: bigint;
   readonly #clock: Clock;
@@ -270,11 +273,17 @@ export class SelectionService {
 
   /**
    * GET /ready: as the reference's `ReadyResponse` (services/selection/types.rs), `workers` is
-   * every catalog record (`catalog.list(None, None)`), not a count.
+   * every catalog record (`catalog.list(None, None)`), not a count, up to READY_WORKERS_LISTED_MAX
+   * workers (or with `allWorkers`). Past it a probe listed 8.4 MB at 16,000 workers (#29 G13):
+   * `workers` is then empty, with `workers_total` and `workers_omitted: true` (GET /workers lists them).
    */
-  ready(): { ready: boolean; schedulable_workers: number; workers: WorkerCatalogRecord[]; draining?: true } {
+  ready(allWorkers = false): { ready: boolean; schedulable_workers: number; workers: WorkerCatalogRecord[]; workers_total?: number; workers_omitted?: true; draining?: true } {
     const r = this.#fleet.readiness();
-    const base = { ready: !this.#shuttingDown && !this.#draining && r.schedulable > 0, schedulable_workers: r.schedulable, workers: this.#fleet.listWorkers() };
+    const ready = !this.#shuttingDown && !this.#draining && r.schedulable > 0;
+    const base =
+      allWorkers || r.workers <= READY_WORKERS_LISTED_MAX
+        ? { ready, schedulable_workers: r.schedulable, workers: this.#fleet.listWorkers() }
+        : { ready, schedulable_workers: r.schedulable, workers: [], workers_total: r.workers, workers_omitted: true as const };
     return this.#draining ? { ...base, draining: true } : base;
   }
 
