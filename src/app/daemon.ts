@@ -4,7 +4,7 @@
  * resolves its flags into a config (src/app/config.ts) and calls startDaemon; tests start it in process.
  */
 import type { Logger } from "pino";
-import { isLoopbackHost, replicaSyncEndpoints, resolveDaemonConfig, serviceOptionsOf, type DaemonConfig } from "./config.js";
+import { connectionLimitsOf, isLoopbackHost, replicaSyncEndpoints, resolveDaemonConfig, serviceOptionsOf, type DaemonConfig } from "./config.js";
 import { KvEndpointError, KvIngest } from "../ingest/kv-ingest.js";
 import { raiseZmqSocketLimit } from "../ingest/zmq-socket-limit.js";
 import { HttpMetrics } from "../http/metrics.js";
@@ -247,6 +247,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       apiToken: config.apiToken,
       meshSelf: meshSelfOf(mesh),
       tracer,
+      connections: connectionLimitsOf(config),
     });
   } catch (err) {
     await tracer?.shutdown();

@@ -24,6 +24,7 @@ import { authFailureOf, checkBearer, requiresApiToken, wwwAuthenticateFor, type 
 import { handleClientErrors } from "./client-error.js";
 import { stringifyJson } from "./json.js";
 import type { MeshControl } from "./mesh-control.js";
+import { limitConnections, type ConnectionLimits } from "./connection-limits.js";
 import type { HttpMetrics } from "./metrics.js";
 import { MAX_PIPELINED_WAITING, PipelineGate } from "./pipeline.js";
 import { ClientGoneError, JSON_CONTENT_TYPE, readJsonBody } from "./request-body.js";
@@ -82,6 +83,8 @@ export interface HttpServerOptions {
   meshSelf?: (() => UiMeshSelf) | undefined;
   /** Request tracing (src/http/tracing.ts); unset: off, and a request pays one undefined check. */
   tracer?: RequestTracer | undefined;
+  /** Connection caps (src/http/connection-limits.ts); unset: none (tests, the library). */
+  connections?: ConnectionLimits | undefined;
 }
 
 export interface RunningHttpServer {
@@ -118,6 +121,7 @@ class HttpApi {
   /** Refused tokens are logged at most once per 10 s (a scanner must not flood the log). */
   readonly #authLog = new LogThrottle();
   readonly #pipelineLog = new LogThrottle();
+  readonly #connectionLog = new LogThrottle();
   /** Pipelined requests answered a few at a time per socket (src/http/pipeline.ts). */
   readonly #pipeline: PipelineGate;
   #closing = false;
@@ -149,6 +153,15 @@ class HttpApi {
         this.#log.warn({ remote: socket.remoteAddress, suppressed }, `connection closed: more than ${String(MAX_PIPELINED_WAITING)} pipelined requests waiting for their answers to be read (kvmesh_http_pipeline_overflow_total)`);
       });
     });
+    if (o.connections !== undefined) {
+      const limits = o.connections;
+      limitConnections(this.#server, limits, (reason, remote) => {
+        o.metrics.observeConnectionRefused(reason);
+        this.#connectionLog.hit((suppressed) => {
+          this.#log.warn({ reason, remote, max_connections: limits.max, max_connections_per_client: limits.perClient, suppressed }, "connection refused: at the connection cap (kvmesh_http_connections_refused_total)");
+        });
+      });
+    }
     this.#server.on("request", (req: IncomingMessage, res: ServerResponse) => {
       this.#pipeline.admit(req, res, () => void this.#handle(req, res));
     });

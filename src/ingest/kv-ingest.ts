@@ -6,7 +6,7 @@
  */
 import type { Logger } from "pino";
 
-import { FDS_PER_KV_RANK, kvRankBudget, processFdLimit } from "./fd-budget.js";
+import { FDS_PER_KV_RANK, kvRankBudget, processFdLimit } from "../util/fd-budget.js";
 import type { KvEventBatch } from "./kv-event-decoder.js";
 import { KvEventListener, type KvEventListenerStats } from "./kv-event-listener.js";
 

@@ -14,10 +14,16 @@ import { readFileSync } from "node:fs";
 
 /** Descriptors one KV rank holds: 3 socket mailboxes and its TCP connection. */
 export const FDS_PER_KV_RANK = 4;
-/** Descriptors kept out of the KV budget for everything else (HTTP clients, mesh, files), at most. */
-export const DEFAULT_FD_RESERVE = 1_024;
-/** The reserve is at most this fraction of a small limit, so a 1,024-fd process still gets ranks. */
-const RESERVE_FRACTION = 0.25;
+/**
+ * The fraction of the fd limit kept out of the KV budget for everything else; HTTP connections get
+ * half of it (defaultMaxConnections), the mesh, files and replay DEALERs the rest. At 20,000 fds
+ * that leaves 3,750 KV ranks, more than ZeroMQ's socket cap allows anyway (zmq-socket-limit.ts).
+ */
+export const FD_RESERVE_FRACTION = 0.25;
+/** HTTP connections at once where the fd limit is unknown (not Linux) or unlimited. */
+export const DEFAULT_MAX_CONNECTIONS_NO_FD_LIMIT = 4_096;
+/** Fewest HTTP connections a default allows, however low the fd limit. */
+const MIN_DEFAULT_MAX_CONNECTIONS = 16;
 
 /** The soft RLIMIT_NOFILE from /proc/self/limits, or null where that is unknown (not Linux) or unlimited. */
 export function processFdLimit(read: () => string = () => readFileSync("/proc/self/limits", "utf8")): number | null {
@@ -33,9 +39,15 @@ export function processFdLimit(read: () => string = () => readFileSync("/proc/se
   return Number.isSafeInteger(n) && n > 0 ? n : null;
 }
 
-/** Reserve for a given limit: DEFAULT_FD_RESERVE, or a quarter of a small limit. */
+/** Descriptors kept out of the KV budget. */
 export function fdReserve(fdLimit: number): number {
-  return Math.min(DEFAULT_FD_RESERVE, Math.floor(fdLimit * RESERVE_FRACTION));
+  return Math.floor(fdLimit * FD_RESERVE_FRACTION);
+}
+
+/** --max-connections' default: half the reserve (#29 G10: 1,200 idle sockets under a 1,024-fd limit reset new clients). */
+export function defaultMaxConnections(fdLimit: number | null): number {
+  if (fdLimit === null) return DEFAULT_MAX_CONNECTIONS_NO_FD_LIMIT;
+  return Math.max(MIN_DEFAULT_MAX_CONNECTIONS, Math.floor(fdReserve(fdLimit) / 2));
 }
 
 /** KV ranks that fit under `fdLimit` (null: no limit known, no budget). */
