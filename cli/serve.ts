@@ -260,7 +260,15 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     .addOption(valueOption("--max-reservation-bytes <bytes>", "byte budget of this replica's live bookings, ~192 bytes per booked block (429 beyond)", integerInRange(1, Number.MAX_SAFE_INTEGER), d.maxReservationBytes))
     .addOption(valueOption("--max-partitions <n>", "most partitions (model_name, routing_group) at once: a registration past it gets 409", integerInRange(1, MAX_PARTITIONS_FLAG), d.maxPartitions))
     .addOption(valueOption("--max-ranks <n>", "most worker ranks (sum of data_parallel_size) at once: a registration past it gets 409", integerInRange(1, MAX_RANK_KEYS), d.maxRanks))
-    .addOption(valueOption("--body-limit-bytes <bytes>", "largest HTTP request body", integerInRange(1, MAX_BODY_LIMIT_BYTES), d.bodyLimitBytes));
+    .addOption(valueOption("--body-limit-bytes <bytes>", "largest HTTP request body", integerInRange(1, MAX_BODY_LIMIT_BYTES), d.bodyLimitBytes))
+    .addOption(
+      valueOption(
+        "--max-connections <n>",
+        "most HTTP connections at once; more are closed on arrival [default: an eighth of the process's fd limit (ulimit -n), 4096 where unknown]",
+        integerInRange(1, Number.MAX_SAFE_INTEGER),
+      ),
+    )
+    .addOption(valueOption("--max-connections-per-client <n>", "most HTTP connections at once from one address [default: half of --max-connections]", integerInRange(1, Number.MAX_SAFE_INTEGER)));
   addBooleanPair(cmd, "--kv-events", "subscribe to workers' KV events (off: workers need no kv_events_endpoint)", d.kvEvents);
   cmd
     .addOption(

@@ -30,12 +30,12 @@
  */
 import PQueue from "p-queue";
 import type { Logger } from "pino";
-import { Dealer, Subscriber, type Context, type Event, type Observer, type Socket } from "zeromq";
+import { Dealer, Subscriber, type Context, type Event, type Socket } from "zeromq";
 
 import { systemClock, type Clock } from "../src/core/time.js";
 import type { MeshKeyPair } from "./curve.js";
 import { isIpv6Endpoint } from "./endpoints.js";
-import { observe, retireObserver } from "../src/util/zmq-observers.js";
+import { observe, retireObserver, type IteratedObserver } from "../src/util/zmq-observers.js";
 
 /** One handshake takes ~2 ms on loopback and one RTT plus crypto across a WAN; 1 s leaves room. */
 export const DEFAULT_KEY_PROBE_TIMEOUT_MS = 1_000;
@@ -87,7 +87,7 @@ async function probeOne(endpoint: string, candidate: string, o: ProbeOptions): P
     curveSecretKey: o.keyPair.secretKey,
   };
   const socket: Socket = o.socket === "sub" ? new Subscriber(options) : new Dealer(options);
-  let events: Observer;
+  let events: IteratedObserver;
   try {
     events = observe(socket);
   } catch {
@@ -104,7 +104,7 @@ async function probeOne(endpoint: string, candidate: string, o: ProbeOptions): P
   try {
     socket.connect(endpoint);
     for await (const e of events) {
-      // A receive pending when the observer is closed resolves with undefined.
+      // A receive pending when the observer is closed resolves with undefined or rejects (ENOTSOCK).
       const event = e as Event | undefined;
       if (event === undefined) break;
       if (event.type === "handshake") return "ok";

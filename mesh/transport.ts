@@ -38,6 +38,7 @@ import type { ReceivedEntry } from "./receive-coalescer.js";
 import type { ReceiveWorkerStats } from "./receive-worker.js";
 import { SubReader } from "./sub-reader.js";
 import { ThreadReader } from "./thread-reader.js";
+import { LogThrottle } from "../src/util/log-throttle.js";
 import { TOPIC_BATCH, TOPIC_HEARTBEAT } from "./types.js";
 
 export { MeshAuthError, MeshClosedError, MeshRemoteError, MeshRequestTimeoutError, type MeshAuthFailure, type MeshCurveStats };
@@ -159,6 +160,9 @@ export class MeshTransport {
   readonly #curve: CurveRuntime | null;
   readonly #common: CommonSocketOptions;
   readonly #log: Logger;
+  /** Control failures a remote party controls (20,000 malformed requests wrote 60 MB of warn lines, #29 G14): one line per 10 s, every one counted in stats.controlErrors. */
+  readonly #controlFailLog = new LogThrottle();
+  readonly #replyFailLog = new LogThrottle();
   readonly #peers = new Set<string>();
   readonly #dealers = new Set<Dealer>();
   readonly #controlQueue = new PQueue({ concurrency: MAX_CONCURRENT_CONTROL_REQUESTS });
@@ -450,7 +454,9 @@ export class MeshTransport {
       } catch (err) {
         this.#stats.controlErrors++;
         const message = toError(err).message;
-        this.#log.warn({ err }, "mesh control handler failed");
+        this.#controlFailLog.hit((suppressed) => {
+          this.#log.warn({ err, suppressed }, "mesh control handler failed");
+        });
         reply = [REPLY_ERR, message];
       }
     }
@@ -464,7 +470,11 @@ export class MeshTransport {
       try {
         await this.#router.send(frames);
       } catch (err) {
-        if (!this.#closed) this.#log.warn({ err }, "mesh control reply failed");
+        if (!this.#closed) {
+          this.#replyFailLog.hit((suppressed) => {
+            this.#log.warn({ err, suppressed }, "mesh control reply failed");
+          });
+        }
       }
     });
     this.#replyTail = sent;

@@ -49,6 +49,7 @@ import { Packr, Unpackr } from "msgpackr";
 
 import { MAX_WORKER_STATUS_REASONS } from "../src/core/catalog-replication.js";
 import { KvmeshError } from "../src/core/errors.js";
+import { MAX_HASHES_PER_BOOKING, MAX_WORKER_FIELD_ENTRIES } from "../src/core/limits.js";
 import { MAX_ID_BYTES } from "../src/core/request-ids.js";
 import type { HashList } from "../src/core/hash64.js";
 import type { BindingEvent, CatalogEvent, LoadAddEvent, LoadAggregateRow, LoadAggregates, LoadMarkEvent, PartitionRef, WorkerStatusEvent } from "../src/core/replica-events.js";
@@ -60,8 +61,8 @@ import { MeshWireError } from "./errors.js";
 
 /** Events in one batch frame; the publisher's default is 256 (outbound-queue.ts). */
 export const MAX_EVENTS_PER_BATCH = 16_384;
-/** Hashes in one add event: a 2M-token prompt at block size 16. */
-export const MAX_HASHES_PER_EVENT = 131_072;
+/** Hashes in one add event: one booking's, bounded where it enters (src/core/limits.ts). */
+export const MAX_HASHES_PER_EVENT = MAX_HASHES_PER_BOOKING;
 export const MAX_SNAPSHOT_BOOKINGS = 1_000_000;
 export const MAX_SNAPSHOT_BINDINGS = 1_000_000;
 /** Rank rows in one loads event: every rank of a partition (MAX_RANK_KEYS, src/core/rank-registry.ts). */
@@ -73,11 +74,8 @@ export const MAX_SNAPSHOT_PARTITIONS = 65_536;
 /** Catalogue entries (workers and tombstones) and worker statuses in a snapshot. */
 export const MAX_SNAPSHOT_CATALOG_ENTRIES = 1_048_576;
 export const MAX_SNAPSHOT_WORKER_STATUSES = 1_048_576;
-/**
- * Entries of one map or list in a peer's worker (kv_events_endpoints, taints, ...): a worker has
- * at most 1,024 ranks (MAX_DATA_PARALLEL_SIZE), so 4,096 leaves room and bounds the validator's work.
- */
-export const MAX_WORKER_FIELD_ENTRIES = 4_096;
+/** Entries of one map or list in a peer's worker: the bound POST /workers enforces (src/core/limits.ts). */
+export { MAX_WORKER_FIELD_ENTRIES };
 /** Other origins whose totals a snapshot carries (the mesh's tracked-origin bound is far below). */
 export const MAX_SNAPSHOT_ORIGINS = 4_096;
 /** request_id, session_id, model_name, routing_group, UTF-8 bytes: the core's own bound. */

@@ -19,12 +19,12 @@
  *   for ours, see curve-key-directory.ts): handshake:error:protocol ERR_ZMTP_CRYPTOGRAPHIC.
  */
 import type { Logger } from "pino";
-import { Router, type Context, type Event, type Observer, type Socket } from "zeromq";
+import { Router, type Context, type Event, type Socket } from "zeromq";
 
 import { systemClock, type Clock } from "../src/core/time.js";
 import { LogThrottle } from "../src/util/log-throttle.js";
 import { decodeCurveKey, z85Encode } from "./curve.js";
-import { observe, retireObserver } from "../src/util/zmq-observers.js";
+import { observe, retireObserver, type IteratedObserver } from "../src/util/zmq-observers.js";
 
 /** RFC 27: the handler's fixed endpoint, per context. */
 export const ZAP_ENDPOINT = "inproc://zeromq.zap.01";
@@ -193,11 +193,11 @@ export function watchServerHandshakes(socket: Socket, role: "publish" | "control
   return { done: countHandshakes(socket, events, role, counters, log, clock), stop };
 }
 
-async function countHandshakes(socket: Socket, events: Observer, role: "publish" | "control", counters: HandshakeCounters, log: Logger, clock: Clock): Promise<void> {
+async function countHandshakes(socket: Socket, events: IteratedObserver, role: "publish" | "control", counters: HandshakeCounters, log: Logger, clock: Clock): Promise<void> {
   const plainThrottle = new LogThrottle(undefined, clock);
   try {
     for await (const e of events) {
-      // A receive pending when the observer is closed resolves with undefined.
+      // A receive pending when the observer is closed resolves with undefined or rejects (ENOTSOCK).
       const event = e as Event | undefined;
       if (event === undefined) break;
       if (event.type === "handshake") {

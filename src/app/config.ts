@@ -22,7 +22,9 @@ import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS, DEFAU
 import { resolveServiceOptions } from "../core/service-options.js";
 import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../core/selector-config.js";
 import { loadApiTokenFile, type ApiToken } from "../http/auth.js";
+import type { ConnectionLimits } from "../http/connection-limits.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../http/server.js";
+import { defaultMaxConnections, processFdLimit } from "../util/fd-budget.js";
 import { DEFAULT_TRACES_SERVICE_NAME, tracesEndpointProblem } from "../http/tracing.js";
 import { DEFAULT_REPLAY_TIMEOUT_MS } from "../ingest/kv-event-listener.js";
 import { DEFAULT_DP_RANK_PORT_STRIDE, DEFAULT_EXT_PROC_MAX_BODY_BYTES, DEFAULT_ROUTING_GROUP_HEADER, DEFAULT_SESSION_HEADER, type TokenizerFailure } from "../extproc/defaults.js";
@@ -82,6 +84,10 @@ export interface DaemonConfig {
   /** Most worker ranks (sum of data_parallel_size) at once; a registration past it gets 409 KVMESH_FLEET_LIMIT. */
   readonly maxRanks: number;
   readonly bodyLimitBytes: number;
+  /** HTTP connections at once; unset: half the fd reserve (src/util/fd-budget.ts defaultMaxConnections). */
+  readonly maxConnections?: number | undefined;
+  /** HTTP connections at once from one remote address; unset: half of maxConnections (a load balancer's few addresses still get most). */
+  readonly maxConnectionsPerClient?: number | undefined;
   /** A JSON or YAML list of workers (the POST /workers shape) reconciled into the catalogue and watched (src/app/workers-file.ts). */
   readonly workersFile?: string | undefined;
   /** On SIGTERM: seconds `/ready` answers 503 while everything else is served, before shutting down (0: at once). */
@@ -177,6 +183,8 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   maxPartitions: DEFAULT_MAX_PARTITIONS,
   maxRanks: DEFAULT_MAX_RANKS,
   bodyLimitBytes: DEFAULT_BODY_LIMIT_BYTES,
+  maxConnections: undefined,
+  maxConnectionsPerClient: undefined,
   workersFile: undefined,
   drainSecs: DEFAULT_DRAIN_SECS,
   replicaSyncPort: undefined,
@@ -268,12 +276,31 @@ export function resolveDaemonConfig(input: DaemonConfigInput = {}, options: Reso
   const set = Object.fromEntries(Object.entries(given).filter(([, v]) => v !== undefined)) as Partial<DaemonConfig>;
   const config: DaemonConfig = { ...DEFAULT_DAEMON_CONFIG, ...set, selector: { ...DEFAULT_DAEMON_CONFIG.selector, ...set.selector } };
   const files: SecretFiles = { meshKeyFile, meshAllowFiles, apiTokenFile };
-  const problem = replicaSyncProblem(config, name) ?? hostReplicationProblem(config, name) ?? meshSecurityProblem(config, files, name) ?? tracingProblem(config, name) ?? extProcProblem(config, name);
+  const problem = replicaSyncProblem(config, name) ?? hostReplicationProblem(config, name) ?? meshSecurityProblem(config, files, name) ?? tracingProblem(config, name) ?? extProcProblem(config, name) ?? connectionProblem(config, name);
   if (problem !== undefined) throw configError(problem.field, problem.message);
   checkCoreOptions(serviceOptionsOf(config), name);
   const resolved = Object.freeze(withSecrets(config, files, name, options.warn ?? (() => undefined)));
   resolvedConfigs.add(resolved);
   return resolved as ResolvedDaemonConfig;
+}
+
+/** The HTTP connection caps: positive integers, the per-client one not above the total. */
+export function connectionProblem(config: DaemonConfig, name: FieldNamer = (f) => f): ConfigProblem | undefined {
+  for (const field of ["maxConnections", "maxConnectionsPerClient"] as const) {
+    const v = config[field];
+    if (v !== undefined && !(Number.isSafeInteger(v) && v > 0)) return { field, message: `${name(field)} must be a positive integer, got ${String(v)}` };
+  }
+  const { maxConnections: max, maxConnectionsPerClient: perClient } = config;
+  if (max !== undefined && perClient !== undefined && perClient > max) {
+    return { field: "maxConnectionsPerClient", message: `${name("maxConnectionsPerClient")} ${String(perClient)} is above ${name("maxConnections")} ${String(max)}` };
+  }
+  return undefined;
+}
+
+/** The caps the HTTP server applies: the configured ones, else derived from the process's fd limit. */
+export function connectionLimitsOf(config: DaemonConfig, fdLimit: number | null = processFdLimit()): ConnectionLimits {
+  const max = config.maxConnections ?? defaultMaxConnections(fdLimit);
+  return { max, perClient: config.maxConnectionsPerClient ?? Math.max(1, Math.min(max, Math.ceil(max / 2))) };
 }
 
 export interface ConfigProblem {

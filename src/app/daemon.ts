@@ -4,7 +4,7 @@
  * resolves its flags into a config (src/app/config.ts) and calls startDaemon; tests start it in process.
  */
 import type { Logger } from "pino";
-import { isLoopbackHost, replicaSyncEndpoints, resolveDaemonConfig, serviceOptionsOf, type DaemonConfig } from "./config.js";
+import { connectionLimitsOf, isLoopbackHost, replicaSyncEndpoints, resolveDaemonConfig, serviceOptionsOf, type DaemonConfig } from "./config.js";
 import { KvEndpointError, KvIngest } from "../ingest/kv-ingest.js";
 import { raiseZmqSocketLimit } from "../ingest/zmq-socket-limit.js";
 import { HttpMetrics } from "../http/metrics.js";
@@ -101,6 +101,15 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   logSecurityPosture(config, logger);
   raiseZmqSocketLimit();
   const service = new SelectionService(serviceOptionsOf(config));
+  const versionLog = new LogThrottle();
+  service.onVersionRefused((r) => {
+    versionLog.hit((suppressed) => {
+      logger.warn(
+        { kind: r.kind, writer_id: r.writerId.toString(), sequence: r.sequence.toString(), ...(r.origin === undefined ? {} : { origin: r.origin.toString() }), suppressed },
+        "replicated version refused: more than 5 minutes ahead of this replica's clock, or not written by its sender (kvmesh_versions_refused_total)",
+      );
+    });
+  });
   const ingestLog = logger.child({ subsystem: "ingest" });
   const indexShedLog = new LogThrottle();
   const cycleLog = new LogThrottle();
@@ -220,7 +229,11 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   }
   const metrics = new HttpMetrics(registry);
   registerServiceMetrics(registry, service);
-  registerIngestMetrics(registry, () => ingest.stats());
+  registerIngestMetrics(
+    registry,
+    () => ingest.stats(),
+    () => ingest.budgetRefusals,
+  );
   let http: RunningHttpServer;
   try {
     http = await startHttpServer({
@@ -234,6 +247,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       apiToken: config.apiToken,
       meshSelf: meshSelfOf(mesh),
       tracer,
+      connections: connectionLimitsOf(config),
     });
   } catch (err) {
     await tracer?.shutdown();

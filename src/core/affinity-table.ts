@@ -22,7 +22,7 @@
 
 import { KvmeshError, badRequest } from "./errors.js";
 import type { Clock } from "./time.js";
-import { compareVersions, type Version } from "./lamport.js";
+import { compareVersions, compareVersionsWithin, type Version, type VersionHorizon } from "./lamport.js";
 
 export type AffinityMode = "hard" | "soft";
 
@@ -92,6 +92,11 @@ export interface AffinityTableOptions {
   /** First Lamport sequence this table stamps; the core passes wall-clock ns so a restarted
    * writer does not reuse sequences its peers still hold. */
   readonly initialSequence?: bigint;
+  /**
+   * The service's Lamport clock: sequences past its horizon are never observed, a held one orders
+   * below every valid version, and a poisoned next sequence starts again from it (lamport.ts).
+   */
+  readonly versions?: VersionHorizon;
   /**
    * Refreshes of a binding last published (bound, rebound, refreshed, kept alive, or merged from
    * a peer) less than this long ago are not emitted; capped at TTL / 8 (see
@@ -197,6 +202,7 @@ export class AffinityTable {
   #unboundShed = 0;
   readonly #listeners: BindingListener[] = [];
   #nextSequence: bigint;
+  readonly #versions: VersionHorizon | undefined;
   #fallbacks = 0;
   #evictions = 0;
   #rebinds = 0;
@@ -236,6 +242,7 @@ export class AffinityTable {
     this.writerId = options.writerId;
     this.#clock = options.clock;
     this.#nextSequence = initialSequence;
+    this.#versions = options.versions;
     this.refreshCoalesceMs = refreshCoalesceWindowMs(refreshCoalesceMs, ttlMs);
     this.#onRefreshCoalesced = options.onRefreshCoalesced;
   }
@@ -407,6 +414,7 @@ export class AffinityTable {
    * binding the service parks until its worker registers still orders our next local version).
    */
   observeSequence(sequence: bigint): void {
+    if (this.#versions !== undefined && sequence > this.#versions.horizon()) return;
     if (isU64(sequence) && sequence >= this.#nextSequence) {
       this.#nextSequence = sequence < U64_MAX ? sequence + 1n : U64_MAX;
     }
@@ -445,7 +453,7 @@ export class AffinityTable {
       this.#entries.set(sessionId, this.#replicaEntry(incoming, adopted, now));
       return "replaced-expired";
     }
-    const order = compareVersions(adopted, entry.version);
+    const order = this.#order(adopted, entry.version);
     // A peer's use is a use here too (LRU): a session active elsewhere is not evicted first.
     if (order >= 0) this.#touch(sessionId, entry);
     if (sameTarget(entry.target, incoming) && order >= 0) {
@@ -475,7 +483,7 @@ export class AffinityTable {
     const { sessionId, now, incoming, adopted } = admitted;
     const entry = this.#entries.get(sessionId);
     // A bind after the unbind (the session's next request bound afresh somewhere) wins.
-    if (entry !== undefined && !this.#idleExpired(entry, now) && compareVersions(adopted, entry.version) <= 0) return "ignored-conflict";
+    if (entry !== undefined && !this.#idleExpired(entry, now) && this.#order(adopted, entry.version) <= 0) return "ignored-conflict";
     // Local leases of a dropped entry release as no-ops (release checks the entry is still held).
     this.#entries.delete(sessionId);
     this.#unbind(sessionId, incoming, adopted, now, false);
@@ -499,7 +507,7 @@ export class AffinityTable {
     const now = this.#clock.now();
     const adopted: BindingVersion = { sequence: version.sequence, writerId: version.writerId };
     const unbound = this.#liveUnbind(sessionId, now);
-    if (unbound !== undefined && compareVersions(adopted, unbound.version) <= 0) return "ignored-conflict";
+    if (unbound !== undefined && this.#order(adopted, unbound.version) <= 0) return "ignored-conflict";
     return { sessionId, now, incoming: { workerId: target.workerId, dpRank: target.dpRank }, adopted };
   }
 
@@ -601,7 +609,14 @@ export class AffinityTable {
     return this.#entries.size < this.maxEntries;
   }
 
+  /** compareVersions, with a poisoned version (past the clock's horizon) below every valid one. */
+  #order(a: BindingVersion, b: BindingVersion): number {
+    return this.#versions === undefined ? compareVersions(a, b) : compareVersionsWithin(a, b, this.#versions.horizon());
+  }
+
   #stamp(): BindingVersion {
+    // A poisoned next sequence (past the horizon) starts again from the service's clock.
+    if (this.#versions !== undefined && this.#nextSequence > this.#versions.horizon()) this.#nextSequence = this.#versions.peek();
     const version = { sequence: this.#nextSequence, writerId: this.writerId };
     if (this.#nextSequence < U64_MAX) this.#nextSequence++;
     return version;

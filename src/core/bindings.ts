@@ -12,7 +12,7 @@
 import { AffinityTable, affinitySweepIntervalMs, type BindingReason, type SessionBinding } from "./affinity-table.js";
 import type { Clock, WallClockNs } from "./time.js";
 import { KvmeshError } from "./errors.js";
-import { LamportClock } from "./lamport.js";
+import { DEFAULT_MAX_VERSION_SKEW_NS, LamportClock, type VersionRefusal } from "./lamport.js";
 import type { Partition } from "./partition.js";
 import type { BindingEvent } from "./replica-events.js";
 import { MAX_ID_BYTES } from "./request-ids.js";
@@ -46,6 +46,13 @@ export interface SessionBindingsOptions {
   readonly hostReplication: boolean;
   readonly counters: ServiceCounters;
   readonly fleet: PartitionLookup;
+  /** A binding refused for a version past the clock's horizon (the caller logs it, throttled). */
+  readonly onVersionRefused?: (r: VersionRefusal) => void;
+}
+
+/** Why a host's binding was refused, for its outcome. */
+function futureVersionReason(clock: LamportClock): string {
+  return `sequence: more than ${String(DEFAULT_MAX_VERSION_SKEW_NS / 1_000_000_000n)} s ahead of this replica's wall clock (latest accepted now: ${String(clock.horizon())})`;
 }
 
 /** THE builder of binding events: what a partition's table publishes and what a snapshot carries. */
@@ -102,6 +109,7 @@ export class SessionBindings {
       writerId: this.#o.writerId,
       clock: this.#o.clock,
       initialSequence: this.#clock.peek(),
+      versions: this.#clock,
       refreshCoalesceMs: this.#o.refreshCoalesceMs,
       onRefreshCoalesced: () => {
         this.#o.counters.bindingRefreshesCoalesced++;
@@ -143,11 +151,22 @@ export class SessionBindings {
       this.#o.counters.bindingsIgnored++;
       return { outcome: "rejected-invalid", reason: checked.reason };
     }
+    if (this.#refusedAhead(checked.binding)) return { outcome: "rejected-invalid", reason: futureVersionReason(this.#clock) };
     return { outcome: this.#merge(checked.binding) };
+  }
+
+  /** A version past the clock's horizon: never merged nor observed, it would saturate every clock that heard it (#29 G3). */
+  #refusedAhead(e: BindingEvent): boolean {
+    if (this.#clock.admits(e.sequence)) return false;
+    this.#o.counters.bindingsIgnored++;
+    this.#o.counters.versionsRefusedAhead++;
+    this.#o.onVersionRefused?.({ kind: "binding", writerId: e.writer_id, sequence: e.sequence });
+    return true;
   }
 
   #merge(e: BindingEvent): SessionBindingOutcomeKind {
     const c = this.#o.counters;
+    if (this.#refusedAhead(e)) return "rejected-invalid";
     this.#clock.observe(e.sequence);
     const p = this.#o.fleet.partition(partitionKey(e.model_name, e.routing_group));
     if (e.writer_id === this.#o.writerId) {

@@ -23,7 +23,7 @@
  */
 import type { Clock, WallClockNs } from "./time.js";
 import { KvmeshError } from "./errors.js";
-import { compareVersions, LamportClock, type Version } from "./lamport.js";
+import { compareVersions, compareVersionsWithin, LamportClock, type Version, type VersionRefusal } from "./lamport.js";
 import type { WorkerChange } from "./fleet.js";
 import type { CatalogEvent, CatalogWorker, WorkerStatusEvent } from "./replica-events.js";
 import type { ServiceCounters } from "./service-stats.js";
@@ -81,10 +81,12 @@ export interface CatalogReplicationOptions {
   readonly fleet: CatalogFleet;
   readonly tombstoneTtlMs?: number;
   readonly maxTombstones?: number;
+  /** A peer's event refused for its version or writer (the caller logs it, throttled). */
+  readonly onVersionRefused?: (r: VersionRefusal) => void;
 }
 
 /** What applying a peer's catalogue event did. */
-export type CatalogApplyOutcome = "applied" | "deleted" | "version-only" | "ignored-stale" | "rejected";
+export type CatalogApplyOutcome = "applied" | "deleted" | "version-only" | "ignored-stale" | "rejected" | "refused";
 
 /** Canonical JSON: sorted keys, bigints as decimal strings, so equal content prints equal. */
 function canonical(v: unknown): string {
@@ -218,13 +220,22 @@ export class CatalogReplication {
 
   // ---------------------------------------------------------------- peers' changes
 
-  /** Merges a peer's catalogue event (from its stream or its snapshot) last-writer-wins. */
-  apply(e: CatalogEvent): CatalogApplyOutcome {
+  /**
+   * Merges a peer's catalogue event (from its stream or its snapshot) last-writer-wins. Refused
+   * (#29 G4): a version past the clock's horizon (lamport.ts), and an event on `origin`'s own
+   * stream that `origin` did not write.
+   */
+  apply(e: CatalogEvent, origin?: bigint): CatalogApplyOutcome {
     const c = this.#o.counters;
+    if (!this.#clock.admits(e.sequence) || (origin !== undefined && e.writer_id !== origin)) {
+      c.versionsRefusedAhead++;
+      this.#o.onVersionRefused?.({ kind: "catalog", writerId: e.writer_id, sequence: e.sequence, ...(origin === undefined ? {} : { origin }) });
+      return "refused";
+    }
     this.#clock.observe(e.sequence);
     const version: Version = { sequence: e.sequence, writerId: e.writer_id };
     const current = this.#entries.get(e.worker_id);
-    if (current !== undefined && compareVersions(version, current.version) <= 0) {
+    if (current !== undefined && compareVersionsWithin(version, current.version, this.#clock.horizon()) <= 0) {
       c.catalogEventsStale++;
       return "ignored-stale";
     }

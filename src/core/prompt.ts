@@ -3,7 +3,8 @@
  * the prefix index walks and the tracking (sequence) hashes the load ledger deduplicates.
  */
 import { badRequest } from "./errors.js";
-import { hashListFromBigInts, type HashList } from "./hash64.js";
+import { hashCount, hashListFromBigInts, type HashList } from "./hash64.js";
+import { MAX_HASHES_PER_BOOKING } from "./limits.js";
 import { computeBlockHashes, computeSequenceHashes } from "./hashing.js";
 import type { PromptHashCache } from "./prompt-hash-cache.js";
 import type { Random } from "./random.js";
@@ -67,6 +68,7 @@ export function normalizePrompt(
   } else {
     throw badRequest("a prompt needs token_ids, or block_hashes + sequence_hashes + isl_tokens", "token_ids");
   }
+  boundHashes(seqHashes, routing === undefined ? "sequence_hashes" : routing.field, blockSize);
   if (!assumeKvReuse) {
     // Without KV reuse, in-flight requests never share active blocks: random tracking hashes.
     seqHashes = new Uint32Array(seqHashes.length);
@@ -87,7 +89,17 @@ export function normalizeReservationPrompt(p: PromptFields, normalize: (p: Promp
   if (routingTokens(p) !== undefined || p.block_hashes !== undefined || p.sequence_hashes === undefined) return normalize(p);
   if (p.isl_tokens === undefined) throw badRequest("isl_tokens is required with sequence_hashes and no token_ids", "isl_tokens");
   if (!Number.isInteger(p.isl_tokens) || p.isl_tokens <= 0) throw badRequest("isl_tokens must be a positive integer", "isl_tokens");
-  return { localHashes: new Uint32Array(0), seqHashes: toHashList(p.sequence_hashes, "sequence_hashes"), islTokens: p.isl_tokens };
+  const seqHashes = toHashList(p.sequence_hashes, "sequence_hashes");
+  boundHashes(seqHashes, "sequence_hashes", null);
+  return { localHashes: new Uint32Array(0), seqHashes, islTokens: p.isl_tokens };
+}
+
+/** A booking of more blocks than a mesh event carries would cut this replica off from its peers (limits.ts, #29 G2). */
+function boundHashes(seqHashes: HashList, field: string, blockSize: number | null): void {
+  const n = hashCount(seqHashes);
+  if (n <= MAX_HASHES_PER_BOOKING) return;
+  const why = blockSize === null || field === "sequence_hashes" ? `${String(n)} hashes` : `${String(n)} blocks of ${String(blockSize)} tokens`;
+  throw badRequest(`${field}: ${why}, more than the ${String(MAX_HASHES_PER_BOOKING)} one booking may hold`, field);
 }
 
 /**

@@ -15,6 +15,7 @@
  */
 import { addBusySignals, type BusyThresholds } from "./busy-signals.js";
 import { SessionBindings } from "./bindings.js";
+import type { VersionRefusal } from "./lamport.js";
 import { CatalogReplication, type WorkerReplicaStatus } from "./catalog-replication.js";
 import { Chooser, effectivePrefill, selectResponse } from "./choose.js";
 import type { Clock } from "./time.js";
@@ -76,6 +77,9 @@ export type { DumpEvent, DumpFilter, WorkerChange } from "./fleet.js";
  */
 export const DEFAULT_MAX_BATCHED_TOKENS = 10_000_000;
 
+/** GET /ready lists the workers' records up to this many workers (the reference's shape); past it, a count (#29 G13). */
+export const READY_WORKERS_LISTED_MAX = 256;
+
 export class SelectionService {
   readonly replicaId: bigint;
   readonly #clock: Clock;
@@ -89,6 +93,7 @@ export class SelectionService {
   readonly #bindings: SessionBindings;
   readonly #catalog: CatalogReplication;
   readonly #drainingListeners: (() => void)[] = [];
+  readonly #refusalListeners = new Set<(r: VersionRefusal) => void>();
   readonly #busy: BusyThresholds;
   #shuttingDown = false;
   #draining = false;
@@ -138,8 +143,20 @@ export class SelectionService {
       hostReplication: o.hostReplication,
       counters,
       fleet: this.#fleet,
+      onVersionRefused: (r) => {
+        this.#versionRefused(r);
+      },
     });
-    this.#catalog = new CatalogReplication({ clock: o.clock, wallClockNs: o.wallClockNs, replicaId: o.replicaId, counters, fleet: this.#fleet });
+    this.#catalog = new CatalogReplication({
+      clock: o.clock,
+      wallClockNs: o.wallClockNs,
+      replicaId: o.replicaId,
+      counters,
+      fleet: this.#fleet,
+      onVersionRefused: (r) => {
+        this.#versionRefused(r);
+      },
+    });
     this.#chooser = new Chooser({ selector: o.selector, workerType: o.workerType, random: o.random, clock: o.clock, counters, fleet: this.#fleet });
     this.#book = new ReservationBook({
       replicaId: o.replicaId,
@@ -267,12 +284,18 @@ export class SelectionService {
 
   /**
    * GET /ready: as the reference's `ReadyResponse` (services/selection/types.rs), `workers` is
-   * every catalog record (`catalog.list(None, None)`), not a count.
+   * every catalog record (`catalog.list(None, None)`), not a count, up to READY_WORKERS_LISTED_MAX
+   * workers (or with `allWorkers`). Past it a probe listed 8.4 MB at 16,000 workers (#29 G13):
+   * `workers` is then empty, with `workers_total` and `workers_omitted: true` (GET /workers lists them).
    */
-  ready(): { ready: boolean; schedulable_workers: number; workers: WorkerCatalogRecord[]; draining?: true } {
+  ready(allWorkers = false): { ready: boolean; schedulable_workers: number; workers: WorkerCatalogRecord[]; workers_total?: number; workers_omitted?: true; draining?: true } {
     this.#replication.drainInbound();
     const r = this.#fleet.readiness();
-    const base = { ready: !this.#shuttingDown && !this.#draining && r.schedulable > 0, schedulable_workers: r.schedulable, workers: this.#fleet.listWorkers() };
+    const ready = !this.#shuttingDown && !this.#draining && r.schedulable > 0;
+    const base =
+      allWorkers || r.workers <= READY_WORKERS_LISTED_MAX
+        ? { ready, schedulable_workers: r.schedulable, workers: this.#fleet.listWorkers() }
+        : { ready, schedulable_workers: r.schedulable, workers: [], workers_total: r.workers, workers_omitted: true as const };
     return this.#draining ? { ...base, draining: true } : base;
   }
 
@@ -512,6 +535,16 @@ export class SelectionService {
 
   kvEventsEndpointsOf(workerId: WorkerId): { dpRank: number; endpoint: string }[] {
     return this.#fleet.kvEventsEndpointsOf(workerId);
+  }
+
+  /** A binding or catalogue event refused for its version (lamport.ts; the daemon logs it, throttled). */
+  onVersionRefused(listener: (r: VersionRefusal) => void): () => void {
+    this.#refusalListeners.add(listener);
+    return () => this.#refusalListeners.delete(listener);
+  }
+
+  #versionRefused(r: VersionRefusal): void {
+    for (const l of this.#refusalListeners) l(r);
   }
 
   /** Catalogue deletions remembered now (tombstones). */

@@ -28,6 +28,8 @@ export interface ServiceStats {
   readonly replicaEventsIgnored: number;
   readonly bindingsApplied: number;
   readonly bindingsIgnored: number;
+  /** Bindings and catalogue events refused: a version past the Lamport horizon (wall clock + skew), or a catalogue event not written by the origin that sent it (#29 G3/G4). */
+  readonly versionsRefusedAhead: number;
   /** Bookings force-freed after the active-request expiry. */
   readonly expiredRequests: number;
   readonly bindingsParked: number;
@@ -76,6 +78,7 @@ export class ServiceCounters implements Mutable<ServiceStats> {
   replicaEventsIgnored = 0;
   bindingsApplied = 0;
   bindingsIgnored = 0;
+  versionsRefusedAhead = 0;
   expiredRequests = 0;
   bindingsParked = 0;
   bindingsUnparked = 0;

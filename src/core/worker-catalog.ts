@@ -5,6 +5,7 @@
  * cannot be scheduled spelled out in `not_schedulable_reasons`.
  */
 import { badRequest, KvmeshError } from "./errors.js";
+import { MAX_WORKER_FIELD_ENTRIES } from "./limits.js";
 import {
   DEFAULT_MODEL_NAME,
   DEFAULT_ROUTING_GROUP,
@@ -23,6 +24,14 @@ export const MAX_ENDPOINT_BYTES = 1024;
 export const MAX_DATA_PARALLEL_SIZE = 1024;
 const U64_MAX = (1n << 64n) - 1n;
 const U32_MAX = 0xffff_ffff;
+
+/** Every list or map of a worker within MAX_WORKER_FIELD_ENTRIES: what the mesh decoder accepts of it (limits.ts). */
+function boundFieldEntries(req: object): void {
+  for (const [field, v] of Object.entries(req) as [string, unknown][]) {
+    const n = Array.isArray(v) ? v.length : v !== null && typeof v === "object" ? Object.keys(v).length : 0;
+    if (n > MAX_WORKER_FIELD_ENTRIES) throw badRequest(`${field} has ${String(n)} entries, more than ${String(MAX_WORKER_FIELD_ENTRIES)}`, field);
+  }
+}
 
 export const partitionKey = (model: string, group: string): string => `${model}:${group}`;
 
@@ -181,6 +190,7 @@ export class WorkerCatalog {
  */
 export function workerDraft(req: WorkerRequest): WorkerCatalogRecord {
   validateWorkerId(req.worker_id, "worker_id");
+  boundFieldEntries(req);
   const draft: WorkerCatalogRecord = {
     worker_id: req.worker_id,
     model_name: name(req.model_name, "model_name") ?? DEFAULT_MODEL_NAME,

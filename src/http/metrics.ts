@@ -22,6 +22,8 @@ export class HttpMetrics {
   readonly #requests: Counter<"route" | "status">;
   readonly #durations: Histogram<"route">;
   readonly #unauthorized: Counter<"reason">;
+  readonly #pipelineOverflow: Counter;
+  readonly #connectionsRefused: Counter<"reason">;
 
   constructor(registry: MetricsRegistry) {
     this.registry = registry;
@@ -40,6 +42,18 @@ export class HttpMetrics {
       labelNames: ["reason"] as const,
       registers,
     });
+    this.#pipelineOverflow = new Counter({
+      name: "kvmesh_http_pipeline_overflow_total",
+      help: "Connections closed for queueing more pipelined requests than are answered while their answers went unread (src/http/pipeline.ts).",
+      registers,
+    });
+    this.#connectionsRefused = new Counter({
+      name: "kvmesh_http_connections_refused_total",
+      help: "HTTP connections closed on arrival: past --max-connections, or past --max-connections-per-client from one address.",
+      labelNames: ["reason"] as const,
+      registers,
+    });
+    for (const reason of ["max_connections", "per_client"] as const) this.#connectionsRefused.inc({ reason }, 0);
     // Every reason from the start, so a rate() over a first refusal sees it rise from 0.
     for (const reason of AUTH_FAILURES) this.#unauthorized.inc({ reason }, 0);
   }
@@ -47,6 +61,16 @@ export class HttpMetrics {
   observeRequest(route: string, status: number, ms: number): void {
     this.#requests.inc({ route, status: String(status) });
     this.#durations.observe({ route }, ms / MS_PER_SECOND);
+  }
+
+  /** A connection closed on arrival (src/http/connection-limits.ts). */
+  observeConnectionRefused(reason: "max_connections" | "per_client"): void {
+    this.#connectionsRefused.inc({ reason });
+  }
+
+  /** A connection cut off for pipelining too deep (src/http/pipeline.ts). */
+  observePipelineOverflow(): void {
+    this.#pipelineOverflow.inc();
   }
 
   /** A request refused for a missing, malformed or wrong API token (401). */

@@ -8,8 +8,9 @@ import type { SelectionService } from "../core/selection-service.js";
 
 export type Readiness = ReturnType<SelectionService["ready"]> & { mesh_syncing?: true; mesh_syncing_peers?: string[] };
 
-export function readiness(svc: Pick<SelectionService, "ready">, mesh: MeshControl | undefined): Readiness {
-  const r = svc.ready();
+/** `allWorkers` (`?workers=all`): list every worker's record even past READY_WORKERS_LISTED_MAX. */
+export function readiness(svc: Pick<SelectionService, "ready">, mesh: MeshControl | undefined, allWorkers = false): Readiness {
+  const r = svc.ready(allWorkers);
   const pending = mesh?.startupSyncPending?.() ?? null;
   return pending === null ? r : { ...r, ready: false, mesh_syncing: true, mesh_syncing_peers: pending };
 }

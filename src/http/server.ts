@@ -24,7 +24,9 @@ import { authFailureOf, checkBearer, requiresApiToken, wwwAuthenticateFor, type 
 import { handleClientErrors } from "./client-error.js";
 import { stringifyJson } from "./json.js";
 import type { MeshControl } from "./mesh-control.js";
+import { limitConnections, type ConnectionLimits } from "./connection-limits.js";
 import type { HttpMetrics } from "./metrics.js";
+import { MAX_PIPELINED_WAITING, PipelineGate } from "./pipeline.js";
 import { ClientGoneError, JSON_CONTENT_TYPE, readJsonBody } from "./request-body.js";
 import { decisionFields, REQUEST_ID_HEADER, requestIdOf } from "./request-id.js";
 import type { RequestTracer } from "./request-trace.js";
@@ -81,6 +83,8 @@ export interface HttpServerOptions {
   meshSelf?: (() => UiMeshSelf) | undefined;
   /** Request tracing (src/http/tracing.ts); unset: off, and a request pays one undefined check. */
   tracer?: RequestTracer | undefined;
+  /** Connection caps (src/http/connection-limits.ts); unset: none (tests, the library). */
+  connections?: ConnectionLimits | undefined;
 }
 
 export interface RunningHttpServer {
@@ -116,6 +120,10 @@ class HttpApi {
   readonly #server: Server;
   /** Refused tokens are logged at most once per 10 s (a scanner must not flood the log). */
   readonly #authLog = new LogThrottle();
+  readonly #pipelineLog = new LogThrottle();
+  readonly #connectionLog = new LogThrottle();
+  /** Pipelined requests answered a few at a time per socket (src/http/pipeline.ts). */
+  readonly #pipeline: PipelineGate;
   #closing = false;
   #closed: Promise<void> | undefined;
 
@@ -139,8 +147,23 @@ class HttpApi {
     this.#server.keepAliveTimeout = t.keepAliveMs ?? DEFAULT_KEEP_ALIVE_TIMEOUT_MS;
     // Parser-level refusals (bad framing, oversized headers, slow clients) answer JSON too.
     handleClientErrors(this.#server, this.#log);
+    this.#pipeline = new PipelineGate((socket) => {
+      o.metrics.observePipelineOverflow();
+      this.#pipelineLog.hit((suppressed) => {
+        this.#log.warn({ remote: socket.remoteAddress, suppressed }, `connection closed: more than ${String(MAX_PIPELINED_WAITING)} pipelined requests waiting for their answers to be read (kvmesh_http_pipeline_overflow_total)`);
+      });
+    });
+    if (o.connections !== undefined) {
+      const limits = o.connections;
+      limitConnections(this.#server, limits, (reason, remote) => {
+        o.metrics.observeConnectionRefused(reason);
+        this.#connectionLog.hit((suppressed) => {
+          this.#log.warn({ reason, remote, max_connections: limits.max, max_connections_per_client: limits.perClient, suppressed }, "connection refused: at the connection cap (kvmesh_http_connections_refused_total)");
+        });
+      });
+    }
     this.#server.on("request", (req: IncomingMessage, res: ServerResponse) => {
-      void this.#handle(req, res);
+      this.#pipeline.admit(req, res, () => void this.#handle(req, res));
     });
   }
 

@@ -35,6 +35,7 @@ import type { SelectionService } from "../core/selection-service.js";
 import type { SessionBindingInput, SessionBindingOutcome } from "../core/session-binding-input.js";
 import type { SessionBindingSubscription } from "../core/session-binding-stream.js";
 import { collectedCounter, collectedGauge } from "../metrics/collected.js";
+import { LogThrottle } from "../util/log-throttle.js";
 import { stringifyJson } from "./json.js";
 
 /** Batches the replay ring keeps (at ~2 batches per routed request burst, minutes of traffic). */
@@ -178,7 +179,16 @@ export interface SessionBindingsHttpStats {
   resyncs: number;
   streamsOpened: number;
   streamsExpired: number;
+  /** `?snapshot=true` streams refused (429) while MAX_UNFLUSHED_SNAPSHOTS snapshots were still unread. */
+  snapshotsRefused: number;
 }
+
+/**
+ * Snapshot lines written and not yet flushed to their readers, at once: each holds a whole
+ * snapshot in memory (about 11 MB; 40 stalled readers added 455 MB, #29 G11). Past it a
+ * `?snapshot=true` stream is refused with 429 until one drains.
+ */
+export const MAX_UNFLUSHED_SNAPSHOTS = 4;
 
 export class SessionBindingsHttp {
   readonly #svc: SelectionService;
@@ -191,7 +201,10 @@ export class SessionBindingsHttp {
   #timer: NodeJS.Timeout | undefined;
   #closed = false;
   #unregisterMetrics: (() => void) | undefined;
-  readonly stats: SessionBindingsHttpStats = { batches: 0, bindings: 0, resyncs: 0, streamsOpened: 0, streamsExpired: 0 };
+  readonly stats: SessionBindingsHttpStats = { batches: 0, bindings: 0, resyncs: 0, streamsOpened: 0, streamsExpired: 0, snapshotsRefused: 0 };
+  /** Snapshot lines still buffered for their readers (MAX_UNFLUSHED_SNAPSHOTS). */
+  #unflushedSnapshots = 0;
+  readonly #snapshotLog = new LogThrottle();
 
   constructor(o: SessionBindingsHttpOptions) {
     this.#svc = o.service;
@@ -234,6 +247,13 @@ export class SessionBindingsHttp {
     }
     const snapshot = snapshotRaw === "true";
     if (snapshot && cursor !== undefined) throw badRequest("snapshot=true and cursor exclude each other: a snapshot restarts the stream, a cursor resumes it", "snapshot");
+    if (snapshot && this.#unflushedSnapshots >= MAX_UNFLUSHED_SNAPSHOTS) {
+      this.stats.snapshotsRefused++;
+      this.#snapshotLog.hit((suppressed) => {
+        this.#log.warn({ unflushed: this.#unflushedSnapshots, suppressed }, "session binding snapshot stream refused (429): earlier snapshots are still unread (kvmesh_session_bindings_snapshots_refused_total)");
+      });
+      throw new KvmeshError("KVMESH_OVERLOADED", `${String(MAX_UNFLUSHED_SNAPSHOTS)} binding snapshots are still being read by other streams: retry shortly`);
+    }
     const resumeAfter = cursor === undefined ? undefined : ring.resumePoint(cursor);
     return {
       status: 200,
@@ -294,6 +314,7 @@ export class SessionBindingsHttp {
       { name: "kvmesh_session_bindings_stream_batches_total", help: "Binding batches added to the replay ring.", read: () => this.stats.batches },
       { name: "kvmesh_session_bindings_stream_resyncs_total", help: "Snapshot batches added after the relay's queue shed bindings.", read: () => this.stats.resyncs },
       { name: "kvmesh_session_bindings_stream_expired_total", help: "Streams ended because their reader fell behind the replay ring.", read: () => this.stats.streamsExpired },
+      { name: "kvmesh_session_bindings_snapshots_refused_total", help: "?snapshot=true streams refused (429) while 4 snapshots were still unread by their streams.", read: () => this.stats.snapshotsRefused },
     ];
     for (const g of gauges) collectedGauge(registry, g, g.read);
     for (const c of counters) collectedCounter(registry, c, c.read);
@@ -342,7 +363,18 @@ export class SessionBindingsHttp {
     this.stats.streamsOpened++;
     if (snapshot) {
       const bindings = this.#svc.bindingsSnapshot();
-      res.write(`${stringifyJson({ cursor: ring.cursorOf(client.pos), sent_at_ms: now, dropped: 0, snapshot: true, bindings })}\n`);
+      const flushed = res.write(`${stringifyJson({ cursor: ring.cursorOf(client.pos), sent_at_ms: now, dropped: 0, snapshot: true, bindings })}\n`);
+      if (!flushed) {
+        this.#unflushedSnapshots++;
+        let held = true;
+        const release = (): void => {
+          if (!held) return;
+          held = false;
+          this.#unflushedSnapshots--;
+        };
+        res.once("drain", release);
+        res.once("close", release);
+      }
     } else if (client.pos === ring.latestSeq) {
       // Nothing to replay: a first line tells the client its cursor at once.
       res.write(this.#emptyLine(ring, client.pos, now));

@@ -9,11 +9,11 @@
  */
 import { xxh3 } from "@node-rs/xxhash";
 import { pino, type Logger } from "pino";
-import { Dealer, type Observer, Subscriber } from "zeromq";
+import { Dealer, Subscriber } from "zeromq";
 
 import { badRequest } from "../core/errors.js";
 import { LogThrottle } from "../util/log-throttle.js";
-import { observe, retireObserver } from "../util/zmq-observers.js";
+import { observe, retireObserver, watchEvents, type IteratedObserver } from "../util/zmq-observers.js";
 
 import { CacheSaltChain } from "./cache-salt-chain.js";
 import { decodeKvEventBatchCapped, MAX_KV_EVENTS_PER_MESSAGE, MAX_KV_HASHES_PER_MESSAGE, type KvEventBatch } from "./kv-event-decoder.js";
@@ -108,7 +108,7 @@ export class KvEventListener {
    * over one connection is always in order.
    */
   #reconnected = false;
-  #observer: Observer | null = null;
+  #observer: IteratedObserver | null = null;
   #loop: Promise<void> = Promise.resolve();
   #closed = false;
   /** Last applied (or skipped-as-malformed) seq; null until the first message. */
@@ -166,8 +166,9 @@ export class KvEventListener {
       // (EADDRINUSE) and must be closed after its socket (see src/util/zmq-observers.ts).
       const observer = observe(sub);
       this.#observer = observer;
-      observer.on("handshake", () => {
-        if (++this.#handshakes > 1) this.#reconnected = true;
+      // Never observer.on(): its hidden loop's rejection on close ended the daemon (#29 F1).
+      void watchEvents(observer, (event) => {
+        if (event.type === "handshake" && ++this.#handshakes > 1) this.#reconnected = true;
       });
       sub.subscribe();
       sub.connect(this.#endpoint);

@@ -6,6 +6,7 @@
  */
 import type { Logger } from "pino";
 
+import { FDS_PER_KV_RANK, kvRankBudget, processFdLimit } from "../util/fd-budget.js";
 import type { KvEventBatch } from "./kv-event-decoder.js";
 import { KvEventListener, type KvEventListenerStats } from "./kv-event-listener.js";
 
@@ -27,6 +28,8 @@ export interface KvIngestOptions {
   readonly onReset: (ref: KvRankRef) => void;
   readonly logger?: Logger;
   readonly replayTimeoutMs?: number;
+  /** Ranks open at once, at most (fd-budget.ts). Default: derived from the process's fd limit; null: none. */
+  readonly maxRanks?: number | null;
 }
 
 export interface KvRankStats extends KvRankRef {
@@ -57,8 +60,22 @@ export class KvEndpointError extends Error {
   }
 }
 
+/** A rank refused because the KV fd budget is spent: its socket was never opened. */
+export class KvRankBudgetError extends Error {
+  readonly code = "KVMESH_KV_FD_BUDGET";
+  constructor(maxRanks: number) {
+    super(`the process's KV rank budget is spent: ${maxRanks} ranks open, what its fd limit allows with a reserve for HTTP and the mesh (raise ulimit -n; ranks cost ${String(FDS_PER_KV_RANK)} fds each)`);
+    this.name = "KvRankBudgetError";
+  }
+}
+
 export class KvIngest {
   readonly #options: KvIngestOptions;
+  readonly #maxRanks: number | null;
+  /** Listeners open across every worker. */
+  #open = 0;
+  /** Ranks refused for the budget so far. */
+  #budgetRefusals = 0;
   /** workerId -> rank -> listener */
   readonly #workers = new Map<string, Map<number, KvEventListener>>();
   /** Registration changes run one at a time so two upserts of one worker cannot interleave. */
@@ -67,6 +84,12 @@ export class KvIngest {
 
   constructor(options: KvIngestOptions) {
     this.#options = options;
+    this.#maxRanks = options.maxRanks === undefined ? kvRankBudget(processFdLimit()) : options.maxRanks;
+  }
+
+  /** Ranks refused because the fd budget was spent (their workers are incomplete). */
+  get budgetRefusals(): number {
+    return this.#budgetRefusals;
   }
 
   /**
@@ -88,11 +111,16 @@ export class KvIngest {
         const want = wanted.get(rank);
         if (want !== undefined && want.endpoint === listener.endpoint && (want.replayEndpoint ?? null) === listener.replayEndpoint) continue;
         current.delete(rank);
+        this.#open--;
         await listener.close();
         this.#reset({ workerId, rank });
       }
       for (const r of ranks) {
         if (current.has(r.rank)) continue;
+        if (this.#maxRanks !== null && this.#open >= this.#maxRanks) {
+          this.#budgetRefusals++;
+          throw new KvEndpointError(r.rank, r.endpoint, new KvRankBudgetError(this.#maxRanks));
+        }
         const listener = this.#create({ workerId, rank: r.rank }, r);
         try {
           await listener.start();
@@ -100,6 +128,7 @@ export class KvIngest {
           throw new KvEndpointError(r.rank, r.endpoint, err);
         }
         current.set(r.rank, listener);
+        this.#open++;
       }
     });
   }
@@ -110,6 +139,7 @@ export class KvIngest {
       const current = this.#workers.get(workerId);
       if (current === undefined) return false;
       this.#workers.delete(workerId);
+      this.#open -= current.size;
       await Promise.all([...current.values()].map((l) => l.close()));
       return true;
     });
@@ -128,6 +158,7 @@ export class KvIngest {
     await this.#tail;
     const all = [...this.#workers.values()].flatMap((ranks) => [...ranks.values()]);
     this.#workers.clear();
+    this.#open = 0;
     await Promise.all(all.map((l) => l.close()));
   }
 

@@ -5,7 +5,7 @@
 import type { Registry } from "prom-client";
 
 import type { KvRankStats } from "../ingest/kv-ingest.js";
-import { collectedLabelledCounter, type LabelledSample } from "./collected.js";
+import { collectedCounter, collectedLabelledCounter, type LabelledSample } from "./collected.js";
 
 type RankCounters = KvRankStats["stats"];
 type RankLabel = "worker_id" | "dp_rank";
@@ -24,7 +24,8 @@ const RANK_COUNTERS: readonly (readonly [name: string, help: string, pick: (s: R
   ["kvmesh_kv_publisher_resets_damped_total", "Of those, restarts past 4 in 60 s: numbering restarted, the rank's blocks kept (a flapping publisher).", (s) => s.resetsDamped],
 ];
 
-export function registerIngestMetrics(registry: Registry, ingestStats: () => readonly KvRankStats[]): void {
+export function registerIngestMetrics(registry: Registry, ingestStats: () => readonly KvRankStats[], budgetRefusals: () => number = () => 0): void {
+  collectedCounter(registry, { name: "kvmesh_kv_ranks_refused_fd_budget_total", help: "KV ranks refused before opening a socket: the fd budget (the fd limit less a reserve for HTTP and the mesh) was spent." }, budgetRefusals);
   for (const [name, help, pick] of RANK_COUNTERS) {
     collectedLabelledCounter<RankLabel>(registry, { name, help }, ["worker_id", "dp_rank"], function* (): Iterable<LabelledSample<RankLabel>> {
       for (const r of ingestStats()) yield [{ worker_id: r.workerId, dp_rank: String(r.rank) }, pick(r.stats)];

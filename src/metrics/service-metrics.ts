@@ -28,6 +28,11 @@ const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: keyof 
   ["kvmesh_replica_events_ignored_total", "Peer load events ignored (duplicate, unknown partition or rank, tombstoned).", "replicaEventsIgnored"],
   ["kvmesh_bindings_applied_total", "Peer session bindings applied.", "bindingsApplied"],
   ["kvmesh_bindings_ignored_total", "Peer session bindings ignored or rejected.", "bindingsIgnored"],
+  [
+    "kvmesh_versions_refused_total",
+    "Session bindings and catalogue events refused: a version more than 5 minutes ahead of this replica's wall clock, or a catalogue event its sender did not write.",
+    "versionsRefusedAhead",
+  ],
   ["kvmesh_expired_requests_total", "Bookings force-freed after the active-request expiry.", "expiredRequests"],
   ["kvmesh_reservations_refused_total", "Bookings refused (429) at the live-booking limit (--max-reservations).", "reservationsRefused"],
   ["kvmesh_bindings_parked_total", "Peer bindings parked because their worker or partition was not known yet.", "bindingsParked"],

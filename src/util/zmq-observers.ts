@@ -17,11 +17,21 @@
  *   stays bound (40 of 40 rebinds failed with EADDRINUSE); one event-loop turn later: 2 of 40;
  *   10 ms later: 0 of 40.
  * So retireObserver() lets the observer end by itself and closes it only if it is still open
- * OBSERVER_CLOSE_GRACE_MS after its socket was closed. A receive pending at that moment resolves
- * with undefined, which readers treat as the end.
+ * OBSERVER_CLOSE_GRACE_MS after its socket was closed. A receive pending at that moment is
+ * rejected with ENOTSOCK inside close() (zeromq.js's poller fires it after the PAIR is gone), so
+ * readers treat ENOTSOCK and undefined alike as the end.
+ *
+ * That rejection is why observers are only ever read by iteration here, never through the
+ * emitter mode (`observer.on(...)`): zeromq.js runs that mode's receive loop as a promise nobody
+ * awaits, so closing an observer with a receive pending became an unhandled rejection that ended
+ * the process "at closeQuietly" however it was wrapped (#29 F1; `node -e` repro: a Subscriber,
+ * `events.on("handshake", ...)`, then `events.close()`). The type below has no `on`, and
+ * watchEvents() is the emitter mode's replacement, whose loop cannot reject.
  */
-import { EventEmitter } from "node:events";
-import type { Observer, Socket } from "zeromq";
+import type { Event, Observer, Socket } from "zeromq";
+
+/** An observer without zeromq.js's emitter mode (see above): iterate it, or use watchEvents(). */
+export type IteratedObserver = Pick<Observer, "close" | "closed" | "receive" | typeof Symbol.asyncIterator>;
 
 /** How long a closed observer stays referenced (its address unusable for a new one), ms. */
 export const OBSERVER_RETIRE_MS = 5_000;
@@ -30,7 +40,7 @@ export const OBSERVER_CLOSE_GRACE_MS = 250;
 /** Attempts at creating an observer when its monitor name collides (EADDRINUSE). */
 const OBSERVE_ATTEMPTS = 3;
 
-const retired: { readonly observer: Observer; readonly atMs: number }[] = [];
+const retired: { readonly observer: IteratedObserver; readonly atMs: number }[] = [];
 
 function prune(nowMs: number): void {
   let drop = 0;
@@ -44,11 +54,11 @@ const isAddrInUse = (err: unknown): boolean => typeof err === "object" && err !=
  * `socket.events`, created with the collision retry described above. A failed attempt's observer
  * never existed for libzmq; its JS wrapper is kept referenced so the retry gets another address.
  */
-export function observe(socket: Socket): Observer {
+export function observe(socket: Socket): IteratedObserver {
   const failed: unknown[] = [];
   for (let attempt = 1; ; attempt++) {
     try {
-      return withSafeEmitter(socket.events);
+      return socket.events;
     } catch (err) {
       if (!isAddrInUse(err) || attempt >= OBSERVE_ATTEMPTS) throw err;
       failed.push(err);
@@ -60,7 +70,7 @@ export function observe(socket: Socket): Observer {
  * Call right after closing the observer's socket: the observer is closed OBSERVER_CLOSE_GRACE_MS
  * later unless it ended by itself, and kept referenced for OBSERVER_RETIRE_MS.
  */
-export function retireObserver(observer: Observer, nowMs: number = performance.now()): void {
+export function retireObserver(observer: IteratedObserver, nowMs: number = performance.now()): void {
   prune(nowMs);
   if (retired.some((r) => r.observer === observer)) return;
   retired.push({ observer, atMs: nowMs });
@@ -71,40 +81,6 @@ export function retireObserver(observer: Observer, nowMs: number = performance.n
   timer.unref();
 }
 
-/**
- * zeromq.js's event-emitter mode (`observer.on(...)`) reads events in a loop that catches
- * nothing: closing the observer while that loop waits rejects the receive (ENOTSOCK once its
- * socket is gone), unhandled, which ends a Node process. That happened whenever an observer did
- * not end by itself within OBSERVER_CLOSE_GRACE_MS of its socket's close (seen under load, in
- * test/system/ingest/socket-cap.test.ts). This gives the observer the same emitter, created on
- * first use as zeromq.js does, fed by a loop that ends on a rejection or the end of events.
- */
-function withSafeEmitter(observer: Observer): Observer {
-  let emitter: EventEmitter | undefined;
-  Object.defineProperty(observer, "emitter", {
-    configurable: true,
-    get: (): EventEmitter => {
-      if (emitter !== undefined) return emitter;
-      const ee = new EventEmitter();
-      emitter = ee;
-      void (async () => {
-        while (!observer.closed) {
-          let event: Awaited<ReturnType<Observer["receive"]>> | undefined;
-          try {
-            event = await observer.receive();
-          } catch {
-            return;
-          }
-          if (event === undefined) return;
-          ee.emit(event.type, event);
-        }
-      })();
-      return ee;
-    },
-  });
-  return observer;
-}
-
 let closeFailures = 0;
 
 /**
@@ -113,12 +89,38 @@ let closeFailures = 0;
  * KV ranks) threw ENOTSOCK here and killed the daemon 3 times out of 3 (#17 F1). Its socket is
  * gone either way, so there is nothing left to close: counted, and the first one logged.
  */
-function closeQuietly(observer: Observer): void {
+function closeQuietly(observer: IteratedObserver): void {
   try {
     if (!observer.closed) observer.close();
   } catch (err) {
     closeFailures++;
     if (closeFailures === 1) process.emitWarning(`zmq observer close failed (counted, not rethrown): ${err instanceof Error ? err.message : String(err)}`, { code: "KVMESH_OBSERVER_CLOSE" });
+  }
+}
+
+/**
+ * Calls `onEvent` for each of the observer's events until it ends (its socket's "end" event, or
+ * retireObserver closing it). Never rejects: a receive that fails (ENOTSOCK from a close, or a
+ * half-failed socket) ends the watch, and a throwing `onEvent` is reported to `onError` and the
+ * watch goes on.
+ */
+export async function watchEvents(observer: IteratedObserver, onEvent: (event: Event) => void, onError: (err: unknown) => void = () => undefined): Promise<void> {
+  for (;;) {
+    let event: Event | undefined;
+    try {
+      if (observer.closed) return;
+      // A receive pending when the observer is closed resolves with undefined or rejects.
+      event = await observer.receive();
+    } catch {
+      return;
+    }
+    if (event === undefined) return;
+    try {
+      onEvent(event);
+    } catch (err) {
+      onError(err);
+    }
+    if (event.type === "end") return;
   }
 }
 

@@ -19,7 +19,7 @@ export const catalogKind: ReplicaKindFactory<CatalogKindEvent, CatalogSnapshotPa
   });
   return {
     kinds: ["catalog"],
-    apply: (_origin, e) => catalog.apply(e.event),
+    apply: (origin, e) => catalog.apply(e.event, origin),
     snapshot: () => ({ catalog: catalog.snapshot() }),
     install(_origin, s) {
       for (const c of s.catalog ?? []) catalog.apply(c);

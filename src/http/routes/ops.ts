@@ -1,4 +1,5 @@
 /** The operator's routes: health, readiness, metrics, the index dump and the status page. */
+import { badRequest } from "../../core/errors.js";
 import type { SelectionService } from "../../core/selection-service.js";
 import type { MeshControl } from "../mesh-control.js";
 import type { HttpMetrics } from "../metrics.js";
@@ -14,8 +15,10 @@ export function opsRoutes(svc: SelectionService, mesh: MeshControl | undefined, 
       method: "GET",
       pattern: "/ready",
       body: "none",
-      handle: () => {
-        const r = readiness(svc, mesh);
+      handle: (c) => {
+        const workers = queryParam(c.query, "workers");
+        if (workers !== undefined && workers !== "all") throw badRequest(`workers must be "all" when given, got ${JSON.stringify(workers)}`, "workers");
+        const r = readiness(svc, mesh, workers === "all");
         return reply(r.ready ? 200 : 503, r);
       },
     },

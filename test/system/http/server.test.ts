@@ -7,6 +7,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { KvmeshError } from "../../../src/core/errors.js";
 import { hashListFromBigInts, hashListToBigInts, hashListToSignedBigInts } from "../../../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../../../src/core/hashing.js";
+import { READY_WORKERS_LISTED_MAX } from "../../../src/core/selection-service.js";
 import { DEFAULT_BODY_LIMIT_BYTES, startHttpServer, type MeshControl } from "../../../src/http/server.js";
 import { BLOCK, makeService, storedBatch, tokens, worker } from "../../helpers/core-fixtures.js";
 import { startTestServer, testMetrics, type TestServer, type TestServerOptions } from "../../helpers/http-client.js";
@@ -44,6 +45,18 @@ describe("HTTP API: readiness and workers", () => {
     expect(sel.status).toBe(503);
     expect(obj(sel.json).code).toBe("KVMESH_NOT_READY");
     expect((await t.call("GET", "/health")).json).toEqual({ status: "ok" });
+  });
+
+  it("lists workers in /ready up to a bound, past it counts unless ?workers=all (#29 G13)", async () => {
+    const t = await serve();
+    for (let id = 1; id <= READY_WORKERS_LISTED_MAX + 1; id++) t.svc.upsertWorker(worker(id));
+    const small = await t.call("GET", "/ready");
+    expect(small.status).toBe(200);
+    expect(obj(small.json)).toMatchObject({ ready: true, workers: [], workers_total: READY_WORKERS_LISTED_MAX + 1, workers_omitted: true });
+    expect((obj((await t.call("GET", "/ready?workers=all")).json).workers as unknown[]).length).toBe(READY_WORKERS_LISTED_MAX + 1);
+    const bad = await t.call("GET", "/ready?workers=some");
+    expect(bad.status).toBe(400);
+    expect(JSON.stringify(bad.json)).toContain("workers");
   });
 
   it("accepts an incomplete worker (201 with reasons) that cannot be selected", async () => {

@@ -1,5 +1,6 @@
 import { EventEmitter } from "node:events";
 import { request, type IncomingMessage, type ServerResponse } from "node:http";
+import { connect, type Socket } from "node:net";
 
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
@@ -7,7 +8,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { ManualClock } from "../../../src/core/time.js";
 import { parseJson } from "../../../src/http/json.js";
 import { startHttpServer } from "../../../src/http/server.js";
-import { BindingReplayRing, NDJSON_CONTENT_TYPE, SessionBindingsHttp } from "../../../src/http/session-bindings.js";
+import { BindingReplayRing, MAX_UNFLUSHED_SNAPSHOTS, NDJSON_CONTENT_TYPE, SessionBindingsHttp } from "../../../src/http/session-bindings.js";
 import { SelectionService } from "../../../src/core/selection-service.js";
 import { makeService, tokens, worker } from "../../helpers/core-fixtures.js";
 import { kvmeshErrorOf } from "../../helpers/errors.js";
@@ -376,5 +377,41 @@ describe("BindingReplayRing", () => {
     for (let i = 0; i < 5_000; i++) ring.append({ sent_at_ms: 0, dropped: 0, bindings: [] });
     expect(ring.size).toBe(3);
     expect(ring.at(ring.latestSeq - 1)?.seq).toBe(ring.latestSeq - 1);
+  });
+});
+
+describe("binding snapshot streams nobody reads (#29 G11)", () => {
+  it(`refuses ?snapshot=true with 429 while ${String(MAX_UNFLUSHED_SNAPSHOTS)} snapshots are unread, and serves it again once they go`, async () => {
+    const svc = hostSvc(7n);
+    const t = await serve(svc);
+    // ~15 MB of snapshot: far more than a socket's buffers take at once.
+    const pad = "s".repeat(200);
+    for (let b = 0; b < 6; b++) {
+      const batch = Array.from({ length: 10_000 }, (_, i) => ({ model_name: "default", routing_group: "default", session_id: `${pad}-${String(b)}-${String(i)}`, worker_id: 1n, dp_rank: 0, sequence: 1_700_000_000_000_000_000n + BigInt(b * 10_000 + i), writer_id: 9n, reason: "bind" as const }));
+      svc.applySessionBinding(batch);
+    }
+    const url = new URL(t.base);
+    const stalled: Socket[] = [];
+    // A couple more than the bound: whichever the server takes first hold it.
+    for (let i = 0; i < MAX_UNFLUSHED_SNAPSHOTS + 2; i++) {
+      const s = connect(Number(url.port), url.hostname);
+      s.on("error", () => undefined);
+      s.pause();
+      s.write("GET /session_bindings/updates?snapshot=true HTTP/1.1\r\nHost: x\r\n\r\n");
+      stalled.push(s);
+    }
+    cleanups.push(() => {
+      for (const s of stalled) s.destroy();
+    });
+    const status = async (): Promise<number> => {
+      const ac = new AbortController();
+      const r = await fetch(`${t.base}/session_bindings/updates?snapshot=true`, { signal: ac.signal });
+      ac.abort();
+      return r.status;
+    };
+    // Before the fix every stream took its own copy of the snapshot, however many went unread.
+    await waitFor(async () => (await status()) === 429, 10_000, "a snapshot stream refused with 429");
+    for (const s of stalled) s.destroy();
+    await waitFor(async () => (await status()) === 200, 10_000, "snapshot streams served again");
   });
 });

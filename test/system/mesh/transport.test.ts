@@ -6,6 +6,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { pino } from "pino";
 import { Dealer, XPublisher } from "zeromq";
 
 import {
@@ -256,6 +257,30 @@ for (const proto of PROTOS) {
         dealer.close();
       }
       expect(b.t.stats.controlErrors).toBe(1);
+    });
+
+    it("logs failing control requests at most once per 10 s, counting every one (#29 G14)", async () => {
+      const lines: { msg: string; suppressed?: number }[] = [];
+      const log = pino({ level: "warn" }, { write: (l: string) => lines.push(JSON.parse(l) as { msg: string; suppressed?: number }) });
+      const t = await MeshTransport.bind({ publishBind: publishBind(), logger: log });
+      open.push(t);
+      t.onControl(() => {
+        throw new Error("malformed control request payload");
+      });
+      const dealer = new Dealer({ linger: 0, receiveTimeout: 5_000 });
+      const N = 200;
+      try {
+        dealer.connect(t.controlEndpoint);
+        for (let i = 0; i < N; i++) await dealer.send(["", "garbage"]);
+        for (let i = 0; i < N; i++) await dealer.receive();
+      } finally {
+        dealer.close();
+      }
+      expect(t.stats.controlErrors).toBe(N);
+      const failed = lines.filter((l) => l.msg === "mesh control handler failed");
+      // Before the fix: one line per request. Now the first, then one per 10 s with the count.
+      expect(failed.length).toBeGreaterThanOrEqual(1);
+      expect(failed.length).toBeLessThan(N / 10);
     });
 
     it("times out a request to a dead endpoint with MeshRequestTimeoutError", async () => {
