@@ -15,10 +15,10 @@
  *
  * No logger either: the receive thread has none. What is worth saying goes back as an event.
  */
-import { Subscriber, type Context, type Event, type Observer } from "zeromq";
+import { Subscriber, type Context, type Event } from "zeromq";
 
 import { isIpv6Endpoint } from "./endpoints.js";
-import { observe, retireObserver } from "../src/util/zmq-observers.js";
+import { observe, retireObserver, type IteratedObserver } from "../src/util/zmq-observers.js";
 
 /**
  * What a per-peer SUB reports about its handshakes (zeromq 6.8's events, classified):
@@ -54,7 +54,7 @@ export interface CurvePeerSocketsOptions {
 
 interface OpenSocket {
   readonly sub: Subscriber;
-  readonly events: Observer;
+  readonly events: IteratedObserver;
 }
 
 /** Maps a SUB's handshake event to what the state machine acts on; null for every other event. */
@@ -86,7 +86,7 @@ export class CurvePeerSockets implements CurveSocketHost {
       curveSecretKey: this.#o.keyPair.secretKey,
     });
     for (const t of this.#o.topics) sub.subscribe(t);
-    let events: Observer;
+    let events: IteratedObserver;
     try {
       events = observe(sub);
     } catch {
@@ -128,7 +128,7 @@ export class CurvePeerSockets implements CurveSocketHost {
     }
   }
 
-  async #watchLoop(endpoint: string, sub: Subscriber, events: Observer, generation: number): Promise<void> {
+  async #watchLoop(endpoint: string, sub: Subscriber, events: IteratedObserver, generation: number): Promise<void> {
     try {
       for await (const e of events) {
         // A receive pending when the observer is closed resolves with undefined.

@@ -22,7 +22,8 @@ export interface ReplicaView {
   readonly loadAggregatesDecaying: boolean;
   applyLoadEvent(e: LoadEvent): boolean;
   applyBindingEvent(e: BindingEvent): string;
-  applyCatalogEvent(e: CatalogEvent): string;
+  /** `origin`: the replica whose stream carried it (default: its writer). */
+  applyCatalogEvent(e: CatalogEvent, origin?: bigint): string;
   applyWorkerStatus(origin: bigint, e: WorkerStatusEvent): void;
   applyLoadAggregates(origin: bigint, a: LoadAggregates): number;
   replaceWorkerStatuses(origin: bigint, statuses: readonly WorkerStatusEvent[]): void;
@@ -83,7 +84,7 @@ export function replicaView(svc: SelectionService): ReplicaView {
     },
     applyLoadEvent: (e) => port.applyOne(e.origin, { kind: "load", event: e }) as boolean,
     applyBindingEvent: (e) => port.applyOne(e.writer_id, { kind: "binding", event: e }) as string,
-    applyCatalogEvent: (e) => port.applyOne(e.writer_id, { kind: "catalog", event: e }) as string,
+    applyCatalogEvent: (e, origin) => port.applyOne(origin ?? e.writer_id, { kind: "catalog", event: e }) as string,
     applyWorkerStatus: (origin, e) => {
       port.applyOne(origin, { kind: "worker_status", event: e });
     },

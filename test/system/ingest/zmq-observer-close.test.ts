@@ -7,7 +7,7 @@
 import { Subscriber } from "zeromq";
 import { afterEach, describe, expect, it } from "vitest";
 
-import { observe } from "../../../src/util/zmq-observers.js";
+import { observe, watchEvents } from "../../../src/util/zmq-observers.js";
 import { waitFor } from "../../helpers/wait.js";
 
 const unhandled: unknown[] = [];
@@ -19,14 +19,14 @@ afterEach(() => {
   process.off("unhandledRejection", onUnhandled);
 });
 
-describe("observe(): a zmq observer closed after its socket", () => {
+describe("observe() and watchEvents(): a zmq observer closed after its socket", () => {
   it("delivers events, then closes without an unhandled rejection", async () => {
     process.on("unhandledRejection", onUnhandled);
     const sub = new Subscriber();
     const observer = observe(sub);
     let retries = 0;
-    observer.on("connect:retry", () => {
-      retries++;
+    const watching = watchEvents(observer, (e) => {
+      if (e.type === "connect:retry") retries++;
     });
     // Nothing listens on port 9: libzmq retries the connection and says so.
     sub.connect("tcp://127.0.0.1:9");
@@ -37,5 +37,6 @@ describe("observe(): a zmq observer closed after its socket", () => {
     await new Promise((resolve) => setTimeout(resolve, 200));
     expect(unhandled).toEqual([]);
     expect(observer.closed).toBe(true);
+    await watching;
   });
 });

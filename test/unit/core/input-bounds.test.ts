@@ -15,6 +15,7 @@ import type { CatalogEvent, LoadEvent } from "../../../src/core/replica-events.j
 import type { WorkerRequest } from "../../../src/core/types.js";
 import { kvmeshErrorOf } from "../../helpers/errors.js";
 import { makeService, worker } from "../../helpers/core-fixtures.js";
+import { replicaView } from "../../helpers/replica-view.js";
 
 const batchOf = (events: MeshBatch["events"]): MeshBatch => ({ v: 1, origin: 11n, epoch: 1n, seq: 1, sentAtMs: 0, events });
 
@@ -35,7 +36,7 @@ describe("one set of input bounds for the API and the mesh decoder (#29 G1/G2)",
     it(`${field}: ${String(MAX_WORKER_FIELD_ENTRIES)} entries register and replicate; one more is 400 naming the field`, () => {
       const { svc } = makeService();
       const events: CatalogEvent[] = [];
-      svc.onCatalogEvent((e) => events.push(e));
+      replicaView(svc).onCatalogEvent((e) => events.push(e));
       svc.upsertWorker(worker(1, { [field]: make(MAX_WORKER_FIELD_ENTRIES) }));
       const e = events.at(-1) as CatalogEvent;
       expect(decodeBatch(encodeBatch(batchOf([{ kind: "catalog", event: e }]))).events).toHaveLength(1);
@@ -53,7 +54,7 @@ describe("one set of input bounds for the API and the mesh decoder (#29 G1/G2)",
     const { svc } = makeService();
     svc.upsertWorker(worker(1));
     const loads: LoadEvent[] = [];
-    svc.onLoadEvent((e) => loads.push(e));
+    replicaView(svc).onLoadEvent((e) => loads.push(e));
     const hashes = (n: number): bigint[] => Array.from({ length: n }, (_, i) => BigInt(i + 1));
     const at = hashes(MAX_HASHES_PER_BOOKING);
     svc.selectAndReserve({ block_hashes: at, sequence_hashes: at, isl_tokens: MAX_HASHES_PER_BOOKING * 4, request_id: "r-at" } as never);

@@ -11,6 +11,7 @@ import type { BindingEvent, CatalogEvent } from "../../../src/core/replica-event
 import { SelectionService } from "../../../src/core/selection-service.js";
 import { ManualClock } from "../../../src/core/time.js";
 import { tokens, worker } from "../../helpers/core-fixtures.js";
+import { replicaView } from "../../helpers/replica-view.js";
 
 const U64_MAX = (1n << 64n) - 1n;
 const NOW_NS = 1_700_000_000_000_000_000n;
@@ -64,11 +65,11 @@ describe("the Lamport clock's horizon", () => {
 describe("a session binding at 2^64-1 (#29 G3)", () => {
   it("is refused over the mesh, counted and reported; later rebinds still apply", () => {
     const { svc, refused } = replica(1n, { ns: NOW_NS });
-    expect(svc.applyBindingEvent(binding({ sequence: U64_MAX, worker_id: 1n }))).toBe("rejected-invalid");
+    expect(replicaView(svc).applyBindingEvent(binding({ sequence: U64_MAX, worker_id: 1n }))).toBe("rejected-invalid");
     expect(svc.stats.versionsRefusedAhead).toBe(1);
     expect(refused).toEqual([{ kind: "binding", writerId: 9n, sequence: U64_MAX }]);
     // Before the fix the clock saturated and this newer rebind was "ignored-conflict".
-    expect(svc.applyBindingEvent(binding({ sequence: NOW_NS + 1n, worker_id: 2n }))).toBe("inserted");
+    expect(replicaView(svc).applyBindingEvent(binding({ sequence: NOW_NS + 1n, worker_id: 2n }))).toBe("inserted");
     expect(target(svc)).toBe(2n);
   });
 
@@ -84,12 +85,12 @@ describe("a session binding at 2^64-1 (#29 G3)", () => {
     const wall = { ns: NOW_NS + 10n * DEFAULT_MAX_VERSION_SKEW_NS };
     const a = replica(1n, wall);
     // Taken while the clock was ahead: within the horizon then.
-    expect(a.svc.applyBindingEvent(binding({ sequence: wall.ns, worker_id: 1n }))).toBe("inserted");
+    expect(replicaView(a.svc).applyBindingEvent(binding({ sequence: wall.ns, worker_id: 1n }))).toBe("inserted");
     wall.ns = NOW_NS;
-    expect(a.svc.applyBindingEvent(binding({ sequence: NOW_NS + 1n, worker_id: 2n, writer_id: 8n }))).toBe("replaced-newer");
+    expect(replicaView(a.svc).applyBindingEvent(binding({ sequence: NOW_NS + 1n, worker_id: 2n, writer_id: 8n }))).toBe("replaced-newer");
     expect(target(a.svc)).toBe(2n);
     const published: BindingEvent[] = [];
-    a.svc.onBindingEvent((e) => published.push(e));
+    replicaView(a.svc).onBindingEvent((e) => published.push(e));
     a.svc.selectAndReserve({ token_ids: tokens(1, 78), session_id: "t", request_id: "r1" } as never);
     const own = published.find((e) => e.session_id === "t");
     expect(own?.sequence).toBeLessThanOrEqual(NOW_NS + DEFAULT_MAX_VERSION_SKEW_NS);
@@ -102,15 +103,15 @@ describe("a catalogue event at 2^64-1 (#29 G4)", () => {
     const a = replica(1n, wall);
     const b = replica(2n, wall);
     const events: CatalogEvent[] = [];
-    b.svc.onCatalogEvent((e) => events.push(e));
+    replicaView(b.svc).onCatalogEvent((e) => events.push(e));
     b.svc.upsertWorker(worker(6));
     const real = events.at(-1) as CatalogEvent;
-    expect(a.svc.applyCatalogEvent({ ...real, sequence: U64_MAX })).toBe("refused");
-    expect(a.svc.applyCatalogEvent(real, 3n)).toBe("refused");
+    expect(replicaView(a.svc).applyCatalogEvent({ ...real, sequence: U64_MAX })).toBe("refused");
+    expect(replicaView(a.svc).applyCatalogEvent(real, 3n)).toBe("refused");
     expect(a.refused.map((r) => r.kind)).toEqual(["catalog", "catalog"]);
     expect(a.svc.stats.versionsRefusedAhead).toBe(2);
     // The genuine event from its writer still applies: catalogue replication is not frozen.
-    expect(a.svc.applyCatalogEvent(real, 2n)).toBe("applied");
+    expect(replicaView(a.svc).applyCatalogEvent(real, 2n)).toBe("applied");
   });
 
   it("held already, is superseded by the next valid change", () => {
@@ -118,12 +119,12 @@ describe("a catalogue event at 2^64-1 (#29 G4)", () => {
     const a = replica(1n, wall);
     const b = replica(2n, wall);
     const events: CatalogEvent[] = [];
-    b.svc.onCatalogEvent((e) => events.push(e));
+    replicaView(b.svc).onCatalogEvent((e) => events.push(e));
     b.svc.upsertWorker(worker(5));
-    expect(a.svc.applyCatalogEvent(events.at(-1) as CatalogEvent, 2n)).toBe("applied");
+    expect(replicaView(a.svc).applyCatalogEvent(events.at(-1) as CatalogEvent, 2n)).toBe("applied");
     wall.ns = NOW_NS;
     b.svc.deleteWorker(5n);
-    expect(a.svc.applyCatalogEvent(events.at(-1) as CatalogEvent, 2n)).toBe("deleted");
+    expect(replicaView(a.svc).applyCatalogEvent(events.at(-1) as CatalogEvent, 2n)).toBe("deleted");
     expect(a.svc.getWorker(5n)).toBeUndefined();
   });
 });
