@@ -23,8 +23,6 @@
  *    replica, and two meshed replicas with each turn through either at random (stickiness = later
  *    turns on the session's first worker).
  */
-import { InvalidArgumentError } from "commander";
-
 import { descriptorsToWorkerRequests, MockEngineFleet } from "../src/mock/engine-fleet.js";
 import { cpuMs } from "../src/bench/process-usage.js";
 import { freePortPair } from "../src/bench/ports.js";
@@ -33,28 +31,17 @@ import { summarize } from "../src/bench/stats.js";
 import { checkOpenAIBody } from "../src/openai/parse-request.js";
 import { EngineTokenizer } from "../src/tokenize/engine-tokenizer.js";
 import { destinationOf, EnvoyClient } from "../test/helpers/envoy-client.js";
-import { nonNegativeInt, positiveInt, positiveNumber, scriptProgram } from "./lib/script-args.js";
+import { listOf, nonNegativeInt, positiveInt, positiveIntList, positiveNumber, scriptProgram } from "./lib/script-args.js";
 
 const BODY_KINDS = ["ids", "chat", "chat-ids"] as const;
 type BodyKind = (typeof BODY_KINDS)[number];
 const PHASES = ["latency", "http", "quality"] as const;
 
-const listOf =
-  <T>(parse: (v: string) => T) =>
-  (v: string): T[] =>
-    v.split(",").map((x) => parse(x.trim()));
-const oneOf =
-  <T extends string>(allowed: readonly T[]) =>
-  (v: string): T => {
-    if (!(allowed as readonly string[]).includes(v)) throw new InvalidArgumentError(`must be one of ${allowed.join(", ")}`);
-    return v as T;
-  };
-
 const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CPU per request (tokenization and the rest), requests/s, lifecycle CPU against the HTTP API, bookings left, and hit ratio and stickiness on one and two replicas.")
   .option("--seconds <s>", "seconds measured per body kind and concurrency (after a 2 s warm-up)", positiveNumber, 10)
-  .option("--concurrency <list>", "comma-separated concurrent streams", listOf(positiveInt), [20, 150])
-  .option("--bodies <list>", `body kinds measured: ${BODY_KINDS.join(", ")}`, listOf(oneOf(BODY_KINDS)), [...BODY_KINDS])
-  .option("--phases <list>", `phases run: ${PHASES.join(", ")}`, listOf(oneOf(PHASES)), [...PHASES])
+  .option("--concurrency <list>", "comma-separated concurrent streams", positiveIntList, [20, 150])
+  .option("--bodies <list>", `body kinds measured: ${BODY_KINDS.join(", ")}`, listOf(BODY_KINDS), [...BODY_KINDS])
+  .option("--phases <list>", `phases run: ${PHASES.join(", ")}`, listOf(PHASES), [...PHASES])
   .option("--body-kb <n>", "request body size, KB", positiveInt, 220)
   .option("--response-ms <ms>", "how long each stream's response lasts (the generation) between its first and last chunk; the streams' arrival rate is about concurrency / this", nonNegativeInt, 1_000)
   .option("--workers <n>", "worker ranks registered (latency phase)", positiveInt, 16)
@@ -180,16 +167,7 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
     }
   };
   const loops = Array.from({ length: concurrency }, (_, k) => loop(k));
-  await sleep(WARMUP_MS);
-  const cpu0 = cpuMs(daemon.pid);
-  const own0 = process.cpuUsage();
-  const t0 = performance.now();
-  measuring = true;
-  await sleep(seconds * 1_000);
-  measuring = false;
-  const wallMs = performance.now() - t0;
-  const cpu = cpuMs(daemon.pid) - cpu0;
-  const own = process.cpuUsage(own0);
+  const { wallMs, cpu, own } = await measureWindow(daemon, seconds, (on) => (measuring = on));
   const done = samples.length;
   stop = true;
   await Promise.all(loops);
@@ -199,6 +177,18 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
 }
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+/** After the warm-up, `seconds` measured: wall ms, the daemon's CPU ms (all its threads) and this process's CPU usage. */
+async function measureWindow(daemon: ServeProcess, seconds: number, measuring: (on: boolean) => void): Promise<{ wallMs: number; cpu: number; own: NodeJS.CpuUsage }> {
+  await sleep(WARMUP_MS);
+  const cpu0 = cpuMs(daemon.pid);
+  const own0 = process.cpuUsage();
+  const t0 = performance.now();
+  measuring(true);
+  await sleep(seconds * 1_000);
+  measuring(false);
+  return { wallMs: performance.now() - t0, cpu: cpuMs(daemon.pid) - cpu0, own: process.cpuUsage(own0) };
+}
 
 async function postJson(port: number, path: string, body: unknown): Promise<Response> {
   return fetch(`http://127.0.0.1:${port}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: typeof body === "string" ? body : JSON.stringify(body, (_, v: unknown) => (typeof v === "bigint" ? Number(v) : v)) });
@@ -230,14 +220,7 @@ async function httpFlow(daemon: ServeProcess, prompts: readonly string[], concur
     }
   };
   const loops = Array.from({ length: concurrency }, () => loop());
-  await sleep(WARMUP_MS);
-  const cpu0 = cpuMs(daemon.pid);
-  const t0 = performance.now();
-  measuring = true;
-  await sleep(seconds * 1_000);
-  measuring = false;
-  const wallMs = performance.now() - t0;
-  const cpu = cpuMs(daemon.pid) - cpu0;
+  const { wallMs, cpu } = await measureWindow(daemon, seconds, (on) => (measuring = on));
   stop = true;
   await Promise.all(loops);
   return { rps: done / (wallMs / 1_000), cpuPerRequest: cpu / Math.max(1, done) };
