@@ -69,6 +69,8 @@ const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CP
   }>();
 
 const WARMUP_MS = 2_000;
+/** How long the client waits for any answer: far past Envoy's usual 10 s message_timeout, so an overloaded run reports its latency instead of failing. */
+const ANSWER_TIMEOUT_MS = 120_000;
 const CHUNK_BYTES = 64 * 1024;
 const BLOCK_SIZE = 16;
 const MODEL = "m";
@@ -114,18 +116,18 @@ async function oneStream(client: EnvoyClient, path: string, b: Buffer, session: 
   for (let at = 0; at < last; at += CHUNK_BYTES) s.send({ request_body: { body: b.subarray(at, at + CHUNK_BYTES), end_of_stream: false } });
   const t0 = performance.now();
   s.send({ request_body: { body: b.subarray(last), end_of_stream: true } });
-  const answer = await s.next();
+  const answer = await s.next(ANSWER_TIMEOUT_MS);
   const addedMs = performance.now() - t0;
   if (answer.immediate_response !== undefined) throw new Error(`picker refused: ${Buffer.from(answer.immediate_response.body ?? Buffer.alloc(0)).toString()}`);
-  while ((await s.next()).request_body?.response?.body_mutation?.streamed_response?.end_of_stream !== true);
+  while ((await s.next(ANSWER_TIMEOUT_MS)).request_body?.response?.body_mutation?.streamed_response?.end_of_stream !== true);
   const fallback = ending === "fallback" ? destinationOf(answer)?.split(",")[1] : undefined;
   s.send({
     response_headers: { headers: { headers: [{ key: ":status", raw_value: Buffer.from("200") }] } },
     ...(fallback === undefined ? {} : { metadata_context: { filter_metadata: { "envoy.lb": { fields: { "x-gateway-destination-endpoint-served": { stringValue: fallback } } } } } }),
   });
-  await s.next();
+  await s.next(ANSWER_TIMEOUT_MS);
   s.send({ response_body: { body: Buffer.from("data: {}\n\n") } });
-  await s.next();
+  await s.next(ANSWER_TIMEOUT_MS);
   endings[ending]++;
   if (ending === "cancel") {
     if (responseMs > 0) await sleep(responseMs / 2);
@@ -134,7 +136,7 @@ async function oneStream(client: EnvoyClient, path: string, b: Buffer, session: 
   }
   if (responseMs > 0) await sleep(responseMs);
   s.send({ response_body: { body: Buffer.from("data: [DONE]\n\n"), end_of_stream: true } });
-  await s.next();
+  await s.next(ANSWER_TIMEOUT_MS);
   s.end();
   return addedMs;
 }
@@ -398,9 +400,9 @@ async function quality(replicas: number): Promise<QualityResult> {
           stream = client.open();
           client.headers(stream, { path: CHAT, headers: { "x-session-id": `q${s}` } });
           client.body(stream, body, CHUNK_BYTES);
-          const routed = await stream.next();
+          const routed = await stream.next(ANSWER_TIMEOUT_MS);
           if (routed.immediate_response !== undefined) throw new Error(`picker refused: ${Buffer.from(routed.immediate_response.body ?? Buffer.alloc(0)).toString()}`);
-          while ((await stream.next()).request_body?.response?.body_mutation?.streamed_response?.end_of_stream !== true);
+          while ((await stream.next(ANSWER_TIMEOUT_MS)).request_body?.response?.body_mutation?.streamed_response?.end_of_stream !== true);
           url = `http://${destinationOf(routed)?.split(",")[0] ?? ""}`;
         }
         if (t === 0) home = url;
@@ -412,9 +414,9 @@ async function quality(replicas: number): Promise<QualityResult> {
         const answer = (await res.json()) as { choices: { message: { content: string } }[] };
         if (stream !== undefined) {
           stream.send({ response_headers: { headers: { headers: [{ key: ":status", raw_value: Buffer.from(String(res.status)) }] } } });
-          await stream.next();
+          await stream.next(ANSWER_TIMEOUT_MS);
           stream.send({ response_body: { body: Buffer.from(JSON.stringify(answer)), end_of_stream: true } });
-          await stream.next();
+          await stream.next(ANSWER_TIMEOUT_MS);
           stream.end();
         }
         messages.push({ role: "assistant", content: answer.choices[0]?.message.content ?? "" });
