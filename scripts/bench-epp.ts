@@ -7,11 +7,12 @@
  * the endpoint that served (the booking moves).
  *
  * 1. Latency and CPU, per body kind and concurrency (GIE #2928's case: 220 KB bodies, 20 and 150
- *    streams), one mock engine per worker (in this process), KV events off (the prefix index is
+ *    streams), one mock engine per worker (in an engine host process), KV events off (the prefix index is
  *    empty: the cost is parsing, tokenizing, hashing, scoring and booking). Added latency = last body chunk sent -> routed answer received.
  *    - ids: /v1/completions bodies of token ids (no tokenization);
- *    - chat: /v1/chat/completions bodies of text, tokenized by the default engine tokenizer (mock
- *      engines in this process answer /v1/chat/completions/render);
+ *    - chat: /v1/chat/completions bodies of text, tokenized by the default engine tokenizer (the
+ *      mock engines answer /v1/chat/completions/render: their render's CPU is the engine's, not
+ *      kvmesh's, and on a small machine it bounds this row's rate);
  *    - chat-ids: the same chat prompts as the ids the engine rendered for them, so the daemon's CPU
  *      per request splits into tokenization (chat - chat-ids) and the rest (chat-ids).
  * 2. Lifecycle CPU: the HTTP API's select_and_reserve + prefill_complete + free flow on the same
@@ -23,7 +24,8 @@
  *    replica, and two meshed replicas with each turn through either at random (stickiness = later
  *    turns on the session's first worker).
  */
-import { descriptorsToWorkerRequests, MockEngineFleet } from "../src/mock/engine-fleet.js";
+import { descriptorsToWorkerRequests } from "../src/mock/engine-fleet.js";
+import { EngineHostClient } from "../src/mock/engine-host-client.js";
 import { cpuMs } from "../src/bench/process-usage.js";
 import { freePortPair } from "../src/bench/ports.js";
 import { spawnServe, stopServe, type ServeProcess } from "../src/bench/serve-process.js";
@@ -151,7 +153,7 @@ interface Row {
 
 let streamsRun = 0;
 
-/** Drives `concurrency` streams of `bodies` for a warm-up and `seconds`; `extra` runs more streams after the measurement (--min-streams). */
+/** Drives `concurrency` streams of `bodies` for a warm-up and `seconds`; `extra` more streams (in all) run after the measurement (--min-streams). */
 async function drive(extPort: number, daemon: ServeProcess, path: string, bodies: readonly Buffer[], concurrency: number, seconds: number, responseMs: number, extra = 0): Promise<Row> {
   // One channel per 10 streams: Envoy multiplexes streams over a few HTTP/2 connections.
   const clients = Array.from({ length: Math.max(1, Math.ceil(concurrency / 10)) }, () => new EnvoyClient(`127.0.0.1:${extPort}`));
@@ -231,8 +233,8 @@ async function httpFlow(daemon: ServeProcess, prompts: readonly string[], concur
 const fmt = (n: number, w: number, d = 2): string => n.toFixed(d).padStart(w);
 
 async function latencyPhases(): Promise<void> {
-  // One mock engine per worker: each answers the engine tokenizer's render calls (and is a distinct ip:port to route to).
-  const fleet = await MockEngineFleet.start({ engines: args.workers, blockSize: BLOCK_SIZE, kvBlocks: 1_024, prefillMsPerToken: 0, decodeMsPerToken: 0, speedup: 1, expectedSubscribers: 1, openai: { model: MODEL } });
+  // One mock engine per worker, in an engine host process (as real engines are apart): each answers the engine tokenizer's render calls (and is a distinct ip:port to route to).
+  const fleet = await EngineHostClient.spawn({ engines: args.workers, blockSize: BLOCK_SIZE, kvBlocks: 1_024, prefillMsPerToken: 0, decodeMsPerToken: 0, speedup: 1, expectedSubscribers: 1, openai: { model: MODEL } });
   const extPort = await freePortPair();
   const daemon = await spawnServe({ label: "kvmesh (ext_proc)", args: ["--kv-events", "false", "--ext-proc-port", String(extPort), "--session-affinity-ttl-secs", "300", "--max-reservations", "100000"] });
   try {
@@ -301,7 +303,7 @@ async function latencyPhases(): Promise<void> {
     // No booking left: top up to --min-streams at the last concurrency, then /loads.
     if (streamsRun < args.minStreams) {
       const extra = args.minStreams - streamsRun;
-      await drive(extPort, daemon, COMPLETIONS, ids, last, 0.1, 0, Math.ceil(extra / last));
+      await drive(extPort, daemon, COMPLETIONS, ids, last, 0.1, 0, extra);
     }
     // Cancelled streams free as the cancellation reaches the daemon: give it a moment.
     await sleep(1_000);
@@ -331,7 +333,7 @@ function sessionSystem(s: number): string {
  * through one of them at random), or round-robin when `replicas` is 0.
  */
 async function quality(replicas: number): Promise<QualityResult> {
-  const fleet = await MockEngineFleet.start({
+  const fleet = await EngineHostClient.spawn({
     engines: args.engines,
     blockSize: BLOCK_SIZE,
     kvBlocks: 65_536,
@@ -431,7 +433,7 @@ async function quality(replicas: number): Promise<QualityResult> {
     await sleep(500);
     let activeLeft = 0;
     for (const d of daemons) activeLeft += await activeRequests(d.port);
-    const stats = fleet.stats();
+    const stats = await fleet.stats();
     return { hitRatio: stats.totals.hitRatio, stickiness: later === 0 ? 1 : sticky / later, turnsAfterFirst: later, activeLeft };
   } finally {
     for (const c of clients) c.close();
