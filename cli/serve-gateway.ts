@@ -7,12 +7,23 @@ import { InvalidArgumentError, Option, type Command } from "commander";
 
 import { DEFAULT_DAEMON_CONFIG } from "../src/app/config.js";
 import { TOKENIZER_FAILURE_MODES } from "../src/extproc/defaults.js";
+import { TOKENIZER_MODES, TOKENIZER_OPTION_DEFINITIONS, type TokenizerOptions } from "../src/tokenize/tokenizer-options.js";
 import { envNameFor, integerInRange, parseNonEmpty, parseNonZeroPort, parsePort } from "./parsers.js";
 
 /** The largest body bound: Node cannot hold a string much larger than 512 MiB. */
 const MAX_EXT_PROC_BODY_BYTES = 512 * 1024 * 1024;
 /** A rank port stride past this puts rank 1 beyond any port range: a typo, not a layout. */
 const MAX_DP_RANK_PORT_STRIDE = 1_000;
+
+/** Upper bounds of the tokenizer's numeric flags: past them the value is a typo, not a setting. */
+const TOKENIZER_FLAG_MAX: Readonly<Record<Exclude<keyof TokenizerOptions, "tokenizer" | "tokenizerFile">, number>> = {
+  tokenizerTimeoutMs: 600_000,
+  tokenizerConcurrency: 4_096,
+  tokenizerMaxQueued: 1_000_000,
+  tokenizerAttempts: 64,
+  tokenizerCacheEntries: 100_000_000,
+  tokenizerCacheTokens: 1_024 * 1_024 * 1_024,
+};
 
 const withEnv = (o: Option): Option => o.env(envNameFor(o.long ?? ""));
 
@@ -29,8 +40,25 @@ function parseHeaderName(value: string): string {
   return v;
 }
 
+/**
+ * The tokenizer's flags, from its own definitions (src/tokenize/tokenizer-options.ts): no
+ * commander defaults, so the config sees only what was given (--tokenizer-file alone means file
+ * mode; a tokenizer flag without --ext-proc-port is refused), and the help shows each default.
+ */
+function addTokenizerOptions(cmd: Command): Command {
+  for (const def of TOKENIZER_OPTION_DEFINITIONS) {
+    const o = new Option(def.flag, def.description);
+    if (def.field === "tokenizer") o.choices(TOKENIZER_MODES);
+    else if (def.field === "tokenizerFile") o.argParser(parseNonEmpty);
+    else o.argParser(integerInRange(1, TOKENIZER_FLAG_MAX[def.field]));
+    cmd.addOption(withEnv(o));
+  }
+  return cmd;
+}
+
 export function addServeGatewayOptions(cmd: Command): Command {
   const d = DEFAULT_DAEMON_CONFIG;
+  addTokenizerOptions(cmd);
   return cmd
     .addOption(valueOption("--ext-proc-port <port>", "serve the endpoint picker (Envoy ext_proc gRPC, GIE's protocol; docs/gateway.md) on this port of --host (0 = ephemeral) [default: off]", parsePort))
     .addOption(valueOption("--ext-proc-tls-cert-file <file>", "PEM certificate chain for ext_proc over TLS; needs --ext-proc-tls-key-file [default: cleartext HTTP/2]", parseNonEmpty))

@@ -28,6 +28,7 @@ import { defaultMaxConnections, processFdLimit } from "../util/fd-budget.js";
 import { DEFAULT_TRACES_SERVICE_NAME, tracesEndpointProblem } from "../http/tracing.js";
 import { DEFAULT_REPLAY_TIMEOUT_MS } from "../ingest/kv-event-listener.js";
 import { DEFAULT_DP_RANK_PORT_STRIDE, DEFAULT_EXT_PROC_MAX_BODY_BYTES, DEFAULT_ROUTING_GROUP_HEADER, DEFAULT_SESSION_HEADER, type TokenizerFailure } from "../extproc/defaults.js";
+import { DEFAULT_TOKENIZER_OPTIONS, resolveTokenizerOptions, TOKENIZER_OPTION_DEFINITIONS, type TokenizerOptions } from "../tokenize/tokenizer-options.js";
 
 export type LogLevel = "trace" | "debug" | "info" | "warn" | "error" | "fatal" | "silent";
 
@@ -52,7 +53,12 @@ export const DEFAULT_DAEMON_BINDING_REFRESH_COALESCE_MS = 1_000;
  */
 export const DEFAULT_DRAIN_SECS = 5;
 
-export interface DaemonConfig {
+/**
+ * The endpoint picker's tokenizer (src/tokenize/tokenizer-options.ts defines each field, its flag
+ * and its default): `tokenizer` engine (a ready worker renders and tokenizes) or file (with
+ * `tokenizerFile`, in process). Given --tokenizer-file alone, the mode is file. Needs extProcPort.
+ */
+export interface DaemonConfig extends TokenizerOptions {
   readonly host: string;
   readonly port: number;
   readonly logLevel: LogLevel;
@@ -214,6 +220,7 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   routingGroupHeader: DEFAULT_ROUTING_GROUP_HEADER,
   tokenizerFailure: "route",
   dpRankPortStride: DEFAULT_DP_RANK_PORT_STRIDE,
+  ...DEFAULT_TOKENIZER_OPTIONS,
 });
 
 /**
@@ -274,9 +281,11 @@ export function resolveDaemonConfig(input: DaemonConfigInput = {}, options: Reso
   const name: FieldNamer = options.name ?? ((field) => field);
   const { meshKeyFile, meshAllowFiles, apiTokenFile, ...given } = input;
   const set = Object.fromEntries(Object.entries(given).filter(([, v]) => v !== undefined)) as Partial<DaemonConfig>;
-  const config: DaemonConfig = { ...DEFAULT_DAEMON_CONFIG, ...set, selector: { ...DEFAULT_DAEMON_CONFIG.selector, ...set.selector } };
+  // --tokenizer-file alone means file mode (the default mode is engine).
+  const tokenizer = set.tokenizer ?? (set.tokenizerFile === undefined ? DEFAULT_DAEMON_CONFIG.tokenizer : "file");
+  const config: DaemonConfig = { ...DEFAULT_DAEMON_CONFIG, ...set, tokenizer, selector: { ...DEFAULT_DAEMON_CONFIG.selector, ...set.selector } };
   const files: SecretFiles = { meshKeyFile, meshAllowFiles, apiTokenFile };
-  const problem = replicaSyncProblem(config, name) ?? hostReplicationProblem(config, name) ?? meshSecurityProblem(config, files, name) ?? tracingProblem(config, name) ?? extProcProblem(config, name) ?? connectionProblem(config, name);
+  const problem = replicaSyncProblem(config, name) ?? hostReplicationProblem(config, name) ?? meshSecurityProblem(config, files, name) ?? tracingProblem(config, name) ?? extProcProblem(config, name) ?? connectionProblem(config, name) ?? tokenizerProblem(config, set, name);
   if (problem !== undefined) throw configError(problem.field, problem.message);
   checkCoreOptions(serviceOptionsOf(config), name);
   const resolved = Object.freeze(withSecrets(config, files, name, options.warn ?? (() => undefined)));
@@ -418,6 +427,38 @@ export function extProcProblem(config: DaemonConfig, name: FieldNamer = (f) => f
     if (!HEADER_NAME.test(config[field])) return { field, message: `${name(field)}: ${JSON.stringify(config[field])} is not a lower-case HTTP header name` };
   }
   if (config.sessionHeader === config.routingGroupHeader) return { field: "routingGroupHeader", message: `${name("routingGroupHeader")} must differ from ${name("sessionHeader")}` };
+  return undefined;
+}
+
+const TOKENIZER_FIELDS: readonly (keyof TokenizerOptions)[] = TOKENIZER_OPTION_DEFINITIONS.map((d) => d.field);
+
+/**
+ * The tokenizer's fields: given only with the endpoint picker (it is their one user), checked by
+ * the tokenizer's own resolve function (its field, this config's name for it), and the file
+ * readable. `given` holds what the caller set (the defaults cannot need --ext-proc-port).
+ */
+export function tokenizerProblem(config: DaemonConfig, given: Partial<DaemonConfig>, name: FieldNamer = (f) => f): ConfigProblem | undefined {
+  if (config.extProcPort === undefined) {
+    const field = TOKENIZER_FIELDS.find((f) => given[f] !== undefined);
+    if (field !== undefined) return { field, message: `${name(field)} requires ${name("extProcPort")} (tokenization serves the endpoint picker)` };
+  }
+  try {
+    resolveTokenizerOptions(Object.fromEntries(TOKENIZER_FIELDS.map((f) => [f, config[f]])));
+  } catch (err) {
+    const field = isKvmeshError(err) ? err.details?.["field"] : undefined;
+    if (typeof field !== "string" || !(TOKENIZER_FIELDS as readonly string[]).includes(field)) throw err;
+    const f = field as keyof TokenizerOptions;
+    const problem = (err as KvmeshError).message.replace(`${f}: `, "").replace("--tokenizer file", `${name("tokenizer")} file`);
+    return { field: f, message: `${name(f)}: ${problem}` };
+  }
+  const file = config.tokenizerFile;
+  if (file !== undefined) {
+    try {
+      accessSync(file, fsConstants.R_OK);
+    } catch (err) {
+      return { field: "tokenizerFile", message: `${name("tokenizerFile")}: cannot read ${file} (${(err as NodeJS.ErrnoException).code ?? String(err)})` };
+    }
+  }
   return undefined;
 }
 

@@ -14,6 +14,8 @@ import { registerServiceMetrics } from "../metrics/service-metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "../http/server.js";
 import { readiness } from "../http/readiness.js";
 import type { RunningEndpointPicker } from "../extproc/ext-proc.js";
+import type { CreatedTokenizer } from "../tokenize/create-tokenizer.js";
+import type { TokenizerOptions } from "../tokenize/tokenizer-options.js";
 import { startTracing, tracesExportUrl, type RequestTracer } from "../http/tracing.js";
 import { ReplicaMesh } from "../../mesh/replica-mesh.js";
 import type { UiMeshSelf } from "../http/ui/ui-routes.js";
@@ -25,6 +27,12 @@ import { LogThrottle } from "../util/log-throttle.js";
 
 /** The daemon's configuration lives in src/app/config.ts; re-exported for the daemon's callers. */
 export { DEFAULT_DAEMON_CONFIG, type DaemonConfig, type LogLevel } from "./config.js";
+
+/** The tokenizer's part of the config (resolveDaemonConfig has checked it). */
+function tokenizerOptionsOf(c: DaemonConfig): TokenizerOptions {
+  const { tokenizer, tokenizerFile, tokenizerTimeoutMs, tokenizerConcurrency, tokenizerMaxQueued, tokenizerAttempts, tokenizerCacheEntries, tokenizerCacheTokens } = c;
+  return { tokenizer, tokenizerFile, tokenizerTimeoutMs, tokenizerConcurrency, tokenizerMaxQueued, tokenizerAttempts, tokenizerCacheEntries, tokenizerCacheTokens };
+}
 
 /** How often expiry, reservation sweeps and cache reaping run, ms. */
 export const MAINTENANCE_INTERVAL_MS = 1_000;
@@ -256,11 +264,18 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
     throw err;
   }
   let extProc: RunningEndpointPicker | undefined;
+  let tokenizer: CreatedTokenizer | undefined;
   if (config.extProcPort !== undefined) {
-    // Loaded only when asked for, as tracing is: a daemon without it never loads gRPC.
+    // Loaded only when asked for, as tracing is: a daemon without it never loads gRPC or a tokenizer.
     const { startEndpointPicker } = await import("../extproc/ext-proc.js");
+    const { createTokenizer } = await import("../tokenize/create-tokenizer.js");
     const meshControl = hooks.mesh ?? mesh;
     try {
+      tokenizer = createTokenizer(tokenizerOptionsOf(config), {
+        // --tokenizer engine asks the model's ready workers, by their catalogue endpoint.
+        workerUrls: (model) => service.listWorkers(model).flatMap((w) => (w.lifecycle === "schedulable" && typeof w.endpoint === "string" ? [w.endpoint] : [])),
+        metrics: registry,
+      });
       extProc = await startEndpointPicker(
         {
           host: config.host,
@@ -280,14 +295,11 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
           health: { ready: () => readiness(service, meshControl).ready, closing: () => service.shuttingDown },
           logger: logger.child({ subsystem: "extproc" }),
           registry,
-          // LEAD: plug tokenization in here (src/tokenize/: --tokenizer engine | --tokenizer-file)
-          // and src/openai/'s body parser as `parseBody`. Without a tokenizer, text prompts are
-          // routed by session and load alone (or 503 with --tokenizer-failure reject); bodies
-          // carrying token ids are routed by cache as well.
-          tokenizer: undefined,
+          tokenizer,
         },
       );
     } catch (err) {
+      await tokenizer?.close();
       await http.close();
       await tracer?.shutdown();
       await mesh?.close();
@@ -327,6 +339,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
         workersFile?.close();
         // ext_proc streams end with the process: each frees its booking (no booking outlives its stream).
         await extProc?.close();
+        await tokenizer?.close();
         // Bookings are handed over, not freed: peers keep mirroring them, and a frontend's
         // prefill_complete or free for one at any replica counts it out there, so the load stays
         // accounted while the requests run (freeing them here instead made 10 lifecycle calls

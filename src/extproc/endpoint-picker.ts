@@ -10,12 +10,19 @@ import type { Logger } from "pino";
 import { KvmeshError, isKvmeshError } from "../core/errors.js";
 import type { SelectionService } from "../core/selection-service.js";
 import { DEFAULT_ROUTING_GROUP, type PromptFields, type SelectAndReserveRequest, type WorkerCatalogRecord, type WorkerId } from "../core/types.js";
+import { rewriteModel } from "../openai/model-rewrite.js";
+import { parseOpenAIRequest } from "../openai/parse-request.js";
 import type { OpenAIKind, OpenAIRequest, PromptTokenizer } from "../tokenize/contract.js";
 import { LogThrottle } from "../util/log-throttle.js";
 import type { ExtProcStats } from "./ext-proc-stats.js";
 import { DATA_PARALLEL_HEADER, MODEL_REWRITE_HEADER } from "./gateway-protocol.js";
-import type { OpenAIBodyParser } from "./openai-body.js";
 import { splitHostPort, type RankDestination, type WorkerEndpoints } from "./worker-endpoints.js";
+
+/** Parses one body; `modelOverride` (x-gateway-model-name-rewrite) replaces the body's model. Throws a registry error naming the field. */
+export type OpenAIBodyParser = (kind: OpenAIKind, body: Buffer, modelOverride: string | undefined) => OpenAIRequest;
+
+/** src/openai/'s parser: the checks and field-naming refusals docs/tokenization.md lists. */
+export const parseOpenAIBody: OpenAIBodyParser = (kind, body, modelOverride) => parseOpenAIRequest(kind, body, { modelOverride });
 
 /** Fallback endpoints after the pick, at most (the gateway tries them in order on a retry). */
 export const DEFAULT_FALLBACKS = 2;
@@ -87,7 +94,7 @@ export class EndpointPicker {
   async pick(input: PickInput): Promise<PickResult> {
     if (input.kind === undefined || input.body === undefined) return this.#pickWithoutPrompt(input);
     const o = this.#o;
-    const rewrite = input.headers.get(MODEL_REWRITE_HEADER);
+    const rewrite = nonEmpty(input.headers.get(MODEL_REWRITE_HEADER));
     const req = o.parseBody(input.kind, input.body, rewrite);
     const routingGroup = nonEmpty(input.headers.get(o.routingGroupHeader));
     const sessionId = nonEmpty(input.headers.get(o.sessionHeader));
@@ -108,9 +115,10 @@ export class EndpointPicker {
         const extra = new Map<string, string>();
         if (record.data_parallel_size > 1) extra.set(DATA_PARALLEL_HEADER, dest.endpoint);
         let body: Buffer | undefined;
-        // The gateway rewrote the model: the engine must see the rewritten name too.
-        if (nonEmpty(rewrite) !== undefined) {
-          body = Buffer.from(JSON.stringify(req.body), "utf8");
+        // The gateway rewrote the model: the engine must see the rewritten name too, and the rest of the body byte for byte.
+        if (rewrite !== undefined) {
+          const out = rewriteModel(input.body, req.model);
+          body = Buffer.from(out.buffer, out.byteOffset, out.byteLength);
           extra.set("content-length", String(body.length));
         }
         o.stats.picks++;

@@ -13,6 +13,7 @@ import type { Logger } from "pino";
 
 import { isKvmeshError, KvmeshError } from "../core/errors.js";
 import type { SelectionService } from "../core/selection-service.js";
+import { openAIKindOfPath } from "../openai/parse-request.js";
 import { LogThrottle } from "../util/log-throttle.js";
 import type { EndpointPicker, PickResult, RankRef } from "./endpoint-picker.js";
 import type { BookingEnd, ExtProcStats, RejectReason } from "./ext-proc-stats.js";
@@ -26,7 +27,6 @@ import {
   streamedBodyResponses,
   subsetHint,
 } from "./gateway-protocol.js";
-import { openAIKindOf } from "./openai-body.js";
 import type { BodySendMode, ProcessingRequest, ProcessingResponse } from "./protos.js";
 
 export type StreamService = Pick<SelectionService, "prefillComplete" | "freeReservation" | "moveReservation">;
@@ -168,7 +168,7 @@ export class ExtProcStream {
   }
 
   async #pickNow(body: Buffer | undefined): Promise<PickResult> {
-    const kind = openAIKindOf(this.#headers.get(":path"));
+    const kind = openAIKindOfPath(this.#headers.get(":path") ?? "");
     const pick = await this.#c.picker.pick({ kind, headers: this.#headers, body: kind === undefined ? undefined : body, subset: this.#subset, signal: this.#abort.signal });
     this.#pick = pick;
     this.#selectionId = pick.selectionId;

@@ -1,6 +1,6 @@
 /**
  * The endpoint picker, assembled: picker + stream context + health + gRPC server, with its
- * metrics on the daemon's registry. src/daemon.ts calls startEndpointPicker when --ext-proc-port
+ * metrics on the daemon's registry. src/app/daemon.ts calls startEndpointPicker when --ext-proc-port
  * is given; tests call it directly with fakes for the tokenizer and the resolver.
  */
 import { readFileSync } from "node:fs";
@@ -12,12 +12,11 @@ import type { SelectionService } from "../core/selection-service.js";
 import type { MetricsRegistry } from "../metrics/registry.js";
 import { registerExtProcMetrics } from "../metrics/extproc-metrics.js";
 import type { PromptTokenizer } from "../tokenize/contract.js";
-import { EndpointPicker } from "./endpoint-picker.js";
+import { EndpointPicker, parseOpenAIBody, type OpenAIBodyParser } from "./endpoint-picker.js";
 import { startExtProcServer, type RunningExtProcServer } from "./ext-proc-server.js";
 import { ExtProcStats } from "./ext-proc-stats.js";
 import { DEFAULT_DP_RANK_PORT_STRIDE, DEFAULT_EXT_PROC_MAX_BODY_BYTES, DEFAULT_ROUTING_GROUP_HEADER, DEFAULT_SESSION_HEADER, type TokenizerFailure } from "./defaults.js";
 import { PickerHealth, type HealthSource } from "./health.js";
-import { parseOpenAIBody, type OpenAIBodyParser } from "./openai-body.js";
 import { systemResolver, WorkerEndpoints, type HostResolver } from "./worker-endpoints.js";
 
 export * from "./defaults.js";

@@ -31,14 +31,9 @@ import { tokenizerUnavailable } from "./tokenizer-errors.js";
 import { workerBaseUrl } from "./worker-base-url.js";
 import { parseRenderResponse, parseTokenizeResponse, RENDER_PATHS, renderRequestBody, TOKENIZE_PATH, tokenizeRequestBody } from "./vllm-wire.js";
 
-/** One worker call's timeout, ms: a 220 KB chat body is ~75 k tokens, ~0.2 s of a fast tokenizer's CPU. */
-export const DEFAULT_ENGINE_TOKENIZE_TIMEOUT_MS = 2_000;
-/** Worker calls in flight at once. */
-export const DEFAULT_ENGINE_TOKENIZE_CONCURRENCY = 64;
-/** Requests waiting for a slot before new ones are shed. */
-export const DEFAULT_ENGINE_TOKENIZE_MAX_QUEUED = 1_024;
-/** Workers tried per request (the first and one other). */
-export const DEFAULT_ENGINE_TOKENIZE_ATTEMPTS = 2;
+import { DEFAULT_ENGINE_TOKENIZE_ATTEMPTS, DEFAULT_ENGINE_TOKENIZE_CONCURRENCY, DEFAULT_ENGINE_TOKENIZE_MAX_QUEUED, DEFAULT_ENGINE_TOKENIZE_TIMEOUT_MS } from "./defaults.js";
+
+export { DEFAULT_ENGINE_TOKENIZE_ATTEMPTS, DEFAULT_ENGINE_TOKENIZE_CONCURRENCY, DEFAULT_ENGINE_TOKENIZE_MAX_QUEUED, DEFAULT_ENGINE_TOKENIZE_TIMEOUT_MS };
 /** How long a worker without render endpoints is asked /tokenize directly, ms. */
 export const RENDER_RETRY_AFTER_MS = 300_000;
 /** Workers remembered per map (base URLs, lacking render); past it the oldest (or all, for base URLs) are forgotten. */

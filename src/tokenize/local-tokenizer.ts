@@ -21,14 +21,12 @@ import { KvmeshError } from "../core/errors.js";
 import type { OpenAIRequest, PromptTokenizer, TokenizeOptions, TokenizeResult } from "./contract.js";
 import { tokenIdsFromBody } from "./body-token-ids.js";
 import { ChatTemplate } from "./chat-template.js";
-import { PrefixTokenCache, DEFAULT_PREFIX_CACHE_MAX_ENTRIES, DEFAULT_PREFIX_CACHE_MAX_TOKENS } from "./prefix-token-cache.js";
+import { DEFAULT_LOCAL_TOKENIZE_CONCURRENCY, DEFAULT_LOCAL_TOKENIZE_MAX_QUEUED, DEFAULT_PREFIX_CACHE_MAX_ENTRIES, DEFAULT_PREFIX_CACHE_MAX_TOKENS } from "./defaults.js";
+import { PrefixTokenCache } from "./prefix-token-cache.js";
 import { TokenizerCounters } from "./tokenizer-counters.js";
 import { tokenizerUnavailable } from "./tokenizer-errors.js";
 
-/** Encodes in flight on the thread pool (libuv's default pool has 4 threads, shared with fs and dns). */
-export const DEFAULT_LOCAL_TOKENIZE_CONCURRENCY = 2;
-/** Requests waiting for an encode slot before new ones are shed. */
-export const DEFAULT_LOCAL_TOKENIZE_MAX_QUEUED = 1_024;
+export { DEFAULT_LOCAL_TOKENIZE_CONCURRENCY, DEFAULT_LOCAL_TOKENIZE_MAX_QUEUED };
 
 export interface LocalTokenizerOptions {
   readonly concurrency?: number;

@@ -18,10 +18,9 @@
  */
 import { xxh64 } from "@node-rs/xxhash";
 
-/** Cached boundaries at most (a 100-turn conversation stores ~200). */
-export const DEFAULT_PREFIX_CACHE_MAX_ENTRIES = 65_536;
-/** Token ids the cache keeps alive at most: 64 Mi ids = 256 MiB. */
-export const DEFAULT_PREFIX_CACHE_MAX_TOKENS = 64 * 1024 * 1024;
+import { DEFAULT_PREFIX_CACHE_MAX_ENTRIES, DEFAULT_PREFIX_CACHE_MAX_TOKENS } from "./defaults.js";
+
+export { DEFAULT_PREFIX_CACHE_MAX_ENTRIES, DEFAULT_PREFIX_CACHE_MAX_TOKENS };
 
 interface Entry {
   readonly ids: Uint32Array;

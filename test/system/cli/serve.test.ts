@@ -171,6 +171,14 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--routing-group-header", "x-group"],
   ["--tokenizer-failure", "reject"],
   ["--dp-rank-port-stride", "2"],
+  ["--tokenizer", "file"],
+  ["--tokenizer-file", TLS_CERT],
+  ["--tokenizer-timeout-ms", "1500"],
+  ["--tokenizer-concurrency", "8"],
+  ["--tokenizer-max-queued", "100"],
+  ["--tokenizer-attempts", "3"],
+  ["--tokenizer-cache-entries", "1000"],
+  ["--tokenizer-cache-tokens", "100000"],
 ];
 
 // Fields no flag sets (the mesh's flush and heartbeat intervals) keep their defaults.
@@ -228,6 +236,14 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
   routingGroupHeader: "x-group",
   tokenizerFailure: "reject",
   dpRankPortStride: 2,
+  tokenizer: "file",
+  tokenizerFile: TLS_CERT,
+  tokenizerTimeoutMs: 1_500,
+  tokenizerConcurrency: 8,
+  tokenizerMaxQueued: 100,
+  tokenizerAttempts: 3,
+  tokenizerCacheEntries: 1_000,
+  tokenizerCacheTokens: 100_000,
 };
 
 afterEach(() => {
@@ -304,6 +320,12 @@ describe("kvmesh serve: usage errors", () => {
     [["--routing-group-header", "x-session-id"], "error: --routing-group-header must differ from --session-header"],
     [["--tokenizer-failure", "retry"], "error: option '--tokenizer-failure <mode>' argument 'retry' is invalid. Allowed choices are route, reject."],
     [["--ext-proc-max-body-bytes", "0"], "error: option '--ext-proc-max-body-bytes <bytes>' argument '0' is invalid."],
+    [["--tokenizer-file", TLS_CERT], "error: --tokenizer-file requires --ext-proc-port (tokenization serves the endpoint picker)"],
+    [["--ext-proc-port", "9002", "--tokenizer", "file"], "error: --tokenizer-file: is required with --tokenizer file"],
+    [["--ext-proc-port", "9002", "--tokenizer", "engine", "--tokenizer-file", TLS_CERT], "error: --tokenizer-file: is only read with --tokenizer file (drop one of the two)"],
+    [["--ext-proc-port", "9002", "--tokenizer-file", "/nonexistent/tokenizer.json"], "error: --tokenizer-file: cannot read /nonexistent/tokenizer.json (ENOENT)"],
+    [["--ext-proc-port", "9002", "--tokenizer", "remote"], "error: option '--tokenizer <mode>' argument 'remote' is invalid. Allowed choices are engine, file."],
+    [["--ext-proc-port", "9002", "--tokenizer-timeout-ms", "0"], "error: option '--tokenizer-timeout-ms <ms>' argument '0' is invalid."],
   ];
   for (const [args, message] of cases) {
     it(`rejects ${args.join(" ")}`, async () => {

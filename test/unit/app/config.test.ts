@@ -3,7 +3,7 @@
  * resolveDaemonConfig is the one check of the rules spanning several fields (the daemon's own,
  * and the core's, converted into config errors naming the daemon's field).
  */
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pino } from "pino";
@@ -140,6 +140,30 @@ describe("resolveDaemonConfig", () => {
       const flag = (field: ConfigField): string => `--${field}`;
       expect(configErrorOf({ peers: ["tcp://b:7100"] }, flag).message).toBe("--peers requires --replicaSyncPort");
     });
+  });
+
+  describe("the tokenizer's fields", () => {
+    it("default to the engine tokenizer; --tokenizer-file alone means file mode", () => {
+      expect(resolveDaemonConfig({ extProcPort: 9002 }).tokenizer).toBe("engine");
+      const file = join(dir, "tokenizer.json");
+      writeFileSync(file, "{}");
+      expect(resolveDaemonConfig({ extProcPort: 9002, tokenizerFile: file })).toMatchObject({ tokenizer: "file", tokenizerFile: file });
+    });
+
+    const cases: [DaemonConfigInput, ConfigField, string][] = [
+      [{ tokenizerTimeoutMs: 500 }, "tokenizerTimeoutMs", "tokenizerTimeoutMs requires extProcPort (tokenization serves the endpoint picker)"],
+      [{ extProcPort: 9002, tokenizer: "file" }, "tokenizerFile", "tokenizerFile: is required with tokenizer file"],
+      [{ extProcPort: 9002, tokenizer: "engine", tokenizerFile: "/x" }, "tokenizerFile", "tokenizerFile: is only read with tokenizer file (drop one of the two)"],
+      [{ extProcPort: 9002, tokenizerAttempts: 0 }, "tokenizerAttempts", "tokenizerAttempts: must be a positive integer, got 0"],
+      [{ extProcPort: 9002, tokenizerFile: "/nonexistent/tokenizer.json" }, "tokenizerFile", "tokenizerFile: cannot read /nonexistent/tokenizer.json (ENOENT)"],
+    ];
+    for (const [input, field, message] of cases) {
+      it(`refuses ${JSON.stringify(input)} naming ${field}`, () => {
+        const err = configErrorOf(input);
+        expect(err.details).toEqual({ field });
+        expect(err.message).toBe(message);
+      });
+    }
   });
 
   describe("the core's rules, left to the core", () => {
