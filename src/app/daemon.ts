@@ -104,6 +104,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   const ingestLog = logger.child({ subsystem: "ingest" });
   const indexShedLog = new LogThrottle();
   const cycleLog = new LogThrottle();
+  const detachedShedLog = new LogThrottle();
   const ingest = new KvIngest({
     logger: ingestLog,
     replayTimeoutMs: config.replayTimeoutMs,
@@ -116,6 +117,14 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       if (r.shedBlocks > 0) {
         indexShedLog.hit((suppressed) => {
           ingestLog.warn({ worker_id: ref.workerId, dp_rank: ref.rank, shed_blocks: r.shedBlocks, suppressed }, "kv blocks shed: the rank's prefix index is at its bound (kvmesh_kv_index_blocks_shed_total)");
+        });
+      }
+      if (r.detachedShed > 0) {
+        detachedShedLog.hit((suppressed) => {
+          ingestLog.warn(
+            { worker_id: ref.workerId, dp_rank: ref.rank, shed_blocks: r.detachedShed, suppressed },
+            "parked kv blocks shed, oldest first: too many stored blocks wait for a parent this replica never saw (kvmesh_index_detached_shed_blocks_total)",
+          );
         });
       }
       if (r.cycles > 0) {

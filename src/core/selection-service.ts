@@ -458,6 +458,9 @@ export class SelectionService {
     partitions: number;
     indexedBlocks: number;
     indexNodes: number;
+    detachedBlocks: number;
+    detachedAttachedBlocks: number;
+    detachedShedBlocks: number;
     affinityEntries: number;
     affinityFallbacks: number;
     affinityEvictions: number;
