@@ -22,6 +22,10 @@ import { WorkersFile } from "./workers-file.js";
 import { SelectionService } from "../core/selection-service.js";
 import { hasUnusableKvEndpoint, kvEventsEndpointRefused, replayEndpointFor } from "../core/worker-catalog.js";
 import { LogThrottle } from "../util/log-throttle.js";
+import { systemClock, systemTimers } from "../core/time.js";
+import { controlEndpointFor } from "../../mesh/endpoints.js";
+import { IndexSyncClient, IndexSyncServer } from "../../mesh/index-sync.js";
+import { registerWarmJoinMetrics, WarmJoin } from "./warm-join.js";
 
 /** The daemon's configuration lives in src/app/config.ts; re-exported for the daemon's callers. */
 export { DEFAULT_DAEMON_CONFIG, type DaemonConfig, type LogLevel } from "./config.js";
@@ -62,6 +66,22 @@ function meshSelfOf(mesh: ReplicaMesh | undefined): (() => UiMeshSelf) | undefin
 }
 
 export { isLoopbackHost } from "./config.js";
+
+/** The mesh as the HTTP layer drives it, with the warm join's hold on `/ready`. */
+function meshWithWarmJoin(mesh: ReplicaMesh | undefined, warmJoin: WarmJoin): MeshControl | undefined {
+  if (mesh === undefined) return undefined;
+  return {
+    registerPeer: (e) => mesh.registerPeer(e),
+    deregisterPeer: (e) => mesh.deregisterPeer(e),
+    listPeers: () => mesh.listPeers(),
+    startupSyncPending: () => mesh.startupSyncPending(),
+    indexSyncPending: () => warmJoin.readiness(),
+    applyReceived: () => {
+      mesh.applyReceived();
+    },
+    catchUp: () => mesh.catchUp(),
+  };
+}
 
 /**
  * Says at startup what is protected, and warns when a socket others can reach is not: the
@@ -105,11 +125,22 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   const indexShedLog = new LogThrottle();
   const cycleLog = new LogThrottle();
   const detachedShedLog = new LogThrottle();
-  const ingest = new KvIngest({
+  // The warm join (issue 25): only with a mesh and KV events; its batches and resets go through it.
+  const warmJoin = new WarmJoin({
+    service,
+    ingest: () => ingest,
+    logger: logger.child({ subsystem: "warm-join" }),
+    clock: systemClock,
+    timers: systemTimers,
+    timeoutMs: config.replicaSyncPort !== undefined && config.kvEvents ? config.indexSyncSecs * MS_PER_SECOND : 0,
+    replayTimeoutMs: config.replayTimeoutMs,
+  });
+  const ingest: KvIngest = new KvIngest({
     logger: ingestLog,
     replayTimeoutMs: config.replayTimeoutMs,
-    onBatch: (ref, batch) => {
-      const r = service.applyKvEvents(BigInt(ref.workerId), ref.rank, batch);
+    onBatch: (ref, batch, seq, _replayed, digest) => {
+      const r = warmJoin.onBatch(ref, batch, seq, digest);
+      if (r === null) return; // already in the peer's snapshot the warm join installed
       if (r.dropped > 0 && ingestLog.isLevelEnabled("debug")) {
         ingestLog.debug({ worker_id: ref.workerId, dp_rank: ref.rank, dropped: r.dropped }, "kv events dropped");
       }
@@ -135,7 +166,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
     },
     onReset: (ref) => {
       ingestLog.info({ worker_id: ref.workerId, dp_rank: ref.rank }, "kv publisher restarted: clearing its blocks");
-      service.clearWorkerKv(BigInt(ref.workerId), ref.rank);
+      warmJoin.onReset(ref);
     },
   });
   if (config.kvEvents) {
@@ -201,6 +232,10 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       throw err;
     }
   }
+  const indexServer = new IndexSyncServer({
+    source: service.indexSnapshotSource,
+    positionOf: (workerId, dpRank) => ingest.position(workerId.toString(), dpRank),
+  });
   if (sync !== undefined) {
     try {
       mesh = await ReplicaMesh.start({
@@ -218,9 +253,22 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
         flushIntervalMs: service.loadReplication === "aggregate" ? config.meshAggregateIntervalMs : config.meshFlushIntervalMs,
         heartbeatIntervalMs: config.meshHeartbeatIntervalMs,
         metrics: registry,
+        controlExtension: (raw, authorize) => indexServer.handle(raw, authorize),
         ...(config.meshReceiveThread ? { receiveThreadApplyIntervalMs: config.meshApplyIntervalMs, receiveThreadMaxApplyDelayMs: config.meshApplyMaxDelayMs } : {}),
       });
       logger.info({ publish: sync.advertise, peers: config.peers, origin: service.replicaId.toString() }, "replica mesh up");
+      const m = mesh;
+      const client = new IndexSyncClient({ link: m.controlLink, from: service.replicaId, advertise: m.advertiseEndpoint });
+      void warmJoin.run({
+        startupSyncPending: () => m.startupSyncPending(),
+        // Live peers first: they answered our snapshot request already.
+        peerControlEndpoints: () =>
+          m
+            .listPeers()
+            .sort((a, b) => Number(b.sync === "live") - Number(a.sync === "live"))
+            .map((p) => controlEndpointFor(p.endpoint)),
+        pull: (endpoint, install) => client.pull(endpoint, install),
+      });
     } catch (err) {
       await tracer?.shutdown();
       await ingest.close();
@@ -229,6 +277,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   }
   const metrics = new HttpMetrics(registry);
   registerServiceMetrics(registry, service);
+  registerWarmJoinMetrics(registry, warmJoin);
   registerIngestMetrics(registry, () => ingest.stats());
   let http: RunningHttpServer;
   try {
@@ -239,7 +288,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       logger: logger.child({ subsystem: "http" }),
       metrics,
       bodyLimitBytes: config.bodyLimitBytes,
-      mesh: hooks.mesh ?? mesh,
+      mesh: hooks.mesh ?? meshWithWarmJoin(mesh, warmJoin),
       apiToken: config.apiToken,
       meshSelf: meshSelfOf(mesh),
       tracer,
@@ -254,7 +303,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   if (config.extProcPort !== undefined) {
     // Loaded only when asked for, as tracing is: a daemon without it never loads gRPC.
     const { startEndpointPicker } = await import("../extproc/ext-proc.js");
-    const meshControl = hooks.mesh ?? mesh;
+    const meshControl = hooks.mesh ?? meshWithWarmJoin(mesh, warmJoin);
     try {
       extProc = await startEndpointPicker(
         {

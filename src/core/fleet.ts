@@ -12,7 +12,8 @@ import type { AffinityTable } from "./affinity-table.js";
 import type { Clock } from "./time.js";
 import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
-import { hashCount, hashListFromBigInts } from "./hash64.js";
+import { hashCount, hashListFromBigInts, pairToBigInt } from "./hash64.js";
+import { rankCursorKey, recordsFromDump, type IndexRankKey, type IndexRankSnapshot, type IndexSnapshotSource } from "./index-snapshot.js";
 import { computeBlockHashes } from "./hashing.js";
 import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
 import { Partition } from "./partition.js";
@@ -365,6 +366,51 @@ export class Fleet {
   clearWorkerKv(workerId: WorkerId, dpRank: number): void {
     const located = this.locateRank(workerId, dpRank);
     if (located !== undefined) located.partition.index.applyCleared(located.rank);
+  }
+
+  // ---------------------------------------------------------------- index snapshots (warm join)
+
+  /** The prefix index as a peer exports it, rank by rank (index-snapshot.ts). */
+  readonly indexSnapshotSource: IndexSnapshotSource = {
+    rankKeys: (): IndexRankKey[] => {
+      const out: IndexRankKey[] = [];
+      for (const p of this.#partitions.values()) {
+        for (const [workerId, m] of p.members) {
+          for (const rank of m.ranks) {
+            const dpRank = p.ranks.dpRankOf(rank);
+            if (p.index.rankSize(rank) > 0) out.push({ key: rankCursorKey(p.key, workerId, dpRank), workerId, dpRank });
+          }
+        }
+      }
+      return out.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+    },
+    exportRank: (key: IndexRankKey): Omit<IndexRankSnapshot, "position"> | null => {
+      const located = this.locateRank(key.workerId, key.dpRank);
+      if (located === undefined) return null;
+      const { partition: p, rank } = located;
+      return { modelName: p.modelName, routingGroup: p.routingGroup, blockSize: p.blockSize, workerId: key.workerId, dpRank: key.dpRank, records: recordsFromDump(p.index.dumpRank(rank)) };
+    },
+  };
+
+  /**
+   * Replaces a rank's blocks with a peer's (the warm join): the rank's index entries are cleared
+   * and rebuilt from the snapshot's records, then chains parked below them attach. Refused when
+   * this replica does not know the rank in that partition, or knows it with another block size.
+   * Returns the blocks installed, or why not.
+   */
+  importIndexRank(s: IndexRankSnapshot): { installed: number } | { refused: "unknown_rank" | "block_size" } {
+    const located = this.locateRank(s.workerId, s.dpRank);
+    if (located === undefined || located.partition.modelName !== s.modelName || located.partition.routingGroup !== s.routingGroup) return { refused: "unknown_rank" };
+    const { partition: p, rank } = located;
+    if (p.blockSize !== s.blockSize) return { refused: "block_size" };
+    const bound = rankIndexBound(this.#catalog.get(s.workerId)?.total_kv_blocks);
+    p.index.applyCleared(rank);
+    for (const rec of s.records) {
+      const parent = rec.parent === null ? null : pairToBigInt(rec.parent[0] as number, rec.parent[1] as number);
+      p.index.applyStoredOrPark(rank, rec.tier, parent, rec.blockHashes, rec.localHashes, bound);
+    }
+    p.index.attachWaiting(rank, bound);
+    return { installed: p.index.rankSize(rank) };
   }
 
   /** The partition and rank key of a registered member's dp rank. */

@@ -22,6 +22,7 @@ import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
 import { Fleet, type DumpEvent, type DumpFilter, type WorkerChange } from "./fleet.js";
 import { hashCount } from "./hash64.js";
+import type { IndexRankSnapshot, IndexSnapshotSource } from "./index-snapshot.js";
 import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
 import { ReplicaState } from "./replica-state.js";
 import type { BindingEvent, BookingSnapshot, CatalogEvent, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates, WorkerStatusEvent } from "./replica-events.js";
@@ -285,6 +286,16 @@ export class SelectionService {
    */
   applyKvEvents(workerId: WorkerId, dpRank: number, batch: KvEventBatch): KvApplyResult {
     return this.#fleet.applyKvEvents(workerId, dpRank, batch);
+  }
+
+  /** The prefix index rank by rank, for a joining peer (the warm join, index-snapshot.ts). */
+  get indexSnapshotSource(): IndexSnapshotSource {
+    return this.#fleet.indexSnapshotSource;
+  }
+
+  /** Installs a peer's snapshot of one rank (the warm join): see Fleet.importIndexRank. */
+  importIndexRank(s: IndexRankSnapshot): { installed: number } | { refused: "unknown_rank" | "block_size" } {
+    return this.#fleet.importIndexRank(s);
   }
 
   /** A rank's KV-event publisher restarted: its old blocks are gone, rebuild from new events. */

@@ -15,6 +15,12 @@ export interface MeshControl {
    */
   startupSyncPending?(): string[] | null;
   /**
+   * The warm join (src/app/warm-join.ts): `index_syncing` while a peer's prefix index is being
+   * installed (`/ready` answers 503), `index_sync` naming its state when `/ready` should say it
+   * (no reachable peer, timed out); null when there is nothing to say. Optional.
+   */
+  indexSyncPending?(): { index_syncing?: true; index_sync?: string } | null;
+  /**
    * Applies, synchronously, every peer update the receive thread has handed over so far (a no-op
    * without one): the HTTP layer calls it before each request, so an answer reflects every peer
    * message received up to the thread's last hand-over rather than up to the last timed apply.
