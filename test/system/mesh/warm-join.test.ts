@@ -73,18 +73,12 @@ describe("warm join", () => {
     // B joins with the warm join, C without (--index-sync-secs 0).
     const b = await replica([a.sync], 30);
     const c = await replica([a.sync], 0);
-    await engine.waitForSubscribers(3);
-    const first = await ready(b.d);
-    expect(first.status).toBe(503);
-    // Later conversations, each below the prompt neither B nor C could replay.
-    for (let s = 11; s <= 14; s++) await turn(engine, s, 2);
-    await waitFor(() => indexBlocks(a.d) === 4 + 28, 5_000, "A indexes the later conversations");
-
     let answer = await ready(b.d);
     await waitFor(
       async () => {
         answer = await ready(b.d);
         if (answer.status === 200) return true;
+        // Held only by the syncs.
         expect(answer.json.index_syncing === true || answer.json.mesh_syncing === true).toBe(true);
         return false;
       },
@@ -94,6 +88,12 @@ describe("warm join", () => {
     // At the moment /ready turned 200, B's index is its peer's.
     expect(stringifyJson(b.d.service.dump())).toBe(stringifyJson(a.d.service.dump()));
     expect(answer.json).not.toHaveProperty("index_sync");
+
+    // Later conversations, each below the prompt neither B nor C could replay: B follows live.
+    await engine.waitForSubscribers(3);
+    for (let s = 11; s <= 14; s++) await turn(engine, s, 2);
+    await waitFor(() => indexBlocks(a.d) === 4 + 28, 5_000, "A indexes the later conversations");
+    await waitFor(() => stringifyJson(b.d.service.dump()) === stringifyJson(a.d.service.dump()), 5_000, "B follows the live stream past the snapshot");
 
     // C only has what the short replay and the live stream gave it: chains it parks, below a root it never sees.
     await waitFor(() => c.d.service.sizes().detachedBlocks > 0, 5_000, "C parks the conversations it cannot chain");
