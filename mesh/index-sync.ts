@@ -207,26 +207,33 @@ export class IndexSyncClient {
   }
 
   /**
-   * Pulls the whole index from `controlEndpoint`, one chunk at a time, each decoded on a worker
-   * thread and then installed. Rejects on the first failed request (the caller tries another peer).
+   * Pulls the whole index from `controlEndpoint`, chunk by chunk, each decoded on a worker thread
+   * and then installed while the peer encodes the next (one request ahead, no more). Rejects on the first failed request (the caller tries another peer).
    */
   async pull(controlEndpoint: string, install: IndexChunkInstaller): Promise<IndexSyncResult> {
     const decoder = new ChunkDecoder();
-    let cursor: string | null = null;
     let chunks = 0;
     let ranks = 0;
     let bytes = 0;
+    const ask = (cursor: string | null): Promise<{ next: string | null; chunk: Buffer }> =>
+      this.#o.link
+        .request(controlEndpoint, encodeIndexSyncRequest({ from: this.#o.from, publishEndpoint: this.#o.advertise, cursor }), this.#o.timeoutMs ?? DEFAULT_INDEX_CHUNK_TIMEOUT_MS)
+        .then((raw) => decodeIndexSyncReply(controlEndpoint, raw));
+    let pending = ask(null);
     try {
       for (;;) {
-        const req = encodeIndexSyncRequest({ from: this.#o.from, publishEndpoint: this.#o.advertise, cursor });
-        const reply = decodeIndexSyncReply(controlEndpoint, await this.#o.link.request(controlEndpoint, req, this.#o.timeoutMs ?? DEFAULT_INDEX_CHUNK_TIMEOUT_MS));
+        const reply = await pending;
         bytes += reply.chunk.length;
         chunks++;
+        // The peer encodes the next chunk while this one decodes and installs here.
+        if (reply.next !== null) {
+          pending = ask(reply.next);
+          pending.catch(() => undefined); // awaited next turn; not unhandled if the install throws first
+        }
         const got = await decoder.decode(reply.chunk);
         ranks += got.length;
         await install(got);
         if (reply.next === null) break;
-        cursor = reply.next;
       }
     } finally {
       await decoder.close();

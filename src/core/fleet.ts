@@ -13,7 +13,7 @@ import type { Clock } from "./time.js";
 import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
 import { hashCount, hashListFromBigInts, pairToBigInt } from "./hash64.js";
-import { rankCursorKey, recordsFromDump, type IndexRankKey, type IndexRankSnapshot, type IndexSnapshotSource } from "./index-snapshot.js";
+import { rankCursorKey, type IndexRankKey, type IndexRankSnapshot, type IndexSnapshotSource } from "./index-snapshot.js";
 import { computeBlockHashes } from "./hashing.js";
 import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
 import { Partition } from "./partition.js";
@@ -388,7 +388,7 @@ export class Fleet {
       const located = this.locateRank(key.workerId, key.dpRank);
       if (located === undefined) return null;
       const { partition: p, rank } = located;
-      return { modelName: p.modelName, routingGroup: p.routingGroup, blockSize: p.blockSize, workerId: key.workerId, dpRank: key.dpRank, records: recordsFromDump(p.index.dumpRank(rank)) };
+      return { modelName: p.modelName, routingGroup: p.routingGroup, blockSize: p.blockSize, workerId: key.workerId, dpRank: key.dpRank, records: p.index.exportRank(rank) };
     },
   };
 

@@ -21,7 +21,7 @@
  * (KVMESH_BAD_REQUEST naming the field) on anything malformed.
  */
 import { badRequest } from "./errors.js";
-import { hashCount, hashListFromBigInts, type HashList } from "./hash64.js";
+import { hashCount, type HashList } from "./hash64.js";
 import { STORAGE_TIERS, type StorageTier } from "./prefix-index.js";
 import type { WorkerId } from "./types.js";
 
@@ -213,16 +213,6 @@ export function decodeIndexChunk(buf: Uint8Array): IndexRankSnapshot[] {
   }
   if (r.left !== 0) throw badRequest(`index chunk: ${r.left} trailing bytes`, "index_chunk");
   return out;
-}
-
-/** A dump's records (bigint hashes) as snapshot records. */
-export function recordsFromDump(dump: readonly { tier: StorageTier; parentHash: bigint | null; blockHashes: bigint[]; localHashes: bigint[] }[]): IndexRecord[] {
-  return dump.map((d) => ({
-    tier: d.tier,
-    parent: d.parentHash === null ? null : hashListFromBigInts([d.parentHash]),
-    blockHashes: hashListFromBigInts(d.blockHashes),
-    localHashes: hashListFromBigInts(d.localHashes),
-  }));
 }
 
 function writeString(buf: Buffer, o: number, s: string): number {

@@ -670,6 +670,33 @@ export class PrefixIndex {
    * the gap is stored again.
    */
   dumpRank(rank: number): StoredBlocksRecord[] {
+    const toBig = (w: number[]): bigint[] => {
+      const out: bigint[] = [];
+      for (let i = 0; i < w.length; i += 2) out.push(pairToBigInt(w[i] as number, w[i + 1] as number));
+      return out;
+    };
+    return this.#dumpWords(rank).map((e) => ({
+      tier: e.tier,
+      parentHash: e.parent === null ? null : pairToBigInt(e.parent[0] as number, e.parent[1] as number),
+      blockHashes: toBig(e.blockHashes),
+      localHashes: toBig(e.localHashes),
+    }));
+  }
+
+  /**
+   * dumpRank with its hashes as HashLists ([hi, lo] u32 pairs): no BigInt per hash, for the warm
+   * join's export (index-snapshot.ts), which a peer runs on its main thread rank by rank.
+   */
+  exportRank(rank: number): { tier: StorageTier; parent: HashList | null; blockHashes: HashList; localHashes: HashList }[] {
+    return this.#dumpWords(rank).map((e) => ({
+      tier: e.tier,
+      parent: e.parent === null ? null : Uint32Array.from(e.parent),
+      blockHashes: Uint32Array.from(e.blockHashes),
+      localHashes: Uint32Array.from(e.localHashes),
+    }));
+  }
+
+  #dumpWords(rank: number): { tier: StorageTier; parent: number[] | null; blockHashes: number[]; localHashes: number[] }[] {
     checkRank(rank);
     const table = rank < this.#rankCap ? this.#lookups[rank] : undefined;
     if (table === undefined) return [];
@@ -688,21 +715,21 @@ export class PrefixIndex {
       else list.push(node);
     }
 
-    const events: StoredBlocksRecord[] = [];
-    const open: ({ event: StoredBlocksRecord; last: number } | undefined)[] = new Array<undefined>(TIER_COUNT);
+    type Words = { tier: StorageTier; parent: number[] | null; blockHashes: number[]; localHashes: number[] };
+    const events: Words[] = [];
+    const open: ({ event: Words; last: number } | undefined)[] = new Array<undefined>(TIER_COUNT);
     const stack = [...(heldChildren.get(ROOT) ?? [])];
     while (stack.length > 0) {
       const node = stack.pop() as number;
       const p = this.#parent[node] as number;
-      const local = pairToBigInt(this.#keyHi[node] as number, this.#keyLo[node] as number);
       const entries = entriesByNode.get(node) ?? [];
       for (let e = 0; e < entries.length; e += 3) {
         const t = entries[e] as number;
         let chain = open[t];
         if (chain === undefined || chain.last !== p) {
-          const event: StoredBlocksRecord = {
+          const event: Words = {
             tier: TIER_BY_INDEX[t] as StorageTier,
-            parentHash: p === ROOT ? null : PrefixIndex.#parentEntryHash(entriesByNode.get(p) ?? [], t),
+            parent: p === ROOT ? null : PrefixIndex.#parentEntryWords(entriesByNode.get(p) ?? [], t),
             blockHashes: [],
             localHashes: [],
           };
@@ -710,8 +737,8 @@ export class PrefixIndex {
           chain = { event, last: p };
           open[t] = chain;
         }
-        chain.event.blockHashes.push(pairToBigInt(entries[e + 1] as number, entries[e + 2] as number));
-        chain.event.localHashes.push(local);
+        chain.event.blockHashes.push(entries[e + 1] as number, entries[e + 2] as number);
+        chain.event.localHashes.push(this.#keyHi[node] as number, this.#keyLo[node] as number);
         chain.last = node;
       }
       const kids = heldChildren.get(node);
@@ -720,8 +747,8 @@ export class PrefixIndex {
     return events;
   }
 
-  /** The parent's sequence hash to chain from: the same tier's when held there, else any tier's. */
-  static #parentEntryHash(entries: number[], tier: number): bigint {
+  /** The parent's sequence hash to chain from, as [hi, lo]: the same tier's when held there, else any tier's. */
+  static #parentEntryWords(entries: number[], tier: number): number[] {
     let pick = 0;
     for (let e = 0; e < entries.length; e += 3) {
       if (entries[e] === tier) {
@@ -729,7 +756,7 @@ export class PrefixIndex {
         break;
       }
     }
-    return pairToBigInt(entries[pick + 1] as number, entries[pick + 2] as number);
+    return [entries[pick + 1] as number, entries[pick + 2] as number];
   }
 
   // =============================================================== membership
