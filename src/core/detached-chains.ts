@@ -20,9 +20,9 @@ import { hashCount, pairToBigInt, type HashList } from "./hash64.js";
 
 /**
  * Default bound on parked blocks per partition, blocks. A restarted replica parks the chains its
- * engines store until a peer's snapshot arrives (seconds); 65,536 blocks is 16 s of a busy
- * 1,024-rank fleet's new-prefix stores at 4,096/s, and costs ~6 MiB at the ~96 bytes per parked
- * block (two hash words each, plus the per-block owner entry) it holds at most.
+ * engines store until a peer's snapshot arrives (seconds): 65,536 blocks is 16 s of new-prefix
+ * stores at 4,096 blocks/s. Each parked block holds 32 bytes of hash words plus its owner-map
+ * entry (a BigInt key): an estimate of a few MiB at the bound, not measured yet.
  */
 export const DEFAULT_MAX_DETACHED_BLOCKS = 65_536;
 

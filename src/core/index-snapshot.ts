@@ -5,7 +5,7 @@
  *
  * Each rank is exported synchronously with its position, so a rank's blocks are exactly the
  * effect of its engine's batches up to `position.seq`: the joiner applies what its own listener
- * received past that seq (index-sync continuity, src/app/index-sync-journal.ts). Ranks are taken
+ * received past that seq (the continuity rule: index-join-journal.ts, applied by src/app/warm-join.ts). Ranks are taken
  * in a stable order and a chunk ends past `maxBytes` (at least one whole rank), so the exporter
  * encodes one chunk per request and never the whole fleet at once.
  *
@@ -29,9 +29,9 @@ import type { WorkerId } from "./types.js";
 export const INDEX_CHUNK_MAGIC = 0x5849564b;
 export const INDEX_CHUNK_VERSION = 1;
 /**
- * Default chunk size, bytes (`--index-sync-chunk-bytes` is not a flag: a named default): 1 MiB
- * holds about 8 ranks of 4,096 blocks (32 bytes a block), so a peer encodes a few ms per request
- * and a 1,024 x 4,096 index travels in ~128 requests (`npm run bench:warm-join`).
+ * Default chunk size, bytes (a named default, not a flag): 1 MiB holds about 8 ranks of 4,096
+ * blocks at 32 bytes a block, so a peer encodes only a few ranks per request and a 1,024 x 4,096
+ * index travels in ~128 requests (measure with `npm run bench:warm-join`).
  */
 export const DEFAULT_INDEX_CHUNK_BYTES = 1024 * 1024;
 /** Decoding refuses strings longer than this (model names and routing groups), bytes. */
