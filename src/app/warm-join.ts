@@ -163,8 +163,9 @@ export class WarmJoin {
   async run(mesh: WarmJoinMesh): Promise<void> {
     if (this.#state === "off") return;
     const log = this.#o.logger;
+    // The mesh's startup sync is bounded by its own flag; past --index-sync-secs the pull still
+    // runs (readiness is no longer held, but the index is still worth installing).
     while (mesh.startupSyncPending() !== null) {
-      if (this.#state !== "waiting_mesh") return; // timed out meanwhile
       await new Promise<void>((resolve) => this.#o.timers.setTimeout(resolve, MESH_WAIT_POLL_MS));
     }
     const peers = mesh.peerControlEndpoints();
