@@ -296,6 +296,14 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
         d.meshStartupSyncSecs,
       ),
     )
+    .addOption(
+      valueOption(
+        "--index-sync-secs <s>",
+        "after a start, /ready answers 503 (index_syncing) until a peer's prefix index is installed, at most this long (0 = no warm join: the index starts from the engines' replays alone)",
+        integerInRange(0, 3_600),
+        d.indexSyncSecs,
+      ),
+    )
     .addOption(valueOption("--peer-dns-interval-secs <s>", "how often dns:NAME:PORT peers are re-resolved (added and removed as the answer changes)", integerInRange(1, 3_600), d.peerDnsIntervalSecs))
     .addOption(
       valueOption("--replica-sync-advertise-host <host>", "host peers use to reach this replica when --host is a wildcard [default: --host, or 127.0.0.1]", parseAdvertiseHost),

@@ -80,12 +80,20 @@ export interface ControlRefusals {
   lifecycle: number;
 }
 
+/**
+ * A request kind served beside the control channel's own (the warm join's index pull,
+ * index-sync.ts): its reply, or null when `raw` is not one of its requests. `authorize` is the
+ * snapshot check (who may read this replica's state).
+ */
+export type ControlExtension = (raw: Buffer, authorize: (from: bigint, publishEndpoint: string | undefined) => Promise<string | null>) => Promise<Buffer> | null;
+
 export interface ControlServerOptions {
   readonly port: Pick<ReplicaPort, "snapshot" | "apply">;
   readonly publisher: Pick<MeshPublisher, "origin" | "epoch" | "seq" | "settled">;
   readonly peering: PeeringRequests;
   /** Told of each refusal (the mesh logs them, throttled). */
   readonly onRefused?: (kind: keyof ControlRefusals, reason: string) => void;
+  readonly extension?: ControlExtension | undefined;
 }
 
 export interface ControlServerStats {
@@ -107,6 +115,8 @@ export class ControlServer {
 
   /** One request from a peer; the reply is encoded (a malformed request gets an error reply). */
   async handle(raw: Buffer): Promise<Buffer> {
+    const extended = this.#o.extension?.(raw, (from, pe) => this.#o.peering.checkSnapshot(from, pe));
+    if (extended !== undefined && extended !== null) return extended;
     let req: ControlRequest;
     try {
       req = decodeControlRequest(raw);

@@ -19,7 +19,7 @@ import { systemClock, systemWallClock, type Clock, systemTimers, type TimerHandl
 import type { Random } from "../src/core/random.js";
 import type { LoadMarkEvent } from "../src/core/replica-events.js";
 import { LogThrottle } from "../src/util/log-throttle.js";
-import { ControlClient, ControlServer, DEFAULT_CONTROL_TIMEOUT_MS } from "./control.js";
+import { ControlClient, ControlServer, DEFAULT_CONTROL_TIMEOUT_MS, type ControlExtension, type ControlLink } from "./control.js";
 import type { MeshCurveConfig } from "./curve.js";
 import { DEFAULT_PEER_DNS_INTERVAL_SECS, DnsPeerDiscovery, type DnsPeerEntry } from "./dns-peers.js";
 import { MeshInbound, type MeshApplyTracer } from "./inbound.js";
@@ -100,6 +100,8 @@ export interface ReplicaMeshOptions {
   readonly receiveThreadMaxApplyDelayMs?: number | undefined;
   /** Longest `/ready` waits for the peers' first snapshots after the start, ms (mesh/startup-sync.ts); 0 = not at all. */
   readonly startupSyncMs?: number;
+  /** Requests served beside the control channel's own (the warm join's index pull, index-sync.ts). */
+  readonly controlExtension?: ControlExtension | undefined;
 }
 
 export class ReplicaMesh {
@@ -185,6 +187,7 @@ export class ReplicaMesh {
       port: service,
       publisher: this.#publisher,
       peering: this.#membership,
+      extension: o.controlExtension,
       onRefused: (kind, reason) => {
         refusalLog.hit((suppressed) => {
           logger.warn({ request: kind, suppressed }, `mesh control request refused: ${reason}`);
@@ -315,6 +318,15 @@ export class ReplicaMesh {
 
   deregisterPeer(endpoint: string): Promise<boolean> {
     return this.#membership.deregister(endpoint);
+  }
+
+  /** The control channel's request link and our PUB as peers reach it (the warm join's pull, index-sync.ts). */
+  get controlLink(): ControlLink {
+    return this.#transport;
+  }
+
+  get advertiseEndpoint(): string {
+    return this.#advertise;
   }
 
   listPeers(): PeerView[] {

@@ -8,11 +8,10 @@
  * 14,000-token prompt on its own. Flags: see --help.
  */
 import { seededRandom } from "../src/core/random.js";
-import { hashListToBigInts } from "../src/core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../src/core/hashing.js";
-import type { KvEventBatch } from "../src/ingest/kv-event-decoder.js";
 import { SelectionService } from "../src/core/selection-service.js";
 import { fmtMs, progress } from "./lib/console-report.js";
+import { BENCH_BLOCK_SIZE, BENCH_PROMPT_TOKENS, makeBenchPrompts, warmRank, type BenchPrompt } from "./lib/warm-prompts.js";
 import { summarize } from "../src/bench/stats.js";
 import { positiveInt, scriptProgram } from "./lib/script-args.js";
 
@@ -29,9 +28,8 @@ const BLOCKS_PER_WORKER = args.blocksPerWorker;
 const GROUPS = args.groups;
 const VARIANTS = args.variants;
 const ITERS = args.iters;
-const BLOCK_SIZE = 64;
-const PROMPT_TOKENS = 14_000;
-const PREFIX_TOKENS = 10_048; // 157 shared blocks per group, the rest unique per variant
+const BLOCK_SIZE = BENCH_BLOCK_SIZE;
+const PROMPT_TOKENS = BENCH_PROMPT_TOKENS;
 
 const rnd = seededRandom(42);
 /** JS heap plus typed-array backing stores (the index keeps most of its state in the latter). */
@@ -41,28 +39,10 @@ const usedBytes = (): number => {
 };
 const gc = (globalThis as { gc?: () => void }).gc;
 
-interface Prompt {
-  tokens: Uint32Array;
-  block: bigint[];
-  seq: bigint[];
-}
-
-function makePrompts(): Prompt[] {
-  const out: Prompt[] = [];
-  for (let g = 0; g < GROUPS; g++) {
-    for (let v = 0; v < VARIANTS; v++) {
-      const t = new Uint32Array(PROMPT_TOKENS);
-      for (let i = 0; i < PROMPT_TOKENS; i++) t[i] = i < PREFIX_TOKENS ? (g * 7_919 + i * 31) % 150_000 : (g * 104_729 + v * 7_727 + i * 13) % 150_000;
-      const local = computeBlockHashes(t, BLOCK_SIZE);
-      out.push({ tokens: t, block: hashListToBigInts(local), seq: hashListToBigInts(computeSequenceHashes(local)) });
-    }
-    progress("prompts", (g + 1) * VARIANTS, GROUPS * VARIANTS);
-  }
-  return out;
-}
-
 function main(): void {
-  const prompts = makePrompts();
+  const prompts = makeBenchPrompts(GROUPS, VARIANTS, (g) => {
+    progress("prompts", g * VARIANTS, GROUPS * VARIANTS);
+  });
   gc?.();
   const heapBefore = usedBytes();
   const svc = new SelectionService({ random: seededRandom(1), replicaId: 1n });
@@ -82,34 +62,7 @@ function main(): void {
   // adds only its new blocks (parent = the last shared block).
   let pairs = 0;
   for (let w = 0; w < WORKERS; w++) {
-    const held = new Set<bigint>();
-    while (held.size < BLOCKS_PER_WORKER) {
-      const p = prompts[Math.floor(rnd.next() * prompts.length)] as Prompt;
-      let start = 0;
-      while (start < p.seq.length && held.has(p.seq[start] as bigint)) start++;
-      const end = Math.min(p.seq.length, start + (BLOCKS_PER_WORKER - held.size));
-      if (start >= end) continue;
-      const batch: KvEventBatch = {
-        ts: 0,
-        dpRank: null,
-        events: [
-          {
-            type: "stored",
-            blockHashes: p.seq.slice(start, end),
-            parentHash: start === 0 ? null : (p.seq[start - 1] as bigint),
-            tokenIds: Array.from(p.tokens.subarray(start * BLOCK_SIZE, end * BLOCK_SIZE)),
-            blockSize: BLOCK_SIZE,
-            loraName: null,
-            tier: "device",
-            eagle: false,
-          },
-        ],
-      };
-      const r = svc.applyKvEvents(BigInt(w + 1), 0, batch);
-      if (r.dropped > 0) throw new Error("warm-up event dropped");
-      for (let i = start; i < end; i++) held.add(p.seq[i] as bigint);
-      pairs += end - start;
-    }
+    pairs += warmRank((batch) => svc.applyKvEvents(BigInt(w + 1), 0, batch), prompts, BLOCKS_PER_WORKER, rnd);
     progress("warm index", w + 1, WORKERS);
   }
   gc?.();
@@ -122,7 +75,7 @@ function main(): void {
   // Hashing on its own (the HTTP path with token_ids pays this on top of select).
   const hashSamples: number[] = [];
   for (let i = 0; i < 2_000; i++) {
-    const p = prompts[i % prompts.length] as Prompt;
+    const p = prompts[i % prompts.length] as BenchPrompt;
     const t0 = performance.now();
     computeSequenceHashes(computeBlockHashes(p.tokens, BLOCK_SIZE));
     hashSamples.push(performance.now() - t0);

@@ -14,6 +14,7 @@ import { loadMeshCurveConfig, type MeshCurveConfig } from "../../mesh/curve.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../../mesh/endpoints.js";
 import { DEFAULT_PEER_DNS_INTERVAL_SECS } from "../../mesh/dns-peers.js";
 import { DEFAULT_MESH_STARTUP_SYNC_SECS } from "../../mesh/startup-sync.js";
+import { DEFAULT_INDEX_SYNC_SECS } from "./warm-join.js";
 import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, DEFAULT_MESH_APPLY_INTERVAL_MS, DEFAULT_MESH_APPLY_MAX_DELAY_MS, DEFAULT_MESH_FLUSH_INTERVAL_MS, DEFAULT_MESH_HEARTBEAT_INTERVAL_MS } from "../../mesh/replica-mesh.js";
 import type { LoadReplication } from "../core/replica-events.js";
 import { isKvmeshError, KvmeshError } from "../core/errors.js";
@@ -106,6 +107,8 @@ export interface DaemonConfig extends TokenizerOptions {
   readonly peerDnsIntervalSecs: number;
   /** Longest `/ready` answers 503 after a start while the mesh pulls its peers' first snapshots, s (0: not at all). */
   readonly meshStartupSyncSecs: number;
+  /** Longest `/ready` answers 503 (index_syncing) after a start while a peer's prefix index is installed, s (0: no warm join; src/app/warm-join.ts). */
+  readonly indexSyncSecs: number;
   /** Host peers use to reach this replica, when `host` is a wildcard (default: `host`, or 127.0.0.1). */
   readonly replicaSyncAdvertiseHost?: string | undefined;
   /**
@@ -197,6 +200,7 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   peers: [],
   peerDnsIntervalSecs: DEFAULT_PEER_DNS_INTERVAL_SECS,
   meshStartupSyncSecs: DEFAULT_MESH_STARTUP_SYNC_SECS,
+  indexSyncSecs: DEFAULT_INDEX_SYNC_SECS,
   replicaSyncAdvertiseHost: undefined,
   loadReplication: "aggregate",
   meshFlushIntervalMs: DEFAULT_MESH_FLUSH_INTERVAL_MS,

@@ -24,6 +24,10 @@ import { WorkersFile } from "./workers-file.js";
 import { SelectionService } from "../core/selection-service.js";
 import { hasUnusableKvEndpoint, kvEventsEndpointRefused, replayEndpointFor } from "../core/worker-catalog.js";
 import { LogThrottle } from "../util/log-throttle.js";
+import { systemClock, systemTimers } from "../core/time.js";
+import { controlEndpointFor } from "../../mesh/endpoints.js";
+import { IndexSyncClient, IndexSyncServer } from "../../mesh/index-sync.js";
+import { registerWarmJoinMetrics, WarmJoin } from "./warm-join.js";
 
 /** The daemon's configuration lives in src/app/config.ts; re-exported for the daemon's callers. */
 export { DEFAULT_DAEMON_CONFIG, type DaemonConfig, type LogLevel } from "./config.js";
@@ -70,6 +74,22 @@ function meshSelfOf(mesh: ReplicaMesh | undefined): (() => UiMeshSelf) | undefin
 }
 
 export { isLoopbackHost } from "./config.js";
+
+/** The mesh as the HTTP layer drives it, with the warm join's hold on `/ready`. */
+function meshWithWarmJoin(mesh: ReplicaMesh | undefined, warmJoin: WarmJoin): MeshControl | undefined {
+  if (mesh === undefined) return undefined;
+  return {
+    registerPeer: (e) => mesh.registerPeer(e),
+    deregisterPeer: (e) => mesh.deregisterPeer(e),
+    listPeers: () => mesh.listPeers(),
+    startupSyncPending: () => mesh.startupSyncPending(),
+    indexSyncPending: () => warmJoin.readiness(),
+    applyReceived: () => {
+      mesh.applyReceived();
+    },
+    catchUp: () => mesh.catchUp(),
+  };
+}
 
 /**
  * Says at startup what is protected, and warns when a socket others can reach is not: the
@@ -121,11 +141,23 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   const ingestLog = logger.child({ subsystem: "ingest" });
   const indexShedLog = new LogThrottle();
   const cycleLog = new LogThrottle();
-  const ingest = new KvIngest({
+  const detachedShedLog = new LogThrottle();
+  // The warm join (issue 25): only with a mesh and KV events; its batches and resets go through it.
+  const warmJoin = new WarmJoin({
+    service,
+    ingest: () => ingest,
+    logger: logger.child({ subsystem: "warm-join" }),
+    clock: systemClock,
+    timers: systemTimers,
+    timeoutMs: config.replicaSyncPort !== undefined && config.kvEvents ? config.indexSyncSecs * MS_PER_SECOND : 0,
+    replayTimeoutMs: config.replayTimeoutMs,
+  });
+  const ingest: KvIngest = new KvIngest({
     logger: ingestLog,
     replayTimeoutMs: config.replayTimeoutMs,
-    onBatch: (ref, batch) => {
-      const r = service.applyKvEvents(BigInt(ref.workerId), ref.rank, batch);
+    onBatch: (ref, batch, seq, _replayed, digest) => {
+      const r = warmJoin.onBatch(ref, batch, seq, digest);
+      if (r === null) return; // already in the peer's snapshot the warm join installed
       if (r.dropped > 0 && ingestLog.isLevelEnabled("debug")) {
         ingestLog.debug({ worker_id: ref.workerId, dp_rank: ref.rank, dropped: r.dropped }, "kv events dropped");
       }
@@ -133,6 +165,14 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       if (r.shedBlocks > 0) {
         indexShedLog.hit((suppressed) => {
           ingestLog.warn({ worker_id: ref.workerId, dp_rank: ref.rank, shed_blocks: r.shedBlocks, suppressed }, "kv blocks shed: the rank's prefix index is at its bound (kvmesh_kv_index_blocks_shed_total)");
+        });
+      }
+      if (r.detachedShed > 0) {
+        detachedShedLog.hit((suppressed) => {
+          ingestLog.warn(
+            { worker_id: ref.workerId, dp_rank: ref.rank, shed_blocks: r.detachedShed, suppressed },
+            "parked kv blocks shed, oldest first: too many stored blocks wait for a parent this replica never saw (kvmesh_index_detached_shed_blocks_total)",
+          );
         });
       }
       if (r.cycles > 0) {
@@ -143,7 +183,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
     },
     onReset: (ref) => {
       ingestLog.info({ worker_id: ref.workerId, dp_rank: ref.rank }, "kv publisher restarted: clearing its blocks");
-      service.clearWorkerKv(BigInt(ref.workerId), ref.rank);
+      warmJoin.onReset(ref);
     },
   });
   if (config.kvEvents) {
@@ -209,6 +249,10 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       throw err;
     }
   }
+  const indexServer = new IndexSyncServer({
+    source: service.indexSnapshotSource,
+    positionOf: (workerId, dpRank) => ingest.position(workerId.toString(), dpRank),
+  });
   if (sync !== undefined) {
     try {
       mesh = await ReplicaMesh.start({
@@ -226,9 +270,22 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
         flushIntervalMs: service.loadReplication === "aggregate" ? config.meshAggregateIntervalMs : config.meshFlushIntervalMs,
         heartbeatIntervalMs: config.meshHeartbeatIntervalMs,
         metrics: registry,
+        controlExtension: (raw, authorize) => indexServer.handle(raw, authorize),
         ...(config.meshReceiveThread ? { receiveThreadApplyIntervalMs: config.meshApplyIntervalMs, receiveThreadMaxApplyDelayMs: config.meshApplyMaxDelayMs } : {}),
       });
       logger.info({ publish: sync.advertise, peers: config.peers, origin: service.replicaId.toString() }, "replica mesh up");
+      const m = mesh;
+      const client = new IndexSyncClient({ link: m.controlLink, from: service.replicaId, advertise: m.advertiseEndpoint });
+      void warmJoin.run({
+        startupSyncPending: () => m.startupSyncPending(),
+        // Live peers first: they answered our snapshot request already.
+        peerControlEndpoints: () =>
+          m
+            .listPeers()
+            .sort((a, b) => Number(b.sync === "live") - Number(a.sync === "live"))
+            .map((p) => controlEndpointFor(p.endpoint)),
+        pull: (endpoint, install) => client.pull(endpoint, install),
+      });
     } catch (err) {
       await tracer?.shutdown();
       await ingest.close();
@@ -237,6 +294,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   }
   const metrics = new HttpMetrics(registry);
   registerServiceMetrics(registry, service);
+  registerWarmJoinMetrics(registry, warmJoin);
   registerIngestMetrics(
     registry,
     () => ingest.stats(),
@@ -251,7 +309,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       logger: logger.child({ subsystem: "http" }),
       metrics,
       bodyLimitBytes: config.bodyLimitBytes,
-      mesh: hooks.mesh ?? mesh,
+      mesh: hooks.mesh ?? meshWithWarmJoin(mesh, warmJoin),
       apiToken: config.apiToken,
       meshSelf: meshSelfOf(mesh),
       tracer,
@@ -269,7 +327,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
     // Loaded only when asked for, as tracing is: a daemon without it never loads gRPC or a tokenizer.
     const { startEndpointPicker } = await import("../extproc/ext-proc.js");
     const { createTokenizer } = await import("../tokenize/create-tokenizer.js");
-    const meshControl = hooks.mesh ?? mesh;
+    const meshControl = hooks.mesh ?? meshWithWarmJoin(mesh, warmJoin);
     try {
       tokenizer = createTokenizer(tokenizerOptionsOf(config), {
         // --tokenizer engine asks the model's ready workers, by their catalogue endpoint.

@@ -12,7 +12,8 @@ import type { AffinityTable } from "./affinity-table.js";
 import type { Clock } from "./time.js";
 import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
-import { hashCount, hashListFromBigInts } from "./hash64.js";
+import { hashCount, hashListFromBigInts, pairToBigInt } from "./hash64.js";
+import { rankCursorKey, type IndexRankKey, type IndexRankSnapshot, type IndexSnapshotSource } from "./index-snapshot.js";
 import { computeBlockHashes } from "./hashing.js";
 import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
 import { Partition } from "./partition.js";
@@ -49,6 +50,11 @@ export interface FleetSizes {
   partitions: number;
   indexedBlocks: number;
   indexNodes: number;
+  /** Stored blocks parked until their parent is known (detached-chains.ts), now. */
+  detachedBlocks: number;
+  /** Counters: parked blocks attached once their parent was known, and shed at the bound. */
+  detachedAttachedBlocks: number;
+  detachedShedBlocks: number;
   affinityEntries: number;
   affinityFallbacks: number;
   affinityEvictions: number;
@@ -103,6 +109,8 @@ export class Fleet {
   /** Sum of data_parallel_size over the catalog's records. */
   #ranks = 0;
   /** The affinity counters of partitions that left the fleet (sizes() keeps its counters monotonic). */
+  /** Removed partitions' detached-chain counters (the sizes' counters never go down). */
+  readonly #removedDetached = { attached: 0, shed: 0 };
   readonly #removedAffinity = { fallbacks: 0, evictions: 0, rebinds: 0, conflicts: 0, unbindsShed: 0 };
 
   constructor(options: FleetOptions) {
@@ -259,6 +267,8 @@ export class Fleet {
     if (p.members.size > 0 || this.#partitions.get(p.key) !== p) return;
     this.#partitions.delete(p.key);
     this.#promptHashCaches.delete(p);
+    this.#removedDetached.attached += p.index.detached.attachedBlocks;
+    this.#removedDetached.shed += p.index.detached.shedBlocks;
     const r = this.#removedAffinity;
     r.fallbacks += p.affinity?.fallbacks ?? 0;
     r.evictions += p.affinity?.evictions ?? 0;
@@ -294,14 +304,16 @@ export class Fleet {
     const located = this.locateRank(workerId, batch.dpRank ?? dpRank);
     if (located === undefined) {
       c.kvEventsDropped += batch.events.length;
-      return { applied: 0, dropped: batch.events.length, shedBlocks: 0, cycles: 0 };
+      return { applied: 0, dropped: batch.events.length, parked: 0, shedBlocks: 0, cycles: 0, detachedShed: 0 };
     }
     const { partition: p, rank } = located;
     const bound = rankIndexBound(this.#catalog.get(workerId)?.total_kv_blocks);
     const shed0 = p.index.shedPairs;
     const cycles0 = p.index.cyclesRejected;
+    const detachedShed0 = p.index.detached.shedBlocks;
     let applied = 0;
     let dropped = 0;
+    let parked = 0;
     for (const ev of batch.events) {
       let ok = true;
       switch (ev.type) {
@@ -321,7 +333,13 @@ export class Fleet {
             ok = false;
             break;
           }
-          ok = p.index.applyStored(rank, ev.tier, ev.parentHash, engine, local, bound);
+          // A parent this rank does not hold yet parks the event until it is known (issue 25).
+          const outcome = p.index.applyStoredOrPark(rank, ev.tier, ev.parentHash, engine, local, bound);
+          if (outcome === "parked") {
+            parked++;
+            continue;
+          }
+          ok = outcome === "stored";
           break;
         }
         case "removed":
@@ -338,15 +356,61 @@ export class Fleet {
     const cycles = p.index.cyclesRejected - cycles0;
     c.kvEventsApplied += applied;
     c.kvEventsDropped += dropped;
+    c.kvEventsParked += parked;
     c.kvIndexBlocksShed += shedBlocks;
     c.kvParentCycles += cycles;
-    return { applied, dropped, shedBlocks, cycles };
+    return { applied, dropped, parked, shedBlocks, cycles, detachedShed: p.index.detached.shedBlocks - detachedShed0 };
   }
 
   /** A rank's KV-event publisher restarted: its old blocks are gone, rebuild from new events. */
   clearWorkerKv(workerId: WorkerId, dpRank: number): void {
     const located = this.locateRank(workerId, dpRank);
     if (located !== undefined) located.partition.index.applyCleared(located.rank);
+  }
+
+  // ---------------------------------------------------------------- index snapshots (warm join)
+
+  /** The prefix index as a peer exports it, rank by rank (index-snapshot.ts). */
+  readonly indexSnapshotSource: IndexSnapshotSource = {
+    rankKeys: (): IndexRankKey[] => {
+      const out: IndexRankKey[] = [];
+      for (const p of this.#partitions.values()) {
+        for (const [workerId, m] of p.members) {
+          for (const rank of m.ranks) {
+            const dpRank = p.ranks.dpRankOf(rank);
+            if (p.index.rankSize(rank) > 0) out.push({ key: rankCursorKey(p.key, workerId, dpRank), workerId, dpRank });
+          }
+        }
+      }
+      return out.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+    },
+    exportRank: (key: IndexRankKey): Omit<IndexRankSnapshot, "position"> | null => {
+      const located = this.locateRank(key.workerId, key.dpRank);
+      if (located === undefined) return null;
+      const { partition: p, rank } = located;
+      return { modelName: p.modelName, routingGroup: p.routingGroup, blockSize: p.blockSize, workerId: key.workerId, dpRank: key.dpRank, records: p.index.exportRank(rank) };
+    },
+  };
+
+  /**
+   * Replaces a rank's blocks with a peer's (the warm join): the rank's index entries are cleared
+   * and rebuilt from the snapshot's records, then chains parked below them attach. Refused when
+   * this replica does not know the rank in that partition, or knows it with another block size.
+   * Returns the blocks installed, or why not.
+   */
+  importIndexRank(s: IndexRankSnapshot): { installed: number } | { refused: "unknown_rank" | "block_size" } {
+    const located = this.locateRank(s.workerId, s.dpRank);
+    if (located === undefined || located.partition.modelName !== s.modelName || located.partition.routingGroup !== s.routingGroup) return { refused: "unknown_rank" };
+    const { partition: p, rank } = located;
+    if (p.blockSize !== s.blockSize) return { refused: "block_size" };
+    const bound = rankIndexBound(this.#catalog.get(s.workerId)?.total_kv_blocks);
+    p.index.applyCleared(rank);
+    for (const rec of s.records) {
+      const parent = rec.parent === null ? null : pairToBigInt(rec.parent[0] as number, rec.parent[1] as number);
+      p.index.applyStoredOrPark(rank, rec.tier, parent, rec.blockHashes, rec.localHashes, bound);
+    }
+    p.index.attachWaiting(rank, bound);
+    return { installed: p.index.rankSize(rank) };
   }
 
   /** The partition and rank key of a registered member's dp rank. */
@@ -432,6 +496,8 @@ export class Fleet {
   sizes(): FleetSizes {
     let indexedBlocks = 0;
     let indexNodes = 0;
+    let detachedBlocks = 0;
+    let { attached: detachedAttachedBlocks, shed: detachedShedBlocks } = this.#removedDetached;
     let affinityEntries = 0;
     // The affinity counters are counters (never go down): removed partitions' counts stay in.
     let {
@@ -444,6 +510,10 @@ export class Fleet {
     for (const p of this.#partitions.values()) {
       indexedBlocks += p.index.size;
       indexNodes += p.index.nodeCount;
+      const d = p.index.detached;
+      detachedBlocks += d.blocks;
+      detachedAttachedBlocks += d.attachedBlocks;
+      detachedShedBlocks += d.shedBlocks;
       affinityEntries += p.affinity?.size ?? 0;
       affinityFallbacks += p.affinity?.fallbacks ?? 0;
       affinityEvictions += p.affinity?.evictions ?? 0;
@@ -451,6 +521,6 @@ export class Fleet {
       affinityConflicts += p.affinity?.conflicts ?? 0;
       affinityUnbindsShed += p.affinity?.unbindsShed ?? 0;
     }
-    return { partitions: this.#partitions.size, indexedBlocks, indexNodes, affinityEntries, affinityFallbacks, affinityEvictions, affinityRebinds, affinityConflicts, affinityUnbindsShed };
+    return { partitions: this.#partitions.size, indexedBlocks, indexNodes, detachedBlocks, detachedAttachedBlocks, detachedShedBlocks, affinityEntries, affinityFallbacks, affinityEvictions, affinityRebinds, affinityConflicts, affinityUnbindsShed };
   }
 }

@@ -41,8 +41,12 @@ export interface KvApplyResult {
   readonly applied: number;
   /** Unknown rank, block-size mismatch, a parent the rank does not hold, or a parent-hash cycle. */
   readonly dropped: number;
+  /** Stored events parked until their parent is known (detached-chains.ts): neither applied nor dropped. */
+  readonly parked: number;
   /** New blocks refused at the rank's index bound (rank-index-bound.ts). */
   readonly shedBlocks: number;
   /** Stored events refused because a block would have been chained below itself. */
   readonly cycles: number;
+  /** Parked blocks shed (oldest chains first) at the partition's bound to park this batch's. */
+  readonly detachedShed: number;
 }

@@ -24,11 +24,18 @@
  *
  * Not thread-safe; the daemon is single-threaded.
  */
+import { DEFAULT_MAX_DETACHED_BLOCKS, DetachedChains, type DetachedChainStats } from "./detached-chains.js";
 import { MAX_RANK_KEYS } from "./rank-registry.js";
 import { U64Table } from "./u64-table.js";
 import { bigIntHi, bigIntLo, hashCount, pairToBigInt, toU64, type HashList } from "./hash64.js";
 
 export type StorageTier = "device" | "host" | "disk";
+
+/**
+ * What applyStoredOrPark did with a stored event: took it, parked it until its parent is known
+ * (detached-chains.ts), or refused it (a parent-hash cycle, or parked nothing at a 0 bound).
+ */
+export type StoreOutcome = "stored" | "parked" | "refused";
 export const STORAGE_TIERS: readonly StorageTier[] = ["device", "host", "disk"];
 
 /** Rank keys are interned by the caller (RankRegistry) into [0, MAX_RANK_KEYS). */
@@ -222,7 +229,13 @@ export class PrefixIndex {
     disk: new Int32Array(16),
   };
 
-  constructor() {
+  readonly #detached: DetachedChains<StorageTier>;
+  /** Parked chains refused when attached (a parent-hash cycle), since the index was made. */
+  #detachedRefused = 0;
+
+  /** `maxDetachedBlocks`: the bound on stored blocks parked until their parent is known (detached-chains.ts). */
+  constructor(maxDetachedBlocks = DEFAULT_MAX_DETACHED_BLOCKS) {
+    this.#detached = new DetachedChains<StorageTier>(maxDetachedBlocks);
     this.#growNodes(INITIAL_NODE_CAPACITY);
     this.#parent[ROOT] = NONE;
     this.#firstChild[ROOT] = NONE;
@@ -253,6 +266,18 @@ export class PrefixIndex {
   /** Stored events refused because a block would have been chained below itself (#17 F11), since the index was made. */
   get cyclesRejected(): number {
     return this.#cyclesRejected;
+  }
+
+  /** Chains parked until their parent is known: now, and counted since the index was made. */
+  get detached(): DetachedChainStats & { readonly refusedChains: number } {
+    return { ...this.#detached.stats, refusedChains: this.#detachedRefused };
+  }
+
+  /** Whether `rank` holds the block with sequence hash `hash` in any tier. */
+  holds(rank: number, hash: bigint): boolean {
+    checkRank(rank);
+    const h = toU64(hash);
+    return this.#findHeld(rank, DEVICE, bigIntHi(h), bigIntLo(h)) >= 0;
   }
 
   /** Approximate heap bytes (typed arrays exactly, JS-side objects estimated). */
@@ -366,9 +391,65 @@ export class PrefixIndex {
     return true;
   }
 
+  /**
+   * applyStored, except that an event whose parent this rank does not hold is parked (copied,
+   * bounded) instead of refused, and attached once the parent is known: when a later event or a
+   * replay stores it, or an imported snapshot holds it (attachWaiting). Every block this call
+   * stores releases the chains parked below it, recursively.
+   */
+  applyStoredOrPark(
+    rank: number,
+    tier: StorageTier,
+    parentHash: bigint | null,
+    blockHashes: HashList,
+    localHashes: HashList,
+    maxRankPairs = Infinity,
+  ): StoreOutcome {
+    if (!this.applyStored(rank, tier, parentHash, blockHashes, localHashes, maxRankPairs)) {
+      if (parentHash === null || this.holds(rank, parentHash)) return "refused"; // a cycle
+      return this.#detached.park(rank, tier, toU64(parentHash), blockHashes, localHashes) ? "parked" : "refused";
+    }
+    if (this.#detached.hasRank(rank)) this.#attachBelow(rank, blockHashes, maxRankPairs);
+    return "stored";
+  }
+
+  /**
+   * Attaches every chain of `rank` parked below a block the rank now holds (after an imported
+   * snapshot or a replay installed blocks some other way). Returns the chains attached.
+   */
+  attachWaiting(rank: number, maxRankPairs = Infinity): number {
+    checkRank(rank);
+    let attached = 0;
+    for (const parent of this.#detached.parentsOf(rank)) {
+      if (!this.holds(rank, parent)) continue;
+      for (const c of this.#detached.take(rank, parent)) {
+        attached++;
+        if (this.applyStored(rank, c.tier, c.parent, c.blockHashes, c.localHashes, maxRankPairs)) this.#attachBelow(rank, c.blockHashes, maxRankPairs);
+        else this.#detachedRefused++;
+      }
+    }
+    return attached;
+  }
+
+  /** Releases the chains parked below the blocks just stored, and below theirs, depth first. */
+  #attachBelow(rank: number, stored: HashList, maxRankPairs: number): void {
+    const work: HashList[] = [stored];
+    while (work.length > 0 && this.#detached.hasRank(rank)) {
+      const list = work.pop() as HashList;
+      const n = hashCount(list);
+      for (let i = 0; i < n; i++) {
+        for (const c of this.#detached.take(rank, pairToBigInt(list[2 * i] as number, list[2 * i + 1] as number))) {
+          if (this.applyStored(rank, c.tier, c.parent, c.blockHashes, c.localHashes, maxRankPairs)) work.push(c.blockHashes);
+          else this.#detachedRefused++;
+        }
+      }
+    }
+  }
+
   /** A rank evicted blocks from one tier. Unknown hashes are ignored. Returns blocks removed. */
   applyRemoved(rank: number, tier: StorageTier, blockHashes: HashList): number {
     checkRank(rank);
+    if (this.#detached.hasRank(rank)) this.#detached.removeBlocks(rank, tier, blockHashes);
     const t = tierIndex(tier);
     const table = rank < this.#rankCap ? this.#lookups[rank] : undefined;
     if (table === undefined) return 0;
@@ -393,6 +474,7 @@ export class PrefixIndex {
   /** The rank dropped everything (all tiers). */
   applyCleared(rank: number): void {
     checkRank(rank);
+    this.#detached.dropRank(rank);
     const table = rank < this.#rankCap ? this.#lookups[rank] : undefined;
     if (table === undefined) return;
     // Every membership of this rank goes, so no detach/re-attach walks are needed. Pruning inside
@@ -588,6 +670,33 @@ export class PrefixIndex {
    * the gap is stored again.
    */
   dumpRank(rank: number): StoredBlocksRecord[] {
+    const toBig = (w: number[]): bigint[] => {
+      const out: bigint[] = [];
+      for (let i = 0; i < w.length; i += 2) out.push(pairToBigInt(w[i] as number, w[i + 1] as number));
+      return out;
+    };
+    return this.#dumpWords(rank).map((e) => ({
+      tier: e.tier,
+      parentHash: e.parent === null ? null : pairToBigInt(e.parent[0] as number, e.parent[1] as number),
+      blockHashes: toBig(e.blockHashes),
+      localHashes: toBig(e.localHashes),
+    }));
+  }
+
+  /**
+   * dumpRank with its hashes as HashLists ([hi, lo] u32 pairs): no BigInt per hash, for the warm
+   * join's export (index-snapshot.ts), which a peer runs on its main thread rank by rank.
+   */
+  exportRank(rank: number): { tier: StorageTier; parent: HashList | null; blockHashes: HashList; localHashes: HashList }[] {
+    return this.#dumpWords(rank).map((e) => ({
+      tier: e.tier,
+      parent: e.parent === null ? null : Uint32Array.from(e.parent),
+      blockHashes: Uint32Array.from(e.blockHashes),
+      localHashes: Uint32Array.from(e.localHashes),
+    }));
+  }
+
+  #dumpWords(rank: number): { tier: StorageTier; parent: number[] | null; blockHashes: number[]; localHashes: number[] }[] {
     checkRank(rank);
     const table = rank < this.#rankCap ? this.#lookups[rank] : undefined;
     if (table === undefined) return [];
@@ -606,21 +715,21 @@ export class PrefixIndex {
       else list.push(node);
     }
 
-    const events: StoredBlocksRecord[] = [];
-    const open: ({ event: StoredBlocksRecord; last: number } | undefined)[] = new Array<undefined>(TIER_COUNT);
+    type Words = { tier: StorageTier; parent: number[] | null; blockHashes: number[]; localHashes: number[] };
+    const events: Words[] = [];
+    const open: ({ event: Words; last: number } | undefined)[] = new Array<undefined>(TIER_COUNT);
     const stack = [...(heldChildren.get(ROOT) ?? [])];
     while (stack.length > 0) {
       const node = stack.pop() as number;
       const p = this.#parent[node] as number;
-      const local = pairToBigInt(this.#keyHi[node] as number, this.#keyLo[node] as number);
       const entries = entriesByNode.get(node) ?? [];
       for (let e = 0; e < entries.length; e += 3) {
         const t = entries[e] as number;
         let chain = open[t];
         if (chain === undefined || chain.last !== p) {
-          const event: StoredBlocksRecord = {
+          const event: Words = {
             tier: TIER_BY_INDEX[t] as StorageTier,
-            parentHash: p === ROOT ? null : PrefixIndex.#parentEntryHash(entriesByNode.get(p) ?? [], t),
+            parent: p === ROOT ? null : PrefixIndex.#parentEntryWords(entriesByNode.get(p) ?? [], t),
             blockHashes: [],
             localHashes: [],
           };
@@ -628,8 +737,8 @@ export class PrefixIndex {
           chain = { event, last: p };
           open[t] = chain;
         }
-        chain.event.blockHashes.push(pairToBigInt(entries[e + 1] as number, entries[e + 2] as number));
-        chain.event.localHashes.push(local);
+        chain.event.blockHashes.push(entries[e + 1] as number, entries[e + 2] as number);
+        chain.event.localHashes.push(this.#keyHi[node] as number, this.#keyLo[node] as number);
         chain.last = node;
       }
       const kids = heldChildren.get(node);
@@ -638,8 +747,8 @@ export class PrefixIndex {
     return events;
   }
 
-  /** The parent's sequence hash to chain from: the same tier's when held there, else any tier's. */
-  static #parentEntryHash(entries: number[], tier: number): bigint {
+  /** The parent's sequence hash to chain from, as [hi, lo]: the same tier's when held there, else any tier's. */
+  static #parentEntryWords(entries: number[], tier: number): number[] {
     let pick = 0;
     for (let e = 0; e < entries.length; e += 3) {
       if (entries[e] === tier) {
@@ -647,7 +756,7 @@ export class PrefixIndex {
         break;
       }
     }
-    return pairToBigInt(entries[pick + 1] as number, entries[pick + 2] as number);
+    return [entries[pick + 1] as number, entries[pick + 2] as number];
   }
 
   // =============================================================== membership

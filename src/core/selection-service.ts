@@ -23,6 +23,7 @@ import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
 import { Fleet, type DumpEvent, type DumpFilter, type WorkerChange } from "./fleet.js";
 import { hashCount } from "./hash64.js";
+import type { IndexRankSnapshot, IndexSnapshotSource } from "./index-snapshot.js";
 import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
 import { LOAD_STRATEGIES } from "./replication/load-strategies.js";
 import type { LoadStrategy } from "./replication/load-strategy.js";
@@ -324,6 +325,16 @@ export class SelectionService {
     return this.#fleet.applyKvEvents(workerId, dpRank, batch);
   }
 
+  /** The prefix index rank by rank, for a joining peer (the warm join, index-snapshot.ts). */
+  get indexSnapshotSource(): IndexSnapshotSource {
+    return this.#fleet.indexSnapshotSource;
+  }
+
+  /** Installs a peer's snapshot of one rank (the warm join): see Fleet.importIndexRank. */
+  importIndexRank(s: IndexRankSnapshot): { installed: number } | { refused: "unknown_rank" | "block_size" } {
+    return this.#fleet.importIndexRank(s);
+  }
+
   /** A rank's KV-event publisher restarted: its old blocks are gone, rebuild from new events. */
   clearWorkerKv(workerId: WorkerId, dpRank: number): void {
     this.#fleet.clearWorkerKv(workerId, dpRank);
@@ -507,6 +518,9 @@ export class SelectionService {
     partitions: number;
     indexedBlocks: number;
     indexNodes: number;
+    detachedBlocks: number;
+    detachedAttachedBlocks: number;
+    detachedShedBlocks: number;
     affinityEntries: number;
     affinityFallbacks: number;
     affinityEvictions: number;

@@ -19,6 +19,8 @@ export interface ServiceStats {
   readonly kvEventsApplied: number;
   /** KV events dropped: unknown rank, block-size mismatch, or a parent this rank does not hold. */
   readonly kvEventsDropped: number;
+  /** Stored KV events parked because their parent was unknown (attached later: src/core/detached-chains.ts). */
+  readonly kvEventsParked: number;
   /** New blocks refused because their rank's index was at its bound (src/core/rank-index-bound.ts, #17 F8). */
   readonly kvIndexBlocksShed: number;
   /** Stored events refused because a block would have been chained below itself (#17 F11). */
@@ -72,6 +74,7 @@ export class ServiceCounters implements Mutable<ServiceStats> {
   selectionErrors = 0;
   kvEventsApplied = 0;
   kvEventsDropped = 0;
+  kvEventsParked = 0;
   kvIndexBlocksShed = 0;
   kvParentCycles = 0;
   replicaEventsApplied = 0;

@@ -16,6 +16,12 @@ export interface MeshControl {
    */
   startupSyncPending?(): string[] | null;
   /**
+   * The warm join (src/app/warm-join.ts): `index_syncing` while a peer's prefix index is being
+   * installed (`/ready` answers 503), `index_sync` naming its state when `/ready` should say it
+   * (no reachable peer, timed out); null when there is nothing to say. Optional.
+   */
+  indexSyncPending?(): { index_syncing?: true; index_sync?: string } | null;
+  /**
    * Resolves once every peer message this replica has received is applied (the receive thread
    * hands over between intervals): what a lifecycle call for an unknown reservation waits for
    * before answering 404, since the booking may sit in the thread's next hand-over.

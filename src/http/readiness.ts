@@ -6,11 +6,19 @@
 import type { MeshControl } from "./mesh-control.js";
 import type { SelectionService } from "../core/selection-service.js";
 
-export type Readiness = ReturnType<SelectionService["ready"]> & { mesh_syncing?: true; mesh_syncing_peers?: string[] };
+export type Readiness = ReturnType<SelectionService["ready"]> & { mesh_syncing?: true; mesh_syncing_peers?: string[]; index_syncing?: true; index_sync?: string };
 
-/** `allWorkers` (`?workers=all`): list every worker's record even past READY_WORKERS_LISTED_MAX. */
+/**
+ * `allWorkers` (`?workers=all`): list every worker's record even past READY_WORKERS_LISTED_MAX.
+ * Held at 503 as well while the warm join installs a peer's prefix index (src/app/warm-join.ts):
+ * `index_syncing: true`, bounded by --index-sync-secs; `index_sync` says "no_peer" or "timeout"
+ * when the join ended without a peer's index.
+ */
 export function readiness(svc: Pick<SelectionService, "ready">, mesh: MeshControl | undefined, allWorkers = false): Readiness {
-  const r = svc.ready(allWorkers);
+  let r: Readiness = svc.ready(allWorkers);
   const pending = mesh?.startupSyncPending?.() ?? null;
-  return pending === null ? r : { ...r, ready: false, mesh_syncing: true, mesh_syncing_peers: pending };
+  if (pending !== null) r = { ...r, ready: false, mesh_syncing: true, mesh_syncing_peers: pending };
+  const index = mesh?.indexSyncPending?.() ?? null;
+  if (index !== null) r = { ...r, ...(index.index_syncing === true ? { ready: false } : {}), ...index };
+  return r;
 }

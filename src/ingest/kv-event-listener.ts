@@ -30,7 +30,7 @@ export const DEFAULT_RECEIVE_HWM_MESSAGES = 10_000;
 export const DEFAULT_RECONNECT_MAX_INTERVAL_MS = 5_000;
 
 /** seq = -1 (all 0xff) terminates a replay stream. */
-const REPLAY_END_SEQ = 0xffff_ffff_ffff_ffffn;
+export const REPLAY_END_SEQ = 0xffff_ffff_ffff_ffffn;
 const SEQ_BYTES = 8;
 /**
  * Largest forward jump of a live seq taken as a gap (repaired by replay, or counted as lost):
@@ -49,7 +49,8 @@ export const MAX_KV_MESSAGE_BYTES = 16 * 1024 * 1024;
 export interface KvEventListenerOptions {
   readonly endpoint: string;
   readonly replayEndpoint?: string | null;
-  readonly onBatch: (batch: KvEventBatch, seq: bigint, replayed: boolean) => void;
+  /** `digest`: xxh64 of the batch's payload when a replay endpoint is set (it names the publisher's incarnation), else null. */
+  readonly onBatch: (batch: KvEventBatch, seq: bigint, replayed: boolean, digest: bigint | null) => void;
   /** The publisher restarted (seq went back to 0): the caller drops this rank's blocks. */
   readonly onReset?: () => void;
   readonly logger?: Logger;
@@ -146,6 +147,14 @@ export class KvEventListener {
 
   get replayEndpoint(): string | null {
     return this.#replayEndpoint;
+  }
+
+  /**
+   * The stream position: the last seq applied and its payload's digest (null without a replay
+   * endpoint). A peer exports it with the rank's blocks (the warm join, src/core/index-snapshot.ts).
+   */
+  get position(): { seq: bigint; digest: bigint | null } | null {
+    return this.#lastSeq === null ? null : { seq: this.#lastSeq, digest: this.#lastDigest };
   }
 
   get stats(): KvEventListenerStats {
@@ -340,7 +349,8 @@ export class KvEventListener {
   #apply(seq: bigint, payload: Buffer, replayed: boolean): void {
     // The seq is consumed even when the payload is bad: replaying it would return the same bytes.
     this.#lastSeq = seq;
-    if (this.#replayEndpoint !== null) this.#lastDigest = xxh3.xxh64(payload);
+    const digest = this.#replayEndpoint !== null ? xxh3.xxh64(payload) : null;
+    this.#lastDigest = digest;
     if (payload.length > MAX_KV_MESSAGE_BYTES) {
       this.#oversized(seq, `payload of ${payload.length} bytes is over ${MAX_KV_MESSAGE_BYTES}: refused`, 0);
       return;
@@ -364,7 +374,7 @@ export class KvEventListener {
     this.#stats.applied++;
     if (replayed) this.#stats.replayed++;
     try {
-      this.#onBatch(batch, seq, replayed);
+      this.#onBatch(batch, seq, replayed, digest);
     } catch (err) {
       this.#log.error({ err, seq }, "onBatch handler threw");
     }
@@ -412,7 +422,8 @@ export class KvEventListener {
   }
 }
 
-function parseReplayReply(frames: Buffer[]): { seq: bigint; payload: Buffer } | string {
+/** A replay reply's seq and payload, or why it is malformed (an empty payload ends the replay). */
+export function parseReplayReply(frames: Buffer[]): { seq: bigint; payload: Buffer } | string {
   let seqFrame: Buffer | undefined;
   let payload: Buffer | undefined;
   if (frames.length === 3) [, seqFrame, payload] = frames;

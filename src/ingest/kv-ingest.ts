@@ -23,7 +23,7 @@ export interface KvRankEndpoints {
 
 export interface KvIngestOptions {
   /** `batch.dpRank`, when not null, is the engine's own rank and overrides `ref.rank`. */
-  readonly onBatch: (ref: KvRankRef, batch: KvEventBatch, seq: bigint, replayed: boolean) => void;
+  readonly onBatch: (ref: KvRankRef, batch: KvEventBatch, seq: bigint, replayed: boolean, digest: bigint | null) => void;
   /** Drop every block of this rank: its publisher restarted or was replaced. */
   readonly onReset: (ref: KvRankRef) => void;
   readonly logger?: Logger;
@@ -145,6 +145,16 @@ export class KvIngest {
     });
   }
 
+  /** A rank's stream position (its listener's last seq and digest), or null. */
+  position(workerId: string, rank: number): { seq: bigint; digest: bigint | null } | null {
+    return this.#workers.get(workerId)?.get(rank)?.position ?? null;
+  }
+
+  /** A rank's replay endpoint, or null (none, or no listener). */
+  replayEndpointOf(workerId: string, rank: number): string | null {
+    return this.#workers.get(workerId)?.get(rank)?.replayEndpoint ?? null;
+  }
+
   stats(): KvRankStats[] {
     const out: KvRankStats[] = [];
     for (const [workerId, ranks] of this.#workers) {
@@ -167,8 +177,8 @@ export class KvIngest {
     return new KvEventListener({
       endpoint: r.endpoint,
       replayEndpoint: r.replayEndpoint ?? null,
-      onBatch: (batch, seq, replayed) => {
-        onBatch(ref, batch, seq, replayed);
+      onBatch: (batch, seq, replayed, digest) => {
+        onBatch(ref, batch, seq, replayed, digest);
       },
       onReset: () => {
         this.#reset(ref);

@@ -22,6 +22,7 @@ const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: keyof 
   ["kvmesh_reservations_total", "Bookings made by this replica.", "reservations"],
   ["kvmesh_kv_events_applied_total", "Worker KV events applied to the prefix index.", "kvEventsApplied"],
   ["kvmesh_kv_events_dropped_total", "Worker KV events dropped (unknown rank, block size or parent mismatch, parent-hash cycle).", "kvEventsDropped"],
+  ["kvmesh_kv_events_parked_total", "Stored KV events parked because their rank did not hold their parent yet (attached once it is known).", "kvEventsParked"],
   ["kvmesh_kv_index_blocks_shed_total", "New KV blocks refused because their rank's prefix index held its bound (8 x total_kv_blocks, or 1,048,576).", "kvIndexBlocksShed"],
   ["kvmesh_kv_parent_cycles_total", "Stored KV events refused because a block would have been chained below itself (parent-hash cycle).", "kvParentCycles"],
   ["kvmesh_replica_events_applied_total", "Peer load events applied.", "replicaEventsApplied"],
@@ -61,6 +62,7 @@ const SIZE_GAUGES: readonly (readonly [name: string, help: string, key: keyof Si
   ["kvmesh_partitions", "Partitions (model_name, routing_group).", "partitions"],
   ["kvmesh_index_blocks", "(rank, block) entries in the prefix indexes.", "indexedBlocks"],
   ["kvmesh_index_nodes", "Nodes in the prefix indexes.", "indexNodes"],
+  ["kvmesh_index_detached_blocks", "Stored KV blocks parked until their parent is known (a replay that ran short, a snapshot not installed yet).", "detachedBlocks"],
   ["kvmesh_affinity_entries", "Session bindings held.", "affinityEntries"],
   ["kvmesh_pending_selections", "Cached selections awaiting POST /reservations.", "pendingSelections"],
   ["kvmesh_reservation_bytes", "Estimated bytes of this replica's live bookings (192 per booked block + 1 KiB each), against --max-reservation-bytes.", "reservationBytes"],
@@ -75,6 +77,8 @@ const SIZE_COUNTERS: readonly (readonly [name: string, help: string, key: keyof 
   ["kvmesh_affinity_unbinds_shed_total", "Hard affinity: remembered unbinds forgotten before their TTL because the table's max entries were remembered (an older copy of such a session could then be applied again).", "affinityUnbindsShed"],
   ["kvmesh_pending_selection_evictions_total", "Cached selections evicted (entry or byte bound) before use.", "pendingEvictions"],
   ["kvmesh_pending_selection_large_evictions_total", "Of those, large cached selections (over 1/256 of the byte budget) evicted by newer large ones (their budget is 1/4 of it).", "pendingLargeEvictions"],
+  ["kvmesh_index_detached_attached_blocks_total", "Parked KV blocks attached to the prefix index once their parent was known.", "detachedAttachedBlocks"],
+  ["kvmesh_index_detached_shed_blocks_total", "Parked KV blocks shed, oldest chains first, at the bound (65,536 per partition).", "detachedShedBlocks"],
   ["kvmesh_reorder_state_shed_total", "Tombstones or early prefill marks shed at their bound.", "reorderShed"],
 ];
 

@@ -40,3 +40,12 @@ export function removedBatch(toks: number[], fromBlock: number, blockSize = BLOC
   const seq = hashListToBigInts(computeSequenceHashes(computeBlockHashes(toks, blockSize)));
   return { ts: 0, dpRank: null, events: [{ type: "removed", blockHashes: seq.slice(fromBlock), tier: "device" }] };
 }
+
+/** The BlockStored batch of `toks`' blocks from `fromBlock` on, chained below block fromBlock - 1 (a later step of the same sequence). */
+export function storedTailBatch(toks: number[], fromBlock: number, blockSize = BLOCK): KvEventBatch {
+  const full = storedBatch(toks, blockSize);
+  const ev = full.events[0];
+  if (ev?.type !== "stored") return full;
+  const parentHash = fromBlock === 0 ? null : (ev.blockHashes[fromBlock - 1] ?? null);
+  return { ...full, events: [{ ...ev, parentHash, blockHashes: ev.blockHashes.slice(fromBlock), tokenIds: ev.tokenIds.slice(fromBlock * blockSize) }] };
+}

@@ -1,29 +1,8 @@
 import { describe, it, expect } from "vitest";
-import { PrefixIndex, STORAGE_TIERS, type StorageTier, type MatchResult } from "../../../src/core/prefix-index.js";
-import { computeSequenceHashes } from "../../../src/core/hashing.js";
-import { hashListFromBigInts, pairToBigInt, type HashList } from "../../../src/core/hash64.js";
+import { PrefixIndex, STORAGE_TIERS, type StorageTier } from "../../../src/core/prefix-index.js";
+import { hashListFromBigInts } from "../../../src/core/hash64.js";
+import { localOf, locals, match, scores, seqOf, seqs, type Scores } from "../../helpers/index-paths.js";
 import { seededRandom, type Random } from "../../../src/core/random.js";
-
-/**
- * Blocks are named by small "content ids"; a request / stored chain is a path of ids. The local
- * hash of a block depends only on its id (position independent, like the real content hash); the
- * sequence hash is the real chain hash over the path, so it depends on the whole prefix.
- */
-const localOf = (id: number): bigint => BigInt.asUintN(64, BigInt(id) * 0x9e3779b97f4a7c15n + 0x1234n);
-
-function locals(path: readonly number[]): HashList {
-  return hashListFromBigInts(path.map(localOf));
-}
-
-function seqs(path: readonly number[]): HashList {
-  return computeSequenceHashes(locals(path));
-}
-
-function seqOf(path: readonly number[]): bigint {
-  const s = seqs(path);
-  const n = path.length;
-  return pairToBigInt(s[2 * n - 2] as number, s[2 * n - 1] as number);
-}
 
 /** Stores path[from..] for the rank, chained below path[from-1]. */
 function store(idx: PrefixIndex, rank: number, tier: StorageTier, path: readonly number[], from = 0): boolean {
@@ -37,18 +16,6 @@ function store(idx: PrefixIndex, rank: number, tier: StorageTier, path: readonly
 function remove(idx: PrefixIndex, rank: number, tier: StorageTier, path: readonly number[], depths: readonly number[]): number {
   return idx.applyRemoved(rank, tier, hashListFromBigInts(depths.map((d) => seqOf(path.slice(0, d)))));
 }
-
-type Scores = Record<number, [number, number, number]>;
-
-function scores(r: MatchResult): Scores {
-  const out: Scores = {};
-  for (let j = 0; j < r.count; j++) {
-    out[r.ranks[j] as number] = [r.device[j] as number, r.host[j] as number, r.disk[j] as number];
-  }
-  return out;
-}
-
-const match = (idx: PrefixIndex, path: readonly number[]): Scores => scores(idx.findMatches(locals(path)));
 
 describe("PrefixIndex: stored / removed / cleared", () => {
   it("scores a rank by the consecutive leading blocks it holds", () => {

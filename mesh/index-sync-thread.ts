@@ -1,0 +1,31 @@
+/**
+ * The warm join's decoding thread (a worker_threads worker; index-sync.ts starts it for one pull):
+ * decodes each index chunk (src/core/index-snapshot.ts) off the main thread and hands the ranks
+ * back with their typed arrays transferred, not copied.
+ */
+import { parentPort } from "node:worker_threads";
+
+import { decodeIndexChunk } from "../src/core/index-snapshot.js";
+import type { ThreadReply } from "./index-sync.js";
+
+const port = parentPort;
+// Assertion (a programming error, never input): this file is only ever started as a worker.
+if (port === null) throw new Error("Assertion: index-sync-thread.ts runs as a worker thread only");
+
+port.on("message", (m: { id: number; chunk: Uint8Array }) => {
+  let reply: ThreadReply;
+  const transfer: ArrayBuffer[] = [];
+  try {
+    const ranks = decodeIndexChunk(m.chunk);
+    for (const r of ranks) {
+      for (const rec of r.records) {
+        transfer.push(rec.blockHashes.buffer as ArrayBuffer, rec.localHashes.buffer as ArrayBuffer);
+        if (rec.parent !== null) transfer.push(rec.parent.buffer as ArrayBuffer);
+      }
+    }
+    reply = { id: m.id, ranks };
+  } catch (err) {
+    reply = { id: m.id, error: err instanceof Error ? err.message : String(err) };
+  }
+  port.postMessage(reply, transfer);
+});

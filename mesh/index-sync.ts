@@ -1,0 +1,312 @@
+/**
+ * The warm join over the mesh's control channel (issue 25): a starting replica pulls a peer's
+ * prefix index, chunk by chunk, and hands each chunk to its installer. This is the Clone
+ * pattern the mesh already uses for bookings and bindings (control.ts snapshots), applied to
+ * the index, with two differences:
+ *
+ *  - chunked: a request names a cursor (the last rank received) and the peer encodes the ranks
+ *    after it up to DEFAULT_INDEX_CHUNK_BYTES (src/core/index-snapshot.ts). The peer keeps no
+ *    state between requests and never encodes its whole index at once, so its /select keeps
+ *    its latency while a joiner pulls; each rank travels whole, with its KV stream position
+ *    taken in the same synchronous step;
+ *  - decoded off the main thread: each chunk goes to a worker thread (index-sync-thread.ts),
+ *    which hands back typed arrays (transferred, not copied); only the install runs on the main
+ *    thread, one chunk per turn of the event loop.
+ *
+ * Wire (raw, beside the control channel's msgpack: a msgpack map never starts with "K"):
+ *   request: "KVIQ" u32 LE, version u8, from u64 LE, publish endpoint (u16 + utf8),
+ *            cursor flag u8, cursor (u16 + utf8)
+ *   reply:   status u8 (0 ok, 1 error); ok: next-cursor flag u8, next cursor (u16 + utf8), chunk;
+ *            error: utf8 message.
+ * A request is authorized as a snapshot request is (membership's checkSnapshot).
+ */
+import { createRequire } from "node:module";
+import { pathToFileURL } from "node:url";
+import { Worker } from "node:worker_threads";
+
+import { DEFAULT_INDEX_CHUNK_BYTES, nextIndexChunk, type IndexRankSnapshot, type IndexSnapshotSource, type KvStreamPosition } from "../src/core/index-snapshot.js";
+import type { WorkerId } from "../src/core/types.js";
+import type { ControlLink } from "./control.js";
+import { MeshOptionError, MeshRemoteError, MeshWireError } from "./errors.js";
+
+/** "KVIQ" read as a little-endian u32. */
+export const INDEX_SYNC_REQUEST_MAGIC = 0x5149564b;
+const INDEX_SYNC_VERSION = 1;
+const OK = 0;
+const ERR = 1;
+/** Bound on a cursor or endpoint in a request, bytes. */
+const MAX_REQUEST_STRING_BYTES = 4096;
+
+export interface IndexSyncRequest {
+  readonly from: bigint;
+  readonly publishEndpoint: string | undefined;
+  readonly cursor: string | null;
+}
+
+export function isIndexSyncRequest(raw: Buffer): boolean {
+  return raw.length >= 4 && raw.readUInt32LE(0) === INDEX_SYNC_REQUEST_MAGIC;
+}
+
+export function encodeIndexSyncRequest(r: IndexSyncRequest): Buffer {
+  const pe = Buffer.from(r.publishEndpoint ?? "", "utf8");
+  const cur = Buffer.from(r.cursor ?? "", "utf8");
+  const buf = Buffer.alloc(4 + 1 + 8 + 2 + pe.length + 1 + 2 + cur.length);
+  let o = buf.writeUInt32LE(INDEX_SYNC_REQUEST_MAGIC, 0);
+  o = buf.writeUInt8(INDEX_SYNC_VERSION, o);
+  o = buf.writeBigUInt64LE(r.from, o);
+  o = buf.writeUInt16LE(pe.length, o);
+  o += pe.copy(buf, o);
+  o = buf.writeUInt8(r.cursor === null ? 0 : 1, o);
+  o = buf.writeUInt16LE(cur.length, o);
+  cur.copy(buf, o);
+  return buf;
+}
+
+export function decodeIndexSyncRequest(raw: Buffer): IndexSyncRequest {
+  const need = (o: number, n: number, field: string): void => {
+    if (o + n > raw.length) throw new MeshWireError(`index_sync.${field}`, `overruns the request (${raw.length} bytes)`);
+  };
+  need(0, 13, "header");
+  if (raw.readUInt32LE(0) !== INDEX_SYNC_REQUEST_MAGIC) throw new MeshWireError("index_sync.magic", "not an index sync request");
+  const v = raw.readUInt8(4);
+  if (v !== INDEX_SYNC_VERSION) throw new MeshWireError("index_sync.version", `version ${v}, expected ${INDEX_SYNC_VERSION}`);
+  const from = raw.readBigUInt64LE(5);
+  let o = 13;
+  const str = (field: string): string => {
+    need(o, 2, field);
+    const len = raw.readUInt16LE(o);
+    o += 2;
+    if (len > MAX_REQUEST_STRING_BYTES) throw new MeshWireError(`index_sync.${field}`, `${len} bytes, over ${MAX_REQUEST_STRING_BYTES}`);
+    need(o, len, field);
+    const s = raw.toString("utf8", o, o + len);
+    o += len;
+    return s;
+  };
+  const pe = str("publish_endpoint");
+  need(o, 1, "cursor");
+  const hasCursor = raw.readUInt8(o++) === 1;
+  const cursor = str("cursor");
+  if (o !== raw.length) throw new MeshWireError("index_sync", `${raw.length - o} trailing bytes`);
+  return { from, publishEndpoint: pe === "" ? undefined : pe, cursor: hasCursor ? cursor : null };
+}
+
+function encodeOk(next: string | null, chunk: Buffer): Buffer {
+  const cur = Buffer.from(next ?? "", "utf8");
+  const head = Buffer.alloc(1 + 1 + 2 + cur.length);
+  head.writeUInt8(OK, 0);
+  head.writeUInt8(next === null ? 0 : 1, 1);
+  head.writeUInt16LE(cur.length, 2);
+  cur.copy(head, 4);
+  return Buffer.concat([head, chunk]);
+}
+
+function encodeError(message: string): Buffer {
+  return Buffer.concat([Buffer.of(ERR), Buffer.from(message, "utf8")]);
+}
+
+/** A reply: the next cursor and the chunk (a view into `raw`), or throws MeshRemoteError on an error reply. */
+export function decodeIndexSyncReply(endpoint: string, raw: Buffer): { next: string | null; chunk: Buffer } {
+  if (raw.length < 1) throw new MeshWireError("index_sync_reply", "empty reply");
+  if (raw.readUInt8(0) === ERR) throw new MeshRemoteError(endpoint, raw.toString("utf8", 1));
+  if (raw.length < 4) throw new MeshWireError("index_sync_reply", "truncated header");
+  const hasNext = raw.readUInt8(1) === 1;
+  const len = raw.readUInt16LE(2);
+  if (4 + len > raw.length) throw new MeshWireError("index_sync_reply.next", "overruns the reply");
+  return { next: hasNext ? raw.toString("utf8", 4, 4 + len) : null, chunk: raw.subarray(4 + len) };
+}
+
+// ------------------------------------------------------------------ server
+
+export interface IndexSyncServerOptions {
+  readonly source: IndexSnapshotSource;
+  /** The rank's KV stream position now (the ingest's listener), null without one. */
+  readonly positionOf: (workerId: WorkerId, dpRank: number) => KvStreamPosition | null;
+  /** Chunk size, bytes (DEFAULT_INDEX_CHUNK_BYTES). */
+  readonly chunkBytes?: number;
+}
+
+export interface IndexSyncServerStats {
+  chunksServed: number;
+  ranksServed: number;
+  blocksServed: number;
+  bytesServed: number;
+  refused: number;
+  malformed: number;
+}
+
+/** Who may read the index: the same check as a snapshot request (membership.ts). */
+export type IndexSyncAuthorizer = (from: bigint, publishEndpoint: string | undefined) => Promise<string | null>;
+
+export class IndexSyncServer {
+  readonly stats: IndexSyncServerStats = { chunksServed: 0, ranksServed: 0, blocksServed: 0, bytesServed: 0, refused: 0, malformed: 0 };
+  readonly #o: IndexSyncServerOptions;
+  readonly #chunkBytes: number;
+
+  constructor(o: IndexSyncServerOptions) {
+    this.#o = o;
+    this.#chunkBytes = o.chunkBytes ?? DEFAULT_INDEX_CHUNK_BYTES;
+    if (!Number.isInteger(this.#chunkBytes) || this.#chunkBytes < 1024) throw new MeshOptionError("chunkBytes", `must be an integer of at least 1024, got ${this.#chunkBytes}`);
+  }
+
+  /** The control channel's hook (control.ts): our reply, or null when `raw` is not an index request. */
+  handle(raw: Buffer, authorize: IndexSyncAuthorizer): Promise<Buffer> | null {
+    if (!isIndexSyncRequest(raw)) return null;
+    return this.#handle(raw, authorize);
+  }
+
+  async #handle(raw: Buffer, authorize: IndexSyncAuthorizer): Promise<Buffer> {
+    let req: IndexSyncRequest;
+    try {
+      req = decodeIndexSyncRequest(raw);
+    } catch (err) {
+      this.stats.malformed++;
+      return encodeError(err instanceof Error ? err.message : "malformed index sync request");
+    }
+    const refused = await authorize(req.from, req.publishEndpoint);
+    if (refused !== null) {
+      this.stats.refused++;
+      return encodeError(`index sync refused: ${refused}`);
+    }
+    const c = nextIndexChunk(this.#o.source, req.cursor, this.#chunkBytes, this.#o.positionOf);
+    this.stats.chunksServed++;
+    this.stats.ranksServed += c.ranks;
+    this.stats.blocksServed += c.blocks;
+    this.stats.bytesServed += c.chunk.length;
+    return encodeOk(c.next, c.chunk);
+  }
+}
+
+// ------------------------------------------------------------------ client
+
+/** Default per-request timeout of an index chunk, ms: a 1 MiB chunk over loopback takes a few ms. */
+export const DEFAULT_INDEX_CHUNK_TIMEOUT_MS = 5_000;
+
+export interface IndexSyncClientOptions {
+  readonly link: ControlLink;
+  /** Our origin and PUB endpoint, for the peer's check of who asks. */
+  readonly from: bigint;
+  readonly advertise: string | undefined;
+  readonly timeoutMs?: number;
+}
+
+export interface IndexSyncResult {
+  readonly peer: string;
+  readonly chunks: number;
+  readonly ranks: number;
+  readonly bytes: number;
+}
+
+/** Installs one decoded chunk (the ranks in it); may be async (a replay of a gap). */
+export type IndexChunkInstaller = (ranks: IndexRankSnapshot[]) => Promise<void> | void;
+
+export class IndexSyncClient {
+  readonly #o: IndexSyncClientOptions;
+
+  constructor(o: IndexSyncClientOptions) {
+    this.#o = o;
+  }
+
+  /**
+   * Pulls the whole index from `controlEndpoint`, chunk by chunk, each decoded on a worker thread
+   * and then installed while the peer encodes the next (one request ahead, no more). Rejects on the first failed request (the caller tries another peer).
+   */
+  async pull(controlEndpoint: string, install: IndexChunkInstaller): Promise<IndexSyncResult> {
+    const decoder = new ChunkDecoder();
+    let chunks = 0;
+    let ranks = 0;
+    let bytes = 0;
+    const ask = (cursor: string | null): Promise<{ next: string | null; chunk: Buffer }> =>
+      this.#o.link
+        .request(controlEndpoint, encodeIndexSyncRequest({ from: this.#o.from, publishEndpoint: this.#o.advertise, cursor }), this.#o.timeoutMs ?? DEFAULT_INDEX_CHUNK_TIMEOUT_MS)
+        .then((raw) => decodeIndexSyncReply(controlEndpoint, raw));
+    let pending = ask(null);
+    try {
+      for (;;) {
+        const reply = await pending;
+        bytes += reply.chunk.length;
+        chunks++;
+        // The peer encodes the next chunk while this one decodes and installs here.
+        if (reply.next !== null) {
+          pending = ask(reply.next);
+          pending.catch(() => undefined); // awaited next turn; not unhandled if the install throws first
+        }
+        const got = await decoder.decode(reply.chunk);
+        ranks += got.length;
+        await install(got);
+        if (reply.next === null) break;
+      }
+    } finally {
+      await decoder.close();
+    }
+    return { peer: controlEndpoint, chunks, ranks, bytes };
+  }
+}
+
+// ------------------------------------------------------------------ the decoding thread
+
+const THREAD_FILE = new URL(import.meta.url.endsWith(".ts") ? "./index-sync-thread.ts" : "./index-sync-thread.js", import.meta.url);
+
+/**
+ * Starts a worker thread on `file`. Compiled (.js) it loads directly; from source (tsx or
+ * vitest) it goes through tsx's ESM API, as receive-worker.ts does for the receive thread.
+ */
+function spawnThread(file: URL): Worker {
+  if (!file.pathname.endsWith(".ts")) return new Worker(file);
+  const tsx = pathToFileURL(createRequire(import.meta.url).resolve("tsx/esm/api").replace(/\.cjs$/, ".mjs")).href;
+  return new Worker(`import(${JSON.stringify(tsx)}).then((api) => api.tsImport(${JSON.stringify(file.href)}, ${JSON.stringify(import.meta.url)}))`, { eval: true });
+}
+
+export interface ThreadReply {
+  readonly id: number;
+  readonly ranks?: IndexRankSnapshot[];
+  readonly error?: string;
+}
+
+/** One worker thread for the duration of a pull; chunks go in transferred, ranks come back transferred. */
+class ChunkDecoder {
+  #worker: Worker | null = null;
+  #nextId = 1;
+  readonly #waiting = new Map<number, { resolve: (r: IndexRankSnapshot[]) => void; reject: (e: Error) => void }>();
+
+  decode(chunk: Buffer): Promise<IndexRankSnapshot[]> {
+    const w = this.#start();
+    const id = this.#nextId++;
+    // A copy the thread owns (the reply buffer may be a view into a pooled one).
+    const copy = new Uint8Array(chunk.length);
+    copy.set(chunk);
+    return new Promise((resolve, reject) => {
+      this.#waiting.set(id, { resolve, reject });
+      w.postMessage({ id, chunk: copy }, [copy.buffer]);
+    });
+  }
+
+  async close(): Promise<void> {
+    const w = this.#worker;
+    this.#worker = null;
+    if (w !== null) await w.terminate();
+  }
+
+  #start(): Worker {
+    if (this.#worker !== null) return this.#worker;
+    const w = spawnThread(THREAD_FILE);
+    w.unref();
+    w.on("message", (m: ThreadReply) => {
+      const p = this.#waiting.get(m.id);
+      if (p === undefined) return;
+      this.#waiting.delete(m.id);
+      if (m.error !== undefined || m.ranks === undefined) p.reject(new MeshWireError("index_chunk", m.error ?? "no ranks"));
+      else p.resolve(m.ranks);
+    });
+    const fail = (err: Error): void => {
+      for (const p of this.#waiting.values()) p.reject(err);
+      this.#waiting.clear();
+      this.#worker = null;
+    };
+    w.on("error", fail);
+    w.on("exit", (code) => {
+      if (this.#waiting.size > 0) fail(new Error(`index sync decoding thread exited (${code})`));
+    });
+    this.#worker = w;
+    return w;
+  }
+}

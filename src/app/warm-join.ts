@@ -1,0 +1,280 @@
+/**
+ * The warm join (issue 25): a replica that starts installs a peer's prefix index before `/ready`
+ * turns 200, and continues from its own KV streams with no gap.
+ *
+ * - From the start, every KV batch is applied at once (the index is never worse than a cold
+ *   start) and journaled per rank (src/core/index-join-journal.ts).
+ * - Once the mesh's startup sync is over (the catalogue is in: the peer's ranks are known here),
+ *   the index is pulled from a peer over the control channel, chunk by chunk, decoded on a worker
+ *   thread (mesh/index-sync.ts). Each rank is installed at its snapshot position; the journaled
+ *   batches past it are applied again on top; a range the journal shed is replayed from the
+ *   engine; a stale snapshot (another publisher incarnation) is refused; what cannot be repaired
+ *   is counted.
+ * - `/ready` answers 503 with `index_syncing` until then, at most `timeoutMs` (--index-sync-secs);
+ *   with no reachable peer it says so (`index_sync: "no_peer"`) and in the log, and is not held.
+ *
+ * The composition root wires it: the ingest's onBatch/onReset go through it, the mesh serves and
+ * pulls through mesh/index-sync.ts.
+ */
+import type { Logger } from "pino";
+import type { Registry } from "prom-client";
+
+import { IndexJoinJournal } from "../core/index-join-journal.js";
+import type { IndexRankSnapshot, KvStreamPosition } from "../core/index-snapshot.js";
+import type { KvApplyResult, KvEventBatch } from "../core/kv-events.js";
+import type { SelectionService } from "../core/selection-service.js";
+import type { Clock, Timers } from "../core/time.js";
+import { replayRange } from "../ingest/kv-replay-range.js";
+import type { KvIngest, KvRankRef } from "../ingest/kv-ingest.js";
+import { collectedCounter, collectedGauge } from "../metrics/collected.js";
+
+/** Default bound on the warm join's hold on `/ready`, s (--index-sync-secs; 0: no warm join). */
+export const DEFAULT_INDEX_SYNC_SECS = 15;
+/** How often the warm join checks whether the mesh's startup sync is over, ms. */
+const MESH_WAIT_POLL_MS = 50;
+
+export type WarmJoinState = "waiting_mesh" | "syncing" | "installed" | "no_peer" | "timeout" | "off";
+
+export interface WarmJoinStats {
+  chunks: number;
+  bytes: number;
+  ranksInstalled: number;
+  blocksInstalled: number;
+  /** Ranks refused: a snapshot of another publisher incarnation. */
+  ranksStale: number;
+  /** Ranks refused: not known here (or known with another block size). */
+  ranksUnknown: number;
+  /** Journaled batches applied again past a snapshot's position. */
+  batchesReapplied: number;
+  /** Batches replayed from an engine to fill a range the journal shed. */
+  batchesReplayed: number;
+  /** Seqs past a snapshot's position that neither the journal nor the engine held: not repaired. */
+  seqsUnrepaired: number;
+  /** Listener batches skipped because the installed snapshot already held them. */
+  batchesCovered: number;
+  peersFailed: number;
+}
+
+/** What the warm join drives of the mesh (mesh/replica-mesh.ts and mesh/index-sync.ts satisfy it). */
+export interface WarmJoinMesh {
+  startupSyncPending(): string[] | null;
+  /** Peers' control endpoints, the likeliest to answer first. */
+  peerControlEndpoints(): string[];
+  pull(controlEndpoint: string, install: (ranks: IndexRankSnapshot[]) => Promise<void>): Promise<{ chunks: number; ranks: number; bytes: number }>;
+}
+
+export interface WarmJoinOptions {
+  readonly service: SelectionService;
+  readonly ingest: () => Pick<KvIngest, "replayEndpointOf">;
+  readonly logger: Logger;
+  readonly clock: Clock;
+  readonly timers: Timers;
+  /** 0: no warm join (state "off"). */
+  readonly timeoutMs: number;
+  readonly replayTimeoutMs: number;
+  readonly journalBatches?: number;
+}
+
+const keyOf = (workerId: string, dpRank: number): string => `${workerId}:${dpRank}`;
+
+export class WarmJoin {
+  readonly stats: WarmJoinStats = {
+    chunks: 0,
+    bytes: 0,
+    ranksInstalled: 0,
+    blocksInstalled: 0,
+    ranksStale: 0,
+    ranksUnknown: 0,
+    batchesReapplied: 0,
+    batchesReplayed: 0,
+    seqsUnrepaired: 0,
+    batchesCovered: 0,
+    peersFailed: 0,
+  };
+  readonly #o: WarmJoinOptions;
+  readonly #journal: IndexJoinJournal;
+  /** Per rank: batches up to this position are in the installed snapshot. */
+  readonly #floors = new Map<string, KvStreamPosition>();
+  #state: WarmJoinState;
+  readonly #startedAtMs: number;
+  #doneLogged = false;
+
+  constructor(o: WarmJoinOptions) {
+    this.#o = o;
+    this.#journal = new IndexJoinJournal(o.journalBatches);
+    this.#startedAtMs = o.clock.now();
+    this.#state = o.timeoutMs > 0 ? "waiting_mesh" : "off";
+    if (this.#state === "off") this.#journal.close();
+  }
+
+  get state(): WarmJoinState {
+    return this.#state;
+  }
+
+  /** Batches journaled now and shed at the journal's bound. */
+  get journal(): { batches: number; shed: number } {
+    return this.#journal.stats;
+  }
+
+  /**
+   * For `/ready`: `{ syncing: true }` while the warm join holds readiness; otherwise its state
+   * when `/ready` should say it (no peer, timed out), or null.
+   */
+  readiness(): { index_syncing?: true; index_sync?: WarmJoinState } | null {
+    const s = this.#state;
+    if (s === "waiting_mesh" || s === "syncing") {
+      if (this.#o.clock.now() - this.#startedAtMs < this.#o.timeoutMs) return { index_syncing: true, index_sync: s };
+      this.#finish("timeout");
+      return { index_sync: "timeout" };
+    }
+    return s === "no_peer" || s === "timeout" ? { index_sync: s } : null;
+  }
+
+  /** The ingest's onBatch: applied at once, journaled while the join is open, skipped when a snapshot covers it. */
+  onBatch(ref: KvRankRef, batch: KvEventBatch, seq: bigint, digest: bigint | null): KvApplyResult | null {
+    const key = keyOf(ref.workerId, ref.rank);
+    const floor = this.#floors.get(key);
+    if (floor !== undefined) {
+      if (seq > floor.seq) {
+        this.#floors.delete(key);
+      } else if (seq === floor.seq && digest !== null && floor.digest !== null && digest !== floor.digest) {
+        // The batch at the snapshot's seq differs: the publisher restarted; our blocks are void.
+        this.#floors.delete(key);
+        this.#o.service.clearWorkerKv(BigInt(ref.workerId), ref.rank);
+      } else {
+        this.stats.batchesCovered++;
+        return null;
+      }
+    }
+    const r = this.#o.service.applyKvEvents(BigInt(ref.workerId), ref.rank, batch);
+    this.#journal.record(key, seq, digest, batch);
+    return r;
+  }
+
+  /** The ingest's onReset: the rank's publisher restarted. */
+  onReset(ref: KvRankRef): void {
+    const key = keyOf(ref.workerId, ref.rank);
+    this.#floors.delete(key);
+    this.#journal.reset(key);
+    this.#o.service.clearWorkerKv(BigInt(ref.workerId), ref.rank);
+  }
+
+  /** Runs the join: waits for the mesh's startup sync, then pulls from the first peer that answers. */
+  async run(mesh: WarmJoinMesh): Promise<void> {
+    if (this.#state === "off") return;
+    const log = this.#o.logger;
+    // The mesh's startup sync is bounded by its own flag; past --index-sync-secs the pull still
+    // runs (readiness is no longer held, but the index is still worth installing).
+    while (mesh.startupSyncPending() !== null) {
+      await new Promise<void>((resolve) => this.#o.timers.setTimeout(resolve, MESH_WAIT_POLL_MS));
+    }
+    const peers = mesh.peerControlEndpoints();
+    if (this.#state === "waiting_mesh") this.#state = "syncing";
+    for (const peer of peers) {
+      try {
+        const r = await mesh.pull(peer, (ranks) => this.#install(ranks));
+        this.stats.chunks += r.chunks;
+        this.stats.bytes += r.bytes;
+        log.info(
+          { peer, after_ms: Math.round(this.#o.clock.now() - this.#startedAtMs), ...this.stats, index_blocks: this.#o.service.sizes().indexedBlocks },
+          "warm join: a peer's prefix index is installed",
+        );
+        this.#finish("installed");
+        return;
+      } catch (err) {
+        this.stats.peersFailed++;
+        log.warn({ err, peer }, "warm join: index pull from this peer failed; trying the next");
+      }
+    }
+    // No peer configured (a lone replica) is normal; peers that do not answer are worth a warning.
+    (peers.length === 0 ? log.info.bind(log) : log.warn.bind(log))(
+      { peers },
+      peers.length === 0
+        ? "warm join: no peer to pull the prefix index from: starting with the engines' replays alone (kvmesh_index_sync_state)"
+        : "warm join: no peer answered the index pull: starting with the engines' replays alone",
+    );
+    this.#finish("no_peer");
+  }
+
+  async #install(ranks: IndexRankSnapshot[]): Promise<void> {
+    const svc = this.#o.service;
+    for (const s of ranks) {
+      const workerId = s.workerId.toString();
+      const key = keyOf(workerId, s.dpRank);
+      if (!this.#journal.recording(key)) continue;
+      let plan = this.#journal.plan(key, s.position);
+      const replayed: { seq: bigint; batch: KvEventBatch }[] = [];
+      if (plan.kind === "install" && plan.gap !== null) {
+        const gap = plan.gap;
+        const ep = this.#o.ingest().replayEndpointOf(workerId, s.dpRank);
+        const got = ep === null ? [] : await replayRange(ep, gap.from, gap.to, this.#o.replayTimeoutMs);
+        replayed.push(...got);
+        this.stats.batchesReplayed += got.length;
+        this.stats.seqsUnrepaired += Number(gap.to - gap.from) - got.length;
+        // Batches arrived while the replay ran: plan again with them.
+        plan = this.#journal.plan(key, s.position);
+      }
+      if (plan.kind === "stale") {
+        this.stats.ranksStale++;
+        this.#journal.finish(key);
+        this.#o.logger.debug({ worker_id: workerId, dp_rank: s.dpRank, reason: plan.reason }, "warm join: rank snapshot refused");
+        continue;
+      }
+      const r = svc.importIndexRank(s);
+      if ("refused" in r) {
+        this.stats.ranksUnknown++;
+        this.#journal.finish(key);
+        continue;
+      }
+      let last = s.position?.seq ?? -1n;
+      for (const e of replayed) {
+        svc.applyKvEvents(s.workerId, s.dpRank, e.batch);
+        last = e.seq;
+      }
+      for (const e of plan.apply) {
+        if (e.seq <= last) continue;
+        svc.applyKvEvents(s.workerId, s.dpRank, e.batch);
+        this.stats.batchesReapplied++;
+      }
+      if (plan.floor !== null) this.#floors.set(key, plan.floor);
+      this.#journal.finish(key);
+      this.stats.ranksInstalled++;
+      this.stats.blocksInstalled += r.installed;
+    }
+    // One chunk per turn of the event loop: /select runs between chunks.
+    await new Promise<void>((resolve) => this.#o.timers.setImmediate(resolve));
+  }
+
+  #finish(state: WarmJoinState): void {
+    if (this.#state === "installed" || this.#state === "no_peer") return;
+    if (state === "timeout" && !this.#doneLogged) {
+      this.#doneLogged = true;
+      this.#o.logger.warn({ after_ms: Math.round(this.#o.clock.now() - this.#startedAtMs), ...this.stats }, "warm join timed out (--index-sync-secs): ready with the index installed so far");
+    }
+    if (state === "timeout") {
+      // The pull goes on; readiness is no longer held. The journal stays open for it.
+      this.#state = "timeout";
+      return;
+    }
+    this.#state = state;
+    this.#journal.close();
+  }
+}
+
+/** kvmesh_index_sync_* series. */
+export function registerWarmJoinMetrics(registry: Registry, w: WarmJoin): void {
+  const states: WarmJoinState[] = ["waiting_mesh", "syncing", "installed", "no_peer", "timeout", "off"];
+  collectedGauge(registry, { name: "kvmesh_index_sync_state", help: `The warm join's state, as its index in [${states.join(", ")}].` }, () => states.indexOf(w.state));
+  const counters: [string, string, keyof WarmJoinStats][] = [
+    ["kvmesh_index_sync_ranks_installed_total", "Ranks installed from a peer's prefix index (the warm join).", "ranksInstalled"],
+    ["kvmesh_index_sync_blocks_installed_total", "Blocks installed from a peer's prefix index.", "blocksInstalled"],
+    ["kvmesh_index_sync_ranks_stale_total", "Rank snapshots refused: taken from another incarnation of the rank's KV publisher.", "ranksStale"],
+    ["kvmesh_index_sync_ranks_unknown_total", "Rank snapshots refused: the rank is not known here (or has another block size).", "ranksUnknown"],
+    ["kvmesh_index_sync_batches_reapplied_total", "KV batches received since subscribing and applied again past a snapshot's position.", "batchesReapplied"],
+    ["kvmesh_index_sync_batches_replayed_total", "KV batches replayed from an engine to fill a range between a snapshot and the journal.", "batchesReplayed"],
+    ["kvmesh_index_sync_seqs_unrepaired_total", "KV seqs past a snapshot's position that neither the journal nor the engine still held.", "seqsUnrepaired"],
+    ["kvmesh_index_sync_bytes_total", "Bytes of prefix index pulled from a peer.", "bytes"],
+  ];
+  for (const [name, help, key] of counters) collectedCounter(registry, { name, help }, () => w.stats[key]);
+  collectedCounter(registry, { name: "kvmesh_index_sync_journal_shed_total", help: "KV batches shed from the warm join's journal at its bound (65,536), oldest first (then replayed from the engine)." }, () => w.journal.shed);
+}
