@@ -46,9 +46,20 @@ export interface BenchOptions {
 export interface BenchRow {
   readonly policy: PolicyName;
   readonly replicas: number;
+  /** Requests the run dispatched: the first `dispatched` records of the workload. */
+  readonly dispatched: number;
   readonly requests: number;
   readonly failed: number;
   readonly hit_ratio: number;
+  /**
+   * The workload's ceilings over the same first `dispatched` requests (ceiling.ts): one cache of
+   * the fleet's capacity, and an oracle router over per-worker caches; then hit_ratio as a share
+   * of each. Absent when no ceiling was computed.
+   */
+  readonly ceiling_one_cache?: number;
+  readonly ceiling_oracle?: number;
+  readonly share_of_ceiling?: number;
+  readonly share_of_oracle?: number;
   readonly stickiness: number | null;
   readonly ttft_p50_ms: number;
   readonly ttft_p99_ms: number;
@@ -196,6 +207,7 @@ function toRow(entry: BenchPlanEntry, r: ReplayResult, mesh: MeshFigures | undef
   const row: BenchRow = {
     policy: entry.policy,
     replicas: entry.replicas,
+    dispatched: r.dispatched,
     requests: r.samples.length,
     failed: r.failed,
     hit_ratio: hitRatio,
