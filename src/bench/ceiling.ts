@@ -19,7 +19,7 @@
  * pin their blocks and scratch; a prefix computed by a request still in prefill is not yet cached)
  * only makes the engines' hit ratio lower, so the ceilings are upper marks for the engines' figure.
  * Neither is a proof of optimality: LRU is not the best eviction, and the oracle is greedy, so on
- * some workloads it lands a hair above one cache (0.1 points with no load penalty on the Mooncake
+ * some workloads it lands a hair above one cache (0.06 points with no load penalty on the Mooncake
  * trace). A request whose blocks cannot fit one engine (the engine rejects it) is left out of both.
  */
 import { hashCount, type HashList } from "../core/hash64.js";
