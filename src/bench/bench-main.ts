@@ -80,6 +80,7 @@ export async function runBenchMain(cfg: BenchCliConfig, io: BenchIo): Promise<nu
     seed: cfg.seed,
     startEngines: () => startEngines(cfg, maxReplicas),
     tokensOf,
+    ...(cfg.sessionIds === undefined ? {} : { routeSessionIds: cfg.sessionIds }),
     onProgress: (label, p) => {
       io.err(progressLine(label, p) + "\n");
     },

@@ -35,6 +35,8 @@ export interface BenchOptions {
   /** A fresh fleet per run: every policy starts from cold caches. */
   readonly startEngines: () => Promise<EngineFleetHandle>;
   readonly tokensOf: (rec: TraceRecord) => Uint32Array;
+  /** false: routers are not told session ids (BenchCliConfig.sessionIds). */
+  readonly routeSessionIds?: boolean;
   readonly serveArgs?: readonly string[];
   readonly onProgress?: (label: string, p: ReplayProgress) => void;
   readonly onLog?: (line: string) => void;
@@ -156,6 +158,7 @@ async function runOne(opts: BenchOptions, entry: BenchPlanEntry, runIndex: numbe
       durationMs: opts.durationMs,
       idPrefix: `r${String(runIndex)}-`,
       tokensOf: opts.tokensOf,
+      ...(opts.routeSessionIds === undefined ? {} : { routeSessionIds: opts.routeSessionIds }),
       onProgress: (p) => opts.onProgress?.(label, p),
       ...(opts.signal === undefined ? {} : { signal: opts.signal }),
     });
