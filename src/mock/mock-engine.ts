@@ -237,13 +237,8 @@ export class MockEngine {
     this.blockSize = positiveInt(config.blockSize ?? DEFAULT_ENGINE_BLOCK_SIZE, "blockSize");
     this.#maxBatchTokens = positiveInt(config.maxBatchTokens ?? DEFAULT_MAX_BATCH_TOKENS, "maxBatchTokens");
     this.#maxRunning = positiveInt(config.maxRunningRequests ?? DEFAULT_MAX_RUNNING_REQUESTS, "maxRunningRequests");
-    this.#time = stepTimeParams({
-      ...(config.prefillMsPerToken === undefined ? {} : { prefillMsPerToken: config.prefillMsPerToken }),
-      ...(config.prefillMsPerTokenPair === undefined ? {} : { prefillMsPerTokenPair: config.prefillMsPerTokenPair }),
-      ...(config.decodeMsPerToken === undefined ? {} : { decodeMsPerToken: config.decodeMsPerToken }),
-      ...(config.decodeMsPerSequence === undefined ? {} : { decodeMsPerSequence: config.decodeMsPerSequence }),
-      ...(config.decodeMsPerContextToken === undefined ? {} : { decodeMsPerContextToken: config.decodeMsPerContextToken }),
-    });
+    // Reads the step-time keys only, each defaulted and checked.
+    this.#time = stepTimeParams(config);
     this.#speedup = positive(config.speedup ?? 1, "speedup");
     this.#clock = config.clock ?? systemClock;
     this.#timers = config.timers ?? keepAliveTimers;
