@@ -142,20 +142,20 @@ export function simulateCeiling(requests: Iterable<CeilingRequest>, opts: Ceilin
   const oneCached = [0];
   const oracleCached = [0];
   const skipped = [0];
-  let p = 0;
-  let o1 = 0;
-  let o2 = 0;
-  let s = 0;
+  let promptSum = 0;
+  let oneSum = 0;
+  let oracleSum = 0;
+  let skippedSum = 0;
   for (const req of requests) {
     const full = hashCount(req.seq);
     // The engine's admission check: prompt blocks plus scratch for the partial block and output.
     const scratch = Math.ceil((req.promptTokens - full * bs + Math.max(1, req.outputTokens)) / bs);
     if (full + scratch > kvBlocks) {
-      s++;
+      skippedSum++;
     } else {
       const maxHit = Math.min(full, Math.floor((req.promptTokens - 1) / bs));
-      p += req.promptTokens;
-      o1 += serve(one, req, maxHit) * bs;
+      promptSum += req.promptTokens;
+      oneSum += serve(one, req, maxHit) * bs;
 
       let best = 0;
       let bestCost = Number.POSITIVE_INFINITY;
@@ -175,7 +175,7 @@ export function simulateCeiling(requests: Iterable<CeilingRequest>, opts: Ceilin
         }
       }
       const hit = serve(caches[best] as PagedKvCache, req, maxHit);
-      o2 += hit * bs;
+      oracleSum += hit * bs;
       const endMs = req.arrivalMs + (req.promptTokens - hit * bs) * prefillMs + Math.max(1, req.outputTokens) * decodeMs;
       const list = running[best] as Running[];
       // Kept sorted by end time, so the front tells whether anything finished.
@@ -184,10 +184,10 @@ export function simulateCeiling(requests: Iterable<CeilingRequest>, opts: Ceilin
       list.splice(at, 0, { endMs, blocks: full + scratch });
       runningBlocks[best] = (runningBlocks[best] as number) + full + scratch;
     }
-    prompt.push(p);
-    oneCached.push(o1);
-    oracleCached.push(o2);
-    skipped.push(s);
+    prompt.push(promptSum);
+    oneCached.push(oneSum);
+    oracleCached.push(oracleSum);
+    skipped.push(skippedSum);
   }
   return new CeilingCurve(prompt, oneCached, oracleCached, skipped);
 }
