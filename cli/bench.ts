@@ -71,16 +71,18 @@ export function addBenchCommands(program: Command, deps: BenchDeps): void {
     .addOption(new Option("--limit <n>", "use at most this many trace records").argParser(integerInRange(1, 100_000_000)))
     .addOption(new Option("--replicas <list>", "replica counts, comma-separated").argParser(parseReplicaList).default(b.replicas, b.replicas.join(",")))
     .addOption(new Option("--policies <list>", `policies to compare: ${POLICY_NAMES.join(", ")}`).argParser(parsePolicyList).default(b.policies, b.policies.join(",")))
+    .addOption(new Option("--no-session-ids", "do not send session ids to the router (turns still wait for the previous answer; stickiness is still measured)"))
     .addOption(new Option("--json <file>", "also write the rows as JSON").argParser(parseNonEmpty))
     .addOption(new Option("--svg <file>", "where to draw the chart").argParser(parseNonEmpty).default(b.svgPath));
   addCommonOptions(bench, b).action(async function (this: Command) {
-    const o = this.opts<CommonOptions & { trace?: string; sessions?: number; limit?: number; replicas: number[]; policies: PolicyName[]; json?: string; svg: string }>();
+    const o = this.opts<CommonOptions & { trace?: string; sessions?: number; limit?: number; replicas: number[]; policies: PolicyName[]; sessionIds: boolean; json?: string; svg: string }>();
     if (o.trace === undefined && o.sessions === undefined) this.error("error: one of --trace <file> or --sessions <n> is required");
     const config: BenchCliConfig = {
       ...common(o),
       workload: o.trace !== undefined ? { kind: "trace", path: o.trace, limit: o.limit } : { kind: "sessions", sessions: o.sessions ?? 0 },
       replicas: o.replicas,
       policies: o.policies,
+      sessionIds: o.sessionIds,
       jsonPath: o.json,
       svgPath: o.svg,
     };

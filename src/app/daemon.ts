@@ -84,9 +84,6 @@ function meshWithWarmJoin(mesh: ReplicaMesh | undefined, warmJoin: WarmJoin): Me
     listPeers: () => mesh.listPeers(),
     startupSyncPending: () => mesh.startupSyncPending(),
     indexSyncPending: () => warmJoin.readiness(),
-    applyReceived: () => {
-      mesh.applyReceived();
-    },
     catchUp: () => mesh.catchUp(),
   };
 }

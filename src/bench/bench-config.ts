@@ -18,6 +18,12 @@ export interface BenchCliConfig extends EngineFleetConfig {
   readonly workload: WorkloadSpec;
   readonly replicas: readonly number[];
   readonly policies: readonly PolicyName[];
+  /**
+   * Send session ids to the router (default). false: the router sees none, as behind a frontend
+   * that has no conversation ids; a session's turns still wait for the previous answer, and
+   * stickiness is still measured.
+   */
+  readonly sessionIds?: boolean;
   readonly jsonPath?: string | undefined;
   readonly svgPath: string;
 }

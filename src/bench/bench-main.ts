@@ -11,7 +11,8 @@ import { defaultPlan, registerEngines, runBench, sampleFigures, scrapeMesh, BENC
 import { KvmeshPolicy, workerKey } from "./routing-policy.js";
 import { ReplicaFleet } from "./replica-fleet.js";
 import { replay, type ReplayProgress } from "./replay-run.js";
-import { benchSvg, benchTable, benchVerdict } from "./report.js";
+import { benchSvg, benchTable, benchVerdict, withCeilings } from "./report.js";
+import { ceilingRequestsOf, simulateCeiling, type CeilingCurve, type CeilingFigures } from "./ceiling.js";
 
 export interface BenchIo {
   readonly out: (text: string) => void;
@@ -79,6 +80,7 @@ export async function runBenchMain(cfg: BenchCliConfig, io: BenchIo): Promise<nu
     seed: cfg.seed,
     startEngines: () => startEngines(cfg, maxReplicas),
     tokensOf,
+    ...(cfg.sessionIds === undefined ? {} : { routeSessionIds: cfg.sessionIds }),
     onProgress: (label, p) => {
       io.err(progressLine(label, p) + "\n");
     },
@@ -87,16 +89,34 @@ export async function runBenchMain(cfg: BenchCliConfig, io: BenchIo): Promise<nu
     },
     ...(io.signal === undefined ? {} : { signal: io.signal }),
   });
-  io.out(benchTable(rows) + "\n");
-  for (const line of benchVerdict(rows)) io.out(line + "\n");
+  const ceiling = ceilingOf(cfg, records, rows);
+  const shown = ceiling === undefined ? rows : withCeilings(rows, (n) => ceiling.at(n));
+  io.out(benchTable(shown) + "\n");
+  if (ceiling !== undefined) io.out(ceilingLine(ceiling.at()) + "\n");
+  for (const line of benchVerdict(shown)) io.out(line + "\n");
   const title = `kvmesh bench: ${cfg.workload.kind === "trace" ? cfg.workload.path.split("/").pop() ?? "trace" : `${String(cfg.workload.sessions)} sessions`}, ${String(cfg.workers)} engines, speedup ${String(cfg.speedup)}`;
-  await writeOut(cfg.svgPath, benchSvg(rows, title));
+  await writeOut(cfg.svgPath, benchSvg(shown, title));
   io.err(`chart: ${cfg.svgPath}\n`);
   if (cfg.jsonPath !== undefined) {
-    await writeOut(cfg.jsonPath, JSON.stringify({ config: { ...cfg }, rows }, null, 2) + "\n");
+    await writeOut(cfg.jsonPath, JSON.stringify({ config: { ...cfg }, rows: shown }, null, 2) + "\n");
     io.err(`rows: ${cfg.jsonPath}\n`);
   }
   return rows.every((r) => r.requests > 0) ? 0 : 1;
+}
+
+/**
+ * The workload's ceilings over the longest prefix any run dispatched (each row then reads its own
+ * prefix): offline, deterministic, with the engines' block size and capacity.
+ */
+function ceilingOf(cfg: BenchCliConfig, records: readonly TraceRecord[], rows: readonly BenchRow[]): CeilingCurve | undefined {
+  const n = Math.max(0, ...rows.map((r) => r.dispatched));
+  if (n === 0) return undefined;
+  return simulateCeiling(ceilingRequestsOf(records.slice(0, n), cfg.blockSize, tokensOf), { workers: cfg.workers, blockSize: cfg.blockSize, kvBlocks: cfg.kvBlocks });
+}
+
+function ceilingLine(c: CeilingFigures): string {
+  const skipped = c.skipped === 0 ? "" : ` (${String(c.skipped)} left out: larger than one engine's cache)`;
+  return `ceiling over the first ${String(c.requests + c.skipped)} requests${skipped}: one cache of the fleet's capacity ${(100 * c.oneCache).toFixed(2)}%, oracle router over per-worker caches ${(100 * c.oracle).toFixed(2)}% (simulated, deterministic)`;
 }
 
 async function writeOut(path: string, text: string): Promise<void> {

@@ -35,6 +35,8 @@ export interface BenchOptions {
   /** A fresh fleet per run: every policy starts from cold caches. */
   readonly startEngines: () => Promise<EngineFleetHandle>;
   readonly tokensOf: (rec: TraceRecord) => Uint32Array;
+  /** false: routers are not told session ids (BenchCliConfig.sessionIds). */
+  readonly routeSessionIds?: boolean;
   readonly serveArgs?: readonly string[];
   readonly onProgress?: (label: string, p: ReplayProgress) => void;
   readonly onLog?: (line: string) => void;
@@ -46,9 +48,20 @@ export interface BenchOptions {
 export interface BenchRow {
   readonly policy: PolicyName;
   readonly replicas: number;
+  /** Requests the run dispatched: the first `dispatched` records of the workload. */
+  readonly dispatched: number;
   readonly requests: number;
   readonly failed: number;
   readonly hit_ratio: number;
+  /**
+   * The workload's ceilings over the same first `dispatched` requests (ceiling.ts): one cache of
+   * the fleet's capacity, and an oracle router over per-worker caches; then hit_ratio as a share
+   * of each. Absent when no ceiling was computed.
+   */
+  readonly ceiling_one_cache?: number;
+  readonly ceiling_oracle?: number;
+  readonly share_of_ceiling?: number;
+  readonly share_of_oracle?: number;
   readonly stickiness: number | null;
   readonly ttft_p50_ms: number;
   readonly ttft_p99_ms: number;
@@ -145,6 +158,7 @@ async function runOne(opts: BenchOptions, entry: BenchPlanEntry, runIndex: numbe
       durationMs: opts.durationMs,
       idPrefix: `r${String(runIndex)}-`,
       tokensOf: opts.tokensOf,
+      ...(opts.routeSessionIds === undefined ? {} : { routeSessionIds: opts.routeSessionIds }),
       onProgress: (p) => opts.onProgress?.(label, p),
       ...(opts.signal === undefined ? {} : { signal: opts.signal }),
     });
@@ -196,6 +210,7 @@ function toRow(entry: BenchPlanEntry, r: ReplayResult, mesh: MeshFigures | undef
   const row: BenchRow = {
     policy: entry.policy,
     replicas: entry.replicas,
+    dispatched: r.dispatched,
     requests: r.samples.length,
     failed: r.failed,
     hit_ratio: hitRatio,

@@ -47,6 +47,8 @@ export interface ReplayOptions {
   readonly idPrefix: string;
   /** The prompt's token ids (the router hashes them; the engine caches their blocks). */
   readonly tokensOf: (rec: TraceRecord) => Uint32Array;
+  /** false: the policy is not told the records' session ids (default true). */
+  readonly routeSessionIds?: boolean;
   readonly onProgress?: (p: ReplayProgress) => void;
   /** Abort dispatching early (Ctrl-C in the demo). */
   readonly signal?: AbortSignal;
@@ -101,7 +103,7 @@ export async function replay(opts: ReplayOptions): Promise<ReplayResult> {
     let decision: RouteDecision | undefined;
     try {
       const tokens = opts.tokensOf(rec);
-      decision = await policy.route({ requestId, tokens, sessionId: rec.session_id });
+      decision = await policy.route({ requestId, tokens, sessionId: opts.routeSessionIds === false ? undefined : rec.session_id });
       const d = decision;
       let prefill: Promise<void> | undefined;
       const outcome = await engines.submit(d.worker, {

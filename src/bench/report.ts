@@ -1,16 +1,42 @@
 /** `kvmesh bench` output: a text table, JSON rows and an SVG chart (no plotting dependency needed). */
+import type { CeilingFigures } from "./ceiling.js";
 import { type BenchRow, labelOf } from "./fleet-bench.js";
 
 const pct = (v: number): string => `${(100 * v).toFixed(2)}%`;
+const opt = (v: number | undefined, digits = 2): string => (v === undefined || !Number.isFinite(v) ? "-" : `${(100 * v).toFixed(digits)}%`);
 const ms = (v: number | null): string => (v === null || !Number.isFinite(v) ? "-" : v < 10 ? v.toFixed(2) : v.toFixed(0));
 
+/**
+ * Each row with the ceilings of what it dispatched (`ceilingAt(n)`: the figures over the first n
+ * requests) and its hit ratio as a share of them. A ceiling of 0 (no reuse) leaves the share out.
+ */
+export function withCeilings(rows: readonly BenchRow[], ceilingAt: (n: number) => CeilingFigures): BenchRow[] {
+  return rows.map((r) => {
+    const c = ceilingAt(r.dispatched);
+    const share = (ceiling: number): number | undefined => (ceiling > 0 ? r.hit_ratio / ceiling : undefined);
+    const one = share(c.oneCache);
+    const oracle = share(c.oracle);
+    return {
+      ...r,
+      ceiling_one_cache: c.oneCache,
+      ceiling_oracle: c.oracle,
+      ...(one === undefined ? {} : { share_of_ceiling: one }),
+      ...(oracle === undefined ? {} : { share_of_oracle: oracle }),
+    };
+  });
+}
+
 export function benchTable(rows: readonly BenchRow[]): string {
-  const head = ["policy", "requests", "failed", "hit ratio", "stickiness", "TTFT p50 ms", "TTFT p99 ms", "select p50 ms", "select p99 ms", "lag p99 ms", "shed"];
+  const head = ["policy", "requests", "failed", "hit ratio", "ceiling", "oracle", "of ceiling", "of oracle", "stickiness", "TTFT p50 ms", "TTFT p99 ms", "select p50 ms", "select p99 ms", "lag p99 ms", "shed"];
   const body = rows.map((r) => [
     labelOf(r),
     String(r.requests),
     String(r.failed),
     pct(r.hit_ratio),
+    opt(r.ceiling_one_cache),
+    opt(r.ceiling_oracle),
+    opt(r.share_of_ceiling, 1),
+    opt(r.share_of_oracle, 1),
     r.stickiness === null ? "-" : r.stickiness.toFixed(4),
     ms(r.ttft_p50_ms),
     ms(r.ttft_p99_ms),

@@ -39,6 +39,17 @@ export {
   type EngineStepInfo,
 } from "./mock-engine.js";
 export {
+  DEFAULT_STEP_TIME,
+  DEFAULT_PREFILL_MS_PER_TOKEN_PAIR,
+  DEFAULT_DECODE_MS_PER_SEQUENCE,
+  DEFAULT_DECODE_MS_PER_CONTEXT_TOKEN,
+  prefillPairs,
+  stepTimeMs,
+  stepTimeParams,
+  type StepTimeParams,
+  type StepBatch,
+} from "./step-time.js";
+export {
   MockEngineFleet,
   DEFAULT_FIRST_WORKER_ID,
   DEFAULT_FLEET_HISTORY_BYTES,

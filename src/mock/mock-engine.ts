@@ -10,9 +10,12 @@
  *   cached prompt still recomputes its last token, so at most floor((prompt - 1) / blockSize)
  *   blocks count as hits. The request then reserves every block it will need (prompt blocks and
  *   scratch for the partial last block plus its output), so it never has to be preempted.
- * - Step time (trace ms) = prefill tokens computed x prefillMsPerToken + decodeMsPerToken when any
- *   request decodes; wall time is that divided by `speedup`. Prefill time is thus proportional to
- *   the uncached tokens, and decode costs one step per output token.
+ * - Step time (trace ms) is a function of the step's batch (step-time.ts, docs/mock-engines.md):
+ *   linear and attention compute of the prefill chunks, plus, when any request decodes, a fixed
+ *   step cost, a cost per decoding request and the reading of their KV. Wall time is that divided
+ *   by `speedup`. A worker given more work than others therefore slows every request on it (TTFT
+ *   included, as prefill chunks share steps with decodes), and a prefix recomputed elsewhere costs
+ *   its linear and quadratic compute again.
  * - KV events: blocks become cached (BlockStored, with parent hash, token ids and block size) when
  *   the step that computes them is scheduled, as vLLM's allocate_slots caches them; evictions
  *   publish BlockRemoved. All of a step's events go out as one batch.
@@ -25,13 +28,16 @@
  * are never admitted by a step that starts before that.
  * Pure-decode stretches (no prefill, nothing admissible) run as one timer for k steps, cut short
  * at the next step boundary when a request arrives, so 1,024 mostly-decoding engines cost a timer
- * per finished request rather than one per token.
+ * per finished request rather than one per token. Every step of a stretch is timed with the
+ * decoders' context at its start (their KV grows by k tokens each over it: at the default
+ * decodeMsPerContextToken, 500 steps of 32 requests add 0.6 ms to a step of ~20 ms).
  */
 import { systemClock, type Clock, keepAliveTimers, type TimerHandle, type Timers } from "../core/time.js";
 import { KvmeshError } from "../core/errors.js";
 import { hashCount, pairToBigInt, type HashList } from "../core/hash64.js";
 import { computeBlockHashes, computeSequenceHashes } from "../core/hashing.js";
 import { PagedKvCache } from "./kv-cache.js";
+import { prefillPairs, stepTimeMs, stepTimeParams, type StepTimeParams } from "./step-time.js";
 import type { MockKvEvent } from "./kv-event-publisher.js";
 
 /** vLLM's default KV block size, tokens. */
@@ -42,10 +48,13 @@ export const DEFAULT_KV_BLOCKS = 16_384;
 export const DEFAULT_MAX_BATCH_TOKENS = 8_192;
 /** vLLM's default max_num_seqs. */
 export const DEFAULT_MAX_RUNNING_REQUESTS = 256;
-/** 0.05 ms/token = 20,000 prefill tokens/s (an 8B model on one H100-class GPU). */
-export const DEFAULT_PREFILL_MS_PER_TOKEN = 0.05;
-/** One decode step (one output token for every running request), ms. */
-export const DEFAULT_DECODE_MS_PER_TOKEN = 10;
+export {
+  DEFAULT_PREFILL_MS_PER_TOKEN,
+  DEFAULT_PREFILL_MS_PER_TOKEN_PAIR,
+  DEFAULT_DECODE_MS_PER_TOKEN,
+  DEFAULT_DECODE_MS_PER_SEQUENCE,
+  DEFAULT_DECODE_MS_PER_CONTEXT_TOKEN,
+} from "./step-time.js";
 /** Due steps run back to back in one timer callback at most this many times before yielding. */
 const MAX_CATCH_UP_STEPS = 32;
 /** vLLM reports medium "GPU" for device blocks. */
@@ -114,8 +123,12 @@ export interface MockEngineConfig {
   readonly kvBlocks?: number;
   readonly maxBatchTokens?: number;
   readonly maxRunningRequests?: number;
+  /** The step-time model's parameters, trace ms (step-time.ts; each defaults to its DEFAULT_*). */
   readonly prefillMsPerToken?: number;
+  readonly prefillMsPerTokenPair?: number;
   readonly decodeMsPerToken?: number;
+  readonly decodeMsPerSequence?: number;
+  readonly decodeMsPerContextToken?: number;
   /** Trace ms per wall ms: 10 runs a 10-minute trace in a minute. */
   readonly speedup?: number;
   readonly clock?: Clock;
@@ -162,10 +175,6 @@ const positive = (v: number, field: string): number => {
   if (!Number.isFinite(v) || v <= 0) throw new RangeError(`${field} must be a positive number, got ${v}`);
   return v;
 };
-const nonNegative = (v: number, field: string): number => {
-  if (!Number.isFinite(v) || v < 0) throw new RangeError(`${field} must be a non-negative number, got ${v}`);
-  return v;
-};
 const positiveInt = (v: number, field: string): number => {
   if (!Number.isSafeInteger(v) || v < 1) throw new RangeError(`${field} must be a positive integer, got ${v}`);
   return v;
@@ -179,8 +188,7 @@ export class MockEngine {
 
   readonly #maxBatchTokens: number;
   readonly #maxRunning: number;
-  readonly #prefillMsPerToken: number;
-  readonly #decodeMsPerToken: number;
+  readonly #time: StepTimeParams;
   readonly #speedup: number;
   readonly #clock: Clock;
   readonly #timers: Pick<Timers, "setTimeout">;
@@ -201,6 +209,8 @@ export class MockEngine {
   #stepActive = false;
   /** > 0: the current step is k decode steps run as one (see the file comment). */
   #fastForwardSteps = 0;
+  /** Trace ms of each step of the current decode stretch. */
+  #stretchStepMs = 0;
   #stepPrefill: RequestState[] = [];
   #stepDecode: RequestState[] = [];
   #events: MockKvEvent[] = [];
@@ -227,8 +237,8 @@ export class MockEngine {
     this.blockSize = positiveInt(config.blockSize ?? DEFAULT_ENGINE_BLOCK_SIZE, "blockSize");
     this.#maxBatchTokens = positiveInt(config.maxBatchTokens ?? DEFAULT_MAX_BATCH_TOKENS, "maxBatchTokens");
     this.#maxRunning = positiveInt(config.maxRunningRequests ?? DEFAULT_MAX_RUNNING_REQUESTS, "maxRunningRequests");
-    this.#prefillMsPerToken = nonNegative(config.prefillMsPerToken ?? DEFAULT_PREFILL_MS_PER_TOKEN, "prefillMsPerToken");
-    this.#decodeMsPerToken = nonNegative(config.decodeMsPerToken ?? DEFAULT_DECODE_MS_PER_TOKEN, "decodeMsPerToken");
+    // Reads the step-time keys only, each defaulted and checked.
+    this.#time = stepTimeParams(config);
     this.#speedup = positive(config.speedup ?? 1, "speedup");
     this.#clock = config.clock ?? systemClock;
     this.#timers = config.timers ?? keepAliveTimers;
@@ -327,7 +337,7 @@ export class MockEngine {
     if (this.#fastForwardSteps > 1) {
       // Cut the decode stretch at the end of the decode step in progress: the new request is
       // scheduled from the next step boundary, as in a step-by-step engine.
-      const stepWall = this.#decodeMsPerToken / this.#speedup;
+      const stepWall = this.#stretchStepMs / this.#speedup;
       const done = stepWall > 0 ? Math.floor((at - this.#stepStart) / stepWall) : 0;
       const keep = Math.min(this.#fastForwardSteps, Math.max(1, done + 1));
       if (keep < this.#fastForwardSteps) {
@@ -392,6 +402,8 @@ export class MockEngine {
     this.#stepStart = stepStart;
     let budget = this.#maxBatchTokens;
     let prefillTokens = 0;
+    let pairs = 0;
+    let context = 0;
     let admitted = 0;
     const prefill = this.#stepPrefill;
     const decode = this.#stepDecode;
@@ -402,9 +414,11 @@ export class MockEngine {
       if (budget <= 0) break;
       if (r.computed >= r.promptTokens) {
         decode.push(r);
+        context += r.promptTokens + r.generated;
         budget--;
       } else {
         const chunk = Math.min(r.promptTokens - r.computed, budget);
+        pairs += prefillPairs(r.computed, chunk);
         this.#computeChunk(r, chunk);
         prefill.push(r);
         prefillTokens += chunk;
@@ -421,6 +435,7 @@ export class MockEngine {
       this.#running.push(r);
       admitted++;
       const chunk = Math.min(r.promptTokens - r.computed, budget);
+      pairs += prefillPairs(r.computed, chunk);
       this.#computeChunk(r, chunk);
       prefill.push(r);
       prefillTokens += chunk;
@@ -437,20 +452,20 @@ export class MockEngine {
       return false;
     }
     this.#stats.steps++;
-    let traceMs: number;
+    let traceMs = stepTimeMs(this.#time, { prefillTokens, prefillPairs: pairs, decodeSequences: decode.length, decodeContextTokens: context });
     if (prefill.length === 0 && decode.length === this.#running.length) {
       let k = Number.POSITIVE_INFINITY;
       for (const r of decode) k = Math.min(k, r.outputTarget - r.generated);
       // A request already submitted but later on the engine's timeline (a catch-up) joins at the
       // step boundary after its arrival.
       const next = this.#waiting[this.#waitingHead];
-      const stepWall = this.#decodeMsPerToken / this.#speedup;
+      this.#stretchStepMs = traceMs;
+      const stepWall = traceMs / this.#speedup;
       if (next !== undefined && next.submittedAt > stepStart && stepWall > 0) k = Math.min(k, Math.floor((next.submittedAt - stepStart) / stepWall) + 1);
       this.#fastForwardSteps = Math.max(1, k);
-      traceMs = this.#fastForwardSteps * this.#decodeMsPerToken;
+      traceMs *= this.#fastForwardSteps;
     } else {
       this.#fastForwardSteps = 0;
-      traceMs = prefillTokens * this.#prefillMsPerToken + (decode.length > 0 ? this.#decodeMsPerToken : 0);
     }
     this.#stepEnd = stepStart + traceMs / this.#speedup;
     this.#stepActive = true;

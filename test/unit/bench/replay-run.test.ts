@@ -82,6 +82,29 @@ describe("replay", () => {
     expect(at("t-2").start).toBeLessThan(at("t-0").end);
   });
 
+  it("hides session ids from the policy when asked, still chaining turns and measuring stickiness", async () => {
+    const seen: (string | undefined)[] = [];
+    const policy = new RecordingPolicy(1);
+    const spy: RoutingPolicy = {
+      route: (req) => {
+        seen.push(req.sessionId);
+        return policy.route(req);
+      },
+      prefillDone: (d) => policy.prefillDone(d),
+      finished: (d) => policy.finished(d),
+    };
+    const engines = fakeEngines(20);
+    const records = [rec(0, "s"), rec(0, "s")];
+    const hidden = await replay({ records, policy: spy, engines, speedup: 1, durationMs: 5_000, idPrefix: "h-", tokensOf, routeSessionIds: false });
+    expect(seen).toEqual([undefined, undefined]);
+    expect(hidden.samples.map((x) => x.sessionId)).toEqual(["s", "s"]);
+    const turn = (id: string): { start: number; end: number } => engines.log.find((e) => e.id === id) ?? { start: Number.NaN, end: Number.NaN };
+    expect(turn("h-1").start).toBeGreaterThanOrEqual(turn("h-0").end);
+    seen.length = 0;
+    await replay({ records, policy: spy, engines, speedup: 1, durationMs: 5_000, idPrefix: "v-", tokensOf });
+    expect(seen).toEqual(["s", "s"]);
+  });
+
   it("stops dispatching at the duration, and speedup compresses trace time", async () => {
     const policy = new RecordingPolicy(1);
     const records = [rec(0), rec(2_000), rec(1_000_000)];

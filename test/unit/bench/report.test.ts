@@ -1,11 +1,12 @@
 import { describe, expect, it } from "vitest";
 import { defaultPlan, type BenchRow } from "../../../src/bench/fleet-bench.js";
-import { benchSvg, benchTable, benchVerdict } from "../../../src/bench/report.js";
+import { benchSvg, benchTable, benchVerdict, withCeilings } from "../../../src/bench/report.js";
 import { histogramGrowth, histogramQuantile, mergeHistograms, scrapeHistogram } from "../../../src/bench/stats.js";
 
 const row = (policy: BenchRow["policy"], replicas: number, hit: number, sticky: number | null): BenchRow => ({
   policy,
   replicas,
+  dispatched: 100,
   requests: 100,
   failed: 0,
   hit_ratio: hit,
@@ -102,5 +103,33 @@ describe("Prometheus histogram scraping", () => {
     ];
     expect(histogramGrowth(before, after)).toEqual({ leMs: [1, Infinity], cum: [5, 7] });
     expect(histogramGrowth([], [])).toEqual({ leMs: [], cum: [] });
+  });
+});
+
+describe("bench report with the workload's ceiling", () => {
+  it("shows each row's hit ratio beside the ceilings of what it dispatched, and as a share of them", () => {
+    const rows = [row("kvmesh", 1, 0.24, null), { ...row("round-robin", 0, 0.06, null), dispatched: 50 }];
+    const asked: number[] = [];
+    const shown = withCeilings(rows, (n) => {
+      asked.push(n);
+      return { requests: n, skipped: 0, promptTokens: 1_000 * n, oneCache: 0.32, oracle: 0.3 };
+    });
+    expect(asked).toEqual([100, 50]);
+    expect(shown[0]).toMatchObject({ ceiling_one_cache: 0.32, ceiling_oracle: 0.3 });
+    expect(shown[0]?.share_of_ceiling).toBeCloseTo(0.75, 12);
+    expect(shown[0]?.share_of_oracle).toBeCloseTo(0.8, 12);
+    const table = benchTable(shown).split("\n");
+    expect(table[0]).toMatch(/hit ratio +ceiling +oracle +of ceiling +of oracle/);
+    expect(table[2]).toMatch(/^kvmesh x1 .* 24\.00% +32\.00% +30\.00% +75\.0% +80\.0% /);
+    expect(table[3]).toMatch(/^round-robin .* 6\.00% +32\.00% +30\.00% +18\.8% +20\.0% /);
+    // Without a ceiling, the columns say so.
+    expect(benchTable(rows).split("\n")[2]).toMatch(/ 24\.00% +- +- +- +- /);
+  });
+
+  it("leaves the share out when the workload has no reuse at all", () => {
+    const [r] = withCeilings([row("random", 0, 0, null)], () => ({ requests: 100, skipped: 0, promptTokens: 1, oneCache: 0, oracle: 0 }));
+    expect(r).toMatchObject({ ceiling_one_cache: 0, ceiling_oracle: 0 });
+    expect(r?.share_of_ceiling).toBeUndefined();
+    expect(benchTable([r as BenchRow]).split("\n")[2]).toMatch(/ 0\.00% +0\.00% +0\.00% +- +- /);
   });
 });

@@ -39,7 +39,9 @@ describe("kvmesh bench / demo flags", () => {
     expect(r.code).toBe(0);
     expect(r.bench).toMatchObject({ workload: { kind: "trace", path: "t.jsonl", limit: 100 }, replicas: [1, 2, 4], policies: ["kvmesh", "random"], workers: 8, speedup: 2.5, durationSecs: 5, jsonPath: "o.json", engineHosts: 1 });
     const s = await run(["bench", "--sessions", "50"]);
-    expect(s.bench).toMatchObject({ workload: { kind: "sessions", sessions: 50 }, replicas: [1, 2, 4], policies: ["kvmesh", "unmeshed", "round-robin", "random"], workers: 16 });
+    expect(s.bench).toMatchObject({ workload: { kind: "sessions", sessions: 50 }, replicas: [1, 2, 4], policies: ["kvmesh", "unmeshed", "round-robin", "random"], workers: 16, sessionIds: true });
+    const hidden = await run(["bench", "--sessions", "50", "--no-session-ids"]);
+    expect(hidden.bench).toMatchObject({ sessionIds: false });
   });
 
   it("bench without a workload, or with both, is a usage error naming the flags", async () => {

@@ -30,6 +30,10 @@ function harness(config: Partial<MockEngineConfig> = {}): Harness {
     maxBatchTokens: 16,
     prefillMsPerToken: 1,
     decodeMsPerToken: 10,
+    // The linear model the timings below are worked out with; step-time.test.ts covers the rest.
+    prefillMsPerTokenPair: 0,
+    decodeMsPerSequence: 0,
+    decodeMsPerContextToken: 0,
     clock: timers,
     timers,
     events: {
