@@ -28,7 +28,7 @@ const options = commands.flatMap((c) => c.options.filter((o) => o.long !== undef
 const tableRows = PAGE.split("\n").filter((l) => /^\| `--/.test(l));
 function rowOf(o: Option): string | undefined {
   const name = base(o).slice(2);
-  return tableRows.find((row) => new RegExp("^\\| `--(\\[no-\\])?" + name.replace(/[-]/g, "\\-") + "[` ]").test(row));
+  return tableRows.find((row) => new RegExp("^\\| `--(\\[no-\\]|no-)?" + name.replace(/[-]/g, "\\-") + "[` ]").test(row));
 }
 
 describe("docs/configuration.md", () => {
@@ -63,7 +63,7 @@ describe("docs/configuration.md", () => {
 
   it("lists no flag in a table that no command has", () => {
     const known = new Set(options.map(({ option }) => base(option)));
-    const listed = tableRows.map((row) => (/^\| `--(?:\[no-\])?([a-z0-9-]+)/.exec(row) as RegExpExecArray)[1] as string);
+    const listed = tableRows.map((row) => (/^\| `--(?:\[no-\]|no-)?([a-z0-9-]+)/.exec(row) as RegExpExecArray)[1] as string);
     expect(listed.filter((f) => !known.has(`--${f}`))).toEqual([]);
   });
 });
