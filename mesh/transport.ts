@@ -90,7 +90,8 @@ export interface MeshTransportOptions {
    * Read peers' PUBs on a receive thread (receive-worker.ts) that decodes and folds what arrives
    * and hands it over once per `applyIntervalMs`, instead of on this thread through onMessage.
    * What it hands over reaches onEntries when applyReceived() is called (the owner calls it
-   * often enough: ReplicaMesh on each HTTP request and housekeeping tick). With `curve` too, the
+   * often enough: the core before each decision, through the replication link, and ReplicaMesh on
+   * each housekeeping tick). With `curve` too, the
    * thread holds the per-peer CURVE SUBs; their key lookups stay here (thread-reader.ts).
    */
   readonly receiveThread?: { readonly applyIntervalMs: number; readonly self: bigint } | undefined;
