@@ -371,10 +371,19 @@ export class ReplicaMesh {
       });
   }
 
+  #applying = false;
+
   applyReceived(): void {
-    if (this.#closed) return;
-    this.#appliedAtMs = this.#clock.now();
-    this.#transport.applyReceived();
+    // Not re-entered: applying a hand-over reaches the core, which drains inbound before a
+    // decision or view; a nested apply would read later hand-overs ahead of the rest of this one.
+    if (this.#closed || this.#applying) return;
+    this.#applying = true;
+    try {
+      this.#appliedAtMs = this.#clock.now();
+      this.#transport.applyReceived();
+    } finally {
+      this.#applying = false;
+    }
   }
 
   catchUp(): Promise<void> {

@@ -443,7 +443,9 @@ const TOKENIZER_FIELDS: readonly (keyof TokenizerOptions)[] = TOKENIZER_OPTION_D
  */
 export function tokenizerProblem(config: DaemonConfig, given: Partial<DaemonConfig>, name: FieldNamer = (f) => f): ConfigProblem | undefined {
   if (config.extProcPort === undefined) {
-    const field = TOKENIZER_FIELDS.find((f) => given[f] !== undefined);
+    // A value equal to its default is not a request for tokenization (a library caller spreads
+    // DEFAULT_DAEMON_CONFIG, which carries the default mode).
+    const field = TOKENIZER_FIELDS.find((f) => given[f] !== undefined && given[f] !== DEFAULT_DAEMON_CONFIG[f]);
     if (field !== undefined) return { field, message: `${name(field)} requires ${name("extProcPort")} (tokenization serves the endpoint picker)` };
   }
   try {
