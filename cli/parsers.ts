@@ -7,7 +7,7 @@
 import { InvalidArgumentError } from "commander";
 import { parseEndpoint, parsePeerEndpoint } from "../mesh/endpoints.js";
 import { isDnsPeer, parseDnsPeer } from "../mesh/dns-peers.js";
-import { KvmeshError } from "../src/core/errors.js";
+import { KvmeshError } from "../src/core/index.js";
 
 export const U32_MAX = 0xffff_ffff;
 export const U64_MAX = (1n << 64n) - 1n;

@@ -17,11 +17,11 @@ import {
   type LogLevel,
   type ResolvedDaemonConfig,
 } from "../src/app/config.js";
-import type { KvmeshError } from "../src/core/errors.js";
+import type { KvmeshError } from "../src/core/index.js";
 import type { Daemon } from "../src/app/daemon.js";
-import { MAX_AFFINITY_TTL_SECS, MAX_RANK_KEYS, MIN_AFFINITY_TTL_SECS } from "../src/core/selection-service.js";
-import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/core/selector-config.js";
-import { LOAD_REPLICATION_MODES } from "../src/core/replica-events.js";
+import { MAX_AFFINITY_TTL_SECS, MAX_RANK_KEYS, MIN_AFFINITY_TTL_SECS } from "../src/core/index.js";
+import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/core/index.js";
+import { LOAD_REPLICATION_MODES } from "../src/core/index.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
 import { otelEnvTracing, tracesEndpointProblem } from "../src/http/tracing.js";
 import { addServeGatewayOptions } from "./serve-gateway.js";

@@ -32,7 +32,7 @@ import PQueue from "p-queue";
 import type { Logger } from "pino";
 import { Dealer, Subscriber, type Context, type Event, type Socket } from "zeromq";
 
-import { systemClock, type Clock } from "../src/core/time.js";
+import { systemClock, type Clock } from "../src/core/index.js";
 import type { MeshKeyPair } from "./curve.js";
 import { isIpv6Endpoint } from "./endpoints.js";
 import { observe, retireObserver, type IteratedObserver } from "../src/util/zmq-observers.js";

@@ -18,7 +18,7 @@ import { createPrivateKey, createPublicKey } from "node:crypto";
 import { inspect } from "node:util";
 import { curveKeyPair } from "zeromq";
 
-import { badRequest, KvmeshError } from "../src/core/errors.js";
+import { badRequest, KvmeshError } from "../src/core/index.js";
 import { contentLines, fileError, readSecretFile, readSmallTextFile } from "../src/util/secret-file.js";
 
 /** RFC 32's alphabet: 85 printable characters, 4 bytes -> 5 characters. */

@@ -18,10 +18,10 @@ import { lookup } from "node:dns/promises";
 import { networkInterfaces } from "node:os";
 import type { Logger } from "pino";
 
-import { badRequest } from "../src/core/errors.js";
+import { badRequest } from "../src/core/index.js";
 import { LogThrottle } from "../src/util/log-throttle.js";
 import { parsePeerEndpoint } from "./endpoints.js";
-import type { TimerHandle, Timers } from "../src/core/time.js";
+import type { TimerHandle, Timers } from "../src/core/index.js";
 
 /** Default re-resolution interval, s (`--peer-dns-interval-secs`): a pod that joins is peered within it. */
 export const DEFAULT_PEER_DNS_INTERVAL_SECS = 5;

@@ -6,7 +6,7 @@
  */
 import { isIPv4, isIPv6 } from "node:net";
 
-import { KvmeshError } from "../src/core/errors.js";
+import { KvmeshError } from "../src/core/index.js";
 
 export const MIN_TCP_PORT = 1;
 export const MAX_TCP_PORT = 65_535;

@@ -3,7 +3,7 @@
  * so a caller (HTTP, CLI, logs) sees a stable code; the class names stay for `instanceof` and for
  * the `name` a log line shows.
  */
-import { KvmeshError } from "../src/core/errors.js";
+import { KvmeshError } from "../src/core/index.js";
 import type { KeyLookupOutcome } from "./curve-key-directory.js";
 
 /** A replica mesh option out of range; `details.field` names it. */

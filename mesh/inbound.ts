@@ -16,7 +16,7 @@
  */
 import PQueue from "p-queue";
 import type { Logger } from "pino";
-import type { Clock, TimerHandle, Timers } from "../src/core/time.js";
+import type { Clock, TimerHandle, Timers } from "../src/core/index.js";
 import type { ControlClient } from "./control.js";
 import { MeshWireError } from "./errors.js";
 import { DEFAULT_MAX_TRACKED_ORIGINS, MeshReceiver, type LagObserver, type OriginStats } from "./origin-tracker.js";

@@ -5,7 +5,7 @@
  */
 import { parentPort } from "node:worker_threads";
 
-import { decodeIndexChunk } from "../src/core/index-snapshot.js";
+import { decodeIndexChunk } from "../src/core/index.js";
 import type { ThreadReply } from "./index-sync.js";
 
 const port = parentPort;

@@ -24,8 +24,8 @@ import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
 import { Worker } from "node:worker_threads";
 
-import { DEFAULT_INDEX_CHUNK_BYTES, nextIndexChunk, type IndexRankSnapshot, type IndexSnapshotSource, type KvStreamPosition } from "../src/core/index-snapshot.js";
-import type { WorkerId } from "../src/core/types.js";
+import { DEFAULT_INDEX_CHUNK_BYTES, nextIndexChunk, type IndexRankSnapshot, type IndexSnapshotSource, type KvStreamPosition } from "../src/core/index.js";
+import type { WorkerId } from "../src/core/index.js";
 import type { ControlLink } from "./control.js";
 import { MeshOptionError, MeshRemoteError, MeshWireError } from "./errors.js";
 

@@ -8,10 +8,10 @@
  * Deadlines read the injected monotonic clock (redial backoff, slot refresh).
  */
 import type { Logger } from "pino";
-import type { Clock } from "../src/core/time.js";
+import type { Clock } from "../src/core/index.js";
 import type { ControlClient, PeeringRequests } from "./control.js";
 import { controlEndpointFor, parsePeerEndpoint } from "./endpoints.js";
-import { KvmeshError } from "../src/core/errors.js";
+import { KvmeshError } from "../src/core/index.js";
 import type { InboundMembership, MeshInbound } from "./inbound.js";
 import type { PeerState } from "./peer-health.js";
 import type { OriginFacts, ReplicaPort, ReplicaSlot } from "./replica-port.js";

@@ -24,7 +24,7 @@
  * the first 1,000 frames, measured with zeromq 6.8).
  */
 import { MeshOptionError } from "./errors.js";
-import type { Clock } from "../src/core/time.js";
+import type { Clock } from "../src/core/index.js";
 import type { Heartbeat, MeshBatch, Snapshot } from "./types.js";
 
 export const DEFAULT_SNAPSHOT_TIMEOUT_MS = 1_000;

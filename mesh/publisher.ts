@@ -13,7 +13,7 @@
  * clock, as receivers on other hosts compare them with theirs.
  */
 import type { Logger } from "pino";
-import type { Clock, TimerHandle, Timers } from "../src/core/time.js";
+import type { Clock, TimerHandle, Timers } from "../src/core/index.js";
 import { controlEndpointFor } from "./endpoints.js";
 import { MeshOptionError } from "./errors.js";
 import { OutboundQueue, type OutboundQueueOptions } from "./outbound-queue.js";

@@ -20,7 +20,7 @@
  *   are kept, in order (a catalogue entry's version decides on apply, so none is folded away).
  * Nothing is dropped here: malformed frames are counted, and a full hand-over goes at once.
  */
-import type { LoadAggregateRow, LoadAggregates } from "../src/core/replica-events.js";
+import type { LoadAggregateRow, LoadAggregates } from "../src/core/index.js";
 import { MeshWireError } from "./errors.js";
 import { MAX_TRACE_CAUSES_PER_BATCH, PROTOCOL_VERSION, TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type MeshEvent, type TraceCause } from "./types.js";
 import { decodeBatch, decodeHeartbeat } from "./wire.js";

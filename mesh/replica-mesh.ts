@@ -15,9 +15,9 @@
  */
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
-import { systemClock, systemWallClock, type Clock, systemTimers, type TimerHandle, type Timers } from "../src/core/time.js";
-import type { Random } from "../src/core/random.js";
-import type { LoadMarkEvent } from "../src/core/replica-events.js";
+import { systemClock, systemWallClock, type Clock, systemTimers, type TimerHandle, type Timers } from "../src/core/index.js";
+import type { Random } from "../src/core/index.js";
+import type { LoadMarkEvent } from "../src/core/index.js";
 import { LogThrottle } from "../src/util/log-throttle.js";
 import { ControlClient, ControlServer, DEFAULT_CONTROL_TIMEOUT_MS, type ControlExtension, type ControlLink } from "./control.js";
 import type { MeshCurveConfig } from "./curve.js";

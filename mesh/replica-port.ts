@@ -5,6 +5,6 @@
  * drops through it; tests drive the mesh with a fake (test/helpers/fake-replica-port.ts). What
  * the HTTP layer sees of the mesh is its own (src/http/mesh-control.ts).
  */
-export type { ReplicationPort as ReplicaPort, ReplicaAttachment, ReplicaLink } from "../src/core/replication/port.js";
-export type { ReplicaEvent, ReplicaSnapshot, OriginFacts } from "../src/core/replication/registry.js";
-export type { ReplicaSlot } from "../src/core/tie-spread.js";
+export type { ReplicationPort as ReplicaPort, ReplicaAttachment, ReplicaLink } from "../src/core/index.js";
+export type { ReplicaEvent, ReplicaSnapshot, OriginFacts } from "../src/core/index.js";
+export type { ReplicaSlot } from "../src/core/index.js";

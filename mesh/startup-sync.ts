@@ -14,7 +14,7 @@
  * in DNS but gone) holds readiness that long at most. Later resyncs (a gap, a peer's restart)
  * do not turn `/ready` back: the replica already routes with what it has, and they take ms.
  */
-import type { Clock } from "../src/core/time.js";
+import type { Clock } from "../src/core/index.js";
 import type { PeerView } from "./membership.js";
 
 /** Default bound on the startup wait, s (`--mesh-startup-sync-secs`): several snapshot retries (1 s, doubling). */

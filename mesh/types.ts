@@ -7,8 +7,8 @@
  * that peer's ROUTER for a snapshot and replaces what it mirrors of that origin (the ZeroMQ
  * Guide's Clone pattern).
  */
-import type { BookingSnapshot, LoadMarkEvent } from "../src/core/replica-events.js";
-import type { ReplicaEvent, ReplicaSnapshot } from "../src/core/replication/registry.js";
+import type { BookingSnapshot, LoadMarkEvent } from "../src/core/index.js";
+import type { ReplicaEvent, ReplicaSnapshot } from "../src/core/index.js";
 import type { TraceCause } from "../src/util/trace-cause.js";
 
 export type { TraceCause };

@@ -47,14 +47,14 @@
  */
 import { Packr, Unpackr } from "msgpackr";
 
-import { MAX_WORKER_STATUS_REASONS } from "../src/core/catalog-replication.js";
-import { KvmeshError } from "../src/core/errors.js";
-import { MAX_HASHES_PER_BOOKING, MAX_WORKER_FIELD_ENTRIES } from "../src/core/limits.js";
-import { MAX_ID_BYTES } from "../src/core/request-ids.js";
-import type { HashList } from "../src/core/hash64.js";
-import type { BindingEvent, CatalogEvent, LoadAddEvent, LoadAggregateRow, LoadAggregates, LoadMarkEvent, PartitionRef, WorkerStatusEvent } from "../src/core/replica-events.js";
-import type { Lifecycle, WorkerRequest } from "../src/core/types.js";
-import { recordToRequest, workerDraft } from "../src/core/worker-catalog.js";
+import { MAX_WORKER_STATUS_REASONS } from "../src/core/index.js";
+import { KvmeshError } from "../src/core/index.js";
+import { MAX_HASHES_PER_BOOKING, MAX_WORKER_FIELD_ENTRIES } from "../src/core/index.js";
+import { MAX_ID_BYTES } from "../src/core/index.js";
+import type { HashList } from "../src/core/index.js";
+import type { BindingEvent, CatalogEvent, LoadAddEvent, LoadAggregateRow, LoadAggregates, LoadMarkEvent, PartitionRef, WorkerStatusEvent } from "../src/core/index.js";
+import type { Lifecycle, WorkerRequest } from "../src/core/index.js";
+import { recordToRequest, workerDraft } from "../src/core/index.js";
 import { MAX_TRACE_CAUSES_PER_BATCH, PROTOCOL_VERSION } from "./types.js";
 import type { ControlReply, ControlRequest, Heartbeat, MeshBatch, MeshEvent, Snapshot, SnapshotBooking, TraceCause } from "./types.js";
 import { MeshWireError } from "./errors.js";

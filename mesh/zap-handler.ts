@@ -21,7 +21,7 @@
 import type { Logger } from "pino";
 import { Router, type Context, type Event, type Socket } from "zeromq";
 
-import { systemClock, type Clock } from "../src/core/time.js";
+import { systemClock, type Clock } from "../src/core/index.js";
 import { LogThrottle } from "../src/util/log-throttle.js";
 import { decodeCurveKey, z85Encode } from "./curve.js";
 import { observe, retireObserver, type IteratedObserver } from "../src/util/zmq-observers.js";

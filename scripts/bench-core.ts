@@ -7,9 +7,9 @@
  * second on one core, heap bytes per indexed (rank, block) pair, and the cost of hashing a
  * 14,000-token prompt on its own. Flags: see --help.
  */
-import { seededRandom } from "../src/core/random.js";
-import { computeBlockHashes, computeSequenceHashes } from "../src/core/hashing.js";
-import { SelectionService } from "../src/core/selection-service.js";
+import { seededRandom } from "../src/core/index.js";
+import { computeBlockHashes, computeSequenceHashes } from "../src/core/index.js";
+import { SelectionService } from "../src/core/index.js";
 import { fmtMs, progress } from "./lib/console-report.js";
 import { BENCH_BLOCK_SIZE, BENCH_PROMPT_TOKENS, makeBenchPrompts, warmRank, type BenchPrompt } from "./lib/warm-prompts.js";
 import { summarize } from "../src/bench/stats.js";

@@ -6,7 +6,7 @@
  */
 import { readFileSync } from "node:fs";
 import { setTimeout as sleep } from "node:timers/promises";
-import { seededRandom } from "../src/core/random.js";
+import { seededRandom } from "../src/core/index.js";
 import { KvIngest } from "../src/ingest/kv-ingest.js";
 import { raiseZmqSocketLimit } from "../src/ingest/zmq-socket-limit.js";
 import { EngineHostGroup, promptTokensFor, readTrace } from "../src/mock/index.js";

@@ -8,8 +8,8 @@
 import { createServer } from "node:http";
 import { pino } from "pino";
 import { DEFAULT_DAEMON_CONFIG, startDaemon } from "../src/app/daemon.js";
-import { hashListToBigInts } from "../src/core/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../src/core/hashing.js";
+import { hashListToBigInts } from "../src/core/index.js";
+import { computeBlockHashes, computeSequenceHashes } from "../src/core/index.js";
 import { benchPrompt, BENCH_BLOCK_SIZE } from "./lib/bench-prompts.js";
 import { oneOf, positiveInt, scriptProgram } from "./lib/script-args.js";
 

@@ -10,9 +10,9 @@
  * ranks (where the prefix is cached), otherwise on any rank. Prints add + free time per request
  * (p50 / p99), markPrefillComplete, and newBlocksFor for a prompt of a random group.
  */
-import { ManualClock } from "../src/core/time.js";
-import { seededRandom } from "../src/core/random.js";
-import { LoadLedger } from "../src/core/load-ledger.js";
+import { ManualClock } from "../src/core/index.js";
+import { seededRandom } from "../src/core/index.js";
+import { LoadLedger } from "../src/core/index.js";
 import { fmtMs } from "./lib/console-report.js";
 import { summarize } from "../src/bench/stats.js";
 import { nonNegativeInt, numberIn, positiveInt, scriptProgram } from "./lib/script-args.js";

@@ -15,7 +15,7 @@ import { DEFAULT_DAEMON_CONFIG, startDaemon } from "../src/app/daemon.js";
 import { freePortPair } from "../src/bench/ports.js";
 import { spawnServe } from "../src/bench/serve-process.js";
 import { summarize } from "../src/bench/stats.js";
-import { seededRandom } from "../src/core/random.js";
+import { seededRandom } from "../src/core/index.js";
 import { stringifyJson } from "../src/http/json.js";
 import { BENCH_BLOCK_SIZE, BENCH_PROMPT_TOKENS, makeBenchPrompts, warmRank, type BenchPrompt } from "./lib/warm-prompts.js";
 import { progress } from "./lib/console-report.js";

@@ -9,8 +9,8 @@
  */
 import { Command } from "commander";
 
-import { hashListFromBigInts } from "../src/core/hash64.js";
-import type { LoadAddEvent } from "../src/core/replica-events.js";
+import { hashListFromBigInts } from "../src/core/index.js";
+import type { LoadAddEvent } from "../src/core/index.js";
 import { stateDigest } from "../mesh/peer-health.js";
 import type { MeshBatch, MeshEvent } from "../mesh/types.js";
 import { decodeBatch, encodeBatch } from "../mesh/wire.js";

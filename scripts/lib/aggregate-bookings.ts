@@ -17,8 +17,8 @@
  * - `snapshot()`: every rank with load, every live id as added, nothing removed.
  * Pure: no clock, no I/O.
  */
-import type { HashList } from "../../src/core/hash64.js";
-import type { AddedBooking, LoadAggregateRow, LoadAggregates } from "../../src/core/replica-events.js";
+import type { HashList } from "../../src/core/index.js";
+import type { AddedBooking, LoadAggregateRow, LoadAggregates } from "../../src/core/index.js";
 import { BookingSchedule, SYNTHETIC_PARTITION, type ScheduleSink, type SyntheticBookingsOptions } from "./synthetic-bookings.js";
 
 interface RankTotals {

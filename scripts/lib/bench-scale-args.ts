@@ -5,7 +5,7 @@
 import { Command, InvalidArgumentError, Option } from "commander";
 
 import { integerInRange, parseList, parseNonEmpty, parseNonNegativeNumber } from "../../cli/parsers.js";
-import { LOAD_REPLICATION_MODES, type LoadReplication } from "../../src/core/replica-events.js";
+import { LOAD_REPLICATION_MODES, type LoadReplication } from "../../src/core/index.js";
 
 export const DEFAULT_RATES: readonly number[] = [100, 200];
 export const DEFAULT_PEER_COUNTS: readonly number[] = [0, 1, 3];

@@ -11,7 +11,7 @@
  * (seed, slot), so the sessions are identical across runs and replica counts whatever order the
  * load generator's timing makes them run in.
  */
-import { seededRandom, type Random } from "../../src/core/random.js";
+import { seededRandom, type Random } from "../../src/core/index.js";
 import { benchPrompt } from "./bench-prompts.js";
 
 export const DEFAULT_SYSTEM_PROMPTS = 4;

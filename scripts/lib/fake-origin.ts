@@ -24,11 +24,11 @@
  * Heartbeat, Snapshot (its `aggregates` too), SnapshotBooking types; src/core/replica-events.ts
  * LoadAggregates.
  */
-import { systemClock, type Clock } from "../../src/core/time.js";
-import type { Random } from "../../src/core/random.js";
+import { systemClock, type Clock } from "../../src/core/index.js";
+import type { Random } from "../../src/core/index.js";
 import type { MeshCurveConfig } from "../../mesh/curve.js";
 import { MeshTransport } from "../../mesh/transport.js";
-import type { LoadAggregates } from "../../src/core/replica-events.js";
+import type { LoadAggregates } from "../../src/core/index.js";
 import { PROTOCOL_VERSION, TOPIC_BATCH, TOPIC_HEARTBEAT, type MeshBatch, type MeshEvent, type SnapshotBooking } from "../../mesh/types.js";
 import { decodeControlRequest, encodeBatch, encodeControlReply, encodeHeartbeat } from "../../mesh/wire.js";
 

@@ -30,8 +30,8 @@
  */
 import { createServer, Socket, type AddressInfo, type Server } from "node:net";
 
-import { systemClock, type Clock } from "../../src/core/time.js";
-import { mathRandom, type Random } from "../../src/core/random.js";
+import { systemClock, type Clock } from "../../src/core/index.js";
+import { mathRandom, type Random } from "../../src/core/index.js";
 import { CONTROL_PORT_OFFSET, parsePeerEndpoint, parseEndpoint } from "../../mesh/endpoints.js";
 
 /**

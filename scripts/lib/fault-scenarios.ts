@@ -9,9 +9,9 @@
  * waited for forever.
  */
 import { FaultProxy, startMeshPeerProxy, type FaultProxyCounters, type FaultSettings } from "./fault-proxy.js";
-import { seededRandom } from "../../src/core/random.js";
-import { hashListToBigInts } from "../../src/core/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
+import { seededRandom } from "../../src/core/index.js";
+import { hashListToBigInts } from "../../src/core/index.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../src/core/index.js";
 import type { MockKvEvent } from "../../src/mock/kv-event-publisher.js";
 import { MeshLoad, type BookingFate, type LoadReport } from "./mesh-load.js";
 import { createPartitionTopology, netnsUnavailableReason } from "./netns-partition.js";

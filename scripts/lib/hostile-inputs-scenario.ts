@@ -8,7 +8,7 @@
  * - F11: a parent-hash cycle (A, B under A, A under B).
  */
 import { packMsgpack, MockKvPublisher } from "../../src/mock/kv-event-publisher.js";
-import { rankIndexBound } from "../../src/core/rank-index-bound.js";
+import { rankIndexBound } from "../../src/core/index.js";
 import { MAX_RESETS_PER_WINDOW } from "../../src/ingest/reset-damper.js";
 import { freePortPair } from "../../src/bench/ports.js";
 import { metricSum } from "../../src/bench/router-client.js";

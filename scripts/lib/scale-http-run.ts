@@ -15,7 +15,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { benchPrompt } from "./bench-prompts.js";
 import { SessionWorkload, type TurnPlan } from "./bench-workload.js";
 import { ReplicaFleet, type Replica } from "../../src/bench/replica-fleet.js";
-import type { LoadReplication } from "../../src/core/replica-events.js";
+import type { LoadReplication } from "../../src/core/index.js";
 import { writeBenchCurveKeys } from "./bench-curve-keys.js";
 import { scaleServeArgs } from "./bench-scale-args.js";
 import { registerBenchWorkers } from "./bench-workers.js";

@@ -2,7 +2,7 @@
  * What bench:scale measures, and how it is printed, saved and plotted. One report per run
  * (`label` names the build measured); `--compare` loads another run's JSON and shows it beside.
  */
-import type { LoadReplication } from "../../src/core/replica-events.js";
+import type { LoadReplication } from "../../src/core/index.js";
 import { capacityCurve, MODEL_REPLICA_COUNTS, modelledCapacity, type IdleCpu, type ReplicaCpu } from "./scale-model.js";
 import { lineChart, type Series } from "./svg-plot.js";
 

@@ -7,9 +7,9 @@
  * bookings are kept, so a snapshot carries exactly what the published events built. Pure: time
  * comes in as arguments.
  */
-import type { HashList } from "../../src/core/hash64.js";
-import type { LoadAddEvent, PartitionRef } from "../../src/core/replica-events.js";
-import { DEFAULT_MODEL_NAME, DEFAULT_ROUTING_GROUP } from "../../src/core/types.js";
+import type { HashList } from "../../src/core/index.js";
+import type { LoadAddEvent, PartitionRef } from "../../src/core/index.js";
+import { DEFAULT_MODEL_NAME, DEFAULT_ROUTING_GROUP } from "../../src/core/index.js";
 import type { MeshEvent, SnapshotBooking } from "../../mesh/types.js";
 
 export const DEFAULT_PREFILL_DELAY_MS = 50;

@@ -3,10 +3,10 @@
  * prompts drawn from a few hundred shared prefixes, and a rank warmed by storing whole prompts,
  * as an engine would (one BlockStored per prompt, below the last block it already holds).
  */
-import { hashListToBigInts } from "../../src/core/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
-import type { KvApplyResult, KvEventBatch } from "../../src/core/kv-events.js";
-import type { Random } from "../../src/core/random.js";
+import { hashListToBigInts } from "../../src/core/index.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../src/core/index.js";
+import type { KvApplyResult, KvEventBatch } from "../../src/core/index.js";
+import type { Random } from "../../src/core/index.js";
 
 export const BENCH_BLOCK_SIZE = 64;
 export const BENCH_PROMPT_TOKENS = 14_000;

@@ -19,11 +19,11 @@
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 
-import { IndexJoinJournal } from "../core/index-join-journal.js";
-import type { IndexRankSnapshot, KvStreamPosition } from "../core/index-snapshot.js";
-import type { KvApplyResult, KvEventBatch } from "../core/kv-events.js";
-import type { SelectionService } from "../core/selection-service.js";
-import type { Clock, Timers } from "../core/time.js";
+import { IndexJoinJournal } from "../core/index.js";
+import type { IndexRankSnapshot, KvStreamPosition } from "../core/index.js";
+import type { KvApplyResult, KvEventBatch } from "../core/index.js";
+import type { SelectionService } from "../core/index.js";
+import type { Clock, Timers } from "../core/index.js";
 import { replayRange } from "../ingest/kv-replay-range.js";
 import type { KvIngest, KvRankRef } from "../ingest/kv-ingest.js";
 import { collectedCounter, collectedGauge } from "../metrics/collected.js";

@@ -17,8 +17,8 @@ import { readFileSync, statSync } from "node:fs";
 import type { Logger } from "pino";
 import { isMap, isSeq, LineCounter, parseDocument, type Node } from "yaml";
 
-import { KvmeshError } from "../core/errors.js";
-import type { WorkerCatalogRecord, WorkerId, WorkerRequest } from "../core/types.js";
+import { KvmeshError } from "../core/index.js";
+import type { WorkerCatalogRecord, WorkerId, WorkerRequest } from "../core/index.js";
 import { parseWorkerRequest } from "../http/schemas.js";
 
 /** How often the file's stat is polled for a change, ms (a ConfigMap update takes ~1 min to land anyway). */

@@ -22,8 +22,8 @@
  * some workloads it lands a hair above one cache (0.06 points with no load penalty on the Mooncake
  * trace). A request whose blocks cannot fit one engine (the engine rejects it) is left out of both.
  */
-import { hashCount, type HashList } from "../core/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../core/hashing.js";
+import { hashCount, type HashList } from "../core/index.js";
+import { computeBlockHashes, computeSequenceHashes } from "../core/index.js";
 import { PagedKvCache } from "../mock/kv-cache.js";
 import { DEFAULT_DECODE_MS_PER_TOKEN, DEFAULT_PREFILL_MS_PER_TOKEN } from "../mock/mock-engine.js";
 import type { TraceRecord } from "../mock/trace.js";

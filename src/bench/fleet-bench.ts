@@ -2,7 +2,7 @@
  * `kvmesh bench`: the same workload through several routing policies and replica counts, each run
  * against a fresh (cold) fleet of mock engines, reporting what the *engines* measured.
  */
-import { seededRandom } from "../core/random.js";
+import { seededRandom } from "../core/index.js";
 import { descriptorsToWorkerRequests, type EngineFleetHandle } from "../mock/engine-fleet.js";
 import type { TraceRecord } from "../mock/trace.js";
 import { stringifyJson } from "../http/json.js";

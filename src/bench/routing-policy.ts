@@ -3,7 +3,7 @@
  * frontend would (select_and_reserve, then prefill_complete and free); the baselines pick without
  * a router. All answer a worker *index* into the engine fleet's descriptors.
  */
-import type { Random } from "../core/random.js";
+import type { Random } from "../core/index.js";
 import type { RouterClient } from "./router-client.js";
 
 export type PolicyName = "kvmesh" | "unmeshed" | "round-robin" | "random";

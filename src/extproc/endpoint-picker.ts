@@ -7,9 +7,9 @@
  */
 import type { Logger } from "pino";
 
-import { KvmeshError, isKvmeshError } from "../core/errors.js";
-import type { SelectionService } from "../core/selection-service.js";
-import { DEFAULT_ROUTING_GROUP, type PromptFields, type SelectAndReserveRequest, type WorkerCatalogRecord, type WorkerId } from "../core/types.js";
+import { KvmeshError, isKvmeshError } from "../core/index.js";
+import type { SelectionService } from "../core/index.js";
+import { DEFAULT_ROUTING_GROUP, type PromptFields, type SelectAndReserveRequest, type WorkerCatalogRecord, type WorkerId } from "../core/index.js";
 import { rewriteModel } from "../openai/model-rewrite.js";
 import { parseOpenAIRequest } from "../openai/parse-request.js";
 import type { OpenAIKind, OpenAIRequest, PromptTokenizer } from "../tokenize/contract.js";

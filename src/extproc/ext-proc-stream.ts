@@ -11,8 +11,8 @@
  */
 import type { Logger } from "pino";
 
-import { isKvmeshError, KvmeshError } from "../core/errors.js";
-import type { SelectionService } from "../core/selection-service.js";
+import { isKvmeshError, KvmeshError } from "../core/index.js";
+import type { SelectionService } from "../core/index.js";
 import { openAIKindOfPath } from "../openai/parse-request.js";
 import { LogThrottle } from "../util/log-throttle.js";
 import type { EndpointPicker, PickResult, RankRef } from "./endpoint-picker.js";

@@ -7,8 +7,8 @@ import { readFileSync } from "node:fs";
 
 import type { Logger } from "pino";
 
-import { systemClock, type Clock } from "../core/time.js";
-import type { SelectionService } from "../core/selection-service.js";
+import { systemClock, type Clock } from "../core/index.js";
+import type { SelectionService } from "../core/index.js";
 import type { MetricsRegistry } from "../metrics/registry.js";
 import { registerExtProcMetrics } from "../metrics/extproc-metrics.js";
 import type { PromptTokenizer } from "../tokenize/contract.js";

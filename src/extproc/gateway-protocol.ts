@@ -3,7 +3,7 @@
  * docs/proposals/004-endpoint-picker-protocol) on top of ext_proc: the names it fixes, and the
  * ProcessingResponses the picker sends. Pure: no service, no sockets.
  */
-import type { KvmeshError } from "../core/errors.js";
+import type { KvmeshError } from "../core/index.js";
 import type { HeaderMap, HeaderValueOption, Metadata, ProcessingResponse, Struct } from "./protos.js";
 import { fromStruct, toStruct, type Plain } from "./struct.js";
 

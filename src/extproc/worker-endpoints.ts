@@ -12,8 +12,8 @@
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 
-import type { Clock } from "../core/time.js";
-import type { WorkerCatalogRecord } from "../core/types.js";
+import type { Clock } from "../core/index.js";
+import type { WorkerCatalogRecord } from "../core/index.js";
 import { DEFAULT_DP_RANK_PORT_STRIDE } from "./defaults.js";
 
 /** Host name -> one address (v4 or v6). Rejects, or resolves undefined, when it does not resolve. */

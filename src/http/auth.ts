@@ -30,7 +30,7 @@
 import { hash, timingSafeEqual } from "node:crypto";
 import { inspect } from "node:util";
 
-import { badRequest, KvmeshError } from "../core/errors.js";
+import { badRequest, KvmeshError } from "../core/index.js";
 import { contentLines, fileError, readSecretFile } from "../util/secret-file.js";
 
 /** RFC 6750 `WWW-Authenticate` realm. */

@@ -17,7 +17,7 @@ import type { IncomingMessage, Server, ServerResponse } from "node:http";
 import type { Socket } from "node:net";
 import type { Logger } from "pino";
 
-import { ERROR_CODES, type ErrorCode } from "../core/errors.js";
+import { ERROR_CODES, type ErrorCode } from "../core/index.js";
 
 /** Bound on waiting for in-flight responses before the error reply: past it the socket is cut. */
 export const CLIENT_ERROR_DRAIN_TIMEOUT_MS = 10_000;

@@ -13,7 +13,7 @@ import { BasicTracerProvider, BatchSpanProcessor, type ReadableSpan, type SpanEx
 import type { IncomingHttpHeaders } from "node:http";
 import type { Logger } from "pino";
 
-import type { SelectionNote } from "../core/types.js";
+import type { SelectionNote } from "../core/index.js";
 import { LogThrottle } from "../util/log-throttle.js";
 import { decisionFields } from "./request-id.js";
 import { formatTraceparent, parseTraceparent, TRACEPARENT_HEADER, TRACESTATE_HEADER } from "./traceparent.js";

@@ -4,7 +4,7 @@
  * a load balancer sends a new or restarted replica nothing before it knows the fleet's sessions.
  */
 import type { MeshControl } from "./mesh-control.js";
-import type { SelectionService } from "../core/selection-service.js";
+import type { SelectionService } from "../core/index.js";
 
 export type Readiness = ReturnType<SelectionService["ready"]> & { mesh_syncing?: true; mesh_syncing_peers?: string[]; index_syncing?: true; index_sync?: string };
 

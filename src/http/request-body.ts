@@ -5,7 +5,7 @@
  */
 import type { IncomingHttpHeaders, IncomingMessage } from "node:http";
 
-import { KvmeshError } from "../core/errors.js";
+import { KvmeshError } from "../core/index.js";
 import { JsonDepthError, parseJsonBytes } from "./json.js";
 import type { BodyMode } from "./route.js";
 import { parseJsonBytesWithTokenIds } from "./token-ids.js";

@@ -7,7 +7,7 @@
 import type { IncomingHttpHeaders } from "node:http";
 import type { Logger } from "pino";
 
-import type { SelectionNote } from "../core/types.js";
+import type { SelectionNote } from "../core/index.js";
 import type { AppliedBatch, MeshApplyTracer, TraceCause } from "../util/trace-cause.js";
 
 export type { AppliedBatch };

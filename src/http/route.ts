@@ -5,7 +5,7 @@
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
 
-import type { SelectionNote } from "../core/types.js";
+import type { SelectionNote } from "../core/index.js";
 
 export type BodyMode = "none" | "required" | "optional";
 

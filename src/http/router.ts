@@ -2,7 +2,7 @@
  * Matches a request path to its routes: static paths with one Map lookup, the ":id" patterns by
  * segment. Routes of one pattern form a group, whose methods make the 405's Allow header.
  */
-import { KvmeshError } from "../core/errors.js";
+import { KvmeshError } from "../core/index.js";
 import type { Route } from "./route.js";
 
 export interface RouteGroup {

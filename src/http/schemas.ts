@@ -10,8 +10,8 @@
  * Semantic checks (ranges that depend on config, id lengths, prompt consistency) stay in the
  * service, which answers 400 for them.
  */
-import { badRequest, invalidField } from "../core/errors.js";
-import { MAX_ID_BYTES } from "../core/selection-service.js";
+import { badRequest, invalidField } from "../core/index.js";
+import { MAX_ID_BYTES } from "../core/index.js";
 import type {
   BlockExtraInfo,
   BlockMmObjectInfo,
@@ -25,7 +25,7 @@ import type {
   WorkerPatchRequest,
   WorkerRankRef,
   WorkerRequest,
-} from "../core/types.js";
+} from "../core/index.js";
 
 /** Validates `v` found at `path` and returns it typed (possibly converted: numbers -> bigint). */
 export type Check<T> = (v: unknown, path: string) => T;

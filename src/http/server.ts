@@ -16,8 +16,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net";
 import type { Logger } from "pino";
 
-import { badRequest, KvmeshError } from "../core/errors.js";
-import type { SelectionService } from "../core/selection-service.js";
+import { badRequest, KvmeshError } from "../core/index.js";
+import type { SelectionService } from "../core/index.js";
 import { LogThrottle } from "../util/log-throttle.js";
 import { withTraceCause } from "../util/trace-cause.js";
 import { authFailureOf, checkBearer, requiresApiToken, wwwAuthenticateFor, type ApiToken } from "./auth.js";

@@ -28,12 +28,12 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 
-import { systemWallClock, type Clock } from "../core/time.js";
-import { KvmeshError, badRequest, invalidField } from "../core/errors.js";
-import type { BindingEvent } from "../core/replica-events.js";
-import type { SelectionService } from "../core/selection-service.js";
-import type { SessionBindingInput, SessionBindingOutcome } from "../core/session-binding-input.js";
-import type { SessionBindingSubscription } from "../core/session-binding-stream.js";
+import { systemWallClock, type Clock } from "../core/index.js";
+import { KvmeshError, badRequest, invalidField } from "../core/index.js";
+import type { BindingEvent } from "../core/index.js";
+import type { SelectionService } from "../core/index.js";
+import type { SessionBindingInput, SessionBindingOutcome } from "../core/index.js";
+import type { SessionBindingSubscription } from "../core/index.js";
 import { collectedCounter, collectedGauge } from "../metrics/collected.js";
 import { LogThrottle } from "../util/log-throttle.js";
 import { stringifyJson } from "./json.js";

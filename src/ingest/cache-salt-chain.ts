@@ -7,7 +7,7 @@
  * `CacheNamespacePropagator` does. One chain per publisher stream; only salted blocks are kept,
  * so an unsalted fleet pays one size check per event.
  */
-import type { KvEventBatch } from "../core/kv-events.js";
+import type { KvEventBatch } from "../core/index.js";
 
 export class CacheSaltChain {
   readonly #saltOf = new Map<bigint, string>();

@@ -11,11 +11,11 @@
  */
 import { Unpackr } from "msgpackr";
 
-import { badRequest, KvmeshError } from "../core/errors.js";
-import { toU64 } from "../core/hash64.js";
-import type { KvEvent, KvEventBatch, StorageTier } from "../core/kv-events.js";
+import { badRequest, KvmeshError } from "../core/index.js";
+import { toU64 } from "../core/index.js";
+import type { KvEvent, KvEventBatch, StorageTier } from "../core/index.js";
 
-export type { KvEvent, KvEventBatch, StorageTier } from "../core/kv-events.js";
+export type { KvEvent, KvEventBatch, StorageTier } from "../core/index.js";
 
 /** Attention kinds whose blocks are prefix-indexed; any other declared kind is dropped (Dynamo's default registry). */
 const MAIN_KV_CACHE_SPEC_KINDS: ReadonlySet<string> = new Set(["full_attention", "mla_attention", "sink_full_attention"]);

@@ -11,7 +11,7 @@ import { xxh3 } from "@node-rs/xxhash";
 import { pino, type Logger } from "pino";
 import { Dealer, Subscriber } from "zeromq";
 
-import { badRequest } from "../core/errors.js";
+import { badRequest } from "../core/index.js";
 import { LogThrottle } from "../util/log-throttle.js";
 import { observe, retireObserver, watchEvents, type IteratedObserver } from "../util/zmq-observers.js";
 

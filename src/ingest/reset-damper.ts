@@ -9,8 +9,8 @@
  * (its index bound caps what they can grow to) and the reset is counted as damped. Every reset
  * counts against the window, so damping lasts until the publisher has been steady for a window.
  */
-import { badRequest } from "../core/errors.js";
-import { systemClock, type Clock } from "../core/time.js";
+import { badRequest } from "../core/index.js";
+import { systemClock, type Clock } from "../core/index.js";
 
 /** Resets acted on within one window. */
 export const MAX_RESETS_PER_WINDOW = 4;

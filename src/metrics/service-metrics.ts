@@ -4,8 +4,8 @@
  */
 import type { Registry } from "prom-client";
 
-import type { SelectionService, ServiceStats } from "../core/selection-service.js";
-import type { RankLoad } from "../core/types.js";
+import type { SelectionService, ServiceStats } from "../core/index.js";
+import type { RankLoad } from "../core/index.js";
 import { collectedCounter, collectedGauge, collectedLabelledGauge, type LabelledSample } from "./collected.js";
 
 /** What the metrics read from the service: read-only views only. */

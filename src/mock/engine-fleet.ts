@@ -13,9 +13,9 @@
 import { readFileSync } from "node:fs";
 import { Context } from "zeromq";
 
-import type { Clock, Timers } from "../core/time.js";
-import { badRequest } from "../core/errors.js";
-import { DEFAULT_MODEL_NAME, type WorkerId, type WorkerRequest } from "../core/types.js";
+import type { Clock, Timers } from "../core/index.js";
+import { badRequest } from "../core/index.js";
+import { DEFAULT_MODEL_NAME, type WorkerId, type WorkerRequest } from "../core/index.js";
 import { DEFAULT_SUBSCRIBER_WAIT_MS, MockKvPublisher } from "./kv-event-publisher.js";
 import { MockEngine, DEFAULT_ENGINE_BLOCK_SIZE, type EngineRequest, type EngineResult, type EngineStats, type MockEngineConfig } from "./mock-engine.js";
 import { MockOpenAIServer } from "./openai-server.js";

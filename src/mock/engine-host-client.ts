@@ -12,7 +12,7 @@ import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 
-import { KvmeshError } from "../core/errors.js";
+import { KvmeshError } from "../core/index.js";
 import { DEFAULT_FIRST_WORKER_ID, sumStats, type EngineDescriptor, type EngineFleetHandle, type FleetStats } from "./engine-fleet.js";
 import { DEFAULT_SUBSCRIBER_WAIT_MS } from "./kv-event-publisher.js";
 import { fromWireError, type HostFleetOptions, type HostReply, type HostRequest, type SubmitItem } from "./engine-host-protocol.js";

@@ -5,7 +5,7 @@
  * IPC message costs ~20-50 us whatever its size, so a message per request would cap a host at a
  * few tens of thousands of requests/s and load the parent's loop.
  */
-import { KvmeshError, type ErrorCode, ERROR_CODES } from "../core/errors.js";
+import { KvmeshError, type ErrorCode, ERROR_CODES } from "../core/index.js";
 import type { EngineDescriptor, FleetOptions, FleetStats } from "./engine-fleet.js";
 import type { EngineResult } from "./mock-engine.js";
 

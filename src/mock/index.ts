@@ -70,4 +70,4 @@ export { mockTokenize, renderMockChat, mockCompletionText, MOCK_VOCAB_SIZE, MOCK
 export { EngineHostClient, EngineHostGroup, type EngineHostOptions, type EngineHostGroupOptions } from "./engine-host-client.js";
 export type { HostFleetOptions } from "./engine-host-protocol.js";
 export { MockKvPublisher, encodeKvEventBatch, type MockKvEvent, type MockKvPublisherOptions, type KvWireEncoding } from "./kv-event-publisher.js";
-export { ManualTimers, keepAliveTimers, type Timers, type TimerHandle } from "../core/time.js";
+export { ManualTimers, keepAliveTimers, type Timers, type TimerHandle } from "../core/index.js";

@@ -13,8 +13,8 @@
  * pairs in typed arrays, the hash -> slot map is a U64Table, the LRU is an intrusive doubly-linked
  * list over Int32Arrays, and evictions are reported through a callback instead of a returned list.
  */
-import { hashCount, pairToBigInt, type HashList } from "../core/hash64.js";
-import { U64Table } from "../core/u64-table.js";
+import { hashCount, pairToBigInt, type HashList } from "../core/index.js";
+import { U64Table } from "../core/index.js";
 
 const NONE = -1;
 /** The U64Table tag of every entry (one namespace). */

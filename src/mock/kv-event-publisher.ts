@@ -12,7 +12,7 @@
 import { Packr } from "msgpackr";
 import { type Context, type MessageLike, Router, XPublisher } from "zeromq";
 
-import { u64ToI64 } from "../core/hash64.js";
+import { u64ToI64 } from "../core/index.js";
 
 export type KvWireEncoding = "map" | "array";
 

@@ -32,10 +32,10 @@
  * decoders' context at its start (their KV grows by k tokens each over it: at the default
  * decodeMsPerContextToken, 500 steps of 32 requests add 0.6 ms to a step of ~20 ms).
  */
-import { systemClock, type Clock, keepAliveTimers, type TimerHandle, type Timers } from "../core/time.js";
-import { KvmeshError } from "../core/errors.js";
-import { hashCount, pairToBigInt, type HashList } from "../core/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../core/hashing.js";
+import { systemClock, type Clock, keepAliveTimers, type TimerHandle, type Timers } from "../core/index.js";
+import { KvmeshError } from "../core/index.js";
+import { hashCount, pairToBigInt, type HashList } from "../core/index.js";
+import { computeBlockHashes, computeSequenceHashes } from "../core/index.js";
 import { PagedKvCache } from "./kv-cache.js";
 import { prefillPairs, stepTimeMs, stepTimeParams, type StepTimeParams } from "./step-time.js";
 import type { MockKvEvent } from "./kv-event-publisher.js";

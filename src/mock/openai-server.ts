@@ -27,7 +27,7 @@ import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 
-import { isKvmeshError } from "../core/errors.js";
+import { isKvmeshError } from "../core/index.js";
 import { checkOpenAIBody, decodeJsonObject } from "../openai/parse-request.js";
 import type { OpenAIRequest } from "../tokenize/contract.js";
 import type { EngineRequest, EngineResult } from "./mock-engine.js";

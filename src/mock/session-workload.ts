@@ -19,8 +19,8 @@
  * Deterministic by seed: session i draws from its own PRNG seeded by (seed, i), and hash ids are
  * allocated in session order, so the first N sessions are the same whatever the session count.
  */
-import { seededRandom, type Random } from "../core/random.js";
-import { badRequest } from "../core/errors.js";
+import { seededRandom, type Random } from "../core/index.js";
+import { badRequest } from "../core/index.js";
 import { TRACE_BLOCK_TOKENS } from "./token-blocks.js";
 import { writeTrace as writeTraceFile, type TraceRecord } from "./trace.js";
 

@@ -9,7 +9,7 @@
  * tokens; hot ids (system prompts, long conversations) repeat thousands of times in a trace, so
  * promptTokensFor keeps recently used blocks in a bounded LRU.
  */
-import { badRequest } from "../core/errors.js";
+import { badRequest } from "../core/index.js";
 
 /** Tokens per hash id in Mooncake traces. */
 export const TRACE_BLOCK_TOKENS = 512;

@@ -12,7 +12,7 @@ import { createReadStream, createWriteStream } from "node:fs";
 import { once } from "node:events";
 import { createInterface } from "node:readline";
 
-import { KvmeshError } from "../core/errors.js";
+import { KvmeshError } from "../core/index.js";
 
 export interface TraceRecord {
   /** Arrival, ms from the start of the trace. */

@@ -12,7 +12,7 @@
  *   prompts) is refused naming `prompt`: one routing decision cannot place several prompts.
  * - Shapes are bounded (limits.ts), whatever the byte size.
  */
-import { badRequest, KvmeshError } from "../core/errors.js";
+import { badRequest, KvmeshError } from "../core/index.js";
 import type { OpenAIKind, OpenAIRequest } from "../tokenize/contract.js";
 import { MAX_CHAT_MESSAGES, MAX_CONTENT_PARTS, MAX_JSON_DEPTH, MAX_PROMPT_TOKEN_IDS, MAX_TOKEN_ID, MAX_TOOLS } from "./limits.js";
 

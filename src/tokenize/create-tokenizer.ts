@@ -3,7 +3,7 @@
  * daemon's metrics registry. The endpoint picker (src/extproc/) holds the PromptTokenizer it
  * returns and knows nothing of the mode.
  */
-import type { Clock } from "../core/time.js";
+import type { Clock } from "../core/index.js";
 import type { MetricsRegistry } from "../metrics/registry.js";
 import { registerTokenizerMetrics } from "../metrics/tokenizer-metrics.js";
 import type { PromptTokenizer } from "./contract.js";

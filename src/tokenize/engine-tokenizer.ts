@@ -23,7 +23,7 @@
  */
 import PQueue from "p-queue";
 
-import { systemClock, type Clock } from "../core/time.js";
+import { systemClock, type Clock } from "../core/index.js";
 import type { OpenAIRequest, PromptTokenizer, TokenizeOptions, TokenizeResult } from "./contract.js";
 import { tokenIdsFromBody } from "./body-token-ids.js";
 import { TokenizerCounters, type EngineAttemptFailure } from "./tokenizer-counters.js";

@@ -17,7 +17,7 @@ import { dirname, join } from "node:path";
 import PQueue from "p-queue";
 import { Tokenizer } from "tokenizers";
 
-import { KvmeshError } from "../core/errors.js";
+import { KvmeshError } from "../core/index.js";
 import type { OpenAIRequest, PromptTokenizer, TokenizeOptions, TokenizeResult } from "./contract.js";
 import { tokenIdsFromBody } from "./body-token-ids.js";
 import { ChatTemplate } from "./chat-template.js";

@@ -4,7 +4,7 @@
  * kind not_ready) with details.reason = "tokenizer_unavailable", so the picker can tell it from
  * a bad body (400 naming the field) and, by default, route by session and load alone instead.
  */
-import { isKvmeshError, KvmeshError } from "../core/errors.js";
+import { isKvmeshError, KvmeshError } from "../core/index.js";
 
 export const TOKENIZER_UNAVAILABLE = "tokenizer_unavailable";
 

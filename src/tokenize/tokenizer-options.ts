@@ -3,7 +3,7 @@
  * variable each maps to (for `kvmesh serve`, which the endpoint picker's wiring adds), and one
  * resolve function that checks them and names the offending field (KVMESH_INVALID_OPTION).
  */
-import { KvmeshError } from "../core/errors.js";
+import { KvmeshError } from "../core/index.js";
 import {
   DEFAULT_ENGINE_TOKENIZE_ATTEMPTS,
   DEFAULT_ENGINE_TOKENIZE_CONCURRENCY,

@@ -4,8 +4,8 @@
  * flood the log. The first occurrence is logged at once; later ones at most once per interval,
  * with the number suppressed in between. Counters in /metrics stay exact.
  */
-import { badRequest } from "../core/errors.js";
-import { systemClock, type Clock } from "../core/time.js";
+import { badRequest } from "../core/index.js";
+import { systemClock, type Clock } from "../core/index.js";
 
 /** One line per this many ms at most, per throttle. */
 export const DEFAULT_LOG_THROTTLE_INTERVAL_MS = 10_000;

@@ -11,7 +11,7 @@
  */
 import { readFileSync, statSync } from "node:fs";
 
-import { KvmeshError } from "../core/errors.js";
+import { KvmeshError } from "../core/index.js";
 
 /** Refused: any access for others, or write access for the group. */
 export const SECRET_FILE_REFUSED_MODE_BITS = 0o027;

@@ -1,11 +1,11 @@
 /** Builders shared by core tests: workers, prompts and the KV events an engine would publish. */
-import { ManualClock } from "../../src/core/time.js";
-import { seededRandom } from "../../src/core/random.js";
-import { hashListToBigInts } from "../../src/core/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../../src/core/hashing.js";
+import { ManualClock } from "../../src/core/index.js";
+import { seededRandom } from "../../src/core/index.js";
+import { hashListToBigInts } from "../../src/core/index.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../src/core/index.js";
 import type { KvEventBatch } from "../../src/ingest/kv-event-decoder.js";
-import { SelectionService, type SelectionServiceOptions } from "../../src/core/selection-service.js";
-import type { WorkerRequest } from "../../src/core/types.js";
+import { SelectionService, type SelectionServiceOptions } from "../../src/core/index.js";
+import type { WorkerRequest } from "../../src/core/index.js";
 
 export const BLOCK = 4;
 

@@ -1,5 +1,5 @@
 /** Assertions on the core's typed errors, shared by the unit tests. */
-import { KvmeshError } from "../../src/core/errors.js";
+import { KvmeshError } from "../../src/core/index.js";
 
 /** The KvmeshError `fn` throws; fails the test if it throws nothing (rethrows other errors). */
 export function kvmeshErrorOf(fn: () => unknown): KvmeshError {

@@ -1,4 +1,4 @@
-import type { BindingEvent, CatalogEvent, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates, WorkerStatusEvent } from "../../src/core/replica-events.js";
+import type { BindingEvent, CatalogEvent, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates, WorkerStatusEvent } from "../../src/core/index.js";
 import type { OriginFacts, ReplicaAttachment, ReplicaEvent, ReplicaLink, ReplicaPort, ReplicaSlot, ReplicaSnapshot } from "../../mesh/replica-port.js";
 import type { SnapshotBooking } from "../../mesh/types.js";
 

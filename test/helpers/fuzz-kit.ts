@@ -6,7 +6,7 @@
 import { connect, type Socket } from "node:net";
 import { Packr, Unpackr } from "msgpackr";
 
-import { seededRandom, type Random } from "../../src/core/random.js";
+import { seededRandom, type Random } from "../../src/core/index.js";
 
 /** A JSON literal written verbatim (numbers JSON.stringify cannot produce, or invalid text). */
 export class RawJson {

@@ -5,7 +5,7 @@
  */
 import { makeService } from "./core-fixtures.js";
 import { startTestServer, type HttpResult, type TestServer } from "./http-client.js";
-import type { SelectionServiceOptions } from "../../src/core/selection-service.js";
+import type { SelectionServiceOptions } from "../../src/core/index.js";
 import type { LoadRow } from "../../scripts/lib/replica-cluster.js";
 
 /** The reference tests' partition: model "model", routing group "default", block size 4. */

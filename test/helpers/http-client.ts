@@ -8,7 +8,7 @@ import { createMetricsRegistry } from "../../src/metrics/registry.js";
 import { registerServiceMetrics } from "../../src/metrics/service-metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "../../src/http/server.js";
 import type { KvRankStats } from "../../src/ingest/kv-ingest.js";
-import type { SelectionService } from "../../src/core/selection-service.js";
+import type { SelectionService } from "../../src/core/index.js";
 import { makeService } from "./core-fixtures.js";
 
 export interface HttpResult {

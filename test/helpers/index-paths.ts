@@ -4,9 +4,9 @@
  * content hash); its sequence hash is the real chain hash over the path, so it depends on the
  * whole prefix.
  */
-import { computeSequenceHashes } from "../../src/core/hashing.js";
-import { hashListFromBigInts, pairToBigInt, type HashList } from "../../src/core/hash64.js";
-import type { MatchResult, PrefixIndex } from "../../src/core/prefix-index.js";
+import { computeSequenceHashes } from "../../src/core/index.js";
+import { hashListFromBigInts, pairToBigInt, type HashList } from "../../src/core/index.js";
+import type { MatchResult, PrefixIndex } from "../../src/core/index.js";
 
 export const localOf = (id: number): bigint => BigInt.asUintN(64, BigInt(id) * 0x9e3779b97f4a7c15n + 0x1234n);
 

@@ -1,10 +1,10 @@
 /** A picker on loopback over an in-process SelectionService, and the Envoy-playing client for it. */
 import { pino } from "pino";
 
-import { ManualClock } from "../../src/core/time.js";
-import { seededRandom } from "../../src/core/random.js";
-import { SelectionService, type SelectionServiceOptions } from "../../src/core/selection-service.js";
-import type { WorkerRequest } from "../../src/core/types.js";
+import { ManualClock } from "../../src/core/index.js";
+import { seededRandom } from "../../src/core/index.js";
+import { SelectionService, type SelectionServiceOptions } from "../../src/core/index.js";
+import type { WorkerRequest } from "../../src/core/index.js";
 import { startEndpointPicker, type EndpointPickerConfig, type EndpointPickerDeps, type RunningEndpointPicker } from "../../src/extproc/ext-proc.js";
 import { createMetricsRegistry, type MetricsRegistry } from "../../src/metrics/registry.js";
 import { EnvoyClient } from "./envoy-client.js";

@@ -1,6 +1,6 @@
 /** The operator's routes: health, readiness, metrics, the index dump and the status page. */
-import { badRequest } from "../../core/errors.js";
-import type { SelectionService } from "../../core/selection-service.js";
+import { badRequest } from "../../core/index.js";
+import type { SelectionService } from "../../core/index.js";
 import type { MeshControl } from "../mesh-control.js";
 import type { HttpMetrics } from "../metrics.js";
 import { readiness } from "../readiness.js";

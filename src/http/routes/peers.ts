@@ -1,5 +1,5 @@
 /** The replica mesh's routes: list, register and deregister peers, and each peer's sync status. */
-import { KvmeshError } from "../../core/errors.js";
+import { KvmeshError } from "../../core/index.js";
 import type { MeshControl } from "../mesh-control.js";
 import { reply, type Route } from "../route.js";
 import { parsePeerRequest } from "../schemas.js";

@@ -1,6 +1,6 @@
 /** The reservation routes: book a prompt's load on a worker, then prefill_complete, output_block and free. */
-import { KvmeshError } from "../../core/errors.js";
-import type { SelectionService } from "../../core/selection-service.js";
+import { KvmeshError } from "../../core/index.js";
+import type { SelectionService } from "../../core/index.js";
 import type { MeshControl } from "../mesh-control.js";
 import { OK, param, reply, type Route } from "../route.js";
 import { parseEmptyRequest, parseOutputBlockRequest, parseReservationRequest, parseSelectionIdParam } from "../schemas.js";

@@ -1,5 +1,5 @@
 /** The selection routes: choose a worker for a prompt, score the workers, read their loads. */
-import type { SelectionService } from "../../core/selection-service.js";
+import type { SelectionService } from "../../core/index.js";
 import { queryParam, reply, type Route } from "../route.js";
 import { parseScoreRequest, parseSelectAndReserveRequest, parseSelectRequest } from "../schemas.js";
 

@@ -1,5 +1,5 @@
 /** The worker catalogue's routes: register, list, patch and delete workers. */
-import type { SelectionService } from "../../core/selection-service.js";
+import type { SelectionService } from "../../core/index.js";
 import type { MeshControl } from "../mesh-control.js";
 import { param, queryParam, reply, type Route } from "../route.js";
 import { parseWorkerIdParam, parseWorkerPatch, parseWorkerRequest } from "../schemas.js";

@@ -7,7 +7,7 @@
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 
-import { KvmeshError } from "../../core/errors.js";
+import { KvmeshError } from "../../core/index.js";
 
 export interface UiAsset {
   readonly body: string;

@@ -4,7 +4,7 @@
  * /ui/state about once a second. A 1 s timer samples the routing counters into a 10-minute ring
  * (RoutingHistory), so the page's rates cover the last minutes even when it was just opened.
  */
-import type { SelectionService } from "../../core/selection-service.js";
+import type { SelectionService } from "../../core/index.js";
 import type { MeshControl } from "../mesh-control.js";
 import { readiness } from "../readiness.js";
 import type { Reply, RequestContext, Route } from "../route.js";

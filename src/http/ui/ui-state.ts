@@ -9,8 +9,8 @@
  * sent, with totals over all of them. Worker ids are sent as decimal strings: a browser's
  * JSON.parse would round ids above 2^53.
  */
-import { badRequest } from "../../core/errors.js";
-import type { Lifecycle, ModelLoadResponse, WorkerCatalogRecord } from "../../core/types.js";
+import { badRequest } from "../../core/index.js";
+import type { Lifecycle, ModelLoadResponse, WorkerCatalogRecord } from "../../core/index.js";
 
 /** Rank rows sent when the page does not ask for a number. */
 export const DEFAULT_UI_TOP_RANKS = 48;

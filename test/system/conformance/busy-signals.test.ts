@@ -9,7 +9,7 @@
  */
 import { afterEach, describe, expect, it } from "vitest";
 
-import { resolveServiceOptions } from "../../../src/core/service-options.js";
+import { resolveServiceOptions } from "../../../src/core/index.js";
 import { app, closeApps, MODEL, obj } from "../../helpers/harness.js";
 
 afterEach(closeApps);

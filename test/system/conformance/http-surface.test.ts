@@ -11,8 +11,8 @@
  */
 import { afterEach, describe, expect, it } from "vitest";
 
-import { hashListToBigInts, hashListToSignedBigInts } from "../../../src/core/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../../../src/core/hashing.js";
+import { hashListToBigInts, hashListToSignedBigInts } from "../../../src/core/index.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../../src/core/index.js";
 import { app, BS, closeApps, expectErrorBody, MODEL, obj } from "../../helpers/harness.js";
 
 afterEach(closeApps);

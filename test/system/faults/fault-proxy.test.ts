@@ -8,7 +8,7 @@ import { createServer, Socket, type AddressInfo, type Server } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
 import { Dealer, Publisher, Router, Subscriber } from "zeromq";
 
-import { seededRandom } from "../../../src/core/random.js";
+import { seededRandom } from "../../../src/core/index.js";
 import { FaultProxy, startMeshPeerProxy } from "../../../scripts/lib/fault-proxy.js";
 import { freePortPair } from "../../helpers/ports.js";
 import { waitFor } from "../../helpers/wait.js";

@@ -10,10 +10,10 @@ import { Registry } from "prom-client";
 import { Dealer, Router, XPublisher } from "zeromq";
 import { afterAll, describe, expect, it } from "vitest";
 
-import { ManualClock } from "../../../src/core/time.js";
-import { hashListFromBigInts } from "../../../src/core/hash64.js";
-import { DEFAULT_PARKED_BINDINGS_MAX } from "../../../src/core/selection-service.js";
-import { DEFAULT_REORDER_STATE_MAX_ENTRIES } from "../../../src/core/replica-events.js";
+import { ManualClock } from "../../../src/core/index.js";
+import { hashListFromBigInts } from "../../../src/core/index.js";
+import { DEFAULT_PARKED_BINDINGS_MAX } from "../../../src/core/index.js";
+import { DEFAULT_REORDER_STATE_MAX_ENTRIES } from "../../../src/core/index.js";
 import { MeshReceiver, DEFAULT_MAX_TRACKED_ORIGINS } from "../../../mesh/origin-tracker.js";
 import { OutboundQueue } from "../../../mesh/outbound-queue.js";
 import { ReplicaMesh } from "../../../mesh/replica-mesh.js";

@@ -16,7 +16,7 @@ import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../../src/app/daemon.js";
-import { ERROR_CODES } from "../../../src/core/errors.js";
+import { ERROR_CODES } from "../../../src/core/index.js";
 import { parseJson } from "../../../src/http/json.js";
 import { DEFAULT_BODY_LIMIT_BYTES, DEFAULT_HEADERS_TIMEOUT_MS, DEFAULT_KEEP_ALIVE_TIMEOUT_MS, DEFAULT_REQUEST_TIMEOUT_MS } from "../../../src/http/server.js";
 import { startHttpServer, type MeshControl } from "../../../src/http/server.js";

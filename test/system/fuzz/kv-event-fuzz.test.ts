@@ -11,10 +11,10 @@ import { pino } from "pino";
 import { afterAll, describe, expect, it } from "vitest";
 
 import { DEFAULT_DAEMON_CONFIG, startDaemon, type Daemon } from "../../../src/app/daemon.js";
-import { KvmeshError } from "../../../src/core/errors.js";
+import { KvmeshError } from "../../../src/core/index.js";
 import { stringifyJson } from "../../../src/http/json.js";
 import { decodeKvEventBatch, type KvEventBatch } from "../../../src/ingest/kv-event-decoder.js";
-import { SelectionService } from "../../../src/core/selection-service.js";
+import { SelectionService } from "../../../src/core/index.js";
 import { encodeKvEventBatch, encodeSeqFrame, MockKvPublisher, type MockKvEvent } from "../../helpers/kv-publisher.js";
 import { waitFor } from "../../helpers/wait.js";
 import { Fuzz, mutateBytes, mutateTree, packTree, TWO_64, unpackTree } from "../../helpers/fuzz-kit.js";

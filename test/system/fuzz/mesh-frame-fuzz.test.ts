@@ -19,9 +19,9 @@ import { Registry } from "prom-client";
 import { Dealer, Router, Subscriber, XPublisher } from "zeromq";
 import { afterAll, describe, expect, it } from "vitest";
 
-import { hashListFromBigInts, hashListToBigInts } from "../../../src/core/hash64.js";
-import type { BindingEvent, LoadAddEvent } from "../../../src/core/replica-events.js";
-import { SelectionService } from "../../../src/core/selection-service.js";
+import { hashListFromBigInts, hashListToBigInts } from "../../../src/core/index.js";
+import type { BindingEvent, LoadAddEvent } from "../../../src/core/index.js";
+import { SelectionService } from "../../../src/core/index.js";
 import { stateDigest } from "../../../mesh/peer-health.js";
 import { ReplicaMesh } from "../../../mesh/replica-mesh.js";
 import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type MeshEvent, type Snapshot } from "../../../mesh/types.js";

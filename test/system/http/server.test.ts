@@ -4,10 +4,10 @@ import { connect } from "node:net";
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../../src/core/errors.js";
-import { hashListFromBigInts, hashListToBigInts, hashListToSignedBigInts } from "../../../src/core/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../../../src/core/hashing.js";
-import { READY_WORKERS_LISTED_MAX } from "../../../src/core/selection-service.js";
+import { KvmeshError } from "../../../src/core/index.js";
+import { hashListFromBigInts, hashListToBigInts, hashListToSignedBigInts } from "../../../src/core/index.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../../src/core/index.js";
+import { READY_WORKERS_LISTED_MAX } from "../../../src/core/index.js";
 import { DEFAULT_BODY_LIMIT_BYTES, startHttpServer, type MeshControl } from "../../../src/http/server.js";
 import { BLOCK, makeService, storedBatch, tokens, worker } from "../../helpers/core-fixtures.js";
 import { startTestServer, testMetrics, type TestServer, type TestServerOptions } from "../../helpers/http-client.js";

@@ -5,11 +5,11 @@ import { connect, type Socket } from "node:net";
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 
-import { ManualClock } from "../../../src/core/time.js";
+import { ManualClock } from "../../../src/core/index.js";
 import { parseJson } from "../../../src/http/json.js";
 import { startHttpServer } from "../../../src/http/server.js";
 import { BindingReplayRing, MAX_UNFLUSHED_SNAPSHOTS, NDJSON_CONTENT_TYPE, SessionBindingsHttp } from "../../../src/http/session-bindings.js";
-import { SelectionService } from "../../../src/core/selection-service.js";
+import { SelectionService } from "../../../src/core/index.js";
 import { makeService, tokens, worker } from "../../helpers/core-fixtures.js";
 import { kvmeshErrorOf } from "../../helpers/errors.js";
 import { startTestServer, testMetrics, type TestServer } from "../../helpers/http-client.js";

@@ -29,7 +29,7 @@ import { PROTOCOL_VERSION, TOPIC_HEARTBEAT } from "../../../mesh/types.js";
 import { encodeHeartbeat } from "../../../mesh/wire.js";
 import { rejectReasonOf } from "../../../mesh/zap-handler.js";
 import { LogThrottle } from "../../../src/util/log-throttle.js";
-import { ManualClock } from "../../../src/core/time.js";
+import { ManualClock } from "../../../src/core/index.js";
 import { kvmeshErrorOf } from "../../helpers/errors.js";
 import { freePortPair } from "../../helpers/ports.js";
 import { waitFor } from "../../helpers/wait.js";

@@ -1,8 +1,8 @@
 import { pino } from "pino";
 import { describe, expect, it } from "vitest";
-import { ManualClock, ManualTimers } from "../../../src/core/time.js";
-import { KvmeshError } from "../../../src/core/errors.js";
-import type { LoadEvent } from "../../../src/core/replica-events.js";
+import { ManualClock, ManualTimers } from "../../../src/core/index.js";
+import { KvmeshError } from "../../../src/core/index.js";
+import type { LoadEvent } from "../../../src/core/index.js";
 import { MeshOptionError } from "../../../mesh/errors.js";
 import { MeshPublisher, type PublishLink } from "../../../mesh/publisher.js";
 import { ReplicaMesh } from "../../../mesh/replica-mesh.js";

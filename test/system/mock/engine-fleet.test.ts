@@ -1,11 +1,11 @@
 import { afterEach, describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../../src/core/errors.js";
+import { KvmeshError } from "../../../src/core/index.js";
 import type { KvEventBatch } from "../../../src/ingest/kv-event-decoder.js";
 import { KvIngest } from "../../../src/ingest/kv-ingest.js";
 import { MockEngineFleet, descriptorsToWorkerRequests, fleetFdEstimate, openFilesLimit } from "../../../src/mock/engine-fleet.js";
 import { promptTokensFor } from "../../../src/mock/token-blocks.js";
-import { SelectionService } from "../../../src/core/selection-service.js";
+import { SelectionService } from "../../../src/core/index.js";
 import { waitFor } from "../../helpers/wait.js";
 
 const cleanups: (() => Promise<void>)[] = [];

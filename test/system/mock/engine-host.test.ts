@@ -1,7 +1,7 @@
 /** Engine hosts: fleets in child processes driven over IPC (real processes, real sockets). */
 import { afterEach, describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../../src/core/errors.js";
+import { KvmeshError } from "../../../src/core/index.js";
 import { KvIngest } from "../../../src/ingest/kv-ingest.js";
 import { EngineHostClient, EngineHostGroup } from "../../../src/mock/engine-host-client.js";
 import { promptTokensFor } from "../../../src/mock/token-blocks.js";

@@ -6,13 +6,13 @@
  */
 import { afterEach, describe, expect, it } from "vitest";
 
-import { seededRandom } from "../../../src/core/random.js";
-import { computeBlockHashes, computeSequenceHashes } from "../../../src/core/hashing.js";
+import { seededRandom } from "../../../src/core/index.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../../src/core/index.js";
 import { KvIngest } from "../../../src/ingest/kv-ingest.js";
 import { MockKvPublisher } from "../../../src/mock/kv-event-publisher.js";
 import { MockEngine } from "../../../src/mock/mock-engine.js";
-import { ManualTimers } from "../../../src/core/time.js";
-import { SelectionService } from "../../../src/core/selection-service.js";
+import { ManualTimers } from "../../../src/core/index.js";
+import { SelectionService } from "../../../src/core/index.js";
 import { waitFor } from "../../helpers/wait.js";
 
 const BLOCK = 4;

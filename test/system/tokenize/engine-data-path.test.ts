@@ -6,7 +6,7 @@
  */
 import { afterEach, describe, expect, it } from "vitest";
 
-import { SelectionService } from "../../../src/core/selection-service.js";
+import { SelectionService } from "../../../src/core/index.js";
 import { KvIngest } from "../../../src/ingest/kv-ingest.js";
 import { descriptorsToWorkerRequests, MockEngineFleet } from "../../../src/mock/engine-fleet.js";
 import { checkOpenAIBody } from "../../../src/openai/parse-request.js";

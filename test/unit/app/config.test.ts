@@ -18,9 +18,9 @@ import {
   type ConfigField,
   type DaemonConfigInput,
 } from "../../../src/app/config.js";
-import { KvmeshError } from "../../../src/core/errors.js";
-import { DEFAULT_PENDING_MAX_BYTES, DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "../../../src/core/pending-selections.js";
-import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS } from "../../../src/core/selection-service.js";
+import { KvmeshError } from "../../../src/core/index.js";
+import { DEFAULT_PENDING_MAX_BYTES, DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "../../../src/core/index.js";
+import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS } from "../../../src/core/index.js";
 import { startDaemon } from "../../../src/app/daemon.js";
 import { DEFAULT_BODY_LIMIT_BYTES } from "../../../src/http/server.js";
 import { DEFAULT_REPLAY_TIMEOUT_MS } from "../../../src/ingest/kv-event-listener.js";

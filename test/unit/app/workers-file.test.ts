@@ -4,8 +4,8 @@ import { join } from "node:path";
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../../src/core/errors.js";
-import type { WorkerCatalogRecord, WorkerId, WorkerRequest } from "../../../src/core/types.js";
+import { KvmeshError } from "../../../src/core/index.js";
+import type { WorkerCatalogRecord, WorkerId, WorkerRequest } from "../../../src/core/index.js";
 import { parseWorkersFile, WorkersFile, WorkersFileError, type WorkerCatalogTarget } from "../../../src/app/workers-file.js";
 import { makeService } from "../../helpers/core-fixtures.js";
 import { waitFor } from "../../helpers/wait.js";

@@ -44,12 +44,12 @@ export const RULES: readonly LayerRule[] = [
     from: /^(src|mesh|cli)\//,
     forbids: (t) => file(t, /^(test|scripts)\//),
   },
-  // Next (issue 23): the core's one door. Outside src/core, only src/core/index.ts is imported.
-  // {
-  //   name: "outside src/core, only src/core/index.ts is imported",
-  //   from: /^(?!src\/core\/)/,
-  //   forbids: (t) => file(t, /^src\/core\/(?!index\.ts$)/),
-  // },
+  // The core's one door: outside src/core (and the core's own unit tests), only src/core/index.ts is imported.
+  {
+    name: "outside src/core, only src/core/index.ts is imported",
+    from: /^(?!src\/core\/|test\/unit\/core\/|test\/helpers\/replica-view\.ts$)/,
+    forbids: (t) => file(t, /^src\/core\/(?!index\.ts$)/),
+  },
 ];
 
 describe("import graph", () => {

@@ -1,8 +1,8 @@
 /** Worker endpoint -> `ip:port` per rank (#24): parsing, IPv6 brackets, the resolver cache, rank ports. */
 import { describe, expect, it } from "vitest";
 
-import { ManualClock } from "../../../src/core/time.js";
-import type { WorkerCatalogRecord } from "../../../src/core/types.js";
+import { ManualClock } from "../../../src/core/index.js";
+import type { WorkerCatalogRecord } from "../../../src/core/index.js";
 import { joinHostPort, parseWorkerEndpoint, RESOLVED_TTL_MS, splitHostPort, UNRESOLVED_TTL_MS, WorkerEndpoints } from "../../../src/extproc/worker-endpoints.js";
 
 const rec = (endpoint: string | null, dp: Partial<Pick<WorkerCatalogRecord, "data_parallel_start_rank" | "data_parallel_size">> = {}): WorkerCatalogRecord =>

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 
-import { seededRandom } from "../../../src/core/random.js";
-import { KvmeshError } from "../../../src/core/errors.js";
+import { seededRandom } from "../../../src/core/index.js";
+import { KvmeshError } from "../../../src/core/index.js";
 import { parseJsonBytes } from "../../../src/http/json.js";
 import { parseSelectRequest } from "../../../src/http/schemas.js";
 import { parseJsonBytesWithTokenIds } from "../../../src/http/token-ids.js";

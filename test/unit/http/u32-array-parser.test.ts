@@ -2,7 +2,7 @@ import { readFileSync } from "node:fs";
 
 import { describe, expect, it } from "vitest";
 
-import { seededRandom } from "../../../src/core/random.js";
+import { seededRandom } from "../../../src/core/index.js";
 import { parseJsonBytes } from "../../../src/http/json.js";
 import { parseJsonBytesWithTokenIds } from "../../../src/http/token-ids.js";
 import { WASM_MIN_BYTES, WasmU32ArrayParser } from "../../../src/http/u32-array-parser.js";

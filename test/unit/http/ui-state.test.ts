@@ -5,9 +5,9 @@ import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../../src/core/errors.js";
+import { KvmeshError } from "../../../src/core/index.js";
 
-import type { ModelLoadResponse, WorkerCatalogRecord } from "../../../src/core/types.js";
+import type { ModelLoadResponse, WorkerCatalogRecord } from "../../../src/core/index.js";
 import { loadUiAssets, UI_ASSET_FILES } from "../../../src/http/ui/ui-assets.js";
 import { StatusPage } from "../../../src/http/ui/ui-routes.js";
 import {

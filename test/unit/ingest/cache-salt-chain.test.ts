@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import type { KvEvent } from "../../../src/core/kv-events.js";
+import type { KvEvent } from "../../../src/core/index.js";
 import { CacheSaltChain } from "../../../src/ingest/cache-salt-chain.js";
 
 const stored = (hashes: bigint[], parent: bigint | null, cacheSalt?: string): Extract<KvEvent, { type: "stored" }> => ({

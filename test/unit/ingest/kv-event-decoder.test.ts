@@ -1,7 +1,7 @@
 import { Unpackr } from "msgpackr";
 import { describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../../src/core/errors.js";
+import { KvmeshError } from "../../../src/core/index.js";
 import {
   decodeKvEventBatch,
   decodeKvEventBatchCapped,

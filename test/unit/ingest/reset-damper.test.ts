@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../../src/core/errors.js";
+import { KvmeshError } from "../../../src/core/index.js";
 
-import { ManualClock } from "../../../src/core/time.js";
+import { ManualClock } from "../../../src/core/index.js";
 import { MAX_RESETS_PER_WINDOW, RESET_DAMPING_WINDOW_MS, ResetDamper } from "../../../src/ingest/reset-damper.js";
 
 describe("ResetDamper (#17 F10)", () => {

@@ -1,7 +1,7 @@
 import { pino } from "pino";
 import { describe, expect, it } from "vitest";
 
-import { ManualClock, ManualTimers } from "../../../src/core/time.js";
+import { ManualClock, ManualTimers } from "../../../src/core/index.js";
 import { DnsPeerDiscovery, isDnsPeer, parseDnsPeer, type Resolve } from "../../../mesh/dns-peers.js";
 
 const SELF = "tcp://10.0.0.1:7100";

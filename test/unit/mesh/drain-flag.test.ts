@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 
-import type { ReplicaEvent } from "../../../src/core/replication/registry.js";
-import { MAX_DRAINING_ORIGINS } from "../../../src/core/replication/drain-kind.js";
+import type { ReplicaEvent } from "../../../src/core/index.js";
+import { MAX_DRAINING_ORIGINS } from "../../../src/core/index.js";
 import { decodeBatch, decodeSnapshot, encodeBatch, encodeSnapshot } from "../../../mesh/wire.js";
 import { makeService } from "../../helpers/core-fixtures.js";
 

@@ -7,7 +7,7 @@ import {
   parseBindEndpoint,
   parsePeerEndpoint,
 } from "../../../mesh/endpoints.js";
-import { KvmeshError } from "../../../src/core/errors.js";
+import { KvmeshError } from "../../../src/core/index.js";
 
 function expectBad(f: () => unknown, fragment: string): void {
   try {

@@ -1,7 +1,7 @@
 import { pino } from "pino";
 import { describe, expect, it } from "vitest";
-import { ManualClock, ManualTimers } from "../../../src/core/time.js";
-import type { CatalogEvent, LoadEvent, WorkerStatusEvent } from "../../../src/core/replica-events.js";
+import { ManualClock, ManualTimers } from "../../../src/core/index.js";
+import type { CatalogEvent, LoadEvent, WorkerStatusEvent } from "../../../src/core/index.js";
 import { DEPARTED_IGNORE_MS, MeshInbound, MAX_CONCURRENT_SNAPSHOT_PULLS, WORKER_CHANGE_RESNAPSHOT_DELAY_MS, type InboundMembership } from "../../../mesh/inbound.js";
 import { DEFAULT_SNAPSHOT_TIMEOUT_MS } from "../../../mesh/origin-tracker.js";
 import { DEFAULT_DOWN_AFTER_MS, DEFAULT_SUSPECT_AFTER_MS } from "../../../mesh/peer-health.js";

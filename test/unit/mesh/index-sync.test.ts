@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 
 import { decodeIndexSyncReply, decodeIndexSyncRequest, encodeIndexSyncRequest, IndexSyncServer, isIndexSyncRequest } from "../../../mesh/index-sync.js";
 import { MeshRemoteError, MeshWireError } from "../../../mesh/errors.js";
-import { decodeIndexChunk } from "../../../src/core/index-snapshot.js";
+import { decodeIndexChunk } from "../../../src/core/index.js";
 import { makeService, storedBatch, tokens, worker } from "../../helpers/core-fixtures.js";
 
 function server() {

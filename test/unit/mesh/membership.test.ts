@@ -1,7 +1,7 @@
 import { pino } from "pino";
 import { describe, expect, it } from "vitest";
-import { ManualClock } from "../../../src/core/time.js";
-import { KvmeshError } from "../../../src/core/errors.js";
+import { ManualClock } from "../../../src/core/index.js";
+import { KvmeshError } from "../../../src/core/index.js";
 import { MAX_CONCURRENT_STATUS_CHECKS, Membership, SILENT_PEER_REDIAL_MAX_MS, SILENT_PEER_REDIAL_MS, SLOT_REFRESH_MS } from "../../../mesh/membership.js";
 import type { PeerState } from "../../../mesh/peer-health.js";
 import type { ControlRequest } from "../../../mesh/types.js";

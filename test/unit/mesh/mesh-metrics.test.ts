@@ -9,7 +9,7 @@ import { LAG_BUCKETS_SECONDS, registerLagMetrics, registerMeshMetrics, type Mesh
 import { LAG_BUCKETS_MS, MeshReceiver } from "../../../mesh/origin-tracker.js";
 import { PeerHealth } from "../../../mesh/peer-health.js";
 import type { MeshBatch } from "../../../mesh/types.js";
-import { ManualClock } from "../../../src/core/time.js";
+import { ManualClock } from "../../../src/core/index.js";
 
 const A = 0xa000_0000_0000_0001n;
 const B = 0xb000_0000_0000_0002n;

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 
 import { MeshOptionError } from "../../../mesh/errors.js";
 
-import { ManualClock } from "../../../src/core/time.js";
+import { ManualClock } from "../../../src/core/index.js";
 import type { Heartbeat, MeshBatch, Snapshot } from "../../../mesh/types.js";
 import {
   DEFAULT_SNAPSHOT_TIMEOUT_MS,

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 
 import { MeshOptionError } from "../../../mesh/errors.js";
 
-import { hashListFromBigInts } from "../../../src/core/hash64.js";
+import { hashListFromBigInts } from "../../../src/core/index.js";
 import type { MeshEvent } from "../../../mesh/types.js";
 import { DEFAULT_BATCH_MAX_EVENTS, DEFAULT_OUTBOUND_MAX_EVENTS, OutboundQueue } from "../../../mesh/outbound-queue.js";
 import { estimateEventBytes, MAX_EVENTS_PER_BATCH } from "../../../mesh/wire.js";

@@ -1,8 +1,8 @@
 import { pino } from "pino";
 import { describe, expect, it } from "vitest";
 
-import { ManualClock, ManualTimers } from "../../../src/core/time.js";
-import type { LoadAggregates } from "../../../src/core/replica-events.js";
+import { ManualClock, ManualTimers } from "../../../src/core/index.js";
+import type { LoadAggregates } from "../../../src/core/index.js";
 import { DEFAULT_MESH_AGGREGATE_FLUSH_INTERVAL_MS, MeshPublisher, type CoalescedSource, type PublishLink } from "../../../mesh/publisher.js";
 import { TOPIC_BATCH, type MeshEvent } from "../../../mesh/types.js";
 import { decodeBatch } from "../../../mesh/wire.js";

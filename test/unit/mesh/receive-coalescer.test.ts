@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import type { BindingEvent, LoadAggregates } from "../../../src/core/replica-events.js";
+import type { BindingEvent, LoadAggregates } from "../../../src/core/index.js";
 import { MAX_MERGED_EVENTS, MAX_PENDING_EVENTS, mergeLoads, ReceiveCoalescer, type ReceivedEntry } from "../../../mesh/receive-coalescer.js";
 import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type MeshEvent } from "../../../mesh/types.js";
 import { encodeBatch, encodeHeartbeat } from "../../../mesh/wire.js";

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { ManualClock } from "../../../src/core/time.js";
+import { ManualClock } from "../../../src/core/index.js";
 import type { PeerView } from "../../../mesh/membership.js";
 import { StartupSync, type StartupSyncOutcome } from "../../../mesh/startup-sync.js";
 

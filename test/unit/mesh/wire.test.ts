@@ -1,10 +1,10 @@
 import { Packr, Unpackr } from "msgpackr";
 import { describe, expect, it } from "vitest";
 
-import { catalogWorkerOf, MAX_WORKER_STATUS_REASONS } from "../../../src/core/catalog-replication.js";
-import { hashListFromBigInts, hashListToBigInts } from "../../../src/core/hash64.js";
-import type { BindingEvent, CatalogEvent, LoadAddEvent, WorkerStatusEvent } from "../../../src/core/replica-events.js";
-import { workerDraft } from "../../../src/core/worker-catalog.js";
+import { catalogWorkerOf, MAX_WORKER_STATUS_REASONS } from "../../../src/core/index.js";
+import { hashListFromBigInts, hashListToBigInts } from "../../../src/core/index.js";
+import type { BindingEvent, CatalogEvent, LoadAddEvent, WorkerStatusEvent } from "../../../src/core/index.js";
+import { workerDraft } from "../../../src/core/index.js";
 import { ReceiveCoalescer } from "../../../mesh/receive-coalescer.js";
 import { MAX_TRACE_CAUSES_PER_BATCH, type ControlReply, type ControlRequest, type Heartbeat, type MeshBatch, type MeshEvent, type Snapshot } from "../../../mesh/types.js";
 import {

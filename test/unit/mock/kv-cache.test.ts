@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { hashListFromBigInts } from "../../../src/core/hash64.js";
+import { hashListFromBigInts } from "../../../src/core/index.js";
 import { PagedKvCache } from "../../../src/mock/kv-cache.js";
 
 const chain = (...hashes: number[]): Uint32Array => hashListFromBigInts(hashes.map(BigInt));

@@ -1,11 +1,11 @@
 import { describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../../src/core/errors.js";
-import { hashListToBigInts } from "../../../src/core/hash64.js";
-import { computeBlockHashes, computeSequenceHashes } from "../../../src/core/hashing.js";
+import { KvmeshError } from "../../../src/core/index.js";
+import { hashListToBigInts } from "../../../src/core/index.js";
+import { computeBlockHashes, computeSequenceHashes } from "../../../src/core/index.js";
 import type { MockKvEvent } from "../../../src/mock/kv-event-publisher.js";
 import { MockEngine, type EngineResult, type EngineStepInfo, type MockEngineConfig } from "../../../src/mock/mock-engine.js";
-import { ManualTimers, type Timers } from "../../../src/core/time.js";
+import { ManualTimers, type Timers } from "../../../src/core/index.js";
 
 const BLOCK = 4;
 

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { ManualTimers } from "../../../src/core/time.js";
+import { ManualTimers } from "../../../src/core/index.js";
 import { MockEngine, type EngineResult, type EngineStepInfo, type MockEngineConfig } from "../../../src/mock/mock-engine.js";
 import { DEFAULT_STEP_TIME, prefillPairs, stepTimeMs, stepTimeParams, type StepTimeParams } from "../../../src/mock/step-time.js";
 

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../../src/core/errors.js";
+import { KvmeshError } from "../../../src/core/index.js";
 import { parseTraceLine, readTrace, writeTrace, type TraceRecord } from "../../../src/mock/trace.js";
 import { kvmeshErrorOf } from "../../helpers/errors.js";
 

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../../src/core/errors.js";
+import { KvmeshError } from "../../../src/core/index.js";
 import { MAX_CHAT_MESSAGES, MAX_JSON_DEPTH } from "../../../src/openai/limits.js";
 import { checkOpenAIBody, openAIKindOfPath, parseOpenAIRequest } from "../../../src/openai/parse-request.js";
 import type { OpenAIKind } from "../../../src/tokenize/contract.js";
