@@ -12,6 +12,7 @@ import { aggregateRow, partitionRef, type Partition } from "./partition.js";
 import type { AddedBooking, LoadAggregateRow, LoadAggregates, OriginAggregates, PartitionRef } from "./replica-events.js";
 import type { ServiceCounters } from "./service-stats.js";
 import { partitionKey } from "./worker-catalog.js";
+import type { MissedPeerState } from "./replication/missed-state.js";
 
 export interface LoadAggregatesOptions {
   readonly clock: Clock;
@@ -22,6 +23,8 @@ export interface LoadAggregatesOptions {
     partition(key: string): Partition | undefined;
     partitions(): IterableIterator<Partition>;
   };
+  /** Where a peer's non-zero totals for workers not known here are noted (re-pulled when they register). */
+  readonly missed?: MissedPeerState;
 }
 
 /** Per partition: what was last published per rank key (requests), for the heartbeat's count. */
@@ -206,7 +209,7 @@ export class LoadAggregation {
       if (m.origin === self || m.origin === sender) continue;
       const direct = (this.#heardAt.has(m.origin) || this.#idsByOrigin.has(m.origin)) && !this.#indirect.has(m.origin);
       if (direct) continue;
-      this.#install(m.origin, m.aggregates);
+      this.#install(m.origin, m.aggregates, sender);
       this.#indirect.add(m.origin);
       adopted++;
     }
@@ -222,6 +225,7 @@ export class LoadAggregation {
     const { counters } = this.#o;
     if (p === undefined || p.blockSize !== a.block_size) {
       counters.replicaEventsIgnored += a.rows.length;
+      this.#noteUnplaced(origin, a.rows);
       return 0;
     }
     let applied = 0;
@@ -229,6 +233,7 @@ export class LoadAggregation {
       const rank = p.ranks.get(r.worker_id, r.dp_rank);
       if (rank === undefined) {
         counters.replicaEventsIgnored++;
+        this.#noteUnplaced(origin, [r]);
         continue;
       }
       p.mirrored.set(origin, rank, r.prefill_tokens, r.blocks, r.requests);
@@ -246,18 +251,23 @@ export class LoadAggregation {
     return this.#install(origin, snapshot);
   }
 
-  #install(origin: bigint, snapshot: readonly LoadAggregates[]): number {
+  /** `sender`: whose snapshot carried these totals (re-pulled if some could not be placed). */
+  #install(origin: bigint, snapshot: readonly LoadAggregates[], sender = origin): number {
     this.#dropIds(origin);
     for (const a of snapshot) this.#indexIds(origin, a);
     const byPartition = new Map<Partition, [number, { prefillTokens: number; blocks: number; requests: number }][]>();
     for (const a of snapshot) {
       const p = this.#o.fleet.partition(partitionKey(a.partition.model_name, a.partition.routing_group));
-      if (p === undefined || p.blockSize !== a.block_size) continue;
+      if (p === undefined || p.blockSize !== a.block_size) {
+        this.#noteUnplaced(sender, a.rows);
+        continue;
+      }
       const rows = byPartition.get(p) ?? [];
       byPartition.set(p, rows);
       for (const r of a.rows) {
         const rank = p.ranks.get(r.worker_id, r.dp_rank);
         if (rank !== undefined) rows.push([rank, { prefillTokens: r.prefill_tokens, blocks: r.blocks, requests: r.requests }]);
+        else this.#noteUnplaced(sender, [r]);
       }
     }
     let requests = 0;
@@ -267,6 +277,13 @@ export class LoadAggregation {
     }
     this.#heardAt.set(origin, this.#o.clock.now());
     return requests;
+  }
+
+  /** Non-zero rows for workers not known here: their sender is re-pulled once they register (missed-state.ts). A zero row (a rank that left) is nothing missing. */
+  #noteUnplaced(sender: bigint, rows: readonly LoadAggregateRow[]): void {
+    const missed = this.#o.missed;
+    if (missed === undefined) return;
+    for (const r of rows) if (r.requests > 0 || r.blocks > 0 || r.prefill_tokens > 0) missed.note(sender, r.worker_id);
   }
 
   /** Forgets a peer's totals everywhere; returns the requests they held. */

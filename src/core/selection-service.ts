@@ -28,6 +28,7 @@ import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
 import { LOAD_STRATEGIES } from "./replication/load-strategies.js";
 import type { LoadStrategy } from "./replication/load-strategy.js";
 import { Replication, type ReplicationPort } from "./replication/port.js";
+import { MissedPeerState } from "./replication/missed-state.js";
 import type { BindingEvent, LoadReplication } from "./replica-events.js";
 import { randomUuid, validateId } from "./request-ids.js";
 import { ReservationBook } from "./reservations.js";
@@ -176,7 +177,9 @@ export class SelectionService {
         this.#load.noteFreed(owner, id);
       },
     });
+    const missed = new MissedPeerState();
     this.#load = LOAD_STRATEGIES[o.loadReplication]({
+      missed,
       replicaId: o.replicaId,
       clock: o.clock,
       counters,
@@ -207,9 +210,10 @@ export class SelectionService {
       setSlot: (slot) => {
         this.#chooser.setTieSpreader(slot === null ? undefined : new TieSpreader(slot, this.#random));
       },
+      missed,
     });
-    this.#fleet.onWorkerChange(() => {
-      this.#replication.workersChanged();
+    this.#fleet.onWorkerChange((c) => {
+      this.#replication.workersChanged(c.workerId, c.record === null);
     });
   }
 

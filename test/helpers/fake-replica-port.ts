@@ -23,6 +23,8 @@ export class FakeReplicaPort implements ReplicaPort {
   readonly replaced: { origin: bigint; bookings: readonly SnapshotBooking[] }[] = [];
   readonly dropped: bigint[] = [];
   readonly owned = new Map<bigint, number>();
+  /** Origins that said they are leaving (describe(origin).draining). */
+  readonly leaving = new Set<bigint>();
   readonly appliedCatalog: CatalogEvent[] = [];
   readonly appliedStatuses: { origin: bigint; e: WorkerStatusEvent }[] = [];
   readonly replacedStatuses: { origin: bigint; statuses: readonly WorkerStatusEvent[] }[] = [];
@@ -86,7 +88,7 @@ export class FakeReplicaPort implements ReplicaPort {
   }
 
   describe(origin: bigint): OriginFacts {
-    return { bookings: this.owned.get(origin) ?? 0 };
+    return { bookings: this.owned.get(origin) ?? 0, ...(this.leaving.has(origin) ? { draining: true as const } : {}) };
   }
 
   #emit(e: ReplicaEvent, what: string): void {
@@ -110,8 +112,9 @@ export class FakeReplicaPort implements ReplicaPort {
   changeLoad(): void {
     this.#link?.pending?.();
   }
-  workerChanged(): void {
-    this.#link?.workersChanged?.();
+  /** A worker changed here, and `origins` had sent load for it that could not be placed. */
+  workerChanged(origins: readonly bigint[]): void {
+    this.#link?.workersChanged?.(origins);
   }
   /** What the core does before each decision: the link's held inbound messages apply. */
   drainInbound(): void {

@@ -5,7 +5,7 @@
  * entries with a reservation row whose owner is the peer, so selection reads them like its own.
  */
 import type { Partition } from "../partition.js";
-import { ReorderState, type BookingSnapshot, type LoadAggregates, type LoadEvent } from "../replica-events.js";
+import { ReorderState, type BookingSnapshot, type LoadAddEvent, type LoadAggregates, type LoadEvent } from "../replica-events.js";
 import { partitionKey } from "../worker-catalog.js";
 import type { LoadSnapshotPart, LoadStrategy, LoadStrategyOptions } from "./load-strategy.js";
 
@@ -59,11 +59,11 @@ export class ExactLoad implements LoadStrategy {
     switch (e.type) {
       case "add": {
         const p = fleet.partition(partitionKey(e.partition.model_name, e.partition.routing_group));
-        if (p === undefined || e.block_size !== p.blockSize) return this.#ignored();
+        if (p === undefined || e.block_size !== p.blockSize) return this.#unplaced(e);
         if (this.#reorder.hasTombstone(key, now)) return this.#ignored();
         if (book.has(e.request_id) || p.ledger.has(e.request_id)) return this.#ignored();
         const rank = p.ranks.get(e.worker_id, e.dp_rank);
-        if (rank === undefined) return this.#ignored();
+        if (rank === undefined) return this.#unplaced(e);
         p.ledger.add(e.request_id, rank, e.sequence_hashes, {
           prefillTokens: e.prefill_tokens,
           trackPrefill: e.track_prefill,
@@ -105,6 +105,12 @@ export class ExactLoad implements LoadStrategy {
   #ignored(): false {
     this.#o.counters.replicaEventsIgnored++;
     return false;
+  }
+
+  /** An add for a worker not known here (yet): ignored, and its sender noted for a re-pull (missed-state.ts). */
+  #unplaced(e: LoadAddEvent): false {
+    this.#o.missed?.note(e.origin, e.worker_id);
+    return this.#ignored();
   }
 
   /**

@@ -15,6 +15,7 @@ import type { Partition } from "../partition.js";
 import type { BookingSnapshot, LoadAggregates, LoadEvent, LoadReplication, OriginAggregates } from "../replica-events.js";
 import type { ReservationBook } from "../reservations.js";
 import type { ServiceCounters } from "../service-stats.js";
+import type { MissedPeerState } from "./missed-state.js";
 
 /** What a snapshot carries of an origin's load (the wire keeps these names). */
 export interface LoadSnapshotPart {
@@ -38,6 +39,8 @@ export interface LoadStrategyOptions {
   readonly emit: (e: LoadEvent) => void;
   /** Coalesced totals changed: the subscriber takes them (collect) at its pace. */
   readonly pending: () => void;
+  /** Where peers' load for workers not known here is noted (re-pulled when they register). */
+  readonly missed?: MissedPeerState;
 }
 
 export interface LoadStrategy {

@@ -13,6 +13,7 @@ import type { LoadReplication } from "../replica-events.js";
 import type { ReplicaSlot } from "../tie-spread.js";
 import type { LoadStrategy } from "./load-strategy.js";
 import type { LocalLifecycle, ReplicaParts } from "./kind.js";
+import type { MissedPeerState } from "./missed-state.js";
 import { REPLICA_KINDS, type AnyReplicaKind, type OriginFacts, type ReplicaEvent, type ReplicaSnapshot } from "./registry.js";
 
 /** What a replicator attaches to the port: where events go, and what it offers the core. */
@@ -24,8 +25,12 @@ export interface ReplicaLink {
    * `collect()` when your pacing allows.
    */
   pending?(): void;
-  /** Workers registered or changed here: peers' state for them may have been ignored before (re-pull). */
-  workersChanged?(): void;
+  /**
+   * A worker registered or changed here, and these origins had sent load for it that could not be
+   * placed before (missed-state.ts): re-pull their snapshots. Never called with none, so an
+   * idempotent re-registration or a PATCH costs peers nothing.
+   */
+  workersChanged?(origins: readonly bigint[]): void;
   /**
    * Applies whatever peers' messages the link holds (through `apply`): called before every
    * decision and view of the service, so each sees everything handed over so far.
@@ -68,6 +73,8 @@ export interface ReplicationOptions {
   readonly local: LocalLifecycle;
   /** Tie spreading on or off (a link's slot, or null). */
   readonly setSlot: (slot: (() => ReplicaSlot) | null) => void;
+  /** Peers' load that could not be placed, by worker (the load strategy notes it). */
+  readonly missed: MissedPeerState;
 }
 
 export class Replication implements ReplicationPort {
@@ -78,12 +85,14 @@ export class Replication implements ReplicationPort {
   readonly #byKind = new Map<string, AnyReplicaKind>();
   #links: ReplicaLink[] = [];
   readonly #setSlot: ReplicationOptions["setSlot"];
+  readonly #missed: MissedPeerState;
   #syncing = false;
 
   constructor(o: ReplicationOptions) {
     this.replicaId = o.replicaId;
     this.load = o.load;
     this.#setSlot = o.setSlot;
+    this.#missed = o.missed;
     const parts: ReplicaParts = { ...o.parts, replicaId: o.replicaId, load: o.load, local: o.local };
     const emit = (e: ReplicaEvent): void => {
       for (const l of this.#links) l.event(e);
@@ -163,8 +172,12 @@ export class Replication implements ReplicationPort {
     for (const l of this.#links) l.event(event);
   }
 
-  workersChanged(): void {
-    for (const l of this.#links) l.workersChanged?.();
+  /** `workerId` registered or changed here (null record: deleted, which adds nothing to place). */
+  workersChanged(workerId: bigint, deleted: boolean): void {
+    if (deleted) return;
+    const origins = this.#missed.take(workerId);
+    if (origins.length === 0) return;
+    for (const l of this.#links) l.workersChanged?.(origins);
   }
 
   /** Before a decision: what the links hold of peers' messages applies first (not re-entered). */
