@@ -41,15 +41,15 @@ export class ControlClient {
   }
 
   /** Sends `req`; rejects with MeshRemoteError on an error reply, as the transport does on failures. */
-  async request(endpoint: string, req: ControlRequest): Promise<ControlAnswer> {
-    const reply = decodeControlReply(await this.#link.request(endpoint, encodeControlRequest(req), this.#timeoutMs));
+  async request(endpoint: string, req: ControlRequest, timeoutMs = this.#timeoutMs): Promise<ControlAnswer> {
+    const reply = decodeControlReply(await this.#link.request(endpoint, encodeControlRequest(req), timeoutMs));
     if (reply.type === "error") throw new MeshRemoteError(endpoint, reply.message);
     return reply;
   }
 
-  /** Asks `endpoint` for a snapshot of its origin. */
-  async snapshot(endpoint: string, from: bigint): Promise<Snapshot> {
-    const reply = await this.request(endpoint, { type: "snapshot", from, publishEndpoint: this.#advertise });
+  /** Asks `endpoint` for a snapshot of its origin (`timeoutMs`: shorter for a first-contact probe, snapshot-pulls.ts). */
+  async snapshot(endpoint: string, from: bigint, timeoutMs?: number): Promise<Snapshot> {
+    const reply = await this.request(endpoint, { type: "snapshot", from, publishEndpoint: this.#advertise }, timeoutMs);
     if (reply.type !== "snapshot") throw new MeshRemoteError(endpoint, `unexpected control reply ${reply.type} to a snapshot request`);
     return reply.snapshot;
   }

@@ -14,7 +14,6 @@
  * through ReplicaPort's apply, install, describe and dropOrigin, and to membership through
  * InboundMembership only.
  */
-import PQueue from "p-queue";
 import type { Logger } from "pino";
 import type { Clock, TimerHandle, Timers } from "../src/core/index.js";
 import type { ControlClient } from "./control.js";
@@ -23,24 +22,22 @@ import { DEFAULT_MAX_TRACKED_ORIGINS, MeshReceiver, type LagObserver, type Origi
 import { PeerHealth, type PeerState } from "./peer-health.js";
 import type { ReceivedEntry } from "./receive-coalescer.js";
 import type { ReplicaPort } from "./replica-port.js";
+import { SnapshotPulls } from "./snapshot-pulls.js";
 import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type Snapshot } from "./types.js";
 import type { AppliedBatch, MeshApplyTracer } from "../src/util/trace-cause.js";
 
 export type { AppliedBatch, MeshApplyTracer };
 import { decodeBatch, decodeHeartbeat } from "./wire.js";
 
-/** Debounce between a worker (re)registration and re-pulling peers' snapshots, ms. */
+/** Debounce between a worker (re)registration and re-pulling the peers that sent load for it, ms. */
 export const WORKER_CHANGE_RESNAPSHOT_DELAY_MS = 50;
 /**
- * Snapshot requests in flight at once. Each holds a DEALER socket for up to the control timeout;
- * unbounded, heartbeats with forged origin ids pointing at a silent endpoint had one open per
- * tracked origin (1,023 measured) and exhausted libzmq's socket limit, so KV listeners and real
- * snapshot requests failed with "Too many open file descriptors". A mesh has tens of peers;
- * an origin over the bound stays due and is asked on a later housekeeping tick (250 ms), and
- * is counted (`snapshotPullsDeferred`). Pulls by endpoint (first contact, origin unknown) wait
- * in the queue instead: nothing else would retry them.
+ * Snapshot pulls in flight at once (snapshot-pulls.ts says why the bound); an origin over it stays
+ * due and is asked on a later housekeeping tick (250 ms), and is counted (`snapshotPullsDeferred`).
+ * First-contact probes (origin unknown) wait in a queue of their own instead: nothing else would
+ * retry them.
  */
-export const MAX_CONCURRENT_SNAPSHOT_PULLS = 16;
+export { MAX_CONCURRENT_SNAPSHOT_PULLS } from "./snapshot-pulls.js";
 /** Consecutive heartbeats with a booking count unlike ours (at the same seq) that force a snapshot. */
 export const DIVERGENT_HEARTBEATS_FOR_RESYNC = 2;
 
@@ -73,6 +70,10 @@ export interface InboundStats {
   snapshotPullsDeferred: number;
   /** Origins declared down whose mirrored bookings or totals were dropped (see #originDown). */
   downOriginsDropped: number;
+  /** Origins declared down that had said they were leaving: their bookings kept (G8, see #originDown). */
+  leftOriginsKept: number;
+  /** Pulls sent by refreshSoon: origins whose load for a worker unknown then could now be placed (G6). */
+  missedStatePulls: number;
 }
 
 export interface MeshInboundOptions {
@@ -106,6 +107,8 @@ export class MeshInbound {
     divergenceResyncs: 0,
     snapshotPullsDeferred: 0,
     downOriginsDropped: 0,
+    leftOriginsKept: 0,
+    missedStatePulls: 0,
   };
   readonly receiver: MeshReceiver;
   readonly health: PeerHealth;
@@ -117,17 +120,35 @@ export class MeshInbound {
   /** Consecutive heartbeats whose counts disagreed with what we mirror, per origin. */
   readonly #mismatch = new Map<bigint, number>();
   readonly #inflight = new Set<bigint>();
+  /** The request side: lanes, one request per endpoint, unreachable endpoints (snapshot-pulls.ts). */
+  readonly #snapshots: SnapshotPulls;
+  /** Origins to re-pull once the debounce after a worker change ends (refreshSoon). */
+  readonly #refreshOrigins = new Set<bigint>();
   /** Origins deregistered here -> when, monotonic ms (see forget). */
   readonly #departed = new Map<bigint, number>();
   /** Origins adopted from peers' snapshots and not heard from directly yet -> when, monotonic ms (#expireAdopted). */
   readonly #adopted = new Map<bigint, number>();
-  readonly #pulls = new PQueue({ concurrency: MAX_CONCURRENT_SNAPSHOT_PULLS });
   #refreshTimer: TimerHandle | undefined;
   #closed = false;
 
   constructor(o: MeshInboundOptions) {
     this.#o = o;
     this.#log = o.logger;
+    this.#snapshots = new SnapshotPulls({
+      control: o.control,
+      self: o.origin,
+      logger: o.logger,
+      heard: (ep) => {
+        for (const c of this.#control.values()) if (c === ep) return true;
+        return false;
+      },
+      install: (snapshot, ep, refresh) => {
+        this.#install(snapshot, ep, refresh);
+      },
+      onFailure: () => {
+        this.stats.snapshotFailures++;
+      },
+    });
     this.health = new PeerHealth({
       ...(o.suspectAfterMs === undefined ? {} : { suspectAfterMs: o.suspectAfterMs }),
       ...(o.downAfterMs === undefined ? {} : { downAfterMs: o.downAfterMs }),
@@ -304,7 +325,17 @@ export class MeshInbound {
   #originDown(origin: bigint): void {
     this.receiver.forget(origin);
     this.#mismatch.delete(origin);
-    this.#dropDown(origin, "mesh peer down: its mirrored bookings dropped (a full snapshot is pulled when it is heard again)");
+    // Its endpoint now belongs to whatever process runs there next (a restart is a new origin):
+    // kept, each restart left one more origin for every refresh to pull from there (G7).
+    this.#control.delete(origin);
+    if (this.#o.port.describe(origin).draining === true) {
+      // It said it was leaving (a clean shutdown, G8): its bookings stay until freed or expired,
+      // and a free for one at any replica still counts it out.
+      this.stats.leftOriginsKept++;
+      this.#log.info({ origin: origin.toString() }, "mesh peer left (it said it was leaving): its mirrored bookings kept until freed or expired");
+    } else {
+      this.#dropDown(origin, "mesh peer down: its mirrored bookings dropped (a full snapshot is pulled when it is heard again)");
+    }
     this.#pruneDown();
   }
 
@@ -344,28 +375,27 @@ export class MeshInbound {
 
   pullSnapshot(controlEndpoint: string, origin: bigint | null, refresh = false): void {
     if (this.#closed) return;
-    if (origin !== null) {
-      if (this.#inflight.has(origin)) return;
-      if (this.#pulls.pending + this.#pulls.size >= MAX_CONCURRENT_SNAPSHOT_PULLS) {
-        const n = ++this.stats.snapshotPullsDeferred;
-        if (n === 1 || n % 1000 === 0) this.#log.warn({ deferred_total: n, in_flight: this.#pulls.pending }, "snapshot pulls at their bound: deferred (retried by housekeeping)");
-        return;
-      }
-      this.#inflight.add(origin);
-      if (!refresh) this.receiver.snapshotRequested(origin, this.#o.clock.now());
+    if (origin === null) {
+      this.#snapshots.probe(controlEndpoint);
+      return;
     }
-    void this.#pulls
-      .add(async () => {
-        const snapshot = await this.#o.control.snapshot(controlEndpoint, this.#o.origin);
-        this.#install(snapshot, controlEndpoint, refresh);
-      })
-      .catch((err: unknown) => {
-        this.stats.snapshotFailures++;
-        if (!this.#closed) this.#log.debug({ err, control: controlEndpoint }, "snapshot request failed (retried)");
-      })
-      .finally(() => {
-        if (origin !== null) this.#inflight.delete(origin);
-      });
+    // One request per endpoint: the one in flight answers for whatever process runs there (G7).
+    if (this.#inflight.has(origin) || this.#snapshots.busy(controlEndpoint)) return;
+    if (this.#snapshots.full) {
+      const n = ++this.stats.snapshotPullsDeferred;
+      if (n === 1 || n % 1000 === 0) this.#log.warn({ deferred_total: n, in_flight: this.#snapshots.inFlight }, "snapshot pulls at their bound: deferred (retried by housekeeping)");
+      return;
+    }
+    this.#inflight.add(origin);
+    if (!refresh) this.receiver.snapshotRequested(origin, this.#o.clock.now());
+    this.#snapshots.pull(controlEndpoint, refresh, () => {
+      this.#inflight.delete(origin);
+    });
+  }
+
+  /** Whether the first-contact probe of `controlEndpoint` failed and nothing was heard from there since (startup-sync.ts). */
+  unreachable(controlEndpoint: string): boolean {
+    return this.#snapshots.unreachable(controlEndpoint);
   }
 
   #install(s: Snapshot, controlEndpoint: string, refresh: boolean): void {
@@ -402,14 +432,26 @@ export class MeshInbound {
   }
 
   /**
-   * Peers' bookings for a worker this replica did not know were ignored when they arrived; once
-   * workers register, pull fresh snapshots (debounced: a fleet registers in a burst).
+   * `origins` sent load for a worker this replica did not know, ignored when it arrived
+   * (src/core/replication/missed-state.ts); the worker is known now, so pull their fresh
+   * snapshots, debounced (a fleet registers in a burst), one per control endpoint. Before, every
+   * worker change re-pulled every origin ever heard (G6, G7).
    */
-  refreshSoon(): void {
-    if (this.#refreshTimer !== undefined || this.#closed) return;
+  refreshSoon(origins: readonly bigint[]): void {
+    if (this.#closed) return;
+    for (const o of origins) this.#refreshOrigins.add(o);
+    if (this.#refreshTimer !== undefined || this.#refreshOrigins.size === 0) return;
     this.#refreshTimer = this.#o.timers.setTimeout(() => {
       this.#refreshTimer = undefined;
-      for (const [origin, control] of this.#control) this.pullSnapshot(control, origin, true);
+      const endpoints = new Set<string>();
+      for (const origin of this.#refreshOrigins) {
+        const control = this.#control.get(origin);
+        if (control === undefined || endpoints.has(control)) continue;
+        endpoints.add(control);
+        this.stats.missedStatePulls++;
+        this.pullSnapshot(control, origin, true);
+      }
+      this.#refreshOrigins.clear();
     }, WORKER_CHANGE_RESNAPSHOT_DELAY_MS);
   }
 
@@ -449,14 +491,14 @@ export class MeshInbound {
     return this.receiver.tracker(origin)?.stats();
   }
 
-  /** Snapshot pulls running now. */
+  /** Snapshot pulls running now (first-contact probes not included). */
   get pullsInFlight(): number {
-    return this.#pulls.pending;
+    return this.#snapshots.inFlight;
   }
 
   close(): void {
     this.#closed = true;
     this.#refreshTimer?.cancel();
-    this.#pulls.clear();
+    this.#snapshots.close();
   }
 }

@@ -293,9 +293,17 @@ export class Membership implements InboundMembership, PeeringRequests {
     }
   }
 
-  /** Forgets a deregistered origin and drops the bookings we mirror of it. */
+  /**
+   * Forgets a deregistered origin and drops the bookings we mirror of it, unless it said it was
+   * leaving (G8): a replica that shut down cleanly vanishes from DNS, and its peers deregister it,
+   * while the requests it routed still run; their bookings stay until freed or expired.
+   */
   forgetOrigin(origin: bigint): void {
     this.#o.inbound.forget(origin);
+    if (this.#o.port.describe(origin).draining === true) {
+      this.#log.info({ origin: origin.toString() }, "peer deregistered after saying it was leaving: its mirrored bookings kept until freed or expired");
+      return;
+    }
     const dropped = this.#o.port.dropOrigin(origin);
     this.#log.info({ origin: origin.toString(), dropped }, "peer deregistered: its mirrored bookings dropped");
   }

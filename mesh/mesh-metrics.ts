@@ -33,6 +33,10 @@ export interface MeshStats {
   snapshotPullsDeferred: number;
   /** Peers declared down whose mirrored state was dropped. */
   downOriginsDropped: number;
+  /** Peers declared down that had said they were leaving: their bookings kept (G8). */
+  leftOriginsKept: number;
+  /** Snapshot pulls sent to re-place load that arrived for workers not known yet (G6). */
+  missedStatePulls: number;
   /** Trace causes (tracing on) left out of a batch that already carried the maximum. */
   traceCausesDropped: number;
   /** Receive thread (0 without one): hand-overs to the main thread, batches folded into the one before, threads restarted. */
@@ -77,6 +81,8 @@ const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: CountS
   ["kvmesh_mesh_divergence_resyncs_total", "Snapshots forced by heartbeat count mismatches.", "divergenceResyncs"],
   ["kvmesh_mesh_trace_causes_dropped_total", "Tracing on: requests whose trace context was left out of the next mesh batch because it already carried 16 (their changes are sent all the same; only the peers' span links are missing).", "traceCausesDropped"],
   ["kvmesh_mesh_down_peer_drops_total", "Peers declared down (silent past the down timeout) whose mirrored bookings or totals were dropped; a full snapshot is pulled when one is heard again.", "downOriginsDropped"],
+  ["kvmesh_mesh_left_peer_keeps_total", "Peers declared down that had said they were leaving (a clean shutdown): their mirrored bookings or totals are kept until freed or expired.", "leftOriginsKept"],
+  ["kvmesh_mesh_missed_state_pulls_total", "Snapshot pulls of peers whose load had arrived for a worker not known here yet, sent once the worker registered (a worker change pulls nothing else).", "missedStatePulls"],
   ["kvmesh_mesh_receive_handovers_total", "Hand-overs from the mesh receive thread to the main thread (each applies everything received in one apply interval).", "receiveHandovers"],
   ["kvmesh_mesh_receive_batches_merged_total", "Peer batches the receive thread folded into the batch before them (main-thread applies saved).", "receiveBatchesMerged"],
   ["kvmesh_mesh_receive_thread_restarts_total", "Mesh receive threads started again after one died (peers re-snapshot on the seq gap).", "receiveThreadRestarts"],

@@ -27,6 +27,7 @@ import { registerLagMetrics, registerMeshMetrics, type MeshStats } from "./mesh-
 import { Membership, type PeerView } from "./membership.js";
 import { flushIntervalOf, MeshPublisher } from "./publisher.js";
 import type { ReplicaAttachment, ReplicaPort } from "./replica-port.js";
+import { controlEndpointFor } from "./endpoints.js";
 import { MeshTransport } from "./transport.js";
 import { DEFAULT_MESH_STARTUP_SYNC_SECS, StartupSync, type StartupSyncOutcome } from "./startup-sync.js";
 
@@ -177,6 +178,7 @@ export class ReplicaMesh {
       timeoutMs: o.startupSyncMs ?? DEFAULT_MESH_STARTUP_SYNC_SECS * MS_PER_SECOND,
       peers: () => this.#membership.list(),
       discovered: () => this.#dns?.resolvedOnce ?? true,
+      unreachable: (ep) => this.#inbound.unreachable(controlEndpointFor(ep)),
       onDone: (r: StartupSyncOutcome) => {
         if (r.reason === "synced") logger.info({ after_ms: Math.round(r.afterMs) }, "mesh startup sync done: every reachable peer's snapshot is in");
         else logger.warn({ after_ms: Math.round(r.afterMs), unsynced: r.unsynced }, "mesh startup sync timed out: ready without these peers' snapshots");
@@ -208,8 +210,8 @@ export class ReplicaMesh {
       pending: () => {
         this.#publisher.pending();
       },
-      workersChanged: () => {
-        this.#inbound.refreshSoon();
+      workersChanged: (origins) => {
+        this.#inbound.refreshSoon(origins);
       },
       // The core applies what the receive thread handed over before each decision and view.
       drainInbound: () => {
@@ -301,6 +303,8 @@ export class ReplicaMesh {
       redials: this.#membership.stats.redials,
       snapshotPullsDeferred: i.snapshotPullsDeferred,
       downOriginsDropped: i.downOriginsDropped,
+      leftOriginsKept: i.leftOriginsKept,
+      missedStatePulls: i.missedStatePulls,
       traceCausesDropped: p.traceCausesDropped,
       receiveHandovers: r?.handovers ?? 0,
       receiveBatchesMerged: r?.merged ?? 0,
@@ -393,8 +397,11 @@ export class ReplicaMesh {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
-    // Flush what is queued so peers see the last frees before we go.
+    // Flush what is queued so peers see the last frees before we go, and say we are leaving:
+    // peers then keep our bookings until they are freed or expire, instead of dropping them once
+    // we are down (G8). A shutdown through drain() said so already; saying it again is harmless.
     this.#dns?.close();
+    this.#publisher.enqueue({ kind: "drain", event: { draining: true } });
     await this.#publisher.close();
     this.#housekeeping.cancel();
     this.#inbound.close();

@@ -10,6 +10,8 @@
  *  - the first round of DNS discovery done (its peers are registered), and
  *  - every registered peer either synced (its origin is live, or a snapshot of it was installed)
  *    or heard from and then gone silent (suspect or down: it cannot answer, so it is not awaited),
+ *    or never heard, its first-contact probe failed, and UNREACHABLE_AFTER_MS have passed (a
+ *    dead DNS entry: 200 of them held a joiner for the whole timeout, issue 29's G15),
  * or once `timeoutMs` has passed since the start: a peer never heard from (unreachable, or listed
  * in DNS but gone) holds readiness that long at most. Later resyncs (a gap, a peer's restart)
  * do not turn `/ready` back: the replica already routes with what it has, and they take ms.
@@ -19,6 +21,12 @@ import type { PeerView } from "./membership.js";
 
 /** Default bound on the startup wait, s (`--mesh-startup-sync-secs`): several snapshot retries (1 s, doubling). */
 export const DEFAULT_MESH_STARTUP_SYNC_SECS = 10;
+/**
+ * A peer never heard whose probe failed stops holding the wait this long after the start, ms: the
+ * suspect timeout (3 s), six heartbeat intervals, so a live peer whose probe merely timed out
+ * (a large snapshot) has been heard by then and is awaited.
+ */
+export const UNREACHABLE_AFTER_MS = 3_000;
 
 export interface StartupSyncOptions {
   /** Monotonic, ms; the wait starts at construction. */
@@ -28,6 +36,8 @@ export interface StartupSyncOptions {
   readonly peers: () => readonly PeerView[];
   /** Whether DNS discovery has finished its first round (true without DNS peers). */
   readonly discovered: () => boolean;
+  /** Whether the peer at this publish endpoint was probed, did not answer, and was never heard (snapshot-pulls.ts). */
+  readonly unreachable?: (endpoint: string) => boolean;
   /** Called once when the wait ends, with why. */
   readonly onDone?: (outcome: StartupSyncOutcome) => void;
 }
@@ -42,6 +52,11 @@ export interface StartupSyncOutcome {
 /** Whether a peer no longer holds the wait: synced, or heard and then silent. */
 function settled(p: PeerView): boolean {
   return p.sync === "live" || p.snapshots > 0 || p.state === "suspect" || p.state === "down";
+}
+
+/** Whether a peer the wait gives up on early: never heard, and its probe failed (only after UNREACHABLE_AFTER_MS). */
+function unreachable(p: PeerView, probeFailed: ((endpoint: string) => boolean) | undefined): boolean {
+  return p.state === "connecting" && probeFailed?.(p.endpoint) === true;
 }
 
 export class StartupSync {
@@ -61,8 +76,11 @@ export class StartupSync {
    */
   pending(): string[] | null {
     if (this.#done) return null;
-    const waiting = this.#o.peers().filter((p) => !settled(p)).map((p) => p.endpoint);
     const elapsed = this.#o.clock.now() - this.#startedAtMs;
+    const giveUp = elapsed >= UNREACHABLE_AFTER_MS ? this.#o.unreachable : undefined;
+    const waiting = this.#o.peers()
+      .filter((p) => !settled(p) && !unreachable(p, giveUp))
+      .map((p) => p.endpoint);
     const synced = waiting.length === 0 && this.#o.discovered();
     if (!synced && elapsed < this.#o.timeoutMs) return waiting;
     this.#done = true;

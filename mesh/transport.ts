@@ -150,6 +150,9 @@ function positiveInt(name: string, value: number | undefined, fallback: number):
 
 const toError = (err: unknown): Error => (err instanceof Error ? err : new Error(String(err)));
 
+/** How long the PUB's last queued frames may take to leave at close, ms (see #close). */
+export const LAST_BATCH_LINGER_MS = 250;
+
 export class MeshTransport {
   readonly publishEndpoint: string;
   readonly controlEndpoint: string;
@@ -565,6 +568,9 @@ export class MeshTransport {
     for (const dealer of this.#dealers) dealer.close();
     this.#curve?.closeProbes();
     const reader = this.#reader.close();
+    // The last batch (a leaving replica's drain flag, its last frees) may still sit in the PUB's
+    // pipes: give it this long to leave, not libzmq's forever (linger -1 on a dead peer).
+    this.#pub.linger = LAST_BATCH_LINGER_MS;
     this.#pub.close();
     this.#router.close();
     const watchers = this.#curve?.closeWatchers();

@@ -316,18 +316,88 @@ describe("MeshInbound: snapshots", () => {
     expect(s.inbound.stats.snapshotPullsDeferred).toBeGreaterThanOrEqual(3);
   });
 
-  it("re-pulls live origins' snapshots once, debounced, after workers change", async () => {
+  it("re-pulls only the origins named after a worker change, once, debounced (G6)", async () => {
     let resolveNext: (snap: Snapshot) => void = () => undefined;
     const s = setup(() => new Promise<Snapshot>((r) => (resolveNext = r)));
     await liveAt(s, 1, (snap) => {
       resolveNext(snap);
     });
-    s.inbound.refreshSoon();
-    s.inbound.refreshSoon();
+    // A change that placed nothing missing (an idempotent re-registration, a PATCH): no pull at all.
+    s.inbound.refreshSoon([]);
+    await s.tick(WORKER_CHANGE_RESNAPSHOT_DELAY_MS);
+    expect(s.requests).toHaveLength(1);
+    s.inbound.refreshSoon([A]);
+    s.inbound.refreshSoon([A]);
     await s.tick(WORKER_CHANGE_RESNAPSHOT_DELAY_MS - 1);
     expect(s.requests).toHaveLength(1);
     await s.tick(1);
     expect(s.requests).toHaveLength(2);
+    expect(s.inbound.stats.missedStatePulls).toBe(1);
+  });
+});
+
+describe("MeshInbound: a peer restarted many times at one endpoint (G7)", () => {
+  const RESTARTS = 20;
+  const origins = Array.from({ length: RESTARTS }, (_, i) => 0x500n + BigInt(i));
+
+  it("forgets each down origin's control endpoint, and asks that endpoint once at a time", async () => {
+    const s = setup(() => Promise.reject(new Error("timed out")));
+    // Each process at CONTROL_A is heard, fails its snapshot requests, and goes down before the next starts.
+    for (const o of origins) {
+      s.inbound.onHeartbeat(hb(1, 0, o));
+      await s.tick(DEFAULT_DOWN_AFTER_MS);
+    }
+    for (const o of origins) expect(s.inbound.controlEndpointOf(o)).toBeUndefined();
+    // A refresh naming every one of them: none is pulled (their endpoint went with them).
+    const before = s.requests.length;
+    s.inbound.refreshSoon(origins);
+    await s.tick(WORKER_CHANGE_RESNAPSHOT_DELAY_MS);
+    expect(s.requests.length - before).toBe(0);
+    // Several origins due at one endpoint at once (restarts within the down timeout): one request in flight.
+    const fresh = [0x600n, 0x601n, 0x602n];
+    const sent = s.requests.length;
+    for (const o of fresh) s.inbound.onHeartbeat(hb(1, 0, o));
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    expect(s.requests.length - sent).toBe(1);
+  });
+});
+
+describe("MeshInbound: dead peers at first contact (G15)", () => {
+  it("pulls a heard peer's snapshot at once, whatever number of dead endpoints are probed", async () => {
+    const LIVE = "tcp://10.0.9.1:7101";
+    const s = setup((endpoint) => (endpoint === LIVE ? Promise.resolve(snapshot(1, A)) : new Promise<Snapshot>(() => undefined)));
+    for (let i = 0; i < 200; i++) s.inbound.pullSnapshot(`tcp://10.0.8.${i}:7101`, null);
+    s.inbound.pullSnapshot(LIVE, null);
+    // The live peer's heartbeat names its control endpoint: its pull does not queue behind the probes.
+    s.inbound.onHeartbeat(hb(1, 0, A, LIVE));
+    await s.tick(0);
+    expect(s.inbound.receiver.tracker(A)?.state).toBe("live");
+    expect(s.port.replaced.map((r) => r.origin)).toContain(A);
+  });
+
+  it("marks an endpoint whose probe failed unreachable until it is heard", async () => {
+    const DEAD = "tcp://10.0.8.1:7101";
+    const s = setup(() => Promise.reject(new Error("timed out")));
+    s.inbound.pullSnapshot(DEAD, null);
+    await s.tick(0);
+    expect(s.inbound.unreachable(DEAD)).toBe(true);
+    s.inbound.onHeartbeat(hb(1, 0, A, DEAD));
+    expect(s.inbound.unreachable(DEAD)).toBe(false);
+  });
+});
+
+describe("MeshInbound: a peer that said it was leaving (G8)", () => {
+  it("keeps its mirrored bookings when it goes down; a silent one's are dropped", async () => {
+    const B = 0xb1n;
+    const s = setup(() => new Promise<Snapshot>(() => undefined));
+    s.inbound.onHeartbeat(hb(1));
+    s.inbound.onHeartbeat(hb(1, 0, B, "tcp://10.0.0.2:7101"));
+    s.port.leaving.add(A);
+    await s.tick(DEFAULT_DOWN_AFTER_MS);
+    expect(s.inbound.peerStates().get(A)).toBe("down");
+    expect(s.port.dropped).toEqual([B]);
+    expect(s.inbound.stats.leftOriginsKept).toBe(1);
+    expect(s.inbound.stats.downOriginsDropped).toBe(1);
   });
 });
 

@@ -105,6 +105,8 @@ describe("mesh counters and gauges", () => {
     redials: 11,
     snapshotPullsDeferred: 12,
     downOriginsDropped: 25,
+    leftOriginsKept: 0,
+    missedStatePulls: 0,
     traceCausesDropped: 26,
     receiveHandovers: 13,
     receiveBatchesMerged: 14,

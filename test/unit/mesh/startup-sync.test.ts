@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { ManualClock } from "../../../src/core/index.js";
 import type { PeerView } from "../../../mesh/membership.js";
-import { StartupSync, type StartupSyncOutcome } from "../../../mesh/startup-sync.js";
+import { StartupSync, UNREACHABLE_AFTER_MS, type StartupSyncOutcome } from "../../../mesh/startup-sync.js";
 
 const view = (endpoint: string, v: Partial<PeerView> = {}): PeerView => ({
   endpoint,
@@ -86,5 +86,25 @@ describe("StartupSync", () => {
     t.peers.push(view("tcp://a:7100"));
     expect(t.sync.pending()).toBeNull();
     expect(t.done).toEqual([]);
+  });
+
+  it("stops waiting for never-heard peers whose probe failed once the suspect timeout passed (G15)", () => {
+    const clock = new ManualClock(5_000);
+    const peers = [view("tcp://live:7100", { state: "alive", sync: "live", snapshots: 1 })];
+    for (let i = 0; i < 200; i++) peers.push(view(`tcp://dead${i}:7100`));
+    const done: StartupSyncOutcome[] = [];
+    const sync = new StartupSync({ clock, timeoutMs: 10_000, peers: () => peers, discovered: () => true, unreachable: (ep) => ep.startsWith("tcp://dead"), onDone: (o) => done.push(o) });
+    expect(sync.pending()).toHaveLength(200);
+    clock.advance(UNREACHABLE_AFTER_MS);
+    expect(sync.pending()).toBeNull();
+    expect(done[0]?.reason).toBe("synced");
+  });
+
+  it("keeps waiting for a peer that was heard, even if its probe failed", () => {
+    const clock = new ManualClock(5_000);
+    const peers = [view("tcp://slow:7100", { state: "alive", origin: "1", sync: "syncing" })];
+    const sync = new StartupSync({ clock, timeoutMs: 10_000, peers: () => peers, discovered: () => true, unreachable: () => true });
+    clock.advance(UNREACHABLE_AFTER_MS);
+    expect(sync.pending()).toEqual(["tcp://slow:7100"]);
   });
 });
