@@ -72,6 +72,16 @@ describe("Membership: register and deregister", () => {
     expect(s.port.dropped).toEqual([A]);
   });
 
+  it("keeps the bookings of a deregistered peer that said it was leaving (G8)", async () => {
+    const s = setup();
+    s.membership.register(PEER);
+    s.membership.snapshotFrom("tcp://10.0.0.1:7101", A);
+    s.port.leaving.add(A);
+    expect(await s.membership.deregister(PEER)).toBe(true);
+    expect(s.forgotten).toEqual([A]);
+    expect(s.port.dropped).toEqual([]);
+  });
+
   it("lets DNS discovery take over a peer that is here only because it asked to peer back, not one registered by hand", async () => {
     const s = setup();
     s.statuses.set("tcp://10.0.0.1:7101", { origin: A, peers: [] });
