@@ -8,7 +8,7 @@
  * 14,000-token prompt on its own. Flags: see --help.
  */
 import { seededRandom } from "../src/core/index.js";
-import { computeBlockHashes, computeSequenceHashes } from "../src/core/index.js";
+import { computePromptHashes } from "../src/core/index.js";
 import { SelectionService } from "../src/core/index.js";
 import { fmtMs, progress } from "./lib/console-report.js";
 import { BENCH_BLOCK_SIZE, BENCH_PROMPT_TOKENS, makeBenchPrompts, warmRank, type BenchPrompt } from "./lib/warm-prompts.js";
@@ -72,13 +72,29 @@ function main(): void {
   const reqs = prompts.map((p) => ({ block_hashes: p.block, sequence_hashes: p.seq, isl_tokens: PROMPT_TOKENS }));
   const pick = () => reqs[Math.floor(rnd.next() * reqs.length)] as (typeof reqs)[number];
 
-  // Hashing on its own (the HTTP path with token_ids pays this on top of select).
-  const hashSamples: number[] = [];
-  for (let i = 0; i < 2_000; i++) {
-    const p = prompts[i % prompts.length] as BenchPrompt;
+  // Hashing on its own (the HTTP path with token_ids pays this on top of select): block and
+  // sequence hashes, from a number[] and from the Uint32Array a parsed body carries, cold (no memo).
+  const hashOf = (toU32: boolean): number[] => {
+    const samples: number[] = [];
+    const inputs: ArrayLike<number>[] = prompts.map((p) => (toU32 ? p.tokens : Array.from(p.tokens)));
+    for (let i = 0; i < 2_000; i++) {
+      const t0 = performance.now();
+      computePromptHashes(inputs[i % inputs.length] as ArrayLike<number>, BLOCK_SIZE);
+      samples.push(performance.now() - t0);
+    }
+    return samples;
+  };
+  const hashSamples = hashOf(false);
+  const hashU32Samples = hashOf(true);
+  // A 128,000-token prompt (#26's long-prompt target), cold: nine bench prompts back to back.
+  const long = new Uint32Array(128_000);
+  for (let at = 0, k = 0; at < long.length; at += PROMPT_TOKENS, k++) long.set((prompts[k % prompts.length] as BenchPrompt).tokens.subarray(0, Math.min(PROMPT_TOKENS, long.length - at)), at);
+  const longSamples: number[] = [];
+  for (let i = 0; i < 200; i++) {
+    long[i % long.length] = i;
     const t0 = performance.now();
-    computeSequenceHashes(computeBlockHashes(p.tokens, BLOCK_SIZE));
-    hashSamples.push(performance.now() - t0);
+    computePromptHashes(long, BLOCK_SIZE);
+    longSamples.push(performance.now() - t0);
   }
 
   for (let i = 0; i < 2_000; i++) svc.select(pick()); // JIT warm-up
@@ -109,6 +125,8 @@ function main(): void {
   const sel = summarize(selSamples);
   const res = summarize(resSamples);
   const hash = summarize(hashSamples);
+  const hashU32 = summarize(hashU32Samples);
+  const hashLong = summarize(longSamples);
   const bytesPerPair = (heapAfter - heapBefore) / pairs;
   const rows = [
     ["ranks", String(WORKERS)],
@@ -118,7 +136,8 @@ function main(): void {
     ["select p50 / p99 / max", `${fmtMs(sel.p50)} / ${fmtMs(sel.p99)} / ${fmtMs(sel.max)}`],
     ["selections per second (one core)", `${Math.round((ITERS / selWall) * 1000)}`],
     ["select_and_reserve p50 / p99", `${fmtMs(res.p50)} / ${fmtMs(res.p99)}`],
-    ["hash 14,000 tokens p50 / p99", `${fmtMs(hash.p50)} / ${fmtMs(hash.p99)}`],
+    ["hash 14,000 tokens p50 / p99", `${fmtMs(hash.p50)} / ${fmtMs(hash.p99)} (number[]); ${fmtMs(hashU32.p50)} / ${fmtMs(hashU32.p99)} (Uint32Array)`],
+    ["hash 128,000 tokens p50 / p99", `${fmtMs(hashLong.p50)} / ${fmtMs(hashLong.p99)} (Uint32Array)`],
   ];
   for (const [k, v] of rows) console.log(`${(k as string).padEnd(34)} ${v}`);
 }

@@ -4,13 +4,21 @@
  * chained sequence hash over consecutive block hashes. Values must match Dynamo bit for bit, since
  * the index compares them with hashes computed by other routers and by the engines.
  *
- * Speed: a long prompt's hashing is dominated by its native `@node-rs/xxhash` calls, one per
- * block (`npm run bench:core`); everything else is one copy of the tokens into a
- * Uint32Array and zero-copy subarray views over it.
+ * Speed: a prompt is hashed in one WebAssembly call (wasm-xxh3.ts, xxh3.wat): its tokens are
+ * copied once into the module's memory, and every block hash and, with computePromptHashes,
+ * every sequence hash is computed there, with no BigInt per block. A cold 14,000-token prompt
+ * at block size 64 went from ~300 us (one native `@node-rs/xxhash` call per block and per chain
+ * step, each with a BigInt seed and result) to the figure in docs/benchmarks.md
+ * (`npm run bench:core`). Without WebAssembly (--jitless) or on a big-endian host the native
+ * per-block path below runs, with the same results.
  */
 import { xxh3 } from "@node-rs/xxhash";
 import { badRequest } from "./errors.js";
 import { hashCount, toU64, type HashList } from "./hash64.js";
+import { WasmXxh3 } from "./wasm-xxh3.js";
+
+/** The one-call hasher of this thread; undefined where WebAssembly is unavailable. */
+const wasm = WasmXxh3.create();
 
 export const XXH3_SEED = 1337n;
 
@@ -60,17 +68,26 @@ export interface BlockHashOptions {
 /** Copies the tokens into a Uint32Array, rejecting anything that is not an integer in [0, 2^32). */
 function tokensToU32(tokens: ArrayLike<number>): Uint32Array {
   if (tokens instanceof Uint32Array) return tokens;
+  const out = new Uint32Array(tokens.length);
+  copyTokens(tokens, out, 0);
+  return out;
+}
+
+/** Writes the tokens at out[at...], validating each (the first invalid one is the error). */
+function copyTokens(tokens: ArrayLike<number>, out: Uint32Array, at: number): void {
+  if (tokens instanceof Uint32Array) {
+    out.set(tokens, at);
+    return;
+  }
   const n = tokens.length;
-  const out = new Uint32Array(n);
   for (let i = 0; i < n; i++) {
     const t = tokens[i] as number;
     // `t >>> 0 === t` is false for NaN, fractions, negatives and values >= 2^32.
     if (t >>> 0 !== t) {
       throw badRequest(`token_ids[${i}] must be an integer in [0, 4294967295], got ${String(t)}`, "token_ids");
     }
-    out[i] = t;
+    out[at + i] = t;
   }
-  return out;
 }
 
 /** Little-endian byte view of the token words (a copy only on big-endian hosts). */
@@ -98,15 +115,46 @@ function withMmHashes(blockBytes: Uint8Array, mmHashes: readonly bigint[]): Uint
 
 /** Local (content) hash of every complete block, as a HashList of (hi, lo) pairs. */
 export function computeBlockHashes(tokens: ArrayLike<number>, blockSize: number, opts?: BlockHashOptions): HashList {
+  return hashPrompt(tokens, blockSize, opts, false).localHashes;
+}
+
+/**
+ * Block hashes and their sequence hashes in one pass: equal to computeBlockHashes followed by
+ * computeSequenceHashes, without a second walk (or, natively, a second round of calls).
+ */
+export function computePromptHashes(tokens: ArrayLike<number>, blockSize: number, opts?: BlockHashOptions): { readonly localHashes: HashList; readonly seqHashes: HashList } {
+  const r = hashPrompt(tokens, blockSize, opts, true);
+  return { localHashes: r.localHashes, seqHashes: r.seqHashes ?? computeSequenceHashes(r.localHashes) };
+}
+
+function hashPrompt(tokens: ArrayLike<number>, blockSize: number, opts: BlockHashOptions | undefined, withSeq: boolean): { localHashes: HashList; seqHashes?: HashList } {
   if (!Number.isInteger(blockSize) || blockSize < 1) {
     throw badRequest(`block_size must be a positive integer, got ${String(blockSize)}`, "block_size");
   }
-  const words = tokensToU32(tokens);
   const isEagle = opts?.isEagle ?? false;
-  const count = completeBlockCount(words.length, blockSize, isEagle);
+  const count = completeBlockCount(tokens.length, blockSize, isEagle);
+  const mm = opts?.blockMmHashes;
+  if (wasm === undefined || (mm !== undefined && mm.length > 0)) {
+    // The native path, also for multimodal prompts (a block's input grows by its objects' hashes).
+    const localHashes = nativeBlockHashes(tokens, blockSize, count, opts);
+    return withSeq ? { localHashes, seqHashes: computeSequenceHashes(localHashes) } : { localHashes };
+  }
+  const localHashes = new Uint32Array(count * 2);
+  const seqHashes = withSeq ? new Uint32Array(count * 2) : undefined;
+  const seed = saltSeed(opts?.loraName, opts?.cacheSalt);
+  const window = isEagle ? blockSize + 1 : blockSize;
+  wasm.blocks(tokens.length, (mem, at) => {
+    copyTokens(tokens, mem, at);
+  }, count, blockSize, window, Number(seed >> 32n), Number(seed & U32_MASK), localHashes, seqHashes);
+  return seqHashes === undefined ? { localHashes } : { localHashes, seqHashes };
+}
+
+/** One native XXH3 call per block (see the header): without WebAssembly, and for multimodal blocks. */
+function nativeBlockHashes(tokens: ArrayLike<number>, blockSize: number, count: number, opts: BlockHashOptions | undefined): HashList {
+  const words = tokensToU32(tokens);
   const out = new Uint32Array(count * 2);
   if (count === 0) return out;
-
+  const isEagle = opts?.isEagle ?? false;
   const seed = saltSeed(opts?.loraName, opts?.cacheSalt);
   const bytes = leBytes(words);
   const mm = opts?.blockMmHashes;
@@ -133,6 +181,10 @@ export function computeSequenceHashes(blocks: HashList): HashList {
   const n = hashCount(blocks);
   const out = new Uint32Array(n * 2);
   if (n === 0) return out;
+  if (wasm !== undefined) {
+    wasm.chain(blocks, out);
+    return out;
+  }
   let prevHi = blocks[0] as number;
   let prevLo = blocks[1] as number;
   out[0] = prevHi;

@@ -11,7 +11,7 @@ export { badRequest, ERROR_CODES, invalidField, isKvmeshError, KvmeshError } fro
 export type { ErrorCode, ErrorKind } from "./errors.js";
 export { hashCount, hashListFromBigInts, hashListToBigInts, hashListToSignedBigInts, pairToBigInt, toU64, u64ToI64 } from "./hash64.js";
 export type { HashList } from "./hash64.js";
-export { computeBlockHashes, computeSequenceHashes, saltSeed, XXH3_SEED } from "./hashing.js";
+export { computeBlockHashes, computePromptHashes, computeSequenceHashes, saltSeed, XXH3_SEED } from "./hashing.js";
 export { IndexJoinJournal } from "./index-join-journal.js";
 export { decodeIndexChunk, DEFAULT_INDEX_CHUNK_BYTES, nextIndexChunk } from "./index-snapshot.js";
 export type { IndexRankSnapshot, IndexSnapshotSource, KvStreamPosition } from "./index-snapshot.js";

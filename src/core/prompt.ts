@@ -5,7 +5,7 @@
 import { badRequest } from "./errors.js";
 import { hashCount, hashListFromBigInts, type HashList } from "./hash64.js";
 import { MAX_HASHES_PER_BOOKING } from "./limits.js";
-import { computeBlockHashes, computeSequenceHashes } from "./hashing.js";
+import { computePromptHashes } from "./hashing.js";
 import type { PromptHashCache } from "./prompt-hash-cache.js";
 import type { Random } from "./random.js";
 import type { PromptFields } from "./types.js";
@@ -47,8 +47,7 @@ export function normalizePrompt(
       ({ localHashes, seqHashes } = cache.hash(tokens, salts));
     } else {
       // Multimodal prompts bypass the memo: its key has no room for the objects' hashes.
-      localHashes = computeBlockHashes(tokens, blockSize, { ...salts, isEagle: eagle, ...(blockMmHashes === undefined ? {} : { blockMmHashes }) });
-      seqHashes = computeSequenceHashes(localHashes);
+      ({ localHashes, seqHashes } = computePromptHashes(tokens, blockSize, { ...salts, isEagle: eagle, ...(blockMmHashes === undefined ? {} : { blockMmHashes }) }));
     }
     islTokens = tokens.length;
   } else if (p.block_hashes !== undefined || p.sequence_hashes !== undefined || p.isl_tokens !== undefined) {

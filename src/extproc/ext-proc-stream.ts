@@ -43,6 +43,13 @@ export interface StreamContext {
 
 type Phase = "request_headers" | "request_body" | "response" | "done";
 
+/**
+ * The abort reason of every closed stream, made once: abort() without a reason builds a new
+ * DOMException (with its stack) per stream, ~1% of the picker's main thread at bench:epp's
+ * 150 streams.
+ */
+const STREAM_CLOSED = new DOMException("the ext_proc stream closed", "AbortError");
+
 export class ExtProcStream {
   readonly #c: StreamContext;
   readonly #abort = new AbortController();
@@ -107,7 +114,7 @@ export class ExtProcStream {
 
   /** The stream ended (Envoy closed it, the client left, an error, the server shutting down): frees what is booked. */
   close(how: BookingEnd): void {
-    this.#abort.abort();
+    this.#abort.abort(STREAM_CLOSED);
     if (this.#phase !== "done") {
       this.#phase = "done";
       this.#c.stats.activeStreams--;

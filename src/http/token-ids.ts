@@ -54,8 +54,8 @@ let scratch = new Uint32Array(INITIAL_SCRATCH_TOKENS);
 /** The same loop in WebAssembly for long arrays (u32-array-parser.ts); undefined where unavailable. */
 const wasm = WasmU32ArrayParser.create();
 
-/** Where a top-level token_ids array was found, and its parsed tokens. */
-interface TokenSpan {
+/** Where a top-level token array was found, and its parsed tokens. */
+export interface TokenSpan {
   /** Byte offset of the array's `[`. */
   readonly start: number;
   /** Byte offset just past its `]`. */
@@ -71,9 +71,9 @@ const isWs = (c: number): boolean => c === 0x20 || c === 0x0a || c === 0x0d || c
  * the fast path does not take) is parsed by parseJsonBytes unchanged, errors included.
  */
 export function parseJsonBytesWithTokenIds(bytes: Buffer): unknown {
-  const span = findTokenIds(bytes);
+  const span = findTopLevelU32Array(bytes, KEY);
   if (span === undefined) return parseJsonBytes(bytes);
-  const rest = Buffer.concat([bytes.subarray(0, span.start), PLACEHOLDER, bytes.subarray(span.end)]);
+  const rest = withPlaceholder(bytes, span);
   let parsed: unknown;
   try {
     parsed = parseJsonBytes(rest);
@@ -86,13 +86,23 @@ export function parseJsonBytesWithTokenIds(bytes: Buffer): unknown {
   return parsed;
 }
 
+/** The body with the span's array replaced by `null`: what the caller parses generically. */
+export function withPlaceholder(bytes: Buffer, span: TokenSpan): Buffer {
+  return Buffer.concat([bytes.subarray(0, span.start), PLACEHOLDER, bytes.subarray(span.end)]);
+}
+
+/** A top-level key as it appears on the wire, quotes included, for findTopLevelU32Array. */
+export const wireKey = (key: string): Buffer => Buffer.from(JSON.stringify(key), "utf8");
+
 /**
- * Walks the top-level object for its last plain `"token_ids"` key and parses that key's array.
- * Undefined when the body is not an object, has no such key, spells a top-level key with
- * escapes, or the array is not all canonical u32 literals: the caller then parses generically.
- * Malformed JSON elsewhere is not detected here (the parse of the rest does that).
+ * Walks the top-level object for its last plain `key` (the wire form, quotes included: wireKey)
+ * and parses that key's array. Undefined when the body is not an object, has no such key, spells
+ * a top-level key with escapes, or the array is not all canonical u32 literals: the caller then
+ * parses generically. Malformed JSON elsewhere is not detected here (the caller's parse of the
+ * rest, with the array replaced by `null`, does that; see this file's header for why the
+ * substitution cannot turn an invalid body valid).
  */
-function findTokenIds(b: Buffer): TokenSpan | undefined {
+export function findTopLevelU32Array(b: Buffer, key: Buffer): TokenSpan | undefined {
   const n = b.length;
   let p = 0;
   while (p < n && isWs(b[p] as number)) p++;
@@ -122,7 +132,7 @@ function findTokenIds(b: Buffer): TokenSpan | undefined {
       if (b[q] !== COLON) continue;
       // A top-level key.
       if (escaped) return undefined;
-      if (p - open !== KEY.length || b.compare(KEY, 0, KEY.length, open, p) !== 0) continue;
+      if (p - open !== key.length || b.compare(key, 0, key.length, open, p) !== 0) continue;
       q++;
       while (q < n && isWs(b[q] as number)) q++;
       if (b[q] !== OPEN_BRACKET) return undefined;

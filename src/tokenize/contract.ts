@@ -17,9 +17,10 @@ export interface OpenAIRequest {
   readonly body: Readonly<Record<string, unknown>>;
   /**
    * Token ids the body already carries (`prompt` as a token array on /v1/completions): such a
-   * request skips tokenization.
+   * request skips tokenization. A Uint32Array when the parser read a flat id array straight from
+   * the bytes (src/openai/parse-request.ts); `body.prompt` is then that same Uint32Array.
    */
-  readonly tokenIds?: readonly number[] | undefined;
+  readonly tokenIds?: readonly number[] | Uint32Array | undefined;
 }
 
 export interface TokenizeOptions {

@@ -71,6 +71,31 @@ describe("the WebAssembly token_ids loop", () => {
     expect(parsed).toBeGreaterThan(200);
   });
 
+  it("agrees with the oracle on long compact arrays (the 16-byte path) and their corruptions at any byte", () => {
+    const rnd = seededRandom(99);
+    const int = (n: number): number => Math.floor(rnd.next() * n);
+    const junk = ["", " ", ",", "]", "0", "00", "-", "a", "\n", "9999999999", "4294967296"];
+    let parsed = 0;
+    for (let i = 0; i < 200; i++) {
+      // Every digit count 1..10, with leading-zero and out-of-range elements mixed in.
+      const elems = Array.from({ length: 50 + int(400) }, () => String(int(10 ** (1 + int(10))) % 2 ** 32));
+      const text = `[${elems.join(",")}]`;
+      const variants = [text, ...Array.from({ length: 5 }, () => {
+        const at = 1 + int(text.length - 1);
+        return text.slice(0, at) + (junk[int(junk.length)] as string) + text.slice(at + int(2));
+      })];
+      for (const t of variants) {
+        const first = t.indexOf("]");
+        if (first < 0) continue;
+        const arr = t.slice(0, first + 1);
+        const want = oracle(arr);
+        expect(viaWasm(arr), arr.slice(0, 80)).toEqual(want);
+        if (want !== undefined) parsed++;
+      }
+    }
+    expect(parsed).toBeGreaterThan(200);
+  });
+
   it("grows its memory for a long array and parses short ones after it", () => {
     const long = Array.from({ length: 60_000 }, (_, i) => (i * 2_654_435_761) % 2 ** 32);
     for (const n of [10, 60_000, 3, 1_000]) {

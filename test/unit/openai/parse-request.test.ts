@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { KvmeshError } from "../../../src/core/index.js";
+import { KvmeshError, seededRandom } from "../../../src/core/index.js";
 import { MAX_CHAT_MESSAGES, MAX_JSON_DEPTH } from "../../../src/openai/limits.js";
 import { checkOpenAIBody, openAIKindOfPath, parseOpenAIRequest } from "../../../src/openai/parse-request.js";
 import type { OpenAIKind } from "../../../src/tokenize/contract.js";
@@ -106,4 +106,61 @@ describe("OpenAI body parser", () => {
     expect(r.field).toMatch(/^tools\[0\]\.function\.parameters(\.p)+$/);
     expect(r.message).toContain(`nests deeper than ${MAX_JSON_DEPTH} levels`);
   });
+
+  /** What a body gets: the request (ids as a plain array), or the refusal. */
+  function outcome(bytes: Buffer | string): unknown {
+    try {
+      const r = parseOpenAIRequest("completions", bytes);
+      const ids = r.tokenIds === undefined ? undefined : Array.from(r.tokenIds);
+      const body = { ...r.body, prompt: ArrayBuffer.isView(r.body.prompt) ? Array.from(r.body.prompt as Uint32Array) : r.body.prompt };
+      return { model: r.model, ids, body };
+    } catch (e) {
+      if (!(e instanceof KvmeshError)) throw e;
+      return { code: e.code, field: e.details?.field, message: e.message };
+    }
+  }
+
+  it("reads a flat id prompt from the bytes into a Uint32Array, with the same result as decoding the whole body", () => {
+    const ids = Array.from({ length: 3_000 }, (_, i) => (i * 7_919) % 200_000);
+    const text = JSON.stringify({ model: "m", prompt: ids, max_tokens: 16, stream: true });
+    const req = parseOpenAIRequest("completions", Buffer.from(text));
+    expect(req.tokenIds).toBeInstanceOf(Uint32Array);
+    expect(req.body.prompt).toBe(req.tokenIds);
+    expect(outcome(Buffer.from(text))).toEqual(outcome(text));
+  });
+
+  it("answers every body, and every one-byte corruption of it, as the generic path does (the refusals name the same field)", () => {
+    const rnd = seededRandom(7);
+    const int = (n: number): number => Math.floor(rnd.next() * n);
+    const pick = <T>(xs: readonly T[]): T => xs[int(xs.length)] as T;
+    const junk = ["", "]", "[", ",", " ", "0", "-", ".", "e", '"', "{", "}", "\\", "\u00ff"];
+    const models = ['"m"', '""', "3", "null"];
+    let fast = 0;
+    for (let i = 0; i < 300; i++) {
+      const n = pick([0, 1, 5, 900]);
+      const ids = Array.from({ length: n }, () => String(rnd.next() < 0.02 ? pick(["4294967296", "-1", "1.0", "01", "2.5"]) : int(2 ** 32)));
+      const prompt = rnd.next() < 0.1 ? `[[${ids.join(",")}]]` : `[${ids.join(rnd.next() < 0.5 ? "," : " , ")}]`;
+      const parts = [`"model":${pick(models)}`, `"prompt":${prompt}`, '"max_tokens":16', '"nested":{"prompt":[1,2]}'];
+      if (rnd.next() < 0.1) parts.push(`"prompt":${rnd.next() < 0.5 ? '"text"' : "[9,8]"}`);
+      const text = `{${parts.sort(() => rnd.next() - 0.5).join(",")}}`;
+      for (const t of [text, ...Array.from({ length: 3 }, () => {
+        const at = int(text.length);
+        return text.slice(0, at) + pick(junk) + text.slice(at + int(2));
+      })]) {
+        const bytes = Buffer.from(t);
+        const want = outcome(t);
+        expect(outcome(bytes)).toEqual(want);
+        if (ArrayBuffer.isView(parseOrUndefined(bytes)?.tokenIds)) fast++;
+      }
+    }
+    expect(fast).toBeGreaterThan(20);
+  });
 });
+
+function parseOrUndefined(bytes: Buffer): ReturnType<typeof parseOpenAIRequest> | undefined {
+  try {
+    return parseOpenAIRequest("completions", bytes);
+  } catch {
+    return undefined;
+  }
+}
