@@ -131,6 +131,8 @@ export class LoadLedger {
    * (candidate-scan.ts) reads them for every rank of a partition, so they are flat arrays.
    */
   #prefillFloor = new Float64Array(INITIAL_RANK_SLOTS);
+  /** 1 where the rank's prefill decays with time (its head has a duration): the floor is then below the value. */
+  #prefillDecays = new Uint8Array(INITIAL_RANK_SLOTS);
   #blocks = new Float64Array(INITIAL_RANK_SLOTS);
   readonly #index = new ActiveBlockIndex();
   /**
@@ -196,18 +198,26 @@ export class LoadLedger {
     if (st === undefined) {
       this.#requestCounts[rank] = 0;
       this.#prefillFloor[rank] = 0;
+      this.#prefillDecays[rank] = 0;
       this.#blocks[rank] = 0;
       return;
     }
     this.#requestCounts[rank] = st.requests.size;
     this.#blocks[rank] = st.uniqueBlocks - st.fractionalDeficit;
     let floor = 0;
+    let decays = 0;
     if (st.prefillHead < st.prefillQueue.length) {
       const head = st.prefillQueue[st.prefillHead] as ActiveRequest;
       // The same first operation as activePrefillTokens, so rounding keeps floor <= its value.
-      floor = head.expectedPrefillDurationMs === null ? st.prefillSum : st.prefillSum - head.prefillTokens;
+      if (head.expectedPrefillDurationMs === null) {
+        floor = st.prefillSum;
+      } else {
+        floor = st.prefillSum - head.prefillTokens;
+        decays = 1;
+      }
     }
     this.#prefillFloor[rank] = floor;
+    this.#prefillDecays[rank] = decays;
   }
 
   /** Number of live requests in the partition. */
@@ -392,8 +402,9 @@ export class LoadLedger {
         decodeOut[i] = promptBlocks - (held[rank] as number);
         requestsOut[i] = 0;
       } else {
-        prefillOut[i] = this.activePrefillTokens(rank);
-        decodeOut[i] = this.activeBlocks(rank) + (promptBlocks - (held[rank] as number));
+        // The flat copies equal the accessors (#refresh); only a decaying prefill reads the clock.
+        prefillOut[i] = this.#prefillDecays[rank] === 0 ? (this.#prefillFloor[rank] as number) : this.activePrefillTokens(rank);
+        decodeOut[i] = (this.#blocks[rank] as number) + (promptBlocks - (held[rank] as number));
         requestsOut[i] = counts[rank] as number;
       }
     }
@@ -472,6 +483,9 @@ export class LoadLedger {
         const floor = new Float64Array(n);
         floor.set(this.#prefillFloor);
         this.#prefillFloor = floor;
+        const decays = new Uint8Array(n);
+        decays.set(this.#prefillDecays);
+        this.#prefillDecays = decays;
         const blocks = new Float64Array(n);
         blocks.set(this.#blocks);
         this.#blocks = blocks;

@@ -544,3 +544,47 @@ describe("LoadLedger against a naive model", () => {
 function hashFrom(values: bigint[]): HashList {
   return hashListFromBigInts(values);
 }
+
+describe("LoadLedger flat per-rank loads", () => {
+  it("equal the accessors after any sequence of changes, the prefill floor never above the prefill", () => {
+    const clock = new ManualClock(1_000);
+    const ledger = newLedger(clock);
+    const g = seededRandom(3);
+    const live: string[] = [];
+    const RANKS = 12;
+    for (let step = 0; step < 2_000; step++) {
+      const u = g.next();
+      const rank = Math.floor(g.next() * RANKS);
+      if (u < 0.4 || live.length === 0) {
+        const id = `q${step}`;
+        const start = Math.floor(g.next() * 6);
+        ledger.add(id, rank, hl(...Array.from({ length: 1 + Math.floor(g.next() * 5) }, (_, i) => start + i)), {
+          prefillTokens: Math.floor(g.next() * 50),
+          trackPrefill: g.next() < 0.8,
+          expectedPrefillDurationMs: g.next() < 0.4 ? Math.floor(g.next() * 200) : null,
+        });
+        live.push(id);
+      } else {
+        const id = live[Math.floor(g.next() * live.length)] as string;
+        if (u < 0.6) ledger.markPrefillComplete(id);
+        else if (u < 0.7) ledger.addOutputBlock(id, g.next() < 0.5 ? 0.25 : undefined);
+        else if (u < 0.72) ledger.removeRank(rank);
+        else {
+          ledger.free(id);
+          live.splice(live.indexOf(id), 1);
+        }
+      }
+      clock.advance(Math.floor(g.next() * 20));
+      const ranks = Int32Array.from({ length: RANKS }, (_, i) => i);
+      const prefill = new Float64Array(RANKS);
+      const decode = new Float64Array(RANKS);
+      const requests = new Float64Array(RANKS);
+      ledger.fillCandidateLoads(ranks, RANKS, 3, new Int32Array(RANKS), prefill, decode, requests);
+      const want = Array.from({ length: RANKS }, (_, r) => [ledger.activePrefillTokens(r), ledger.activeBlocks(r), ledger.activeRequests(r)]);
+      const got = Array.from({ length: RANKS }, (_, r) => [prefill[r], (decode[r] as number) - 3, requests[r]]);
+      const flat = Array.from({ length: RANKS }, (_, r) => [ledger.flatBlocks[r] ?? 0, ledger.flatRequests[r] ?? 0]);
+      const floorAbove = want.filter((w, r) => (ledger.flatPrefillFloor[r] ?? 0) > (w[0] as number));
+      expect({ step, got, flat, floorAbove }).toEqual({ step, got: want, flat: want.map((w) => [w[1], w[2]]), floorAbove: [] });
+    }
+  });
+});
