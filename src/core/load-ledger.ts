@@ -267,7 +267,8 @@ export class LoadLedger {
     this.#requests.set(requestId, req);
     st.requests.add(req);
     this.#requestCounts[rank] = st.requests.size;
-    this.#index.touchAll(req.hashes, rank, st);
+    // The caller's list, not the copy: a selection that just counted it left its slots memoized (active-block-index.ts).
+    this.#index.touchAll(seqHashes, rank, st);
     if (opts.trackPrefill) {
       if (st.prefillHead >= st.prefillQueue.length) st.prefillAnchorMs = now;
       st.prefillQueue.push(req);

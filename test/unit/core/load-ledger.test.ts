@@ -273,10 +273,33 @@ describe("LoadLedger.newBlocksFor", () => {
     for (let step = 0; step < 1500; step++) {
       const op = rng.next();
       if (op < 0.55 || live.size === 0) {
-        const hashes = chain(int(12), 1 + int(120));
+        let hashes = chain(int(12), 1 + int(120));
         const rank = int(RANKS);
         const id = `r${nextId++}`;
-        ledger.add(id, rank, hashFrom(hashes), decodeOnly);
+        const list = hashFrom(hashes);
+        if (rng.next() < 0.6) {
+          // A selection counts the list first (select_and_reserve): the booking reuses its slots,
+          // also after frees shifted slots, adds grew the table, or the list's words changed.
+          ledger.newBlocksFor(list, out, touched);
+          for (const r of touched) out[r] = 0;
+          touched.length = 0;
+          const between = rng.next();
+          if (between < 0.2 && live.size > 0) {
+            const victim = [...live.keys()][int(live.size)] as string;
+            ledger.free(victim);
+            live.delete(victim);
+          } else if (between < 0.4) {
+            const other = chain(int(12), 1 + int(120));
+            const otherId = `r${nextId++}`;
+            const otherRank = int(RANKS);
+            ledger.add(otherId, otherRank, hashFrom(other), decodeOnly);
+            live.set(otherId, { rank: otherRank, hashes: other });
+          } else if (between < 0.5) {
+            hashes = chain(int(12), list.length / 2);
+            list.set(hashFrom(hashes));
+          }
+        }
+        ledger.add(id, rank, list, decodeOnly);
         live.set(id, { rank, hashes });
       } else if (op < 0.97) {
         const ids = [...live.keys()];
