@@ -119,8 +119,13 @@ export class Chooser {
       // Every schedulable rank is eligible (no filter can empty the set), as #eligible would find.
       n = p.schedulable.length;
       const target = this.#target(p, req, sessionId);
-      if (target === undefined) {
-        if (note !== undefined) note.session = sessionId !== undefined && p.affinity !== undefined ? "new" : "none";
+      const m = target === undefined ? 0 : this.#targetRanks(p, req, target, note);
+      if (target === undefined && note !== undefined) note.session = sessionId !== undefined && p.affinity !== undefined ? "new" : "none";
+      if (m > 0) {
+        // Steered: the target's own ranks, straight from its membership (no pass over the fleet).
+        n = m;
+        idx = this.#pick(p, config, this.#load(p, req, prompt, n), n);
+      } else {
         const match = this.#gather(p, prompt);
         const info = this.#info(p, prompt);
         const scan = scanChoose(p, match, hashCount(prompt.seqHashes), info, config, this.#o.random, this.#tieSpreader);
@@ -131,10 +136,6 @@ export class Chooser {
           this.#fill(p, req, prompt, n);
           idx = this.#pick(p, config, info, n);
         }
-      } else {
-        this.#eligible(p, req);
-        n = this.#narrow(p, req, target, n, note);
-        idx = this.#pick(p, config, this.#load(p, req, prompt, n), n);
       }
     } else {
       n = this.#eligible(p, req);
@@ -270,6 +271,24 @@ export class Chooser {
     }
     if (sessionId !== undefined && p.affinity !== undefined) return p.affinity.resolve(sessionId);
     return undefined;
+  }
+
+  /**
+   * #narrow for a request whose every schedulable rank is eligible (unrestricted): the target's
+   * schedulable ranks, in dp-rank order (their order in the partition's candidate order), into
+   * scratch.candidates. Returns how many (0: the target is not eligible, select normally).
+   */
+  #targetRanks(p: Partition, req: SelectRequest, target: { workerId: WorkerId; dpRank: number | null }, note: SelectionNote | undefined): number {
+    const s = p.scratch;
+    let m = 0;
+    for (const rank of p.members.get(target.workerId)?.ranks ?? []) {
+      if (p.isSchedulable(rank) && (target.dpRank === null || p.ranks.dpRankOf(rank) === target.dpRank)) s.candidates[m++] = rank;
+    }
+    if (note !== undefined) {
+      const explicit = req.affinity_target !== undefined;
+      note.session = m > 0 ? (explicit ? "affinity_target" : "followed") : explicit ? "affinity_target_moved" : "moved";
+    }
+    return m;
   }
 
   /** Narrows scratch.candidates [0, n) to the steering target's ranks; returns the candidate count. */

@@ -2,7 +2,8 @@
  * The candidate scan against its oracle: a Chooser scoring every rank ("every-rank", the chooser
  * before the scan) and one scoring candidates ("candidates") choose on the same randomised fleets
  * (loads with and without prefill decay, fractional blocks, peers' mirrored loads, overlaps on
- * every tier, drained workers, data-parallel ranks, configs, worker types, tie spreading, subsets)
+ * every tier, drained workers, data-parallel ranks, configs, worker types, tie spreading, subsets,
+ * steering to a worker or one of its ranks)
  * and must give the same selection after the same number of random draws.
  */
 import { describe, expect, it } from "vitest";
@@ -178,8 +179,8 @@ function randomRequest(g: Random, w: World): SelectRequest {
   if (u < 0.05) req.allowed_worker_ids = w.workers.filter(() => g.next() < 0.5).map(BigInt);
   else if (u < 0.1) req.routing_constraints = { required_taints: ["a"] };
   else if (u < 0.15) req.routing_constraints = { preferred_taints: { a: 0.5 } };
-  else if (u < 0.18) req.affinity_target = { worker_id: BigInt(pick(g, w.workers)), dp_rank: null };
-  else if (u < 0.2) req.routing_constraints = { required_taints: [] };
+  else if (u < 0.25) req.affinity_target = { worker_id: BigInt(pick(g, w.workers)), dp_rank: pick(g, [null, 0, 1, 2]) };
+  else if (u < 0.27) req.routing_constraints = { required_taints: [] };
   if (g.next() < 0.1) req.router_config_override = { overlap_score_weight: pick(g, [0, 1, 2]) };
   return req;
 }
@@ -217,6 +218,7 @@ describe("the candidate scan", () => {
         expect({ trial, q, got, draws: scan.random.draws }).toEqual({ trial, q, got: expected, draws: oracle.random.draws });
         expect(scanNote.cost).toBe(oracleNote.cost);
         expect(scanNote.candidates).toBe(oracleNote.candidates);
+        expect(scanNote.session).toBe(oracleNote.session);
         if (scanNote.scored !== undefined && scanNote.candidates !== undefined && scanNote.scored < scanNote.candidates) scoredFewer++;
         scanned++;
       }
