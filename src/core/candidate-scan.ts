@@ -55,6 +55,8 @@ class ScanScratch {
   cost = new Float64Array(0);
   /** Per position: 1 when scored (cost[] is exact). Reset after each use. */
   scored = new Uint8Array(0);
+  /** Per position: 1 when cost[] is the floor but equal to the exact cost (no prefill decay). */
+  exactFloor = new Uint8Array(0);
   /** Positions of the scored ranks. */
   list = new Int32Array(0);
 
@@ -67,6 +69,7 @@ class ScanScratch {
     if (this.cost.length < n) {
       this.cost = new Float64Array(n);
       this.scored = new Uint8Array(n);
+      this.exactFloor = new Uint8Array(n);
       this.list = new Int32Array(n);
     }
   }
@@ -105,7 +108,7 @@ export function scanChoose(
     scratchOf.set(p, sc);
   }
   sc.prepare(p, sched);
-  const { posOf, cost, scored, list } = sc;
+  const { posOf, cost, scored, exactFloor, list } = sc;
   let count = 0;
   try {
     // 1. The prompt-dependent ranks: cached blocks of it, or some of its blocks in flight.
@@ -121,6 +124,7 @@ export function scanChoose(
     const requests = ledger.flatRequests;
     const floorPrefill = ledger.flatPrefillFloor;
     const blocks = ledger.flatBlocks;
+    const decays = ledger.flatPrefillDecays;
     const mirrored = p.mirrored;
     const peers = mirrored.loadedRanks > 0;
     let lowest = -1;
@@ -130,6 +134,8 @@ export function scanChoose(
       const rank = sched[pos] as number;
       const own = rank < requests.length && requests[rank] !== 0;
       let c: number;
+      // The floor is the exact cost, computed the same way, unless the prefill decays.
+      exactFloor[pos] = own && decays[rank] !== 0 ? 0 : 1;
       if (!own && !peers) {
         c = idle;
       } else {
@@ -188,7 +194,7 @@ export function scanChoose(
     for (let pos = 0; pos < firstLow; pos++) {
       let c = cost[pos] as number;
       if (c > best) continue;
-      if (scored[pos] === 0) {
+      if (scored[pos] === 0 && exactFloor[pos] === 0) {
         c = exactCost(p, s, sched[pos] as number, promptBlocks, info, config);
         exact++;
       }

@@ -424,6 +424,11 @@ export class LoadLedger {
     return this.#prefillFloor;
   }
 
+  /** 1 where the prefill floor is below the prefill (it decays with time), else the floor is the value. */
+  get flatPrefillDecays(): Uint8Array {
+    return this.#prefillDecays;
+  }
+
   get flatBlocks(): Float64Array {
     return this.#blocks;
   }
