@@ -59,6 +59,8 @@ class ScanScratch {
   exactFloor = new Uint8Array(0);
   /** Positions of the scored ranks. */
   list = new Int32Array(0);
+  /** Positions whose floor is within reach of the prompt-dependent ranks' best. */
+  near = new Int32Array(0);
 
   prepare(p: Partition, sched: readonly number[]): void {
     if (this.schedFor === sched && this.posOf.length >= p.ranks.capacity) return;
@@ -71,6 +73,7 @@ class ScanScratch {
       this.scored = new Uint8Array(n);
       this.exactFloor = new Uint8Array(n);
       this.list = new Int32Array(n);
+      this.near = new Int32Array(n);
     }
   }
 }
@@ -118,7 +121,11 @@ export function scanChoose(
     let upper = Infinity;
     for (let i = 0; i < count; i++) upper = Math.min(upper, cost[list[i] as number] as number);
 
-    // 2. Every other rank's cost floor, and the rank with the lowest floor.
+    // 2. Every other rank's cost floor; the rank with the lowest floor; and aside, the ranks whose
+    // floor is within the margin of the prompt-dependent ranks' best (no others can be low).
+    const margin = spreader === undefined ? 0 : spreader.nearTieBlocks;
+    // Lowered as exact floors are met: the best exact cost known bounds the minimum.
+    let reach = upper + margin;
     const idle = loadOnlyCost(0, promptBlocks, 0, info, config);
     const ledger = p.ledger;
     const requests = ledger.flatRequests;
@@ -127,6 +134,8 @@ export function scanChoose(
     const decays = ledger.flatPrefillDecays;
     const mirrored = p.mirrored;
     const peers = mirrored.loadedRanks > 0;
+    const near = sc.near;
+    let nearCount = 0;
     let lowest = -1;
     let lowestFloor = Infinity;
     for (let pos = 0; pos < n; pos++) {
@@ -155,10 +164,21 @@ export function scanChoose(
       if (c < lowestFloor) {
         lowestFloor = c;
         lowest = pos;
+        if (exactFloor[pos] === 1 && c + margin < reach) reach = c + margin;
+      }
+      if (!(c > reach)) {
+        if (nearCount * 2 >= n) {
+          nearCount = keepWithin(near, nearCount, cost, reach);
+          // More than half the ranks within reach: scoring them all is as cheap (an idle fleet).
+          if (nearCount * 2 >= n) return undefined;
+        }
+        near[nearCount++] = pos;
       }
     }
     // An upper bound of the minimum: the lowest floor's exact cost.
-    if (lowest >= 0) {
+    if (lowest >= 0 && exactFloor[lowest] === 1) {
+      upper = Math.min(upper, lowestFloor);
+    } else if (lowest >= 0) {
       list[count] = lowest;
       scored[lowest] = 1;
       scoreList(p, s, sched, list, count, count + 1, promptBlocks, info, config, cost);
@@ -167,10 +187,10 @@ export function scanChoose(
     }
 
     // 3. The low set's candidates: every rank whose floor is within the margin of that bound.
-    const margin = spreader === undefined ? 0 : spreader.nearTieBlocks;
     const limit = upper + margin;
     const first = count;
-    for (let pos = 0; pos < n; pos++) {
+    for (let i = 0; i < nearCount; i++) {
+      const pos = near[i] as number;
       if (scored[pos] === 0 && !((cost[pos] as number) > limit)) {
         scored[pos] = 1;
         list[count++] = pos;
@@ -213,6 +233,16 @@ export function scanChoose(
   } finally {
     for (let i = 0; i < count; i++) scored[list[i] as number] = 0;
   }
+}
+
+/** Keeps the positions of near[0, count) whose cost is within `reach`; returns how many. */
+function keepWithin(near: Int32Array, count: number, cost: Float64Array, reach: number): number {
+  let m = 0;
+  for (let i = 0; i < count; i++) {
+    const pos = near[i] as number;
+    if (!((cost[pos] as number) > reach)) near[m++] = pos;
+  }
+  return m;
 }
 
 /** Adds a schedulable rank's position to the scored list once; returns the list's length. */
