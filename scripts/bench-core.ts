@@ -5,7 +5,9 @@
  * prefixes; the index is warmed through KV events until every rank holds 4,096 blocks
  * (4.2 M indexed pairs). Prints select and select-and-reserve latency (p50/p99), selections per
  * second on one core, heap bytes per indexed (rank, block) pair, and the cost of hashing a
- * 14,000-token prompt on its own. Flags: see --help.
+ * 14,000-token prompt on its own. `--ranks 1024,4096,16384` runs the same at each rank count in
+ * turn (select cost against fleet size), each index capped at `--max-pairs` (blocks per rank
+ * lowered to fit, and printed). Flags: see --help.
  */
 import { seededRandom } from "../src/core/index.js";
 import { computePromptHashes } from "../src/core/index.js";
@@ -13,18 +15,19 @@ import { SelectionService } from "../src/core/index.js";
 import { fmtMs, progress } from "./lib/console-report.js";
 import { BENCH_BLOCK_SIZE, BENCH_PROMPT_TOKENS, makeBenchPrompts, warmRank, type BenchPrompt } from "./lib/warm-prompts.js";
 import { summarize } from "../src/bench/stats.js";
-import { positiveInt, scriptProgram } from "./lib/script-args.js";
+import { positiveInt, positiveIntList, scriptProgram } from "./lib/script-args.js";
+import type { SelectionNote } from "../src/core/index.js";
 
 const args = scriptProgram("bench:core", "The selection core in process, no sockets: select latency, selections per second, heap per indexed pair.")
   .option("--workers <n>", "worker ranks", positiveInt, 1024)
+  .option("--ranks <list>", "rank counts to run in turn (comma-separated); default: --workers", positiveIntList)
+  .option("--max-pairs <n>", "most indexed (rank, block) pairs: blocks per rank are lowered to fit (memory)", positiveInt, 4_194_304)
   .option("--blocks-per-worker <n>", "blocks each rank holds once warmed", positiveInt, 4096)
   .option("--groups <n>", "shared prompt prefixes", positiveInt, 300)
   .option("--variants <n>", "prompts per prefix", positiveInt, 8)
   .option("--iters <n>", "timed selections", positiveInt, 20000)
   .parse()
-  .opts<{ workers: number; blocksPerWorker: number; groups: number; variants: number; iters: number }>();
-const WORKERS = args.workers;
-const BLOCKS_PER_WORKER = args.blocksPerWorker;
+  .opts<{ workers: number; ranks?: number[]; maxPairs: number; blocksPerWorker: number; groups: number; variants: number; iters: number }>();
 const GROUPS = args.groups;
 const VARIANTS = args.variants;
 const ITERS = args.iters;
@@ -43,6 +46,13 @@ function main(): void {
   const prompts = makeBenchPrompts(GROUPS, VARIANTS, (g) => {
     progress("prompts", g * VARIANTS, GROUPS * VARIANTS);
   });
+  for (const ranks of args.ranks ?? [args.workers]) {
+    run(prompts, ranks, Math.max(1, Math.min(args.blocksPerWorker, Math.floor(args.maxPairs / ranks))));
+    gc?.();
+  }
+}
+
+function run(prompts: BenchPrompt[], WORKERS: number, BLOCKS_PER_WORKER: number): void {
   gc?.();
   const heapBefore = usedBytes();
   const svc = new SelectionService({ random: seededRandom(1), replicaId: 1n });
@@ -99,12 +109,15 @@ function main(): void {
 
   for (let i = 0; i < 2_000; i++) svc.select(pick()); // JIT warm-up
   const selSamples: number[] = [];
+  const scoredSamples: number[] = [];
+  const note: SelectionNote = {};
   const t0 = performance.now();
   for (let i = 0; i < ITERS; i++) {
     const q = pick();
     const s = performance.now();
-    svc.select(q);
+    svc.select(q, note);
     selSamples.push(performance.now() - s);
+    scoredSamples.push(note.scored ?? WORKERS);
   }
   const selWall = performance.now() - t0;
 
@@ -112,12 +125,14 @@ function main(): void {
   const LIVE = 2_048;
   const live: string[] = [];
   const resSamples: number[] = [];
+  const resScored: number[] = [];
   for (let i = 0; i < ITERS; i++) {
     const q = pick();
     const id = `r${i}`;
     const s = performance.now();
-    svc.selectAndReserve({ ...q, selection_id: id });
+    svc.selectAndReserve({ ...q, selection_id: id }, note);
     resSamples.push(performance.now() - s);
+    resScored.push(note.scored ?? WORKERS);
     live.push(id);
     if (live.length > LIVE) svc.freeReservation(live.shift() as string);
   }
@@ -130,16 +145,20 @@ function main(): void {
   const bytesPerPair = (heapAfter - heapBefore) / pairs;
   const rows = [
     ["ranks", String(WORKERS)],
+    ["blocks per rank", String(BLOCKS_PER_WORKER)],
     ["register p50 first / last quarter", `${fmtMs(regFirst.p50)} / ${fmtMs(regLast.p50)}`],
     ["indexed (rank, block) pairs", `${pairs} (index reports ${sizes.indexedBlocks}, ${sizes.indexNodes} nodes)`],
     ["memory per indexed pair", `${bytesPerPair.toFixed(1)} bytes (heap + array buffers)${gc === undefined ? " (run with --expose-gc for a clean figure)" : ""}`],
     ["select p50 / p99 / max", `${fmtMs(sel.p50)} / ${fmtMs(sel.p99)} / ${fmtMs(sel.max)}`],
     ["selections per second (one core)", `${Math.round((ITERS / selWall) * 1000)}`],
+    ["ranks scored per select p50 / p99", `${summarize(scoredSamples).p50} / ${summarize(scoredSamples).p99}`],
     ["select_and_reserve p50 / p99", `${fmtMs(res.p50)} / ${fmtMs(res.p99)}`],
+    ["ranks scored per reserve p50 / p99", `${summarize(resScored).p50} / ${summarize(resScored).p99}`],
     ["hash 14,000 tokens p50 / p99", `${fmtMs(hash.p50)} / ${fmtMs(hash.p99)} (number[]); ${fmtMs(hashU32.p50)} / ${fmtMs(hashU32.p99)} (Uint32Array)`],
     ["hash 128,000 tokens p50 / p99", `${fmtMs(hashLong.p50)} / ${fmtMs(hashLong.p99)} (Uint32Array)`],
   ];
   for (const [k, v] of rows) console.log(`${(k as string).padEnd(34)} ${v}`);
+  console.log("");
 }
 
 main();

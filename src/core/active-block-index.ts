@@ -100,6 +100,13 @@ export class ActiveBlockIndex {
   /** Per prompt hash: probe position, then run offset; and run length (countHolders passes). */
   #scratchPos = new Int32Array(256);
   #scratchLen = new Int32Array(256);
+  /**
+   * The slots countHolders found for its list (word offsets, -1 when absent): the booking that
+   * follows a selection adds the same list (select_and_reserve), and touchAll then reads each
+   * slot from here, checked against its key, instead of warming and probing the table again.
+   */
+  #memoList: Uint32Array | undefined;
+  #memoSlots = new Int32Array(256);
   /** Result of the warming reads, stored only so the engine cannot drop them as dead code. */
   warmDigest = 0;
 
@@ -157,9 +164,13 @@ export class ActiveBlockIndex {
       }
     }
     // Pass 3: confirm keys (cached now; a tag collision continues the probe), touch each run.
+    if (this.#memoSlots.length < n) this.#memoSlots = new Int32Array(pos.length);
+    const memo = this.#memoSlots;
+    this.#memoList = list;
     for (let i = 0; i < n; i++) {
       let s = pos[i] as number;
       lens[i] = 0;
+      memo[i] = -1;
       if (s < 0) continue;
       const hi = (list[2 * i] as number) | 0;
       const lo = (list[2 * i + 1] as number) | 0;
@@ -170,6 +181,7 @@ export class ActiveBlockIndex {
         const b = s * SLOT_WORDS;
         if (t === tag && slots[b] === hi && slots[b + 1] === lo) {
           const off = slots[b + 2] as number;
+          memo[i] = b;
           pos[i] = off;
           lens[i] = (slots[b + 3] as number) & LEN_MASK;
           sink ^= ranks[off] as number;
@@ -214,13 +226,21 @@ export class ActiveBlockIndex {
   touchAll(list: Uint32Array, rank: number, st: RankBlockTotals): void {
     const n = list.length >>> 1;
     if (n === 0) return;
-    this.#warm(list, n);
+    // The selection just probed this very list (countHolders): its slots are cached.
+    const memo = this.#memoList === list ? this.#memoSlots : undefined;
+    this.#memoList = undefined;
+    if (memo === undefined) this.#warm(list, n);
     let slots = this.#slots;
     let ranks = this.#poolRanks;
     let refs = this.#poolRefs;
     let hint = 0;
     for (let i = 0; i < n; i++) {
-      const b = this.#find((list[2 * i] as number) | 0, (list[2 * i + 1] as number) | 0);
+      const hi = (list[2 * i] as number) | 0;
+      const lo = (list[2 * i + 1] as number) | 0;
+      let b = memo === undefined ? -1 : (memo[i] as number);
+      // A memo entry is used only if its slot still holds the key (an insert since then may have
+      // grown the table, a removal shifted slots): otherwise, or when absent then, probe.
+      if (b < 0 || this.#tags[b / SLOT_WORDS] === 0 || slots[b] !== hi || slots[b + 1] !== lo) b = this.#find(hi, lo);
       if (b < 0) {
         const previous = this.touch(list[2 * i] as number, list[2 * i + 1] as number, rank);
         if (previous === PAIR_CREATED) st.uniqueBlocks++;

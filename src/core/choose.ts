@@ -21,6 +21,7 @@ import type { ServiceCounters } from "./service-stats.js";
 import { applyOverride, type RouterConfigOverride, type SelectorConfig } from "./selector-config.js";
 import { scoreCandidates, selectCandidate, type SelectionRequest, type WorkerType } from "./selector.js";
 import type { TieSpreader } from "./tie-spread.js";
+import { MIN_RANKS_FOR_SCAN, scanApplies, scanChoose } from "./candidate-scan.js";
 import type { OverlapReport, SelectionNote, SelectRequest, SelectResponse, WorkerId } from "./types.js";
 import { validateWorkerId } from "./worker-catalog.js";
 
@@ -67,6 +68,12 @@ export interface ChooserOptions {
   readonly clock: Clock;
   readonly counters: ServiceCounters;
   readonly fleet: Pick<Fleet, "requirePartition" | "promptHashCache">;
+  /**
+   * "candidates" (the default): score only the ranks that can matter (candidate-scan.ts), with
+   * the same decisions and random draws as "every-rank", which scores every eligible rank (the
+   * scan's test oracle, and its fallback where it does not apply).
+   */
+  readonly scoring?: "candidates" | "every-rank";
 }
 
 export class Chooser {
@@ -104,16 +111,47 @@ export class Chooser {
     const prompt = this.promptOf(p, req, config);
     if (note !== undefined) note.hashEndMs = this.#o.clock.now();
     const s = p.scratch;
-    let n = this.#eligible(p, req);
-    if (n === 0) throw new KvmeshError("KVMESH_NOT_READY", `all schedulable workers of ${p.key} were filtered out by the request's constraints`);
-    n = this.#steer(p, req, sessionId, n, note);
-    const info = this.#load(p, req, prompt, n);
     const t = s.table;
-    let idx = selectCandidate(t, info, config, this.#o.random, s.costs);
-    if (this.#tieSpreader !== undefined && config.temperature === 0) idx = this.#tieSpreader.pick(s.costs, n, idx, s.candidates, p.ranks.spreadKeys);
+    let n: number;
+    let idx: number | undefined;
+    let scored: number | undefined;
+    if (this.#o.scoring !== "every-rank" && scanApplies(config) && unrestricted(req) && p.schedulable.length >= MIN_RANKS_FOR_SCAN) {
+      // Every schedulable rank is eligible (no filter can empty the set), as #eligible would find.
+      n = p.schedulable.length;
+      const target = this.#target(p, req, sessionId);
+      const m = target === undefined ? 0 : this.#targetRanks(p, req, target, note);
+      if (target === undefined && note !== undefined) note.session = sessionId !== undefined && p.affinity !== undefined ? "new" : "none";
+      if (m > 0) {
+        // Steered: the target's own ranks, straight from its membership (no pass over the fleet).
+        n = m;
+        idx = this.#pick(p, config, this.#load(p, req, prompt, n), n);
+      } else {
+        const match = this.#gather(p, prompt);
+        const info = this.#info(p, prompt);
+        const scan = scanChoose(p, match, hashCount(prompt.seqHashes), info, config, this.#o.random, this.#tieSpreader);
+        idx = scan?.row;
+        scored = scan?.scored;
+        if (idx === undefined) {
+          this.#eligible(p, req);
+          this.#fill(p, req, prompt, n);
+          idx = this.#pick(p, config, info, n);
+        }
+      }
+    } else {
+      n = this.#eligible(p, req);
+      if (n === 0) throw new KvmeshError("KVMESH_NOT_READY", `all schedulable workers of ${p.key} were filtered out by the request's constraints`);
+      const target = this.#target(p, req, sessionId);
+      if (target === undefined) {
+        if (note !== undefined) note.session = sessionId !== undefined && p.affinity !== undefined ? "new" : "none";
+      } else {
+        n = this.#narrow(p, req, target, n, note);
+      }
+      idx = this.#pick(p, config, this.#load(p, req, prompt, n), n);
+    }
     if (note !== undefined) {
       note.cost = s.costs[idx] as number;
       note.candidates = n;
+      note.scored = scored ?? n;
     }
     const rank = s.candidates[idx] as number;
     const device = t.device[idx] as number;
@@ -222,22 +260,39 @@ export class Chooser {
 
   /**
    * Steering: an explicit affinity_target, or else the session's live binding, narrows the
-   * candidates to its worker/rank while it is eligible; an ineligible target selects normally
-   * (and for a session the commit decides: Soft rebinds, Hard rejects). `sessionId` is undefined
-   * when the request skips session handling (managedSessionOf). Returns the candidate count.
+   * candidates to its worker/rank while it is eligible (#narrow); an ineligible target selects
+   * normally (and for a session the commit decides: Soft rebinds, Hard rejects). `sessionId` is
+   * undefined when the request skips session handling (managedSessionOf).
    */
-  #steer(p: Partition, req: SelectRequest, sessionId: string | undefined, n: number, note: SelectionNote | undefined): number {
-    let target: { workerId: WorkerId; dpRank: number | null } | undefined;
+  #target(p: Partition, req: SelectRequest, sessionId: string | undefined): { workerId: WorkerId; dpRank: number | null } | undefined {
     if (req.affinity_target !== undefined) {
       validateWorkerId(req.affinity_target.worker_id, "affinity_target.worker_id");
-      target = { workerId: req.affinity_target.worker_id, dpRank: req.affinity_target.dp_rank ?? null };
-    } else if (sessionId !== undefined && p.affinity !== undefined) {
-      target = p.affinity.resolve(sessionId);
+      return { workerId: req.affinity_target.worker_id, dpRank: req.affinity_target.dp_rank ?? null };
     }
-    if (target === undefined) {
-      if (note !== undefined) note.session = sessionId !== undefined && p.affinity !== undefined ? "new" : "none";
-      return n;
+    if (sessionId !== undefined && p.affinity !== undefined) return p.affinity.resolve(sessionId);
+    return undefined;
+  }
+
+  /**
+   * #narrow for a request whose every schedulable rank is eligible (unrestricted): the target's
+   * schedulable ranks, in dp-rank order (their order in the partition's candidate order), into
+   * scratch.candidates. Returns how many (0: the target is not eligible, select normally).
+   */
+  #targetRanks(p: Partition, req: SelectRequest, target: { workerId: WorkerId; dpRank: number | null }, note: SelectionNote | undefined): number {
+    const s = p.scratch;
+    let m = 0;
+    for (const rank of p.members.get(target.workerId)?.ranks ?? []) {
+      if (p.isSchedulable(rank) && (target.dpRank === null || p.ranks.dpRankOf(rank) === target.dpRank)) s.candidates[m++] = rank;
     }
+    if (note !== undefined) {
+      const explicit = req.affinity_target !== undefined;
+      note.session = m > 0 ? (explicit ? "affinity_target" : "followed") : explicit ? "affinity_target_moved" : "moved";
+    }
+    return m;
+  }
+
+  /** Narrows scratch.candidates [0, n) to the steering target's ranks; returns the candidate count. */
+  #narrow(p: Partition, req: SelectRequest, target: { workerId: WorkerId; dpRank: number | null }, n: number, note: SelectionNote | undefined): number {
     const s = p.scratch;
     let m = 0;
     for (let i = 0; i < n; i++) {
@@ -253,12 +308,27 @@ export class Chooser {
     return m > 0 ? m : n;
   }
 
+  /** The argmin (or softmax) over the table's rows [0, n), then the replicas' tie spreading. */
+  #pick(p: Partition, config: SelectorConfig, info: SelectionRequest, n: number): number {
+    const s = p.scratch;
+    const idx = selectCandidate(s.table, info, config, this.#o.random, s.costs);
+    if (this.#tieSpreader !== undefined && config.temperature === 0) return this.#tieSpreader.pick(s.costs, n, idx, s.candidates, p.ranks.spreadKeys);
+    return idx;
+  }
+
   /**
    * Fills the candidate table's rows [0, n): overlap per rank from the prefix index, blocks the
    * prompt shares with each rank's active ones from the ledger, projected loads, and the
    * request's preferred-taint weights. Leaves per-rank scratch set until #release.
    */
   #load(p: Partition, req: SelectRequest, prompt: NormalizedPrompt, n: number): SelectionRequest {
+    this.#gather(p, prompt);
+    this.#fill(p, req, prompt, n);
+    return this.#info(p, prompt);
+  }
+
+  /** Per-rank overlap from the prefix index and per-rank held blocks from the ledger, into the scratch. */
+  #gather(p: Partition, prompt: NormalizedPrompt): MatchResult {
     const s = p.scratch;
     const match = p.index.findMatches(prompt.localHashes);
     this.#match = match;
@@ -270,6 +340,12 @@ export class Chooser {
     }
     s.touched.length = 0;
     p.ledger.newBlocksFor(prompt.seqHashes, s.heldBlocks, s.touched);
+    return match;
+  }
+
+  /** The candidate table's rows [0, n) for scratch.candidates, from what #gather left. */
+  #fill(p: Partition, req: SelectRequest, prompt: NormalizedPrompt, n: number): void {
+    const s = p.scratch;
     const blocks = hashCount(prompt.seqHashes);
     const t = s.table;
     t.count = n;
@@ -281,6 +357,9 @@ export class Chooser {
     }
     p.fillCandidateLoads(s.candidates, n, blocks, s.heldBlocks, t.activePrefillTokens, t.potentialDecodeBlocks, t.activeRequests);
     t.preferredTaintWeight = this.#fillTaintWeights(p, req, n) ? s.taintWeights : null;
+  }
+
+  #info(p: Partition, prompt: NormalizedPrompt): SelectionRequest {
     return { islTokens: prompt.islTokens, blockSize: p.blockSize, workerType: this.#o.workerType };
   }
 
@@ -326,6 +405,19 @@ export class Chooser {
     }
     for (const r of s.touched) s.heldBlocks[r] = 0;
   }
+}
+
+/** Whether the request leaves every schedulable rank eligible with its plain cost (no filter, no pinned worker, no preferred taint). */
+function unrestricted(req: SelectRequest): boolean {
+  if (req.pinned_worker !== undefined || req.allowed_worker_ids !== undefined) return false;
+  const c = req.routing_constraints;
+  if (c === undefined || c === null) return true;
+  if (c.required_taints !== undefined && c.required_taints.length > 0) return false;
+  const preferred = c.preferred_taints;
+  if (preferred !== undefined) {
+    for (const taint in preferred) if (Object.hasOwn(preferred, taint)) return false;
+  }
+  return true;
 }
 
 /** Whether the rank's worker carries every required taint (true when none is required). */

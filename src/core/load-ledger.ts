@@ -124,6 +124,16 @@ export class LoadLedger {
    * typed-array read.
    */
   #requestCounts = new Int32Array(INITIAL_RANK_SLOTS);
+  /**
+   * Per rank key, kept current by every change: the prefill tokens owed with the oldest request's
+   * decay taken as complete (a floor of activePrefillTokens at any time: it only counts the
+   * remaining fraction of the head, in [0, 1]), and activeBlocks. The candidate scan
+   * (candidate-scan.ts) reads them for every rank of a partition, so they are flat arrays.
+   */
+  #prefillFloor = new Float64Array(INITIAL_RANK_SLOTS);
+  /** 1 where the rank's prefill decays with time (its head has a duration): the floor is then below the value. */
+  #prefillDecays = new Uint8Array(INITIAL_RANK_SLOTS);
+  #blocks = new Float64Array(INITIAL_RANK_SLOTS);
   readonly #index = new ActiveBlockIndex();
   /**
    * Ranks whose load changed since the last `takeChanged` (aggregate replication only: see
@@ -182,6 +192,34 @@ export class LoadLedger {
     }
   }
 
+  /** Brings the rank's flat copies (#requestCounts, #prefillFloor, #blocks) up to date after a change. */
+  #refresh(rank: number): void {
+    const st = this.#ranks[rank];
+    if (st === undefined) {
+      this.#requestCounts[rank] = 0;
+      this.#prefillFloor[rank] = 0;
+      this.#prefillDecays[rank] = 0;
+      this.#blocks[rank] = 0;
+      return;
+    }
+    this.#requestCounts[rank] = st.requests.size;
+    this.#blocks[rank] = st.uniqueBlocks - st.fractionalDeficit;
+    let floor = 0;
+    let decays = 0;
+    if (st.prefillHead < st.prefillQueue.length) {
+      const head = st.prefillQueue[st.prefillHead] as ActiveRequest;
+      // The same first operation as activePrefillTokens, so rounding keeps floor <= its value.
+      if (head.expectedPrefillDurationMs === null) {
+        floor = st.prefillSum;
+      } else {
+        floor = st.prefillSum - head.prefillTokens;
+        decays = 1;
+      }
+    }
+    this.#prefillFloor[rank] = floor;
+    this.#prefillDecays[rank] = decays;
+  }
+
   /** Number of live requests in the partition. */
   get size(): number {
     return this.#requests.size;
@@ -229,12 +267,14 @@ export class LoadLedger {
     this.#requests.set(requestId, req);
     st.requests.add(req);
     this.#requestCounts[rank] = st.requests.size;
-    this.#index.touchAll(req.hashes, rank, st);
+    // The caller's list, not the copy: a selection that just counted it left its slots memoized (active-block-index.ts).
+    this.#index.touchAll(seqHashes, rank, st);
     if (opts.trackPrefill) {
       if (st.prefillHead >= st.prefillQueue.length) st.prefillAnchorMs = now;
       st.prefillQueue.push(req);
       st.prefillSum += req.prefillTokens;
     }
+    this.#refresh(rank);
     this.#markChanged(rank);
   }
 
@@ -244,6 +284,7 @@ export class LoadLedger {
     if (req === undefined) return false;
     req.prefillDone = true;
     this.#leavePrefill(req, this.#rankState(req.rank));
+    this.#refresh(req.rank);
     this.#markChanged(req.rank);
     return true;
   }
@@ -253,6 +294,7 @@ export class LoadLedger {
     if (req === undefined) return false;
     this.#requests.delete(requestId);
     this.#release(req, this.#rankState(req.rank));
+    this.#refresh(req.rank);
     this.#markChanged(req.rank);
     return true;
   }
@@ -294,6 +336,7 @@ export class LoadLedger {
       this.#weighExclusive(req.hashes, req.rank, st, decayFraction);
       this.#weighExclusive(req.output, req.rank, st, decayFraction);
     }
+    this.#refresh(req.rank);
     this.#markChanged(req.rank);
     return true;
   }
@@ -360,11 +403,34 @@ export class LoadLedger {
         decodeOut[i] = promptBlocks - (held[rank] as number);
         requestsOut[i] = 0;
       } else {
-        prefillOut[i] = this.activePrefillTokens(rank);
-        decodeOut[i] = this.activeBlocks(rank) + (promptBlocks - (held[rank] as number));
+        // The flat copies equal the accessors (#refresh); only a decaying prefill reads the clock.
+        prefillOut[i] = this.#prefillDecays[rank] === 0 ? (this.#prefillFloor[rank] as number) : this.activePrefillTokens(rank);
+        decodeOut[i] = (this.#blocks[rank] as number) + (promptBlocks - (held[rank] as number));
         requestsOut[i] = counts[rank] as number;
       }
     }
+  }
+
+  /*
+   * The flat per-rank arrays the candidate scan reads (indexed by rank key; a rank past their
+   * length has no request): live requests, the prefill floor (see #prefillFloor) and activeBlocks.
+   * Views of live state, to read, valid until the ledger next changes (it may replace them).
+   */
+  get flatRequests(): Int32Array {
+    return this.#requestCounts;
+  }
+
+  get flatPrefillFloor(): Float64Array {
+    return this.#prefillFloor;
+  }
+
+  /** 1 where the prefill floor is below the prefill (it decays with time), else the floor is the value. */
+  get flatPrefillDecays(): Uint8Array {
+    return this.#prefillDecays;
+  }
+
+  get flatBlocks(): Float64Array {
+    return this.#blocks;
   }
 
   /** Ranks holding at least one live request. */
@@ -394,6 +460,7 @@ export class LoadLedger {
       this.#release(req, st);
     }
     this.#ranks[rank] = undefined;
+    this.#refresh(rank);
     return ids;
   }
 
@@ -415,9 +482,19 @@ export class LoadLedger {
       st = newRankState();
       this.#ranks[rank] = st;
       if (rank >= this.#requestCounts.length) {
-        const grown = new Int32Array(Math.max(rank + 1, 2 * this.#requestCounts.length));
+        const n = Math.max(rank + 1, 2 * this.#requestCounts.length);
+        const grown = new Int32Array(n);
         grown.set(this.#requestCounts);
         this.#requestCounts = grown;
+        const floor = new Float64Array(n);
+        floor.set(this.#prefillFloor);
+        this.#prefillFloor = floor;
+        const decays = new Uint8Array(n);
+        decays.set(this.#prefillDecays);
+        this.#prefillDecays = decays;
+        const blocks = new Float64Array(n);
+        blocks.set(this.#blocks);
+        this.#blocks = blocks;
       }
     }
     return st;

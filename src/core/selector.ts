@@ -146,6 +146,19 @@ export function computeCost(
   );
 }
 
+/**
+ * The cost of a candidate with no cached block of the prompt (device = host = disk = shared = 0,
+ * no preferred taint) from its loads: the very expression scoreRows evaluates for such a row, so
+ * with equal inputs the result is bit-identical, and (for prefillLoadScale >= 0, every operation
+ * being monotone under IEEE rounding) a floor of any input gives a floor of the cost. The
+ * candidate scan (candidate-scan.ts) relies on both. Decay must be off (overlap_score_credit_decay
+ * 0 or untracked prefill): the minimum prefill it would read is not passed.
+ */
+export function loadOnlyCost(activePrefill: number, decodeBlocks: number, activeRequests: number, req: SelectionRequest, config: SelectorConfig): number {
+  const cost = costOf(0, 0, 0, 0, activePrefill, decodeBlocks, activeRequests, 0, req, requestBlocksOf(req), usesDecodeBranch(req, config), 0, config);
+  return cost !== cost ? Infinity : cost;
+}
+
 let scratchCosts = new Float64Array(64);
 let scratchWeights = new Float64Array(64);
 

@@ -53,13 +53,20 @@ export class TieSpreader {
     this.#nearTie = nearTieBlocks;
   }
 
+  /** Costs within this of the argmin's count as tied (candidate-scan.ts scores every rank that close). */
+  get nearTieBlocks(): number {
+    return this.#nearTie;
+  }
+
   /**
    * The candidate to use, given the costs of `n` candidates, the argmin's own choice, and each
-   * candidate's spread key (`keys[candidates[i]]`, see spreadKey).
+   * candidate's spread key (`keys[candidates[i]]`, see spreadKey). `eligible`: how many candidates
+   * the request had, when the `n` given are only those that can tie (candidate-scan.ts): a lone
+   * eligible candidate is kept without a draw, and the draw must not depend on how many were scored.
    */
-  pick(costs: Float64Array, n: number, chosen: number, candidates: ArrayLike<number>, keys: ArrayLike<number>): number {
+  pick(costs: Float64Array, n: number, chosen: number, candidates: ArrayLike<number>, keys: ArrayLike<number>, eligible = n): number {
     const { index, count } = this.#slot();
-    if (count <= 1 || n <= 1) return chosen;
+    if (count <= 1 || eligible <= 1) return chosen;
     const limit = (costs[chosen] as number) + this.#nearTie;
     if (this.#tied.length < n) this.#tied = new Int32Array(Math.max(n, this.#tied.length * 2));
     let t = 0;

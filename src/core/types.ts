@@ -212,6 +212,8 @@ export interface SelectionNote {
   cost?: number;
   /** Candidates left after the request's filters and session steering. */
   candidates?: number;
+  /** Of those, how many were scored: all of them, or the few the candidate scan needs (candidate-scan.ts). */
+  scored?: number;
   session?: SessionSteer;
 }
 

@@ -273,10 +273,33 @@ describe("LoadLedger.newBlocksFor", () => {
     for (let step = 0; step < 1500; step++) {
       const op = rng.next();
       if (op < 0.55 || live.size === 0) {
-        const hashes = chain(int(12), 1 + int(120));
+        let hashes = chain(int(12), 1 + int(120));
         const rank = int(RANKS);
         const id = `r${nextId++}`;
-        ledger.add(id, rank, hashFrom(hashes), decodeOnly);
+        const list = hashFrom(hashes);
+        if (rng.next() < 0.6) {
+          // A selection counts the list first (select_and_reserve): the booking reuses its slots,
+          // also after frees shifted slots, adds grew the table, or the list's words changed.
+          ledger.newBlocksFor(list, out, touched);
+          for (const r of touched) out[r] = 0;
+          touched.length = 0;
+          const between = rng.next();
+          if (between < 0.2 && live.size > 0) {
+            const victim = [...live.keys()][int(live.size)] as string;
+            ledger.free(victim);
+            live.delete(victim);
+          } else if (between < 0.4) {
+            const other = chain(int(12), 1 + int(120));
+            const otherId = `r${nextId++}`;
+            const otherRank = int(RANKS);
+            ledger.add(otherId, otherRank, hashFrom(other), decodeOnly);
+            live.set(otherId, { rank: otherRank, hashes: other });
+          } else if (between < 0.5) {
+            hashes = chain(int(12), list.length / 2);
+            list.set(hashFrom(hashes));
+          }
+        }
+        ledger.add(id, rank, list, decodeOnly);
         live.set(id, { rank, hashes });
       } else if (op < 0.97) {
         const ids = [...live.keys()];
@@ -544,3 +567,47 @@ describe("LoadLedger against a naive model", () => {
 function hashFrom(values: bigint[]): HashList {
   return hashListFromBigInts(values);
 }
+
+describe("LoadLedger flat per-rank loads", () => {
+  it("equal the accessors after any sequence of changes, the prefill floor never above the prefill", () => {
+    const clock = new ManualClock(1_000);
+    const ledger = newLedger(clock);
+    const g = seededRandom(3);
+    const live: string[] = [];
+    const RANKS = 12;
+    for (let step = 0; step < 2_000; step++) {
+      const u = g.next();
+      const rank = Math.floor(g.next() * RANKS);
+      if (u < 0.4 || live.length === 0) {
+        const id = `q${step}`;
+        const start = Math.floor(g.next() * 6);
+        ledger.add(id, rank, hl(...Array.from({ length: 1 + Math.floor(g.next() * 5) }, (_, i) => start + i)), {
+          prefillTokens: Math.floor(g.next() * 50),
+          trackPrefill: g.next() < 0.8,
+          expectedPrefillDurationMs: g.next() < 0.4 ? Math.floor(g.next() * 200) : null,
+        });
+        live.push(id);
+      } else {
+        const id = live[Math.floor(g.next() * live.length)] as string;
+        if (u < 0.6) ledger.markPrefillComplete(id);
+        else if (u < 0.7) ledger.addOutputBlock(id, g.next() < 0.5 ? 0.25 : undefined);
+        else if (u < 0.72) ledger.removeRank(rank);
+        else {
+          ledger.free(id);
+          live.splice(live.indexOf(id), 1);
+        }
+      }
+      clock.advance(Math.floor(g.next() * 20));
+      const ranks = Int32Array.from({ length: RANKS }, (_, i) => i);
+      const prefill = new Float64Array(RANKS);
+      const decode = new Float64Array(RANKS);
+      const requests = new Float64Array(RANKS);
+      ledger.fillCandidateLoads(ranks, RANKS, 3, new Int32Array(RANKS), prefill, decode, requests);
+      const want = Array.from({ length: RANKS }, (_, r) => [ledger.activePrefillTokens(r), ledger.activeBlocks(r), ledger.activeRequests(r)]);
+      const got = Array.from({ length: RANKS }, (_, r) => [prefill[r], (decode[r] as number) - 3, requests[r]]);
+      const flat = Array.from({ length: RANKS }, (_, r) => [ledger.flatBlocks[r] ?? 0, ledger.flatRequests[r] ?? 0]);
+      const floorAbove = want.filter((w, r) => (ledger.flatPrefillFloor[r] ?? 0) > (w[0] as number));
+      expect({ step, got, flat, floorAbove }).toEqual({ step, got: want, flat: want.map((w) => [w[1], w[2]]), floorAbove: [] });
+    }
+  });
+});
