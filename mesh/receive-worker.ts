@@ -17,12 +17,11 @@
  * SUB misses while reconnecting: the next batch of each origin then shows a seq gap, and the
  * origin tracker repairs it with a snapshot. Nothing is lost silently.
  */
-import { createRequire } from "node:module";
-import { pathToFileURL } from "node:url";
 import { deserialize } from "node:v8";
-import { MessageChannel, type MessagePort, receiveMessageOnPort, Worker } from "node:worker_threads";
+import { MessageChannel, type MessagePort, receiveMessageOnPort, type Worker } from "node:worker_threads";
 import type { Logger } from "pino";
 
+import { siblingFile, startWorkerThread } from "../src/util/worker-thread.js";
 import type { CoalescerStats, ReceivedEntry } from "./receive-coalescer.js";
 import { addSkipCounts, EntrySkips, zeroSkipCounts } from "./entry-skips.js";
 import { createHandoffRingBuffer, HandoffRing } from "./handoff-ring.js";
@@ -68,22 +67,7 @@ export interface ReceiveWorkerStats extends CoalescerStats {
 
 const zero = (): CoalescerStats => ({ received: 0, malformed: 0, decodeErrors: 0, merged: 0, handovers: 0, skipped: zeroSkipCounts() });
 
-/**
- * How to start a thread on `file`: compiled (dist, .js) it is loaded directly; from source (tsx or
- * vitest, .ts) the thread has no TypeScript loader, so it imports tsx's API and loads the file
- * through it.
- */
-function spawn(file: URL, workerData: ThreadData): Worker {
-  const transferList = [workerData.handoff];
-  if (!file.pathname.endsWith(".ts")) return new Worker(file, { workerData, transferList });
-  // tsx's ESM build of its API: the CommonJS one fails to load its ESM half from a worker that
-  // inherited tsx's loader (ERR_MODULE_NOT_FOUND on .../esm/api/esm/index.mjs, tsx 4.23).
-  const tsx = pathToFileURL(createRequire(import.meta.url).resolve("tsx/esm/api").replace(/\.cjs$/, ".mjs")).href;
-  const code = `import(${JSON.stringify(tsx)}).then((api) => api.tsImport(${JSON.stringify(file.href)}, ${JSON.stringify(import.meta.url)}))`;
-  return new Worker(code, { eval: true, workerData, transferList });
-}
-
-const THREAD_FILE = new URL(import.meta.url.endsWith(".ts") ? "./receive-thread.ts" : "./receive-thread.js", import.meta.url);
+const THREAD_FILE = siblingFile(import.meta.url, "receive-thread");
 
 export class ReceiveWorker {
   readonly #o: ReceiveWorkerOptions;
@@ -323,7 +307,7 @@ function spawnThread(o: ReceiveWorkerOptions): Spawned {
   port1.unref();
   const sab = createHandoffRingBuffer();
   const data: ThreadData = { topics: o.topics, socket: o.socket, curve: o.curve, applyIntervalMs: o.applyIntervalMs, self: o.self, ring: sab, handoff: port2 };
-  return { worker: spawn(THREAD_FILE, data), handoff: port1, ring: new HandoffRing(sab) };
+  return { worker: startWorkerThread(THREAD_FILE, data, [data.handoff]), handoff: port1, ring: new HandoffRing(sab) };
 }
 
 /** Resolves on the thread's "ready"; rejects on its error, exit or the start timeout. */

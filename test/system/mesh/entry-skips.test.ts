@@ -14,7 +14,7 @@ import { afterEach, describe, expect, it } from "vitest";
 
 import { catalogWorkerOf, SelectionService, workerDraft } from "../../../src/core/index.js";
 import type { CatalogEvent } from "../../../src/core/index.js";
-import { MAX_WORKER_FIELD_ENTRIES } from "../../../src/core/limits.js";
+import { MAX_WORKER_FIELD_ENTRIES } from "../../../src/core/index.js";
 import { ReplicaMesh } from "../../../mesh/replica-mesh.js";
 import { FakeReplicaPort } from "../../helpers/fake-replica-port.js";
 import { freePortPair } from "../../helpers/ports.js";

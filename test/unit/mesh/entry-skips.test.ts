@@ -10,7 +10,7 @@ import { describe, expect, it } from "vitest";
 import { ManualClock } from "../../../src/core/index.js";
 import type { BindingEvent, CatalogEvent } from "../../../src/core/index.js";
 import { workerDraft, catalogWorkerOf } from "../../../src/core/index.js";
-import { MAX_WORKER_FIELD_ENTRIES } from "../../../src/core/limits.js";
+import { MAX_WORKER_FIELD_ENTRIES } from "../../../src/core/index.js";
 import { LogThrottle } from "../../../src/util/log-throttle.js";
 import { EntrySkips } from "../../../mesh/entry-skips.js";
 import { ReceiveCoalescer } from "../../../mesh/receive-coalescer.js";
