@@ -15,7 +15,7 @@ import { MeshRemoteError } from "./errors.js";
 import type { MeshPublisher } from "./publisher.js";
 import type { ReplicaPort } from "./replica-port.js";
 import type { ControlReply, ControlRequest, Snapshot } from "./types.js";
-import { decodeControlReply, decodeControlRequest, encodeControlReply, encodeControlRequest } from "./wire.js";
+import { decodeControlReply, decodeControlRequest, encodeControlReply, encodeControlRequest, type SkipSink } from "./wire.js";
 
 /** Control requests (snapshot, peer, unpeer) give up after this long, ms. */
 export const DEFAULT_CONTROL_TIMEOUT_MS = 2_000;
@@ -32,17 +32,22 @@ export class ControlClient {
   readonly #link: ControlLink;
   readonly #timeoutMs: number;
   readonly #advertise: string | undefined;
+  readonly #skip: SkipSink | undefined;
 
-  /** `advertise`: our PUB as peers reach it, sent with snapshot requests for the peer's check of who asks. */
-  constructor(link: ControlLink, timeoutMs = DEFAULT_CONTROL_TIMEOUT_MS, advertise?: string) {
+  /**
+   * `advertise`: our PUB as peers reach it, sent with snapshot requests for the peer's check of who
+   * asks. `skip`: where a snapshot's bad entries go (the rest installs; entry-skips.ts).
+   */
+  constructor(link: ControlLink, timeoutMs = DEFAULT_CONTROL_TIMEOUT_MS, advertise?: string, skip?: SkipSink) {
     this.#link = link;
     this.#timeoutMs = timeoutMs;
     this.#advertise = advertise;
+    this.#skip = skip;
   }
 
   /** Sends `req`; rejects with MeshRemoteError on an error reply, as the transport does on failures. */
   async request(endpoint: string, req: ControlRequest, timeoutMs = this.#timeoutMs): Promise<ControlAnswer> {
-    const reply = decodeControlReply(await this.#link.request(endpoint, encodeControlRequest(req), timeoutMs));
+    const reply = decodeControlReply(await this.#link.request(endpoint, encodeControlRequest(req), timeoutMs), this.#skip);
     if (reply.type === "error") throw new MeshRemoteError(endpoint, reply.message);
     return reply;
   }

@@ -20,10 +20,13 @@ export class MeshOptionError extends KvmeshError {
 export class MeshWireError extends KvmeshError {
   /** Path of the offending field in the TS shape, e.g. `events[3].event.sequence_hashes`. */
   readonly field: string;
-  constructor(field: string, problem: string, options?: { cause?: unknown }) {
+  /** Whether a bound was passed (a count, a length), as opposed to a wrong type or value. */
+  readonly overBound: boolean;
+  constructor(field: string, problem: string, options?: { cause?: unknown; overBound?: boolean }) {
     super("KVMESH_MESH_WIRE_INVALID", `${field}: ${problem}`, { ...(options?.cause === undefined ? {} : { cause: options.cause }), details: { field } });
     this.name = "MeshWireError";
     this.field = field;
+    this.overBound = options?.overBound === true;
   }
 }
 

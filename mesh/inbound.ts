@@ -27,7 +27,7 @@ import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type Snap
 import type { AppliedBatch, MeshApplyTracer } from "../src/util/trace-cause.js";
 
 export type { AppliedBatch, MeshApplyTracer };
-import { decodeBatch, decodeHeartbeat } from "./wire.js";
+import { decodeBatch, decodeHeartbeat, type SkipSink } from "./wire.js";
 
 /** Debounce between a worker (re)registration and re-pulling the peers that sent load for it, ms. */
 export const WORKER_CHANGE_RESNAPSHOT_DELAY_MS = 50;
@@ -95,6 +95,8 @@ export interface MeshInboundOptions {
   readonly lagObserver?: LagObserver;
   /** Tracing on: told of each applied batch that carried trace causes (a span linked to them). */
   readonly applyTracer?: MeshApplyTracer;
+  /** Where events left out of a batch decoded here go (entry-skips.ts); without it, one refuses the batch. */
+  readonly skip?: SkipSink;
 }
 
 export class MeshInbound {
@@ -184,7 +186,7 @@ export class MeshInbound {
       return;
     }
     try {
-      if (topic === TOPIC_BATCH) this.onBatch(decodeBatch(payload));
+      if (topic === TOPIC_BATCH) this.onBatch(decodeBatch(payload, this.#o.skip));
       else if (topic === TOPIC_HEARTBEAT) this.onHeartbeat(decodeHeartbeat(payload));
       else this.stats.malformed++;
     } catch (err) {

@@ -46,6 +46,8 @@ export interface MeshStats {
   /** `dns:` peers: names resolved, and resolutions that failed (the last known peers kept). */
   peerDnsResolutions: number;
   peerDnsFailures: number;
+  /** Entries (events, bookings, bindings, catalogue entries...) left out of peers' batches and snapshots, by reason (entry-skips.ts). */
+  readonly entriesSkipped: Readonly<Record<"over_bound" | "invalid", number>>;
   /** Control requests refused by membership's checks, by request (control.ts says which). */
   readonly controlRefused: Readonly<Record<"snapshot" | "peer" | "unpeer" | "lifecycle", number>>;
   /**
@@ -144,6 +146,15 @@ export function registerMeshMetrics(registry: Registry, src: MeshMetricsSources)
     { name: "kvmesh_mesh_control_refused_total", help: "Control requests refused because their claims did not check out (an unpeer its sender does not confirm, a snapshot or peer request from a process that is not the replica it names), by request." },
     ["request"],
     () => samplesOf("request", src.stats().controlRefused),
+  );
+  collectedLabelledCounter(
+    registry,
+    {
+      name: "kvmesh_mesh_entries_skipped_total",
+      help: "Entries (an event, a booking, a binding, a catalogue entry, a status) left out of a peer's batch or snapshot whose other entries applied, by reason: over_bound (a count or length past the shared bounds), invalid (a wrong type or value).",
+    },
+    ["reason"],
+    () => samplesOf("reason", src.stats().entriesSkipped),
   );
   collectedLabelledCounter(
     registry,

@@ -23,7 +23,7 @@
 import type { LoadAggregateRow, LoadAggregates } from "../src/core/index.js";
 import { MeshWireError } from "./errors.js";
 import { MAX_TRACE_CAUSES_PER_BATCH, PROTOCOL_VERSION, TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type MeshEvent, type TraceCause } from "./types.js";
-import { decodeBatch, decodeHeartbeat } from "./wire.js";
+import { decodeBatch, decodeHeartbeat, type EntrySkipReason, type SkippedEntry } from "./wire.js";
 
 /**
  * A merged batch stops growing at this many events (a new one starts): bounds one apply's work on
@@ -51,6 +51,8 @@ export interface CoalescerStats {
   malformed: number;
   /** Of `malformed`: payloads the wire codec refused. */
   decodeErrors: number;
+  /** Entries (events) left out of batches that were otherwise kept, by reason (wire.ts SkipSink). */
+  skipped: Record<EntrySkipReason, number>;
   /** Batches folded into the batch before them (each one main-thread apply saved). */
   merged: number;
   /** Hand-overs sent to the main thread. */
@@ -78,10 +80,18 @@ export interface DecodeFailure {
   readonly topic: string;
   readonly field: string;
   readonly message: string;
+  /** Set when only one entry was left out (the rest of the batch was kept): logged at warn. */
+  readonly skipped?: EntrySkipReason;
 }
 
 export class ReceiveCoalescer {
-  readonly stats: CoalescerStats = { received: 0, malformed: 0, decodeErrors: 0, merged: 0, handovers: 0 };
+  readonly stats: CoalescerStats = { received: 0, malformed: 0, decodeErrors: 0, merged: 0, handovers: 0, skipped: { over_bound: 0, invalid: 0 } };
+  /** Entries skipped by the last add() (reported with its outcome). */
+  #skips: DecodeFailure[] = [];
+  readonly #skip = (s: SkippedEntry): void => {
+    this.stats.skipped[s.reason]++;
+    this.#skips.push({ topic: TOPIC_BATCH, field: s.field, message: s.message, skipped: s.reason });
+  };
   #pending: Pending[] = [];
   #pendingEvents = 0;
   /** Origin -> the batch still open for merging (none after its heartbeat or a hand-over). */
@@ -101,25 +111,29 @@ export class ReceiveCoalescer {
     return this.#pending.length === 0;
   }
 
-  /** Decodes one message (frames as read from the SUB) and folds it in; returns why it was refused, if it was. */
-  add(frames: readonly Buffer[], wallNowMs: number): DecodeFailure | null {
+  /**
+   * Decodes one message (frames as read from the SUB) and folds it in; returns why it was refused
+   * (one failure) or which of its entries were skipped (one each, the batch kept), if any.
+   */
+  add(frames: readonly Buffer[], wallNowMs: number): DecodeFailure[] {
     this.stats.received++;
     if (frames.length !== 2) {
       this.stats.malformed++;
-      return null;
+      return [];
     }
     const topic = (frames[0] as Buffer).toString("utf8");
     const payload = frames[1] as Buffer;
+    this.#skips = [];
     try {
-      if (topic === TOPIC_BATCH) this.#addBatch(decodeBatch(payload), wallNowMs);
+      if (topic === TOPIC_BATCH) this.#addBatch(decodeBatch(payload, this.#skip), wallNowMs);
       else if (topic === TOPIC_HEARTBEAT) this.#addHeartbeat(decodeHeartbeat(payload), wallNowMs);
       else this.stats.malformed++;
-      return null;
+      return this.#skips;
     } catch (err) {
       this.stats.malformed++;
       this.stats.decodeErrors++;
-      if (err instanceof MeshWireError) return { topic, field: err.field, message: err.message };
-      return { topic, field: "payload", message: err instanceof Error ? err.message : String(err) };
+      if (err instanceof MeshWireError) return [{ topic, field: err.field, message: err.message }];
+      return [{ topic, field: "payload", message: err instanceof Error ? err.message : String(err) }];
     }
   }
 

@@ -37,6 +37,11 @@ let handoffSeq = 0;
 /** Serialized hand-overs not in the ring yet (it was full: the main thread had not read it). */
 const pending: Uint8Array[] = [];
 
+/** A copy of the running counters (posted, so not shared with what keeps counting). */
+function statsNow(): HandoffReport["stats"] {
+  return { ...coalescer.stats, skipped: { ...coalescer.stats.skipped } };
+}
+
 function post(report: ThreadReport): void {
   port?.postMessage(report);
 }
@@ -47,7 +52,7 @@ function handOver(force = false): void {
   timer = undefined;
   const entries = coalescer.take();
   if (entries.length > 0 || failures.length > 0) {
-    const report: HandoffReport = { t: "entries", seq: ++handoffSeq, entries, stats: { ...coalescer.stats }, failures };
+    const report: HandoffReport = { t: "entries", seq: ++handoffSeq, entries, stats: statsNow(), failures };
     pending.push(serialize(report));
     failures = [];
   }
@@ -85,8 +90,7 @@ function schedule(): void {
 
 /** One message from any peer's socket. */
 function receive(frames: Buffer[]): void {
-  const failure = coalescer.add(frames, Date.now());
-  if (failure !== null && failures.length < MAX_FAILURES_PER_HANDOVER) failures.push(failure);
+  for (const failure of coalescer.add(frames, Date.now())) if (failures.length < MAX_FAILURES_PER_HANDOVER) failures.push(failure);
   schedule();
 }
 
@@ -189,7 +193,7 @@ port.on("message", (cmd: ThreadCommand) => {
         handOver(true);
         // Closed before answering: the main thread terminates the thread on "closed" (see fatal).
         void peers.close().then(() => {
-          post({ t: "closed", stats: { ...coalescer.stats } });
+          post({ t: "closed", stats: statsNow() });
           port.close();
         });
         break;

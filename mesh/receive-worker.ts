@@ -17,13 +17,13 @@
  * SUB misses while reconnecting: the next batch of each origin then shows a seq gap, and the
  * origin tracker repairs it with a snapshot. Nothing is lost silently.
  */
-import { createRequire } from "node:module";
-import { pathToFileURL } from "node:url";
 import { deserialize } from "node:v8";
-import { MessageChannel, type MessagePort, receiveMessageOnPort, Worker } from "node:worker_threads";
+import { MessageChannel, type MessagePort, receiveMessageOnPort, type Worker } from "node:worker_threads";
 import type { Logger } from "pino";
 
+import { siblingFile, startWorkerThread } from "../src/util/worker-thread.js";
 import type { CoalescerStats, ReceivedEntry } from "./receive-coalescer.js";
+import { addSkipCounts, EntrySkips, zeroSkipCounts } from "./entry-skips.js";
 import { createHandoffRingBuffer, HandoffRing } from "./handoff-ring.js";
 import type { CurveSocketEvent } from "./curve-sockets.js";
 import type { CurveConnect, HandoffReport, ThreadCommand, ThreadData, ThreadReport } from "./receive-protocol.js";
@@ -65,28 +65,15 @@ export interface ReceiveWorkerStats extends CoalescerStats {
   restarts: number;
 }
 
-const ZERO: CoalescerStats = { received: 0, malformed: 0, decodeErrors: 0, merged: 0, handovers: 0 };
+const zero = (): CoalescerStats => ({ received: 0, malformed: 0, decodeErrors: 0, merged: 0, handovers: 0, skipped: zeroSkipCounts() });
 
-/**
- * How to start a thread on `file`: compiled (dist, .js) it is loaded directly; from source (tsx or
- * vitest, .ts) the thread has no TypeScript loader, so it imports tsx's API and loads the file
- * through it.
- */
-function spawn(file: URL, workerData: ThreadData): Worker {
-  const transferList = [workerData.handoff];
-  if (!file.pathname.endsWith(".ts")) return new Worker(file, { workerData, transferList });
-  // tsx's ESM build of its API: the CommonJS one fails to load its ESM half from a worker that
-  // inherited tsx's loader (ERR_MODULE_NOT_FOUND on .../esm/api/esm/index.mjs, tsx 4.23).
-  const tsx = pathToFileURL(createRequire(import.meta.url).resolve("tsx/esm/api").replace(/\.cjs$/, ".mjs")).href;
-  const code = `import(${JSON.stringify(tsx)}).then((api) => api.tsImport(${JSON.stringify(file.href)}, ${JSON.stringify(import.meta.url)}))`;
-  return new Worker(code, { eval: true, workerData, transferList });
-}
-
-const THREAD_FILE = new URL(import.meta.url.endsWith(".ts") ? "./receive-thread.ts" : "./receive-thread.js", import.meta.url);
+const THREAD_FILE = siblingFile(import.meta.url, "receive-thread");
 
 export class ReceiveWorker {
   readonly #o: ReceiveWorkerOptions;
   readonly #log: Logger;
+  /** Logs (throttled) the entries the thread skipped; it counts them itself (stats.skipped). */
+  readonly #skips: EntrySkips;
   /** Endpoint -> its connect: what a restarted thread connects to again. */
   readonly #peers = new Map<string, ThreadCommand>();
   #worker: Worker;
@@ -97,8 +84,8 @@ export class ReceiveWorker {
   #workerExited!: Promise<void>;
   #startedAtMs: number;
   /** Counters of threads that died, added to the live thread's. */
-  #base: CoalescerStats = { ...ZERO };
-  #live: CoalescerStats = { ...ZERO };
+  #base: CoalescerStats = zero();
+  #live: CoalescerStats = zero();
   #restarts = 0;
   #backoffMs = RECEIVE_THREAD_RESTART_MIN_MS;
   #restartTimer: NodeJS.Timeout | undefined;
@@ -109,6 +96,7 @@ export class ReceiveWorker {
   private constructor(o: ReceiveWorkerOptions, first: Spawned) {
     this.#o = o;
     this.#log = o.logger;
+    this.#skips = new EntrySkips(o.logger);
     this.#worker = first.worker;
     this.#handoff = first.handoff;
     this.#ring = first.ring;
@@ -145,7 +133,10 @@ export class ReceiveWorker {
     if (posted) reports.sort((a, b) => a.seq - b.seq);
     for (const r of reports) {
       this.#live = r.stats;
-      for (const f of r.failures) this.#log.debug({ field: f.field, topic: f.topic }, `malformed mesh frame: ${f.message}`);
+      for (const f of r.failures) {
+        if (f.skipped === undefined) this.#log.debug({ field: f.field, topic: f.topic }, `malformed mesh frame: ${f.message}`);
+        else this.#skips.log({ field: f.field, reason: f.skipped, message: f.message }, "batch");
+      }
       if (r.entries.length > 0) this.#o.onEntries(r.entries);
     }
     return reports.length;
@@ -160,6 +151,7 @@ export class ReceiveWorker {
       decodeErrors: s.decodeErrors + l.decodeErrors,
       merged: s.merged + l.merged,
       handovers: s.handovers + l.handovers,
+      skipped: addSkipCounts(s.skipped, l.skipped),
       restarts: this.#restarts,
     };
   }
@@ -253,7 +245,7 @@ export class ReceiveWorker {
     this.applyReceived();
     for (const done of [...this.#flushes.values()]) done();
     this.#base = this.stats;
-    this.#live = { ...ZERO };
+    this.#live = zero();
     if (performance.now() - this.#startedAtMs >= RECEIVE_THREAD_HEALTHY_MS) this.#backoffMs = RECEIVE_THREAD_RESTART_MIN_MS;
     const delayMs = this.#backoffMs;
     this.#backoffMs = Math.min(this.#backoffMs * 2, RECEIVE_THREAD_RESTART_MAX_MS);
@@ -315,7 +307,7 @@ function spawnThread(o: ReceiveWorkerOptions): Spawned {
   port1.unref();
   const sab = createHandoffRingBuffer();
   const data: ThreadData = { topics: o.topics, socket: o.socket, curve: o.curve, applyIntervalMs: o.applyIntervalMs, self: o.self, ring: sab, handoff: port2 };
-  return { worker: spawn(THREAD_FILE, data), handoff: port1, ring: new HandoffRing(sab) };
+  return { worker: startWorkerThread(THREAD_FILE, data, [data.handoff]), handoff: port1, ring: new HandoffRing(sab) };
 }
 
 /** Resolves on the thread's "ready"; rejects on its error, exit or the start timeout. */

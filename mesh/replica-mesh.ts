@@ -22,6 +22,7 @@ import { LogThrottle } from "../src/util/log-throttle.js";
 import { ControlClient, ControlServer, DEFAULT_CONTROL_TIMEOUT_MS, type ControlExtension, type ControlLink } from "./control.js";
 import type { MeshCurveConfig } from "./curve.js";
 import { DEFAULT_PEER_DNS_INTERVAL_SECS, DnsPeerDiscovery, type DnsPeerEntry } from "./dns-peers.js";
+import { addSkipCounts, EntrySkips, zeroSkipCounts } from "./entry-skips.js";
 import { MeshInbound, type MeshApplyTracer } from "./inbound.js";
 import { registerLagMetrics, registerMeshMetrics, type MeshStats } from "./mesh-metrics.js";
 import { Membership, type PeerView } from "./membership.js";
@@ -121,6 +122,8 @@ export class ReplicaMesh {
   readonly #forwards = { sent: 0, failed: 0, skipped: 0 };
   #forwardsInFlight = 0;
   readonly #forwardLog = new LogThrottle();
+  /** Entries left out of peers' snapshots (and batches, without the receive thread) decoded here. */
+  readonly #skips: EntrySkips;
   readonly #clock: Clock;
   /** When the receive thread's hand-overs were last applied, monotonic ms. */
   #appliedAtMs = -Infinity;
@@ -134,10 +137,11 @@ export class ReplicaMesh {
     const origin = service.replicaId;
     this.#transport = transport;
     this.#log = logger;
+    this.#skips = new EntrySkips(logger);
     this.#advertise = o.advertiseEndpoint ?? transport.publishEndpoint;
     // eslint-disable-next-line @typescript-eslint/no-this-alias -- the publisher's source reads the attachment made after it
     const self = this;
-    const client = new ControlClient(transport, o.controlTimeoutMs ?? DEFAULT_CONTROL_TIMEOUT_MS, this.#advertise);
+    const client = new ControlClient(transport, o.controlTimeoutMs ?? DEFAULT_CONTROL_TIMEOUT_MS, this.#advertise, this.#skips.sink);
     this.#publisher = new MeshPublisher({
       origin,
       epoch: randomU64(o.random),
@@ -170,6 +174,7 @@ export class ReplicaMesh {
       timers,
       ...(lagObserver === undefined ? {} : { lagObserver }),
       ...(o.applyTracer === undefined ? {} : { applyTracer: o.applyTracer }),
+      skip: this.#skips.sink,
     });
     this.#membership = new Membership({ origin, advertise: this.#advertise, links: transport, control: client, inbound: this.#inbound, port: service, logger, clock });
     this.#inbound.bindMembership(this.#membership);
@@ -312,6 +317,7 @@ export class ReplicaMesh {
       peerDnsResolutions: this.#dns?.stats.resolutions ?? 0,
       peerDnsFailures: this.#dns?.stats.failures ?? 0,
       controlRefused: { ...c.refused },
+      entriesSkipped: addSkipCounts(this.#skips.counts, r?.skipped ?? zeroSkipCounts()),
       lifecycleForwards: { ...this.#forwards },
     };
   }

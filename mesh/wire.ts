@@ -12,9 +12,12 @@
  * array of BigInts to build on both sides).
  *
  * Decoding is the trust boundary: every field is checked (type, range, string byte length,
- * array bounds, known tags, v === 1) and the first violation throws a MeshWireError naming the
- * field path in the TS shape (e.g. `events[3].event.sequence_hashes`). Nothing half-built is
- * returned. Unknown keys are ignored, so v1 can grow by optional keys.
+ * array bounds, known tags, v === 1) and a violation throws a MeshWireError naming the field path
+ * in the TS shape (e.g. `events[3].event.sequence_hashes`). A violation inside one entry of a
+ * batch or snapshot (an event, a booking, a binding, a catalogue entry...) skips that entry only
+ * when the caller passes a SkipSink (the mesh always does: kvmesh_mesh_entries_skipped_total);
+ * a bad envelope refuses the frame. Nothing half-built is returned. Unknown keys are ignored, so
+ * v1 can grow by optional keys.
  * Encoding trusts the TS types; a sender bug surfaces as a decode error on every peer.
  *
  * Wire keys (value types in parentheses; u64 = uint64/int64/non-negative int):
@@ -352,6 +355,53 @@ export function estimateEventBytes(me: MeshEvent): number {
 
 type Fields = Readonly<Record<string, unknown>>;
 
+const OVER_BOUND = { overBound: true } as const;
+
+/** Why one entry of a batch or snapshot was skipped: `kvmesh_mesh_entries_skipped_total{reason}`. */
+export type EntrySkipReason = "over_bound" | "invalid";
+export const ENTRY_SKIP_REASONS: readonly EntrySkipReason[] = ["over_bound", "invalid"];
+
+/** One entry (an event, a booking, a binding, a catalogue entry, ...) left out of what was decoded. */
+export interface SkippedEntry {
+  /** Path of the offending field, e.g. `events[3].event.worker.taints`. */
+  readonly field: string;
+  readonly reason: EntrySkipReason;
+  readonly message: string;
+}
+
+/**
+ * Told of each entry a decoder leaves out. Without one, decoding is strict: the first bad entry
+ * refuses the whole frame (tools, tests). The mesh always passes one (#29: a peer that refused a
+ * whole batch or snapshot for one over-bound worker stopped hearing its origin at all).
+ */
+export type SkipSink = (skipped: SkippedEntry) => void;
+
+/**
+ * `read(raw)`, or, when it throws a MeshWireError and a sink is given, undefined with the entry
+ * reported to the sink. Envelope fields (origin, epoch, seq, the lists themselves) are never
+ * read through here: a frame whose envelope is bad is refused whole.
+ */
+function entry<T>(skip: SkipSink | undefined, read: () => T): T | undefined {
+  if (skip === undefined) return read();
+  try {
+    return read();
+  } catch (err) {
+    if (!(err instanceof MeshWireError)) throw err;
+    skip({ field: err.field, reason: err.overBound ? "over_bound" : "invalid", message: err.message });
+    return undefined;
+  }
+}
+
+/** The entries of `raw` that decode, in order (the rest reported to `skip`). */
+function entries<T>(raw: readonly unknown[], skip: SkipSink | undefined, read: (item: unknown, i: number) => T): T[] {
+  const out: T[] = [];
+  for (let i = 0; i < raw.length; i++) {
+    const v = entry(skip, () => read(raw[i], i));
+    if (v !== undefined) out.push(v);
+  }
+  return out;
+}
+
 function describe(value: unknown): string {
   if (value === null) return "nil";
   if (Array.isArray(value)) return "array";
@@ -369,7 +419,7 @@ function map(raw: unknown, field: string): Fields {
 
 function array(raw: unknown, field: string, max: number): readonly unknown[] {
   if (!Array.isArray(raw)) throw new MeshWireError(field, `expected an array, got ${describe(raw)}`);
-  if (raw.length > max) throw new MeshWireError(field, `${raw.length} items exceeds the maximum of ${max}`);
+  if (raw.length > max) throw new MeshWireError(field, `${raw.length} items exceeds the maximum of ${max}`, OVER_BOUND);
   return raw as unknown[];
 }
 
@@ -414,7 +464,7 @@ function str(raw: unknown, field: string, maxBytes: number, allowEmpty: boolean)
   if (!allowEmpty && raw.length === 0) throw new MeshWireError(field, "must not be empty");
   // UTF-8 takes at least one byte per UTF-16 unit and at most three, so most strings skip the count.
   if (raw.length > maxBytes || (raw.length * 3 > maxBytes && Buffer.byteLength(raw, "utf8") > maxBytes)) {
-    throw new MeshWireError(field, `longer than ${maxBytes} bytes`);
+    throw new MeshWireError(field, `longer than ${maxBytes} bytes`, OVER_BOUND);
   }
   return raw;
 }
@@ -448,7 +498,7 @@ function hashList(raw: unknown, field: string): HashList {
   if (!(raw instanceof Uint8Array)) throw new MeshWireError(field, `expected binary, got ${describe(raw)}`);
   if (raw.byteLength % BYTES_PER_HASH !== 0) throw new MeshWireError(field, `byte length ${raw.byteLength} is not a multiple of ${BYTES_PER_HASH}`);
   if (raw.byteLength > MAX_HASHES_PER_EVENT * BYTES_PER_HASH) {
-    throw new MeshWireError(field, `${raw.byteLength / BYTES_PER_HASH} hashes exceeds the maximum of ${MAX_HASHES_PER_EVENT}`);
+    throw new MeshWireError(field, `${raw.byteLength / BYTES_PER_HASH} hashes exceeds the maximum of ${MAX_HASHES_PER_EVENT}`, OVER_BOUND);
   }
   // Always a copy: the bytes are a view into the frame, which must not stay alive (a snapshot
   // frame is 189 MB) for as long as one booking does.
@@ -561,7 +611,7 @@ function decodeWorker(raw: unknown, workerId: bigint, at: string): WorkerRequest
   const m = map(raw, at);
   for (const [k, v] of Object.entries(m)) {
     if (Array.isArray(v)) array(v, `${at}.${k}`, MAX_WORKER_FIELD_ENTRIES);
-    else if (isMap(v) && Object.keys(v).length > MAX_WORKER_FIELD_ENTRIES) throw new MeshWireError(`${at}.${k}`, `more than ${MAX_WORKER_FIELD_ENTRIES} entries`);
+    else if (isMap(v) && Object.keys(v).length > MAX_WORKER_FIELD_ENTRIES) throw new MeshWireError(`${at}.${k}`, `more than ${MAX_WORKER_FIELD_ENTRIES} entries`, OVER_BOUND);
   }
   try {
     return recordToRequest(workerDraft({ ...(m as Partial<WorkerRequest>), worker_id: workerId }));
@@ -638,36 +688,31 @@ function unpackFrame(buf: Uint8Array, maxBytes: number): Fields {
   return m;
 }
 
-function decodeSnapshotFields(m: Fields, at: string): Snapshot {
+function decodeSnapshotFields(m: Fields, at: string, skip: SkipSink | undefined): Snapshot {
   const p = at === "" ? "" : `${at}.`;
   if (at !== "" && m.v !== PROTOCOL_VERSION) throw new MeshWireError(`${p}v`, `unsupported protocol version ${String(m.v)}`);
   const origin = nonZeroU64(m.o, `${p}origin`);
   const epoch = u64(m.e, `${p}epoch`);
   const seq = uint(m.s, `${p}seq`, Number.MAX_SAFE_INTEGER);
-  const rawBookings = array(m.bk, `${p}bookings`, MAX_SNAPSHOT_BOOKINGS);
-  const bookings = new Array<SnapshotBooking>(rawBookings.length);
-  for (let i = 0; i < rawBookings.length; i++) {
+  // Each booking, binding, totals event, catalogue entry and status is one entry: a bad one is
+  // skipped (with a sink), the rest of the snapshot installs.
+  const bookings = entries(array(m.bk, `${p}bookings`, MAX_SNAPSHOT_BOOKINGS), skip, (raw, i): SnapshotBooking => {
     const bat = `${p}bookings[${i}]`;
-    const b = map(rawBookings[i], bat);
-    bookings[i] = { add: decodeAdd(map(b.a, `${bat}.add`), `${bat}.add`), prefillDone: bool(b.c, `${bat}.prefillDone`) };
-  }
-  const rawBindings = array(m.bn, `${p}bindings`, MAX_SNAPSHOT_BINDINGS);
-  const bindings = new Array<BindingEvent>(rawBindings.length);
-  for (let i = 0; i < rawBindings.length; i++) {
-    const bat = `${p}bindings[${i}]`;
-    bindings[i] = decodeBinding(map(rawBindings[i], bat), bat);
-  }
-  const loadsList = (raw: unknown, at: string): LoadAggregates[] => array(raw, at, MAX_SNAPSHOT_PARTITIONS).map((a, i) => decodeLoads(map(a, `${at}[${i}]`), `${at}[${i}]`));
+    const b = map(raw, bat);
+    return { add: decodeAdd(map(b.a, `${bat}.add`), `${bat}.add`), prefillDone: bool(b.c, `${bat}.prefillDone`) };
+  });
+  const bindings = entries(array(m.bn, `${p}bindings`, MAX_SNAPSHOT_BINDINGS), skip, (raw, i) => decodeBinding(map(raw, `${p}bindings[${i}]`), `${p}bindings[${i}]`));
+  const loadsList = (raw: unknown, at: string): LoadAggregates[] => entries(array(raw, at, MAX_SNAPSHOT_PARTITIONS), skip, (a, i) => decodeLoads(map(a, `${at}[${i}]`), `${at}[${i}]`));
   const aggregates = m.ag === undefined ? undefined : loadsList(m.ag, `${p}aggregates`);
   const mirrored =
     m.mg === undefined
       ? undefined
-      : array(m.mg, `${p}mirrored`, MAX_SNAPSHOT_ORIGINS).map((raw, i) => {
+      : entries(array(m.mg, `${p}mirrored`, MAX_SNAPSHOT_ORIGINS), skip, (raw, i) => {
           const o = map(raw, `${p}mirrored[${i}]`);
           return { origin: nonZeroU64(o.o, `${p}mirrored[${i}].origin`), aggregates: loadsList(o.ag, `${p}mirrored[${i}].aggregates`) };
         });
-  const catalog = m.ct === undefined ? undefined : array(m.ct, `${p}catalog`, MAX_SNAPSHOT_CATALOG_ENTRIES).map((raw, i) => decodeCatalog(map(raw, `${p}catalog[${i}]`), `${p}catalog[${i}]`));
-  const statuses = m.ws === undefined ? undefined : array(m.ws, `${p}statuses`, MAX_SNAPSHOT_WORKER_STATUSES).map((raw, i) => decodeStatus(map(raw, `${p}statuses[${i}]`), `${p}statuses[${i}]`));
+  const catalog = m.ct === undefined ? undefined : entries(array(m.ct, `${p}catalog`, MAX_SNAPSHOT_CATALOG_ENTRIES), skip, (raw, i) => decodeCatalog(map(raw, `${p}catalog[${i}]`), `${p}catalog[${i}]`));
+  const statuses = m.ws === undefined ? undefined : entries(array(m.ws, `${p}statuses`, MAX_SNAPSHOT_WORKER_STATUSES), skip, (raw, i) => decodeStatus(map(raw, `${p}statuses[${i}]`), `${p}statuses[${i}]`));
   return {
     v: PROTOCOL_VERSION,
     origin,
@@ -683,16 +728,15 @@ function decodeSnapshotFields(m: Fields, at: string): Snapshot {
   };
 }
 
-export function decodeBatch(buf: Uint8Array): MeshBatch {
+/** `skip`: where bad events go (the rest of the batch is kept); without it, one refuses the batch. */
+export function decodeBatch(buf: Uint8Array, skip?: SkipSink): MeshBatch {
   const m = unpackFrame(buf, MAX_BATCH_FRAME_BYTES);
   const origin = nonZeroU64(m.o, "origin");
   const epoch = u64(m.e, "epoch");
   const seq = uint(m.s, "seq", Number.MAX_SAFE_INTEGER);
   if (seq === 0) throw new MeshWireError("seq", "batches are numbered from 1");
   const sentAtMs = nonNegative(m.t, "sentAtMs");
-  const raw = array(m.ev, "events", MAX_EVENTS_PER_BATCH);
-  const events = new Array<MeshEvent>(raw.length);
-  for (let i = 0; i < raw.length; i++) events[i] = decodeEvent(raw[i], `events[${i}]`);
+  const events = entries(array(m.ev, "events", MAX_EVENTS_PER_BATCH), skip, (raw, i) => decodeEvent(raw, `events[${i}]`));
   if (m.tc === undefined || m.tc === null) return { v: PROTOCOL_VERSION, origin, epoch, seq, sentAtMs, events };
   return { v: PROTOCOL_VERSION, origin, epoch, seq, sentAtMs, events, causes: decodeCauses(m.tc) };
 }
@@ -729,8 +773,8 @@ export function decodeHeartbeat(buf: Uint8Array): Heartbeat {
   };
 }
 
-export function decodeSnapshot(buf: Uint8Array): Snapshot {
-  return decodeSnapshotFields(unpackFrame(buf, MAX_SNAPSHOT_FRAME_BYTES), "");
+export function decodeSnapshot(buf: Uint8Array, skip?: SkipSink): Snapshot {
+  return decodeSnapshotFields(unpackFrame(buf, MAX_SNAPSHOT_FRAME_BYTES), "", skip);
 }
 
 export function decodeControlRequest(buf: Uint8Array): ControlRequest {
@@ -755,12 +799,12 @@ export function decodeControlRequest(buf: Uint8Array): ControlRequest {
   }
 }
 
-export function decodeControlReply(buf: Uint8Array): ControlReply {
+export function decodeControlReply(buf: Uint8Array, skip?: SkipSink): ControlReply {
   const m = unpackFrame(buf, MAX_SNAPSHOT_FRAME_BYTES);
   const type = m.ty;
   switch (type) {
     case "snapshot":
-      return { type, snapshot: decodeSnapshotFields(map(m.sn, "snapshot"), "snapshot") };
+      return { type, snapshot: decodeSnapshotFields(map(m.sn, "snapshot"), "snapshot", skip) };
     case "ok":
       return { type };
     case "status":

@@ -217,16 +217,18 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   }
   // After the ingest follows the catalogue: the file's workers get their KV listeners. A refused
   // file fails the start (there is no last good catalogue to keep yet).
+  // In a mesh the file is applied after the startup sync (workers-file.ts, #29 G5).
   let workersFile: WorkersFile | undefined;
+  let workersFileRead: Awaited<ReturnType<WorkersFile["prepare"]>> | undefined;
   if (config.workersFile !== undefined) {
     workersFile = new WorkersFile(config.workersFile, service, logger.child({ subsystem: "workers-file" }));
     try {
-      workersFile.load();
+      workersFileRead = await workersFile.prepare();
+      if (config.replicaSyncPort === undefined) await workersFile.start(workersFileRead);
     } catch (err) {
       await ingest.close();
       throw err;
     }
-    workersFile.watch();
   }
   // One registry per daemon (several run in one test process); each component adds its series.
   const registry = createMetricsRegistry();
@@ -272,6 +274,13 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       });
       logger.info({ publish: sync.advertise, peers: config.peers, origin: service.replicaId.toString() }, "replica mesh up");
       const m = mesh;
+      if (workersFile !== undefined && workersFileRead !== undefined) {
+        const wf = workersFile;
+        wf.start(workersFileRead, () => m.startupSyncPending() === null).catch((err: unknown) => {
+          wf.close();
+          logger.error({ err, file: config.workersFile }, "workers file could not be applied after the mesh's startup sync: not watched");
+        });
+      }
       const client = new IndexSyncClient({ link: m.controlLink, from: service.replicaId, advertise: m.advertiseEndpoint });
       void warmJoin.run({
         startupSyncPending: () => m.startupSyncPending(),

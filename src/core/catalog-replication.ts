@@ -54,6 +54,13 @@ interface Entry {
   readonly print: string | null;
 }
 
+/** A catalogue entry's version, and whether it is a deletion (a tombstone). */
+export interface CatalogVersion {
+  readonly sequence: bigint;
+  readonly writer_id: bigint;
+  readonly deleted: boolean;
+}
+
 /** One replica's outcome for a worker, as `GET /workers` lists it (kvmesh addition). */
 export interface WorkerReplicaStatus {
   /** The replica's id (its mesh origin), decimal: ids are u64. */
@@ -351,6 +358,17 @@ export class CatalogReplication {
 
   get tombstoneCount(): number {
     return this.#tombstones.size;
+  }
+
+  /**
+   * The version this catalogue holds of a worker (live, or deleted while its tombstone lasts), or
+   * undefined when it holds none. Sequences are Lamport values seeded from wall-clock ns, so a
+   * caller can tell whether the fleet changed the worker after a given wall-clock time (the
+   * workers file's rule at start, src/app/workers-file.ts).
+   */
+  versionOf(workerId: WorkerId): CatalogVersion | undefined {
+    const e = this.#entries.get(workerId);
+    return e === undefined ? undefined : { sequence: e.version.sequence, writer_id: e.version.writerId, deleted: e.worker === null };
   }
 
   /** Every entry, live and deleted, as events: what a snapshot carries (LWW makes re-applying harmless). */

@@ -6,7 +6,7 @@
  * its internals.
  */
 export type { AffinityMode, AffinityTarget, ApplyOutcome, BindingVersion, SessionBinding } from "./affinity-table.js";
-export { catalogWorkerOf, MAX_WORKER_STATUS_REASONS } from "./catalog-replication.js";
+export { catalogWorkerOf, MAX_WORKER_STATUS_REASONS, type CatalogVersion } from "./catalog-replication.js";
 export { badRequest, ERROR_CODES, invalidField, isKvmeshError, KvmeshError } from "./errors.js";
 export type { ErrorCode, ErrorKind } from "./errors.js";
 export { hashCount, hashListFromBigInts, hashListToBigInts, hashListToSignedBigInts, pairToBigInt, toU64, u64ToI64 } from "./hash64.js";

@@ -16,7 +16,7 @@
 import { addBusySignals, type BusyThresholds } from "./busy-signals.js";
 import { SessionBindings } from "./bindings.js";
 import type { VersionRefusal } from "./lamport.js";
-import { CatalogReplication, type WorkerReplicaStatus } from "./catalog-replication.js";
+import { CatalogReplication, type CatalogVersion, type WorkerReplicaStatus } from "./catalog-replication.js";
 import { Chooser, effectivePrefill, selectResponse } from "./choose.js";
 import type { Clock } from "./time.js";
 import type { Random } from "./random.js";
@@ -269,6 +269,12 @@ export class SelectionService {
   deleteWorker(workerId: WorkerId): WorkerCatalogRecord {
     this.#replication.drainInbound();
     return this.#catalog.delete(workerId);
+  }
+
+  /** The catalogue's version of a worker, a deletion included while its tombstone lasts (catalog-replication.ts). */
+  catalogVersionOf(workerId: WorkerId): CatalogVersion | undefined {
+    this.#replication.drainInbound();
+    return this.#catalog.versionOf(workerId);
   }
 
   /** Each replica's outcome for the worker (its lifecycle and reasons there), sorted by replica id. */

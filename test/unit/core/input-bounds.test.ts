@@ -8,7 +8,7 @@ import { describe, expect, it } from "vitest";
 
 import { MeshWireError } from "../../../mesh/errors.js";
 import type { MeshBatch } from "../../../mesh/types.js";
-import { decodeBatch, encodeBatch, MAX_HASHES_PER_EVENT, MAX_WORKER_FIELD_ENTRIES as WIRE_MAX_WORKER_FIELD_ENTRIES } from "../../../mesh/wire.js";
+import { decodeBatch, encodeBatch, type SkippedEntry, MAX_HASHES_PER_EVENT, MAX_WORKER_FIELD_ENTRIES as WIRE_MAX_WORKER_FIELD_ENTRIES } from "../../../mesh/wire.js";
 import { hashListFromBigInts } from "../../../src/core/hash64.js";
 import { MAX_HASHES_PER_BOOKING, MAX_WORKER_FIELD_ENTRIES } from "../../../src/core/limits.js";
 import type { CatalogEvent, LoadEvent } from "../../../src/core/replica-events.js";
@@ -47,6 +47,11 @@ describe("one set of input bounds for the API and the mesh decoder (#29 G1/G2)",
       // What the decoder makes of such a worker: the refusal that cut the replica off before.
       const over = { ...e, worker_id: 2n, worker: e.worker === null ? null : { ...e.worker, request: { ...e.worker.request, worker_id: 2n, [field]: make(MAX_WORKER_FIELD_ENTRIES + 1) } } } as CatalogEvent;
       expect(() => decodeBatch(encodeBatch(batchOf([{ kind: "catalog", event: over }])))).toThrow(MeshWireError);
+      // The mesh passes a sink: that entry alone is skipped and counted, the batch's others apply.
+      const skipped: SkippedEntry[] = [];
+      const kept = decodeBatch(encodeBatch(batchOf([{ kind: "catalog", event: e }, { kind: "catalog", event: over }, { kind: "catalog", event: e }])), (s) => skipped.push(s));
+      expect(kept.events).toHaveLength(2);
+      expect(skipped).toEqual([expect.objectContaining({ field: `events[1].event.worker.${field}`, reason: "over_bound" })]);
     });
   }
 
@@ -68,5 +73,9 @@ describe("one set of input bounds for the API and the mesh decoder (#29 G1/G2)",
     expect(err.details?.field).toBe("sequence_hashes");
     const tooBig = { ...(add as LoadEvent), sequence_hashes: hashListFromBigInts(over) } as LoadEvent;
     expect(() => decodeBatch(encodeBatch(batchOf([{ kind: "load", event: tooBig }])))).toThrow(MeshWireError);
+    const skipped: SkippedEntry[] = [];
+    const kept = decodeBatch(encodeBatch(batchOf([{ kind: "load", event: tooBig }, { kind: "load", event: add as LoadEvent }])), (s) => skipped.push(s));
+    expect(kept.events).toHaveLength(1);
+    expect(skipped).toEqual([expect.objectContaining({ field: "events[0].event.sequence_hashes", reason: "over_bound" })]);
   });
 });

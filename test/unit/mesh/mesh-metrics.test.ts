@@ -115,6 +115,7 @@ describe("mesh counters and gauges", () => {
     peerDnsFailures: 17,
     controlRefused: { snapshot: 18, peer: 19, unpeer: 20, lifecycle: 21 },
     lifecycleForwards: { sent: 22, failed: 23, skipped: 24 },
+    entriesSkipped: { over_bound: 27, invalid: 28 },
   });
 
   it("are read from their sources at each scrape; no CURVE family without CURVE", async () => {
@@ -140,6 +141,8 @@ describe("mesh counters and gauges", () => {
     expect(sample(text, 'kvmesh_mesh_control_refused_total{request="unpeer"}')).toBe(20);
     expect(sample(text, 'kvmesh_mesh_control_refused_total{request="lifecycle"}')).toBe(21);
     expect(sample(text, 'kvmesh_mesh_lifecycle_forwards_total{outcome="failed"}')).toBe(23);
+    expect(sample(text, 'kvmesh_mesh_entries_skipped_total{reason="over_bound"}')).toBe(27);
+    expect(sample(text, 'kvmesh_mesh_entries_skipped_total{reason="invalid"}')).toBe(28);
     expect(sample(text, "kvmesh_mesh_events_shed_total")).toBe(0);
     expect(sample(text, 'kvmesh_mesh_peers{state="alive"}')).toBe(0);
     expect(sample(text, 'kvmesh_mesh_peers{state="down"}')).toBe(0);
