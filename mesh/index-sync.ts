@@ -6,9 +6,10 @@
  *
  *  - chunked: a request names a cursor (the last rank received) and the peer encodes the ranks
  *    after it up to DEFAULT_INDEX_CHUNK_BYTES (src/core/index-snapshot.ts). The peer keeps no
- *    state between requests and never encodes its whole index at once, so its /select keeps
- *    its latency while a joiner pulls; each rank travels whole, with its KV stream position
- *    taken in the same synchronous step;
+ *    state between requests and never encodes its whole index at once; each rank travels whole,
+ *    with its KV stream position taken in the same synchronous step, as flat typed arrays
+ *    (PrefixIndex.exportRankEntries), one rank per turn of its event loop, so its /select keeps
+ *    its latency while a joiner pulls;
  *  - decoded off the main thread: each chunk goes to a worker thread (index-sync-thread.ts),
  *    which hands back typed arrays (transferred, not copied); only the install runs on the main
  *    thread, one chunk per turn of the event loop.
@@ -24,8 +25,8 @@ import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
 import { Worker } from "node:worker_threads";
 
-import { DEFAULT_INDEX_CHUNK_BYTES, nextIndexChunk, type IndexRankSnapshot, type IndexSnapshotSource, type KvStreamPosition } from "../src/core/index.js";
-import type { WorkerId } from "../src/core/index.js";
+import { DEFAULT_INDEX_CHUNK_BYTES, indexChunkSteps, systemTimers, type IndexRankSnapshot, type IndexSnapshotSource, type KvStreamPosition } from "../src/core/index.js";
+import type { Timers, WorkerId } from "../src/core/index.js";
 import type { ControlLink } from "./control.js";
 import { MeshOptionError, MeshRemoteError, MeshWireError } from "./errors.js";
 
@@ -123,6 +124,8 @@ export interface IndexSyncServerOptions {
   readonly positionOf: (workerId: WorkerId, dpRank: number) => KvStreamPosition | null;
   /** Chunk size, bytes (DEFAULT_INDEX_CHUNK_BYTES). */
   readonly chunkBytes?: number;
+  /** For the turns of the event loop between the ranks of a chunk (systemTimers). */
+  readonly timers?: Timers;
 }
 
 export interface IndexSyncServerStats {
@@ -167,7 +170,16 @@ export class IndexSyncServer {
       this.stats.refused++;
       return encodeError(`index sync refused: ${refused}`);
     }
-    const c = nextIndexChunk(this.#o.source, req.cursor, this.#chunkBytes, this.#o.positionOf);
+    // One rank per turn of the event loop: each rank's export is one synchronous step with its
+    // position (~0.1 ms at 4,096 blocks), so this replica's /select waits for one rank at most.
+    const steps = indexChunkSteps(this.#o.source, req.cursor, this.#chunkBytes, this.#o.positionOf);
+    const timers = this.#o.timers ?? systemTimers;
+    let step = steps.next();
+    while (step.done !== true) {
+      await new Promise<void>((resolve) => timers.setImmediate(resolve));
+      step = steps.next();
+    }
+    const c = step.value;
     this.stats.chunksServed++;
     this.stats.ranksServed += c.ranks;
     this.stats.blocksServed += c.blocks;
@@ -201,9 +213,27 @@ export type IndexChunkInstaller = (ranks: IndexRankSnapshot[]) => Promise<void> 
 
 export class IndexSyncClient {
   readonly #o: IndexSyncClientOptions;
+  #decoder: ChunkDecoder | null = null;
 
   constructor(o: IndexSyncClientOptions) {
     this.#o = o;
+  }
+
+  /**
+   * Starts the decoding thread now, so that it has loaded its modules (the core, from source
+   * under tsx a second or more on a loaded host) by the time the first chunk arrives: the warm
+   * join calls it while the mesh's startup sync runs.
+   */
+  prepare(): void {
+    this.#decoder ??= new ChunkDecoder();
+    this.#decoder.start();
+  }
+
+  /** Stops a thread prepare() started that no pull took (no peer to pull from). */
+  async release(): Promise<void> {
+    const d = this.#decoder;
+    this.#decoder = null;
+    await d?.close();
   }
 
   /**
@@ -211,7 +241,8 @@ export class IndexSyncClient {
    * and then installed while the peer encodes the next (one request ahead, no more). Rejects on the first failed request (the caller tries another peer).
    */
   async pull(controlEndpoint: string, install: IndexChunkInstaller): Promise<IndexSyncResult> {
-    const decoder = new ChunkDecoder();
+    const decoder = this.#decoder ?? new ChunkDecoder();
+    this.#decoder = null;
     let chunks = 0;
     let ranks = 0;
     let bytes = 0;
@@ -284,6 +315,10 @@ class ChunkDecoder {
     const w = this.#worker;
     this.#worker = null;
     if (w !== null) await w.terminate();
+  }
+
+  start(): void {
+    this.#start();
   }
 
   #start(): Worker {
