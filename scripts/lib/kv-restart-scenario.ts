@@ -56,19 +56,19 @@ export interface KvChangeOptions {
 
 const BASE: Omit<KvChangeOptions, "change" | "replicas"> = {
   engines: 16,
-  sessions: 400,
+  sessions: 560,
   speedup: 5,
-  durationSecs: 100,
+  durationSecs: 140,
   kvBlocks: 4_096,
   historySize: 16,
   drainSecs: 2,
-  warmSecs: 20,
-  betweenSecs: 5,
+  warmSecs: 15,
+  betweenSecs: 2,
   windowSecs: 10,
   seed: 25,
 };
 export const KV_ROLLING_LONG: KvChangeOptions = { ...BASE, change: "rolling-restart", replicas: 4 };
-export const KV_SCALE_UP_LONG: KvChangeOptions = { ...BASE, change: "scale-up", replicas: 3, durationSecs: 80, warmSecs: 30 };
+export const KV_SCALE_UP_LONG: KvChangeOptions = { ...BASE, change: "scale-up", replicas: 3, sessions: 400, durationSecs: 100, warmSecs: 30 };
 /** `npm run faults -- --short`: the same shapes, smaller (2 replicas, 4 engines, 40 s a run). */
 const SHORT: Partial<KvChangeOptions> = { engines: 4, sessions: 80, durationSecs: 40, warmSecs: 10, betweenSecs: 2 };
 export const KV_ROLLING_SHORT: KvChangeOptions = { ...KV_ROLLING_LONG, ...SHORT, replicas: 2 };
@@ -82,6 +82,8 @@ const AFFINITY_TTL_SECS = 600;
 const READY_POLL_MS = 100;
 const READY_TIMEOUT_MS = 60_000;
 const EXIT_GRACE_MS = 10_000;
+/** Generated sessions start over this share of the run (a session then converses for ~20 s). */
+const SESSION_ARRIVAL_SHARE = 0.8;
 const MESH_TIMEOUT_MS = 30_000;
 
 interface Slot {
@@ -97,9 +99,13 @@ class RotationPolicy implements RoutingPolicy {
   readonly #slots: Slot[];
   readonly #workers: ReadonlyMap<string, number>;
   readonly #owner = new Map<string, RouterClient>();
+  /** Clients of replicas that have exited (a restart). */
+  readonly #retired = new Set<RouterClient>();
   #next = 0;
   /** Selections refused by a replica that had just begun draining, and sent to another. */
   refusedRetried = 0;
+  /** Lifecycle calls (prefill_complete, free) to a replica that had exited since it booked. */
+  lifecycleLost = 0;
 
   constructor(slots: Slot[], workers: ReadonlyMap<string, number>) {
     this.#slots = slots;
@@ -130,16 +136,34 @@ class RotationPolicy implements RoutingPolicy {
     throw new Error("every replica refused the selection");
   }
 
+  /** The replica behind `c` has exited: calls to it from now on are lost, not failed. */
+  retire(c: RouterClient): void {
+    this.#retired.add(c);
+  }
+
   async prefillDone(d: RouteDecision): Promise<void> {
     const c = d.selectionId === undefined ? undefined : this.#owner.get(d.selectionId);
-    if (c !== undefined) await c.ok("POST", `/reservations/${encodeURIComponent(d.selectionId as string)}/prefill_complete`);
+    if (c !== undefined) await this.#lifecycle(c, "POST", `/reservations/${encodeURIComponent(d.selectionId as string)}/prefill_complete`);
   }
 
   async finished(d: RouteDecision): Promise<void> {
     const c = d.selectionId === undefined ? undefined : this.#owner.get(d.selectionId);
     if (c === undefined) return;
     this.#owner.delete(d.selectionId as string);
-    await c.ok("DELETE", `/reservations/${encodeURIComponent(d.selectionId as string)}`);
+    await this.#lifecycle(c, "DELETE", `/reservations/${encodeURIComponent(d.selectionId as string)}`);
+  }
+
+  /**
+   * A lifecycle call to the replica that booked. One that exited past its drain window took the
+   * booking with it: the request was still served, so the call is counted as lost, not failed.
+   */
+  async #lifecycle(c: RouterClient, method: string, path: string): Promise<void> {
+    try {
+      await c.ok(method, path);
+    } catch (err) {
+      if (!this.#retired.has(c)) throw err;
+      this.lifecycleLost++;
+    }
   }
 }
 
@@ -154,6 +178,7 @@ interface RunResult {
   readonly failed: number;
   readonly failureSample: string;
   readonly refusedRetried: number;
+  readonly lifecycleLost: number;
   /** ms since the run's start when the last change was over (its replica ready), or null without one. */
   readonly lastChangeMs: number | null;
   readonly exits: string[];
@@ -196,8 +221,9 @@ async function untilReady(slot: Slot, workers: number): Promise<void> {
 
 async function workloadOf(o: KvChangeOptions): Promise<TraceRecord[]> {
   if (o.tracePath !== undefined) return readTrace(o.tracePath);
-  // Sessions start over the first half of the run's trace time (as kvmesh bench spreads them).
-  return generateSessions({ seed: o.seed, sessions: o.sessions, sessionArrivalMs: (o.durationSecs * 1000 * o.speedup * 0.5) / o.sessions });
+  // Sessions start over most of the run's trace time, so that turns still arrive in the windows
+  // after the last change.
+  return generateSessions({ seed: o.seed, sessions: o.sessions, sessionArrivalMs: (o.durationSecs * 1000 * o.speedup * SESSION_ARRIVAL_SHARE) / o.sessions });
 }
 
 async function runOnce(o: KvChangeOptions, records: readonly TraceRecord[], withChange: boolean): Promise<RunResult> {
@@ -258,6 +284,7 @@ async function runOnce(o: KvChangeOptions, records: readonly TraceRecord[], with
           s.proc.child.kill("SIGTERM");
           const code = await Promise.race([s.proc.exited, sleep(o.drainSecs * 1000 + EXIT_GRACE_MS).then(() => "hung")]);
           exits.push(`${s.name}: ${String(code)} after ${(performance.now() - tKill).toFixed(0)} ms`);
+          policy.retire(s.client);
           s.client.close();
           const started = performance.now();
           const fresh = await startOne(s.name, s.syncPort, slots.filter((p) => p !== s).map((p) => p.syncPort), o.drainSecs);
@@ -290,7 +317,7 @@ async function runOnce(o: KvChangeOptions, records: readonly TraceRecord[], with
       for (const p of peers) sum += await indexBlocks(p.client);
       row.peersAtEnd = Math.round(sum / peers.length);
     }
-    return { completions, failed: r.failed, failureSample: r.failureSample, refusedRetried: policy.refusedRetried, lastChangeMs, exits, indexes, wallMs: r.wallMs };
+    return { completions, failed: r.failed, failureSample: r.failureSample, refusedRetried: policy.refusedRetried, lifecycleLost: policy.lifecycleLost, lastChangeMs, exits, indexes, wallMs: r.wallMs };
   } finally {
     for (const s of slots) s.client.close();
     await Promise.all(slots.map((s) => stopServe(s.proc)));
@@ -322,7 +349,8 @@ export async function scenarioKvChange(o: KvChangeOptions): Promise<ScenarioRow>
   const base = await runOnce(o, records, false);
   const changed = await runOnce(o, records, true);
   const from = changed.lastChangeMs ?? 0;
-  const end = Math.min(base.wallMs, changed.wallMs, o.durationSecs * 1000);
+  const lastAt = (cs: readonly Completion[]): number => cs.reduce((m, x) => Math.max(m, x.atMs), 0);
+  const end = Math.min(lastAt(base.completions), lastAt(changed.completions));
   const wChanged = windows(changed.completions, from, o.windowSecs * 1000, end);
   const wBase = windows(base.completions, from, o.windowSecs * 1000, end);
   const whole = { base: ratio(base.completions), changed: ratio(changed.completions) };
@@ -358,7 +386,7 @@ export async function scenarioKvChange(o: KvChangeOptions): Promise<ScenarioRow>
       check("every restarted replica exited 0 after its drain", changed.exits.every((e) => / 0 after /.test(e)), changed.exits),
     ],
     figures,
-    details: { workload: o.tracePath ?? `${String(o.sessions)} generated sessions, no session ids`, whole, windowsChanged: wChanged, windowsBase: wBase, lastChangeMs: changed.lastChangeMs, indexes: changed.indexes, exits: changed.exits, refusedRetried: changed.refusedRetried },
+    details: { workload: o.tracePath ?? `${String(o.sessions)} generated sessions, no session ids`, whole, windowsChanged: wChanged, windowsBase: wBase, lastChangeMs: changed.lastChangeMs, indexes: changed.indexes, exits: changed.exits, refusedRetried: changed.refusedRetried, lifecycleLost: changed.lifecycleLost },
   };
 }
 
