@@ -17,11 +17,9 @@ port.on("message", (m: { id: number; chunk: Uint8Array }) => {
   const transfer: ArrayBuffer[] = [];
   try {
     const ranks = decodeIndexChunk(m.chunk);
-    for (const r of ranks) {
-      for (const rec of r.records) {
-        transfer.push(rec.blockHashes.buffer as ArrayBuffer, rec.localHashes.buffer as ArrayBuffer);
-        if (rec.parent !== null) transfer.push(rec.parent.buffer as ArrayBuffer);
-      }
+    for (const { entries: e } of ranks) {
+      // Each array owns its buffer (the decoder copies): transferred, not copied again.
+      for (const a of [e.nodeParent, e.nodeKeys, e.entryTier, e.entryNode, e.entryHashes]) if (a.byteLength > 0) transfer.push(a.buffer as ArrayBuffer);
     }
     reply = { id: m.id, ranks };
   } catch (err) {

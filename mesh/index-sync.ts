@@ -6,9 +6,10 @@
  *
  *  - chunked: a request names a cursor (the last rank received) and the peer encodes the ranks
  *    after it up to DEFAULT_INDEX_CHUNK_BYTES (src/core/index-snapshot.ts). The peer keeps no
- *    state between requests and never encodes its whole index at once, so its /select keeps
- *    its latency while a joiner pulls; each rank travels whole, with its KV stream position
- *    taken in the same synchronous step;
+ *    state between requests and never encodes its whole index at once; each rank travels whole,
+ *    with its KV stream position taken in the same synchronous step, as flat typed arrays
+ *    (PrefixIndex.exportRankEntries), in slices of its event loop of EXPORT_SLICE_MS, so its
+ *    /select keeps its latency while a joiner pulls;
  *  - decoded off the main thread: each chunk goes to a worker thread (index-sync-thread.ts),
  *    which hands back typed arrays (transferred, not copied); only the install runs on the main
  *    thread, one chunk per turn of the event loop.
@@ -24,8 +25,8 @@ import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
 import { Worker } from "node:worker_threads";
 
-import { DEFAULT_INDEX_CHUNK_BYTES, nextIndexChunk, type IndexRankSnapshot, type IndexSnapshotSource, type KvStreamPosition } from "../src/core/index.js";
-import type { WorkerId } from "../src/core/index.js";
+import { DEFAULT_INDEX_CHUNK_BYTES, indexChunkSteps, systemClock, systemTimers, type IndexRankSnapshot, type IndexSnapshotSource, type KvStreamPosition } from "../src/core/index.js";
+import type { Clock, Timers, WorkerId } from "../src/core/index.js";
 import type { ControlLink } from "./control.js";
 import { MeshOptionError, MeshRemoteError, MeshWireError } from "./errors.js";
 
@@ -34,6 +35,8 @@ export const INDEX_SYNC_REQUEST_MAGIC = 0x5149564b;
 const INDEX_SYNC_VERSION = 1;
 const OK = 0;
 const ERR = 1;
+/** The export yields its event loop once a slice has run this long, ms (a few ranks of 4,096 blocks). */
+const EXPORT_SLICE_MS = 2;
 /** Bound on a cursor or endpoint in a request, bytes. */
 const MAX_REQUEST_STRING_BYTES = 4096;
 
@@ -123,6 +126,9 @@ export interface IndexSyncServerOptions {
   readonly positionOf: (workerId: WorkerId, dpRank: number) => KvStreamPosition | null;
   /** Chunk size, bytes (DEFAULT_INDEX_CHUNK_BYTES). */
   readonly chunkBytes?: number;
+  /** For the turns of the event loop between the slices of a chunk (systemTimers, systemClock). */
+  readonly timers?: Timers;
+  readonly clock?: Clock;
 }
 
 export interface IndexSyncServerStats {
@@ -167,7 +173,23 @@ export class IndexSyncServer {
       this.stats.refused++;
       return encodeError(`index sync refused: ${refused}`);
     }
-    const c = nextIndexChunk(this.#o.source, req.cursor, this.#chunkBytes, this.#o.positionOf);
+    // Ranks in slices of the event loop: each rank's export is one synchronous step with its
+    // position (~0.25 ms of CPU at 4,096 blocks), and a slice ends past EXPORT_SLICE_MS, so this
+    // replica's /select waits for one slice at most. A turn per rank would tie the pull's pace to
+    // this replica's request rate (1,024 ranks behind ~10 ms of /selects each: 10 s).
+    const steps = indexChunkSteps(this.#o.source, req.cursor, this.#chunkBytes, this.#o.positionOf);
+    const timers = this.#o.timers ?? systemTimers;
+    const clock = this.#o.clock ?? systemClock;
+    let sliceStart = clock.now();
+    let step = steps.next();
+    while (step.done !== true) {
+      if (clock.now() - sliceStart >= EXPORT_SLICE_MS) {
+        await new Promise<void>((resolve) => timers.setImmediate(resolve));
+        sliceStart = clock.now();
+      }
+      step = steps.next();
+    }
+    const c = step.value;
     this.stats.chunksServed++;
     this.stats.ranksServed += c.ranks;
     this.stats.blocksServed += c.blocks;
@@ -201,9 +223,27 @@ export type IndexChunkInstaller = (ranks: IndexRankSnapshot[]) => Promise<void> 
 
 export class IndexSyncClient {
   readonly #o: IndexSyncClientOptions;
+  #decoder: ChunkDecoder | null = null;
 
   constructor(o: IndexSyncClientOptions) {
     this.#o = o;
+  }
+
+  /**
+   * Starts the decoding thread now, so that it has loaded its modules (the core, from source
+   * under tsx a second or more on a loaded host) by the time the first chunk arrives: the warm
+   * join calls it while the mesh's startup sync runs.
+   */
+  prepare(): void {
+    this.#decoder ??= new ChunkDecoder();
+    this.#decoder.start();
+  }
+
+  /** Stops a thread prepare() started that no pull took (no peer to pull from). */
+  async release(): Promise<void> {
+    const d = this.#decoder;
+    this.#decoder = null;
+    await d?.close();
   }
 
   /**
@@ -211,7 +251,8 @@ export class IndexSyncClient {
    * and then installed while the peer encodes the next (one request ahead, no more). Rejects on the first failed request (the caller tries another peer).
    */
   async pull(controlEndpoint: string, install: IndexChunkInstaller): Promise<IndexSyncResult> {
-    const decoder = new ChunkDecoder();
+    const decoder = this.#decoder ?? new ChunkDecoder();
+    this.#decoder = null;
     let chunks = 0;
     let ranks = 0;
     let bytes = 0;
@@ -284,6 +325,10 @@ class ChunkDecoder {
     const w = this.#worker;
     this.#worker = null;
     if (w !== null) await w.terminate();
+  }
+
+  start(): void {
+    this.#start();
   }
 
   #start(): Worker {

@@ -17,6 +17,7 @@ import { spawnServe } from "../src/bench/serve-process.js";
 import { summarize } from "../src/bench/stats.js";
 import { seededRandom } from "../src/core/index.js";
 import { stringifyJson } from "../src/http/json.js";
+import { onLines } from "../src/util/lines.js";
 import { BENCH_BLOCK_SIZE, BENCH_PROMPT_TOKENS, makeBenchPrompts, warmRank, type BenchPrompt } from "./lib/warm-prompts.js";
 import { progress } from "./lib/console-report.js";
 import { positiveInt, scriptProgram } from "./lib/script-args.js";
@@ -70,6 +71,19 @@ async function main(): Promise<void> {
     },
   });
   const listeningAt = performance.now();
+  const listeningWall = Date.now();
+  // The joiner's phases, from its own log (pino "time" is an ISO wall-clock time): when the mesh's
+  // startup sync ended and when the index was installed, relative to "listening".
+  const phases: string[] = [];
+  onLines(b.child.stdout, (line) => {
+    if (!line.includes("startup sync") && !line.includes("warm join")) return;
+    try {
+      const rec = JSON.parse(line) as { time?: string; msg?: string };
+      phases.push(`  joiner +${((Date.parse(rec.time ?? "") - listeningWall) / 1000).toFixed(2)} s  ${rec.msg ?? ""}`);
+    } catch {
+      // not a log record
+    }
+  });
   let readyMs = -1;
   let joinerBlocks = -1;
   const poll = (async () => {
@@ -96,6 +110,7 @@ async function main(): Promise<void> {
   console.log(`  peer's indexed blocks            ${peerBlocks}`);
   console.log(`  joiner's blocks at /ready 200    ${joinerBlocks} (${pct.toFixed(2)}% of the peer's; target >= 99%)`);
   console.log(`  joiner: listening -> /ready 200  ${(readyMs / 1000).toFixed(2)} s (target <= 5 s; includes the mesh's startup sync)`);
+  for (const p of phases) console.log(p);
   console.log(`  peer /select p99 before          ${baseline.p99.toFixed(2)} ms (p50 ${baseline.p50.toFixed(2)} ms, n=${baseline.n})`);
   console.log(`  peer /select p99 while B syncs   ${during.p99.toFixed(2)} ms (p50 ${during.p50.toFixed(2)} ms, n=${during.n}; ${(during.p99 / baseline.p99).toFixed(2)}x, target <= 1.2x)`);
 }

@@ -12,6 +12,8 @@
  *   7. hostile KV inputs into one replica (scripts/lib/hostile-inputs-scenario.ts)
  *   8. a rolling restart under load, with draining (scripts/lib/rolling-restart-scenario.ts)
  *   9. issue 29's hostile inputs against three meshed replicas (scripts/lib/hostile-mesh-scenario.ts)
+ *  10. the rolling restart with KV events on, measured in the engines' hit ratio beside a run without it,
+ *  11. and a replica added mid-run (scripts/lib/kv-restart-scenario.ts, issue 25)
  * and prints: scenario, requests sent, failures, time to converge, events shed and repaired,
  * state divergence, the checks that failed, and each scenario's speed figures against their
  * targets (met or missed: reported, never a failed check). The short versions of the same scenarios run in
@@ -56,17 +58,20 @@ import {
 import { HOSTILE_LONG, HOSTILE_SHORT, scenarioHostileInputs } from "./lib/hostile-inputs-scenario.js";
 import { ROLLING_LONG, ROLLING_SHORT, scenarioRollingRestart } from "./lib/rolling-restart-scenario.js";
 import { HOSTILE_MESH_LONG, HOSTILE_MESH_SHORT, scenarioHostileMesh } from "./lib/hostile-mesh-scenario.js";
+import { KV_ROLLING_LONG, KV_ROLLING_SHORT, KV_SCALE_UP_LONG, KV_SCALE_UP_SHORT, scenarioKvChange, type KvChangeOptions } from "./lib/kv-restart-scenario.js";
 import { MeshLoad } from "./lib/mesh-load.js";
 import { bindingDisagreements, loadsAgree, meshCounters, rssOf, sleep, timeUntil } from "./lib/replica-cluster.js";
 
 const args = scriptProgram("faults", "The mesh fault scenarios, long versions, with a report table (exit 1 when a check failed).")
   .option("--short", "the test-suite sizes (~1.5 min)", false)
-  .option("--only <list>", "scenario numbers to run, comma-separated (1 kill, 2 partition, 3 link faults, 4 stalled peer, 5 publisher restart, 6 shutdown, 7 hostile KV inputs, 8 rolling restart, 9 hostile inputs meshed)", positiveIntList)
+  .option("--only <list>", "scenario numbers to run, comma-separated (1 kill, 2 partition, 3 link faults, 4 stalled peer, 5 publisher restart, 6 shutdown, 7 hostile KV inputs, 8 rolling restart, 9 hostile inputs meshed, 10 rolling restart with KV events, 11 scale-up with KV events)", positiveIntList)
   .option("--soak-minutes <m>", "also (or, without --only, only) a soak of this many minutes (>= 10 for the real one)", positiveNumber)
   .option("--soak-rate <n>", "soak load, requests/s", positiveNumber, 40)
   .option("--json <file>", "JSON report", "reports/faults.json")
+  .option("--trace <file>", "scenarios 10 and 11: a Mooncake-format JSONL trace instead of generated sessions (e.g. ../shared/traces/mooncake-synthetic.jsonl)")
   .parse()
-  .opts<{ short: boolean; only?: number[]; soakMinutes?: number; soakRate: number; json: string }>();
+  .opts<{ short: boolean; only?: number[]; soakMinutes?: number; soakRate: number; json: string; trace?: string }>();
+const withTrace = (o: KvChangeOptions): KvChangeOptions => (args.trace === undefined ? o : { ...o, tracePath: args.trace });
 
 /** A scenario that runs longer than this is reported as failed (and the run goes on). */
 const SCENARIO_TIMEOUT_MS = 5 * 60_000;
@@ -96,6 +101,8 @@ const SCENARIOS: readonly { n: number; name: string; short: Runner; long: Runner
   { n: 7, name: "hostile KV inputs", short: () => scenarioHostileInputs(HOSTILE_SHORT), long: () => scenarioHostileInputs(HOSTILE_LONG) },
   { n: 8, name: "rolling restart", short: () => scenarioRollingRestart(ROLLING_SHORT), long: () => scenarioRollingRestart(ROLLING_LONG) },
   { n: 9, name: "hostile inputs meshed", short: () => scenarioHostileMesh(HOSTILE_MESH_SHORT), long: () => scenarioHostileMesh(HOSTILE_MESH_LONG) },
+  { n: 10, name: "rolling restart, KV events", short: () => scenarioKvChange(withTrace(KV_ROLLING_SHORT)), long: () => scenarioKvChange(withTrace(KV_ROLLING_LONG)) },
+  { n: 11, name: "scale-up, KV events", short: () => scenarioKvChange(withTrace(KV_SCALE_UP_SHORT)), long: () => scenarioKvChange(withTrace(KV_SCALE_UP_LONG)) },
 ];
 
 function failedRow(name: string, err: unknown): ScenarioRow {

@@ -283,6 +283,10 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       }
       const client = new IndexSyncClient({ link: m.controlLink, from: service.replicaId, advertise: m.advertiseEndpoint });
       void warmJoin.run({
+        prepare: () => {
+          client.prepare();
+        },
+        release: () => client.release(),
         startupSyncPending: () => m.startupSyncPending(),
         // Live peers first: they answered our snapshot request already.
         peerControlEndpoints: () =>

@@ -32,6 +32,11 @@ import { collectedCounter, collectedGauge } from "../metrics/collected.js";
 export const DEFAULT_INDEX_SYNC_SECS = 15;
 /** How often the warm join checks whether the mesh's startup sync is over, ms. */
 const MESH_WAIT_POLL_MS = 50;
+/**
+ * The install yields the event loop once it has run this long, ms: a rank of 4,096 blocks takes
+ * ~1 ms to import, so /health and /select wait at most a few ms behind it.
+ */
+const INSTALL_SLICE_MS = 4;
 
 export type WarmJoinState = "waiting_mesh" | "syncing" | "installed" | "no_peer" | "timeout" | "off";
 
@@ -57,6 +62,10 @@ export interface WarmJoinStats {
 
 /** What the warm join drives of the mesh (mesh/replica-mesh.ts and mesh/index-sync.ts satisfy it). */
 export interface WarmJoinMesh {
+  /** Called once the join starts waiting for the mesh: a chance to start the decoding thread early. */
+  prepare?(): void;
+  /** Called when the join ends without a pull that took what prepare() started. */
+  release?(): Promise<void>;
   startupSyncPending(): string[] | null;
   /** Peers' control endpoints, the likeliest to answer first. */
   peerControlEndpoints(): string[];
@@ -163,6 +172,7 @@ export class WarmJoin {
   async run(mesh: WarmJoinMesh): Promise<void> {
     if (this.#state === "off") return;
     const log = this.#o.logger;
+    mesh.prepare?.();
     // The mesh's startup sync is bounded by its own flag; past --index-sync-secs the pull still
     // runs (readiness is no longer held, but the index is still worth installing).
     while (mesh.startupSyncPending() !== null) {
@@ -186,6 +196,7 @@ export class WarmJoin {
         log.warn({ err, peer }, "warm join: index pull from this peer failed; trying the next");
       }
     }
+    await mesh.release?.();
     // No peer configured (a lone replica) is normal; peers that do not answer are worth a warning.
     (peers.length === 0 ? log.info.bind(log) : log.warn.bind(log))(
       { peers },
@@ -198,7 +209,13 @@ export class WarmJoin {
 
   async #install(ranks: IndexRankSnapshot[]): Promise<void> {
     const svc = this.#o.service;
+    const clock = this.#o.clock;
+    let sliceStart = clock.now();
     for (const s of ranks) {
+      if (clock.now() - sliceStart >= INSTALL_SLICE_MS) {
+        await this.#nextTurn();
+        sliceStart = clock.now();
+      }
       const workerId = s.workerId.toString();
       const key = keyOf(workerId, s.dpRank);
       if (!this.#journal.recording(key)) continue;
@@ -241,8 +258,12 @@ export class WarmJoin {
       this.stats.ranksInstalled++;
       this.stats.blocksInstalled += r.installed;
     }
-    // One chunk per turn of the event loop: /select runs between chunks.
-    await new Promise<void>((resolve) => this.#o.timers.setImmediate(resolve));
+    // At least one turn of the event loop per chunk: /select runs between chunks.
+    await this.#nextTurn();
+  }
+
+  #nextTurn(): Promise<void> {
+    return new Promise<void>((resolve) => this.#o.timers.setImmediate(resolve));
   }
 
   #finish(state: WarmJoinState): void {

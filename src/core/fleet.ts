@@ -12,7 +12,7 @@ import type { AffinityTable } from "./affinity-table.js";
 import type { Clock } from "./time.js";
 import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
-import { hashCount, hashListFromBigInts, pairToBigInt } from "./hash64.js";
+import { hashCount, hashListFromBigInts } from "./hash64.js";
 import { rankCursorKey, type IndexRankKey, type IndexRankSnapshot, type IndexSnapshotSource } from "./index-snapshot.js";
 import { computeBlockHashes } from "./hashing.js";
 import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
@@ -388,15 +388,15 @@ export class Fleet {
       const located = this.locateRank(key.workerId, key.dpRank);
       if (located === undefined) return null;
       const { partition: p, rank } = located;
-      return { modelName: p.modelName, routingGroup: p.routingGroup, blockSize: p.blockSize, workerId: key.workerId, dpRank: key.dpRank, records: p.index.exportRank(rank) };
+      return { modelName: p.modelName, routingGroup: p.routingGroup, blockSize: p.blockSize, workerId: key.workerId, dpRank: key.dpRank, entries: p.index.exportRankEntries(rank) };
     },
   };
 
   /**
-   * Replaces a rank's blocks with a peer's (the warm join): the rank's index entries are cleared
-   * and rebuilt from the snapshot's records, then chains parked below them attach. Refused when
-   * this replica does not know the rank in that partition, or knows it with another block size.
-   * Returns the blocks installed, or why not.
+   * Replaces a rank's blocks with a peer's (the warm join): the rank's index entries are replaced
+   * in bulk by the snapshot's (PrefixIndex.importRankEntries), then chains parked below them
+   * attach. Refused when this replica does not know the rank in that partition, or knows it with
+   * another block size. Returns the blocks installed, or why not.
    */
   importIndexRank(s: IndexRankSnapshot): { installed: number } | { refused: "unknown_rank" | "block_size" } {
     const located = this.locateRank(s.workerId, s.dpRank);
@@ -404,11 +404,7 @@ export class Fleet {
     const { partition: p, rank } = located;
     if (p.blockSize !== s.blockSize) return { refused: "block_size" };
     const bound = rankIndexBound(this.#catalog.get(s.workerId)?.total_kv_blocks);
-    p.index.applyCleared(rank);
-    for (const rec of s.records) {
-      const parent = rec.parent === null ? null : pairToBigInt(rec.parent[0] as number, rec.parent[1] as number);
-      p.index.applyStoredOrPark(rank, rec.tier, parent, rec.blockHashes, rec.localHashes, bound);
-    }
+    p.index.importRankEntries(rank, s.entries, bound);
     p.index.attachWaiting(rank, bound);
     return { installed: p.index.rankSize(rank) };
   }

@@ -1,37 +1,44 @@
 /**
  * The prefix index as a peer hands it to a joining replica (issue 25, the warm join): per
- * partition and per rank, the rank's blocks (as the stored events that rebuild them, dumpRank)
- * and its KV stream position at the same instant, in a compact binary chunk.
+ * partition and per rank, the rank's blocks (PrefixIndex.exportRankEntries: its tree nodes,
+ * parents first, and its lookup entries) and its KV stream position at the same instant, in a
+ * compact binary chunk.
  *
  * Each rank is exported synchronously with its position, so a rank's blocks are exactly the
  * effect of its engine's batches up to `position.seq`: the joiner applies what its own listener
- * received past that seq (the continuity rule: index-join-journal.ts, applied by src/app/warm-join.ts). Ranks are taken
- * in a stable order and a chunk ends past `maxBytes` (at least one whole rank), so the exporter
- * encodes one chunk per request and never the whole fleet at once.
+ * received past that seq (the continuity rule: index-join-journal.ts, applied by
+ * src/app/warm-join.ts). Ranks are taken in a stable order and a chunk ends past `maxBytes` (at
+ * least one whole rank), so the exporter encodes one chunk per request and never the whole fleet
+ * at once; indexChunkSteps yields after each rank, so a server can let its event loop run
+ * between ranks.
  *
- * Chunk layout (little-endian):
+ * Chunk layout (little-endian), version 2:
  *   magic "KVIX" u32, version u8, ranks u32, then per rank:
  *     model_name (u16 len + utf8), routing_group (u16 len + utf8), block_size u32,
  *     worker_id u64, dp_rank u32,
  *     position flags u8 (1: seq present, 2: digest present), seq u64, digest u64,
- *     records u32, per record: tier u8, has_parent u8, parent (hi u32, lo u32),
- *       blocks u32, block hashes (hi, lo) u32 pairs, local hashes (hi, lo) u32 pairs.
+ *     nodes u32, entries u32,
+ *     node parents i32 x nodes (-1: the root; else an earlier node), node local hashes (hi, lo) u32 pairs,
+ *     entry nodes i32 x entries (non-decreasing), entry sequence hashes (hi, lo) u32 pairs,
+ *     entry tiers u8 x entries.
+ * Version 1 (records of stored events) is refused: a joiner then tries another peer, or starts
+ * with the engines' replays alone.
  *
- * Pure: no I/O. Decoding checks every length against the buffer and throws a registry error
- * (KVMESH_BAD_REQUEST naming the field) on anything malformed.
+ * Pure: no I/O. Decoding checks every length, every parent and node reference and every tier,
+ * and throws a registry error (KVMESH_BAD_REQUEST naming the field) on anything malformed; what
+ * it returns can go to PrefixIndex.importRankEntries as it is.
  */
 import { badRequest } from "./errors.js";
-import { hashCount, type HashList } from "./hash64.js";
-import { STORAGE_TIERS, type StorageTier } from "./prefix-index.js";
+import { STORAGE_TIERS, type RankEntries } from "./prefix-index.js";
 import type { WorkerId } from "./types.js";
 
 /** "KVIX" read as a little-endian u32. */
 export const INDEX_CHUNK_MAGIC = 0x5849564b;
-export const INDEX_CHUNK_VERSION = 1;
+export const INDEX_CHUNK_VERSION = 2;
 /**
- * Default chunk size, bytes (a named default, not a flag): 1 MiB holds about 8 ranks of 4,096
- * blocks at 32 bytes a block, so a peer encodes only a few ranks per request and a 1,024 x 4,096
- * index travels in ~128 requests (measure with `npm run bench:warm-join`).
+ * Default chunk size, bytes (a named default, not a flag): 1 MiB holds about 10 ranks of 4,096
+ * blocks at 25 bytes a block (12 a node, 13 an entry), so a 1,024 x 4,096 index travels in
+ * ~100 requests (measure with `npm run bench:warm-join`).
  */
 export const DEFAULT_INDEX_CHUNK_BYTES = 1024 * 1024;
 /** Decoding refuses strings longer than this (model names and routing groups), bytes. */
@@ -45,15 +52,6 @@ export interface KvStreamPosition {
   readonly digest: bigint | null;
 }
 
-/** One stored event of a snapshot, hashes as HashLists ([hi, lo] u32 pairs). */
-export interface IndexRecord {
-  readonly tier: StorageTier;
-  /** The parent's sequence hash as one [hi, lo] pair, or null (from the root). */
-  readonly parent: HashList | null;
-  readonly blockHashes: HashList;
-  readonly localHashes: HashList;
-}
-
 export interface IndexRankSnapshot {
   readonly modelName: string;
   readonly routingGroup: string;
@@ -62,14 +60,14 @@ export interface IndexRankSnapshot {
   readonly dpRank: number;
   /** Null when the exporter's listener has applied nothing for the rank (or runs without KV events). */
   readonly position: KvStreamPosition | null;
-  readonly records: readonly IndexRecord[];
+  readonly entries: RankEntries;
 }
 
 /** What a peer exports from: the ranks in a stable order, and one rank's records (index-snapshot order). */
 export interface IndexSnapshotSource {
   /** Every indexed rank, sorted by `key`. */
   rankKeys(): IndexRankKey[];
-  /** The rank's blocks now, or null if it left since rankKeys(). */
+  /** The rank's blocks now (PrefixIndex.exportRankEntries), or null if it left since rankKeys(). */
   exportRank(key: IndexRankKey): Omit<IndexRankSnapshot, "position"> | null;
 }
 
@@ -85,11 +83,16 @@ export function rankCursorKey(partitionKey: string, workerId: WorkerId, dpRank: 
   return `${partitionKey}\u0000${workerId.toString().padStart(20, "0")}\u0000${dpRank.toString().padStart(10, "0")}`;
 }
 
+/** Bytes of a rank's header: names, block size, worker id, dp rank, position, counts. */
+const rankHeaderBytes = (r: Omit<IndexRankSnapshot, "position">): number => 2 + Buffer.byteLength(r.modelName) + 2 + Buffer.byteLength(r.routingGroup) + 4 + 8 + 4 + 1 + 16 + 8;
+/** Bytes per node (parent i32, local hash) and per entry (node i32, sequence hash, tier u8). */
+const NODE_BYTES = 12;
+const ENTRY_BYTES = 13;
+const CHUNK_HEADER_BYTES = 9;
+
 /** Bytes one rank takes in a chunk. */
 export function rankBytes(r: Omit<IndexRankSnapshot, "position">): number {
-  let n = 2 + Buffer.byteLength(r.modelName) + 2 + Buffer.byteLength(r.routingGroup) + 4 + 8 + 4 + 1 + 16 + 4;
-  for (const rec of r.records) n += 1 + 1 + 8 + 4 + 4 * (rec.blockHashes.length + rec.localHashes.length);
-  return n;
+  return rankHeaderBytes(r) + NODE_BYTES * r.entries.nodeParent.length + ENTRY_BYTES * r.entries.entryNode.length;
 }
 
 export interface IndexChunk {
@@ -103,32 +106,48 @@ export interface IndexChunk {
 /**
  * The next chunk after `after` (null: from the first rank): whole ranks, each with its position,
  * until the chunk passes `maxBytes` (always at least one rank, so a rank larger than the bound
- * still travels).
+ * still travels). Yields after each rank it encodes, so a caller may let other work run between
+ * ranks (each rank is consistent on its own); returns the chunk.
  */
-export function nextIndexChunk(
+export function* indexChunkSteps(
   source: IndexSnapshotSource,
   after: string | null,
   maxBytes: number,
   positionOf: (workerId: WorkerId, dpRank: number) => KvStreamPosition | null,
-): IndexChunk {
+): Generator<void, IndexChunk, void> {
   const keys = source.rankKeys();
   let i = after === null ? 0 : upperBound(keys, after);
-  const ranks: IndexRankSnapshot[] = [];
-  let bytes = 9;
+  const parts: Buffer[] = [];
+  let bytes = CHUNK_HEADER_BYTES;
   let blocks = 0;
   for (; i < keys.length; i++) {
     const k = keys[i] as IndexRankKey;
     const r = source.exportRank(k);
     if (r === null) continue;
     const size = rankBytes(r);
-    if (ranks.length > 0 && bytes + size > maxBytes) break;
+    if (parts.length > 0 && bytes + size > maxBytes) break;
     // Taken in the same synchronous step as the blocks: they are the batches up to this seq.
-    ranks.push({ ...r, position: positionOf(k.workerId, k.dpRank) });
+    parts.push(encodeRank({ ...r, position: positionOf(k.workerId, k.dpRank) }));
     bytes += size;
-    for (const rec of r.records) blocks += hashCount(rec.blockHashes);
+    blocks += r.entries.entryNode.length;
+    yield;
   }
-  const last = ranks.length === 0 ? null : (keys[i - 1] as IndexRankKey).key;
-  return { chunk: encodeIndexChunk(ranks), ranks: ranks.length, blocks, next: i < keys.length ? last : null };
+  const last = parts.length === 0 ? null : (keys[i - 1] as IndexRankKey).key;
+  return { chunk: chunkOf(parts), ranks: parts.length, blocks, next: i < keys.length ? last : null };
+}
+
+/** indexChunkSteps run to the end in one synchronous step. */
+export function nextIndexChunk(
+  source: IndexSnapshotSource,
+  after: string | null,
+  maxBytes: number,
+  positionOf: (workerId: WorkerId, dpRank: number) => KvStreamPosition | null,
+): IndexChunk {
+  const steps = indexChunkSteps(source, after, maxBytes, positionOf);
+  for (;;) {
+    const s = steps.next();
+    if (s.done === true) return s.value;
+  }
 }
 
 function upperBound(keys: readonly IndexRankKey[], after: string): number {
@@ -143,34 +162,36 @@ function upperBound(keys: readonly IndexRankKey[], after: string): number {
 }
 
 export function encodeIndexChunk(ranks: readonly IndexRankSnapshot[]): Buffer {
-  let size = 9;
-  for (const r of ranks) size += rankBytes(r);
-  const buf = Buffer.allocUnsafe(size);
-  let o = buf.writeUInt32LE(INDEX_CHUNK_MAGIC, 0);
-  o = buf.writeUInt8(INDEX_CHUNK_VERSION, o);
-  o = buf.writeUInt32LE(ranks.length, o);
-  for (const r of ranks) {
-    o = writeString(buf, o, r.modelName);
-    o = writeString(buf, o, r.routingGroup);
-    o = buf.writeUInt32LE(r.blockSize, o);
-    o = buf.writeBigUInt64LE(r.workerId & U64_MASK, o);
-    o = buf.writeUInt32LE(r.dpRank, o);
-    const p = r.position;
-    o = buf.writeUInt8((p === null ? 0 : 1) | (p?.digest == null ? 0 : 2), o);
-    o = buf.writeBigUInt64LE(p === null ? 0n : p.seq & U64_MASK, o);
-    o = buf.writeBigUInt64LE(p?.digest == null ? 0n : p.digest & U64_MASK, o);
-    o = buf.writeUInt32LE(r.records.length, o);
-    for (const rec of r.records) {
-      o = buf.writeUInt8(STORAGE_TIERS.indexOf(rec.tier), o);
-      o = buf.writeUInt8(rec.parent === null ? 0 : 1, o);
-      o = buf.writeUInt32LE(rec.parent === null ? 0 : (rec.parent[0] as number), o);
-      o = buf.writeUInt32LE(rec.parent === null ? 0 : (rec.parent[1] as number), o);
-      const n = hashCount(rec.blockHashes);
-      o = buf.writeUInt32LE(n, o);
-      o = writeWords(buf, o, rec.blockHashes);
-      o = writeWords(buf, o, rec.localHashes);
-    }
-  }
+  return chunkOf(ranks.map(encodeRank));
+}
+
+function chunkOf(parts: readonly Buffer[]): Buffer {
+  const head = Buffer.allocUnsafe(CHUNK_HEADER_BYTES);
+  head.writeUInt32LE(INDEX_CHUNK_MAGIC, 0);
+  head.writeUInt8(INDEX_CHUNK_VERSION, 4);
+  head.writeUInt32LE(parts.length, 5);
+  return Buffer.concat([head, ...parts]);
+}
+
+function encodeRank(r: IndexRankSnapshot): Buffer {
+  const buf = Buffer.allocUnsafe(rankBytes(r));
+  let o = writeString(buf, 0, r.modelName);
+  o = writeString(buf, o, r.routingGroup);
+  o = buf.writeUInt32LE(r.blockSize, o);
+  o = buf.writeBigUInt64LE(r.workerId & U64_MASK, o);
+  o = buf.writeUInt32LE(r.dpRank, o);
+  const p = r.position;
+  o = buf.writeUInt8((p === null ? 0 : 1) | (p?.digest == null ? 0 : 2), o);
+  o = buf.writeBigUInt64LE(p === null ? 0n : p.seq & U64_MASK, o);
+  o = buf.writeBigUInt64LE(p?.digest == null ? 0n : p.digest & U64_MASK, o);
+  const e = r.entries;
+  o = buf.writeUInt32LE(e.nodeParent.length, o);
+  o = buf.writeUInt32LE(e.entryNode.length, o);
+  o = putWords(buf, o, e.nodeParent);
+  o = putWords(buf, o, e.nodeKeys);
+  o = putWords(buf, o, e.entryNode);
+  o = putWords(buf, o, e.entryHashes);
+  buf.set(e.entryTier, o);
   return buf;
 }
 
@@ -192,38 +213,56 @@ export function decodeIndexChunk(buf: Uint8Array): IndexRankSnapshot[] {
     const flags = r.u8(`${at}.position`);
     const seq = r.u64(`${at}.position.seq`);
     const digest = r.u64(`${at}.position.digest`);
-    const nrec = r.u32(`${at}.records`);
-    // Each record takes at least 18 bytes: a count past what is left is malformed, not an allocation.
-    if (nrec * 18 > r.left) throw badRequest(`index chunk: ${at}.records ${nrec} overruns the chunk`, `index_chunk.${at}.records`);
-    const records: IndexRecord[] = [];
-    for (let j = 0; j < nrec; j++) {
-      const rat = `${at}.records[${j}]`;
-      const tierIdx = r.u8(`${rat}.tier`);
-      const tier = STORAGE_TIERS[tierIdx];
-      if (tier === undefined) throw badRequest(`index chunk: ${rat}.tier ${tierIdx} is not a storage tier`, `index_chunk.${rat}.tier`);
-      const hasParent = r.u8(`${rat}.has_parent`);
-      const phi = r.u32(`${rat}.parent`);
-      const plo = r.u32(`${rat}.parent`);
-      const n = r.u32(`${rat}.blocks`);
-      const blockHashes = r.words(2 * n, `${rat}.block_hashes`);
-      const localHashes = r.words(2 * n, `${rat}.local_hashes`);
-      records.push({ tier, parent: hasParent === 0 ? null : Uint32Array.of(phi, plo), blockHashes, localHashes });
+    const nodes = r.u32(`${at}.nodes`);
+    const entries = r.u32(`${at}.entries`);
+    // Checked before allocating: counts past what is left are malformed, not an allocation.
+    if (NODE_BYTES * nodes + ENTRY_BYTES * entries > r.left) throw badRequest(`index chunk: ${at} has ${nodes} nodes and ${entries} entries, overrunning the chunk`, `index_chunk.${at}.entries`);
+    const nodeParent = new Int32Array(r.words(nodes, `${at}.node_parents`).buffer);
+    const nodeKeys = r.words(2 * nodes, `${at}.node_keys`);
+    const entryNode = new Int32Array(r.words(entries, `${at}.entry_nodes`).buffer);
+    const entryHashes = r.words(2 * entries, `${at}.entry_hashes`);
+    const entryTier = r.bytes(entries, `${at}.entry_tiers`);
+    for (let j = 0; j < nodes; j++) {
+      const p = nodeParent[j] as number;
+      if (p < -1 || p >= j) throw badRequest(`index chunk: ${at}.node_parents[${j}] is ${p}: a parent must be an earlier node or -1 (the root)`, `index_chunk.${at}.node_parents`);
     }
-    out.push({ modelName, routingGroup, blockSize, workerId, dpRank, position: (flags & 1) === 0 ? null : { seq, digest: (flags & 2) === 0 ? null : digest }, records });
+    let prev = 0;
+    for (let j = 0; j < entries; j++) {
+      const nd = entryNode[j] as number;
+      if (nd < prev || nd >= nodes) throw badRequest(`index chunk: ${at}.entry_nodes[${j}] is ${nd}: entries name nodes in [0, ${nodes}), in order`, `index_chunk.${at}.entry_nodes`);
+      prev = nd;
+      if ((entryTier[j] as number) >= STORAGE_TIERS.length) throw badRequest(`index chunk: ${at}.entry_tiers[${j}] ${entryTier[j]} is not a storage tier`, `index_chunk.${at}.entry_tiers`);
+    }
+    out.push({
+      modelName,
+      routingGroup,
+      blockSize,
+      workerId,
+      dpRank,
+      position: (flags & 1) === 0 ? null : { seq, digest: (flags & 2) === 0 ? null : digest },
+      entries: { nodeParent, nodeKeys, entryTier, entryNode, entryHashes },
+    });
   }
   if (r.left !== 0) throw badRequest(`index chunk: ${r.left} trailing bytes`, "index_chunk");
   return out;
+}
+
+/** Whether typed arrays are little-endian here (then words travel as one copy of their bytes). */
+const LITTLE_ENDIAN = new Uint8Array(Uint32Array.of(1).buffer)[0] === 1;
+
+function putWords(buf: Buffer, o: number, words: Uint32Array | Int32Array): number {
+  if (LITTLE_ENDIAN) {
+    buf.set(new Uint8Array(words.buffer, words.byteOffset, words.byteLength), o);
+    return o + words.byteLength;
+  }
+  for (let i = 0; i < words.length; i++) o = buf.writeUInt32LE((words[i] as number) >>> 0, o);
+  return o;
 }
 
 function writeString(buf: Buffer, o: number, s: string): number {
   const len = buf.write(s, o + 2, "utf8");
   buf.writeUInt16LE(len, o);
   return o + 2 + len;
-}
-
-function writeWords(buf: Buffer, o: number, words: HashList): number {
-  for (let i = 0; i < words.length; i++) o = buf.writeUInt32LE(words[i] as number, o);
-  return o;
 }
 
 class Reader {
@@ -277,11 +316,21 @@ class Reader {
     return v;
   }
 
+  /** `n` u32 words, copied into an array of their own (transferable). */
   words(n: number, field: string): Uint32Array {
     this.#need(4 * n, field);
     const out = new Uint32Array(n);
-    for (let i = 0; i < n; i++) out[i] = this.#buf.readUInt32LE(this.#o + 4 * i);
+    if (LITTLE_ENDIAN) new Uint8Array(out.buffer).set(this.#buf.subarray(this.#o, this.#o + 4 * n));
+    else for (let i = 0; i < n; i++) out[i] = this.#buf.readUInt32LE(this.#o + 4 * i);
     this.#o += 4 * n;
+    return out;
+  }
+
+  bytes(n: number, field: string): Uint8Array {
+    this.#need(n, field);
+    const out = new Uint8Array(n);
+    out.set(this.#buf.subarray(this.#o, this.#o + n));
+    this.#o += n;
     return out;
   }
 }

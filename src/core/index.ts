@@ -13,7 +13,7 @@ export { hashCount, hashListFromBigInts, hashListToBigInts, hashListToSignedBigI
 export type { HashList } from "./hash64.js";
 export { computeBlockHashes, computePromptHashes, computeSequenceHashes, saltSeed, XXH3_SEED } from "./hashing.js";
 export { IndexJoinJournal } from "./index-join-journal.js";
-export { decodeIndexChunk, DEFAULT_INDEX_CHUNK_BYTES, nextIndexChunk } from "./index-snapshot.js";
+export { decodeIndexChunk, DEFAULT_INDEX_CHUNK_BYTES, indexChunkSteps } from "./index-snapshot.js";
 export type { IndexRankSnapshot, IndexSnapshotSource, KvStreamPosition } from "./index-snapshot.js";
 export type { KvApplyResult, KvEvent, KvEventBatch, StorageTier } from "./kv-events.js";
 export { MAX_HASHES_PER_BOOKING, MAX_WORKER_FIELD_ENTRIES } from "./limits.js";

@@ -56,6 +56,11 @@ const DROPOUT_SEARCH_RATIO = 12;
 const APPROX_AUX_BYTES = 256;
 /** Bytes per node slot held in plain JS arrays (#devArr, #aux): one tagged pointer each. */
 const JS_SLOT_BYTES = 8;
+/** exportRankEntries' marks: a node not numbered yet, and one cut off from the root. */
+const UNVISITED = -2;
+const CUT = -3;
+/** importRankEntries sizes the rank's lookup table at this load (U64Table grows past 0.7). */
+const IMPORT_TABLE_LOAD = 0.6;
 
 function tierIndex(tier: StorageTier): number {
   switch (tier) {
@@ -91,6 +96,27 @@ export interface StoredBlocksRecord {
   parentHash: bigint | null;
   blockHashes: bigint[];
   localHashes: bigint[];
+}
+
+/**
+ * One rank's blocks as flat typed arrays (PrefixIndex.exportRankEntries, importRankEntries): the
+ * tree nodes it holds, parents first, and its lookup entries (tier, sequence hash) in node order.
+ */
+export interface RankEntries {
+  /** Per node: its parent's index among these nodes (always smaller), or -1: the root. */
+  readonly nodeParent: Int32Array;
+  /** Per node: its content (local) hash as [hi, lo] u32 words. */
+  readonly nodeKeys: Uint32Array;
+  /** Per entry: its storage tier's index in STORAGE_TIERS. */
+  readonly entryTier: Uint8Array;
+  /** Per entry: the node it names, non-decreasing. */
+  readonly entryNode: Int32Array;
+  /** Per entry: its sequence hash as [hi, lo] u32 words. */
+  readonly entryHashes: Uint32Array;
+}
+
+export function emptyRankEntries(): RankEntries {
+  return { nodeParent: new Int32Array(0), nodeKeys: new Uint32Array(0), entryTier: new Uint8Array(0), entryNode: new Int32Array(0), entryHashes: new Uint32Array(0) };
 }
 
 interface MutableMatchResult {
@@ -229,6 +255,9 @@ export class PrefixIndex {
     disk: new Int32Array(16),
   };
 
+  /** exportRankEntries' node -> number map, all zero between calls. */
+  #scratchMark = new Int32Array(0);
+
   readonly #detached: DetachedChains<StorageTier>;
   /** Parked chains refused when attached (a parent-hash cycle), since the index was made. */
   #detachedRefused = 0;
@@ -304,7 +333,8 @@ export class PrefixIndex {
       this.#devArrBytes +
       this.#auxCount * APPROX_AUX_BYTES +
       rankBytes +
-      this.#path.byteLength
+      this.#path.byteLength +
+      this.#scratchMark.byteLength
     );
   }
 
@@ -684,16 +714,169 @@ export class PrefixIndex {
   }
 
   /**
-   * dumpRank with its hashes as HashLists ([hi, lo] u32 pairs): no BigInt per hash, for the warm
-   * join's export (index-snapshot.ts), which a peer runs on its main thread rank by rank.
+   * The rank's blocks as flat typed arrays, for the warm join's export (index-snapshot.ts), which
+   * a peer runs on its main thread between its /selects: one pass over the rank's lookup table,
+   * one over its nodes and a counting sort, no object per block. Nodes come parents first; blocks
+   * cut off from the root by a gap this rank holds in no tier are left out, as in dumpRank.
    */
-  exportRank(rank: number): { tier: StorageTier; parent: HashList | null; blockHashes: HashList; localHashes: HashList }[] {
-    return this.#dumpWords(rank).map((e) => ({
-      tier: e.tier,
-      parent: e.parent === null ? null : Uint32Array.from(e.parent),
-      blockHashes: Uint32Array.from(e.blockHashes),
-      localHashes: Uint32Array.from(e.localHashes),
-    }));
+  exportRankEntries(rank: number): RankEntries {
+    checkRank(rank);
+    const table = rank < this.#rankCap ? this.#lookups[rank] : undefined;
+    if (table === undefined || table.size === 0) return emptyRankEntries();
+    const n = table.size;
+    const tiers = new Uint8Array(n);
+    const hashes = new Uint32Array(2 * n);
+    const nodeOfEntry = new Int32Array(n);
+    // Distinct nodes, numbered in the order met; #scratchMark maps a node id to its number + 1.
+    if (this.#scratchMark.length < this.#nodeCap) this.#scratchMark = new Int32Array(this.#nodeCap);
+    const mark = this.#scratchMark;
+    const nodes = new Int32Array(n);
+    let m = 0;
+    let k = 0;
+    table.forEach((t, hi, lo, node) => {
+      tiers[k] = t;
+      hashes[2 * k] = hi;
+      hashes[2 * k + 1] = lo;
+      if (mark[node] === 0) {
+        nodes[m] = node;
+        mark[node] = ++m;
+      }
+      nodeOfEntry[k++] = (mark[node] as number) - 1;
+    });
+    // Parents first: a node is numbered once its held parent is (a walk up the rank's held
+    // ancestors, then back down). Each node is read once: the walk is memory-bound at millions
+    // of nodes, so it reads no depth and sorts nothing.
+    const newIndex = new Int32Array(m).fill(UNVISITED);
+    const nodeParent = new Int32Array(m);
+    const nodeKeys = new Uint32Array(2 * m);
+    const stack: number[] = [];
+    let kept = 0;
+    for (let j = 0; j < m; j++) {
+      if (newIndex[j] !== UNVISITED) continue;
+      // Climb while the parent is held here and not numbered yet.
+      let local = j;
+      let pr = NONE;
+      for (;;) {
+        const p = this.#parent[nodes[local] as number] as number;
+        if (p === ROOT) break;
+        const pm = (mark[p] as number) - 1;
+        if (pm < 0) {
+          pr = CUT; // the parent is held in no tier here: cut off from the root
+          break;
+        }
+        const pi = newIndex[pm] as number;
+        if (pi !== UNVISITED) {
+          pr = pi;
+          break;
+        }
+        stack.push(local);
+        local = pm;
+      }
+      // Number `local` (its parent is resolved as `pr`), then the ones stacked below it.
+      for (;;) {
+        if (pr === CUT) newIndex[local] = CUT;
+        else {
+          const node = nodes[local] as number;
+          newIndex[local] = kept;
+          nodeParent[kept] = pr;
+          nodeKeys[2 * kept] = this.#keyHi[node] as number;
+          nodeKeys[2 * kept + 1] = this.#keyLo[node] as number;
+          pr = kept++;
+        }
+        const below = stack.pop();
+        if (below === undefined) break;
+        local = below;
+      }
+    }
+    for (let j = 0; j < m; j++) mark[nodes[j] as number] = 0;
+    // Entries in node order (the importer attaches a node's device holder after its parent's).
+    const perNode = new Int32Array(kept + 1);
+    let entries = 0;
+    for (let i = 0; i < n; i++) {
+      const ni = newIndex[nodeOfEntry[i] as number] as number;
+      if (ni === CUT) continue;
+      perNode[ni + 1] = (perNode[ni + 1] as number) + 1;
+      entries++;
+    }
+    for (let j = 1; j <= kept; j++) perNode[j] = (perNode[j] as number) + (perNode[j - 1] as number);
+    const entryTier = new Uint8Array(entries);
+    const entryNode = new Int32Array(entries);
+    const entryHashes = new Uint32Array(2 * entries);
+    for (let i = 0; i < n; i++) {
+      const ni = newIndex[nodeOfEntry[i] as number] as number;
+      if (ni === CUT) continue;
+      const at = perNode[ni] as number;
+      perNode[ni] = at + 1;
+      entryTier[at] = tiers[i] as number;
+      entryNode[at] = ni;
+      entryHashes[2 * at] = hashes[2 * i] as number;
+      entryHashes[2 * at + 1] = hashes[2 * i + 1] as number;
+    }
+    return { nodeParent: nodeParent.subarray(0, kept), nodeKeys: nodeKeys.subarray(0, 2 * kept), entryTier, entryNode, entryHashes };
+  }
+
+  /**
+   * Replaces the rank's blocks with `e` (a peer's exportRankEntries, checked by the decoder): the
+   * warm join's bulk insert. Nodes are found or made parents first and each entry is added with
+   * no parent lookup by hash; a device holder attaches below its parent's, so no re-attach walk
+   * runs. The rank's parked chains go with its old blocks, as in applyCleared. A rank at
+   * `maxRankPairs` takes no more (the rest counted in `shedPairs`); an entry whose (tier, hash)
+   * is already taken is skipped. Returns the pairs the rank holds.
+   */
+  importRankEntries(rank: number, e: RankEntries, maxRankPairs = Infinity): number {
+    checkRank(rank);
+    this.applyCleared(rank);
+    const nodes = e.nodeParent.length;
+    const n = e.entryNode.length;
+    if (n === 0) return 0;
+    if (rank >= this.#rankCap) this.#growRanks(rank + 1);
+    // Sized for the whole import: no rehash while it runs.
+    const table = new U64Table(Math.ceil(Math.min(n, maxRankPairs) / IMPORT_TABLE_LOAD) + 1);
+    this.#lookups[rank] = table;
+    const mine = new Int32Array(nodes);
+    // Whether the rank holds node i in device, attached (prefix-closed): the rank was just
+    // cleared and parents come first, so this is its device set's answer without a search.
+    const attached = new Uint8Array(nodes);
+    let ei = 0;
+    let made = 0;
+    for (let i = 0; i < nodes && ei < n; i++) {
+      const pr = e.nodeParent[i] as number;
+      // Assertion (a programming error, never input): decodeIndexChunk checks parents come first.
+      if (pr >= i) throw new RangeError(`importRankEntries: node ${i} has parent ${pr}, not before it`);
+      if (table.size >= maxRankPairs) break;
+      const parent = pr < 0 ? ROOT : (mine[pr] as number);
+      const hi = e.nodeKeys[2 * i] as number;
+      const lo = e.nodeKeys[2 * i + 1] as number;
+      let node = this.#childOf(parent, hi, lo);
+      if (node < 0) node = this.#newNode(parent, hi, lo);
+      mine[i] = node;
+      made = i + 1;
+      for (; ei < n && e.entryNode[ei] === i; ei++) {
+        if (table.size >= maxRankPairs) break;
+        const t = e.entryTier[ei] as number;
+        const bh = e.entryHashes[2 * ei] as number;
+        const bl = e.entryHashes[2 * ei + 1] as number;
+        if (table.get(t, bh, bl) >= 0) continue;
+        table.set(t, bh, bl, node);
+        this.#holders[node] = (this.#holders[node] as number) + 1;
+        this.#pairs++;
+        if (t !== DEVICE) {
+          this.#lowerPairs++;
+          this.#auxAdd(node, t, rank);
+        } else if (attached[i] === 0) {
+          if (pr < 0 || attached[pr] === 1) {
+            this.#devAdd(node, rank);
+            attached[i] = 1;
+          } else if (this.#auxAdd(node, DEVICE, rank)) {
+            this.#detachedCount[rank] = (this.#detachedCount[rank] as number) + 1;
+          }
+        }
+      }
+    }
+    if (ei < n) this.#shedPairs += n - ei;
+    // Nodes left with no holder (every entry of theirs a repeat, or shed) go, children first.
+    for (let i = made - 1; i >= 0; i--) if (this.#holders[mine[i] as number] === 0) this.#maybePrune(mine[i] as number);
+    return table.size;
   }
 
   #dumpWords(rank: number): { tier: StorageTier; parent: number[] | null; blockHashes: number[]; localHashes: number[] }[] {
@@ -899,7 +1082,8 @@ export class PrefixIndex {
       return;
     }
     let a = this.#devArr[node] as Int32Array;
-    const i = binarySearch(a, s, rank);
+    // Ranks are often added in increasing order (a warm join imports rank after rank): append.
+    const i = (a[s - 1] as number) < rank ? s : binarySearch(a, s, rank);
     if (i < s && a[i] === rank) return;
     if (s === a.length) {
       const grown = new Int32Array(a.length * 2);

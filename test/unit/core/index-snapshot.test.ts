@@ -59,11 +59,18 @@ describe("index snapshot codec", () => {
   });
 
   it("refuses malformed chunks with a registry error naming the field", () => {
-    const good = encodeIndexChunk(pullAll(fleet(1, 2), 1 << 20).ranks);
+    const [rank] = pullAll(fleet(1, 2), 1 << 20).ranks as [IndexRankSnapshot];
+    const good = encodeIndexChunk([rank]);
+    const withEntries = (patch: Partial<IndexRankSnapshot["entries"]>): Buffer => encodeIndexChunk([{ ...rank, entries: { ...rank.entries, ...patch } }]);
     const cases: [Buffer, string][] = [
       [Buffer.from("nope"), "index_chunk.magic"],
-      [good.subarray(0, good.length - 3), "local_hashes"],
+      [good.subarray(0, good.length - 3), "ranks[0].entries"],
       [Buffer.concat([good, Buffer.of(0)]), "index_chunk"],
+      [withEntries({ nodeParent: Int32Array.of(-1, 1) }), "ranks[0].node_parents"],
+      [withEntries({ nodeParent: Int32Array.of(-2, 0) }), "ranks[0].node_parents"],
+      [withEntries({ entryNode: Int32Array.of(1, 0) }), "ranks[0].entry_nodes"],
+      [withEntries({ entryNode: Int32Array.of(0, 2) }), "ranks[0].entry_nodes"],
+      [withEntries({ entryTier: Uint8Array.of(0, 3) }), "ranks[0].entry_tiers"],
     ];
     const badVersion = Buffer.from(good);
     badVersion[4] = 9;

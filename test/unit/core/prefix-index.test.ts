@@ -256,6 +256,91 @@ describe("PrefixIndex: dumpRank", () => {
   });
 });
 
+describe("PrefixIndex: exportRankEntries / importRankEntries (the warm join's bulk copy)", () => {
+  function fixture(): PrefixIndex {
+    const idx = new PrefixIndex();
+    store(idx, 0, "device", [1, 2, 3, 4]);
+    store(idx, 0, "device", [1, 2, 5, 6], 2);
+    store(idx, 0, "host", [1, 2, 3, 4, 7], 4);
+    store(idx, 0, "disk", [8, 9]);
+    store(idx, 1, "device", [1, 2]);
+    remove(idx, 0, "device", [1, 2, 3, 4], [3]);
+    store(idx, 0, "host", [1, 2, 3], 2);
+    return idx;
+  }
+
+  it("copies ranks into another index: nodes parents first, entries in node order, matches equal", () => {
+    const idx = fixture();
+    const e = idx.exportRankEntries(0);
+    for (let i = 0; i < e.nodeParent.length; i++) expect(e.nodeParent[i]).toBeLessThan(i);
+    for (let i = 1; i < e.entryNode.length; i++) expect(e.entryNode[i]).toBeGreaterThanOrEqual(e.entryNode[i - 1] as number);
+    expect(e.entryNode.length).toBe(idx.rankSize(0));
+    const copy = new PrefixIndex();
+    expect(copy.importRankEntries(0, e)).toBe(idx.rankSize(0));
+    expect(copy.importRankEntries(1, idx.exportRankEntries(1))).toBe(2);
+    expect(copy.size).toBe(idx.size);
+    expect(copy.nodeCount).toBe(idx.nodeCount);
+    for (const q of [[1, 2, 3, 4, 7], [1, 2, 5, 6], [8, 9], [1, 2, 3]]) expect(match(copy, q)).toEqual(match(idx, q));
+    expect(match(copy, [1, 2, 3, 4, 7])).toEqual({ 0: [2, 3, 0], 1: [2, 0, 0] });
+    expect(idx.exportRankEntries(42).entryNode.length).toBe(0);
+  });
+
+  it("replaces what the rank held, and a later stored event chains below an imported block", () => {
+    const idx = fixture();
+    const copy = new PrefixIndex();
+    store(copy, 0, "device", [5, 5, 5]);
+    copy.importRankEntries(0, idx.exportRankEntries(0));
+    expect(match(copy, [5, 5, 5])).toEqual({});
+    expect(store(copy, 0, "device", [1, 2, 5, 6, 9], 4)).toBe(true);
+    expect(match(copy, [1, 2, 5, 6, 9])).toEqual({ 0: [5, 0, 0] });
+  });
+
+  it("leaves out blocks cut off by a gap the rank holds in no tier", () => {
+    const idx = new PrefixIndex();
+    store(idx, 0, "device", [1, 2, 3]);
+    remove(idx, 0, "device", [1, 2, 3], [2]);
+    const e = idx.exportRankEntries(0);
+    expect(Array.from(e.nodeParent)).toEqual([-1]);
+    expect(e.entryNode.length).toBe(1);
+  });
+
+  it("keeps a device block whose parent the rank holds only in host detached, as applyStored does", () => {
+    const idx = new PrefixIndex();
+    store(idx, 0, "host", [1]);
+    store(idx, 0, "device", [1, 2], 1);
+    const copy = new PrefixIndex();
+    copy.importRankEntries(0, idx.exportRankEntries(0));
+    expect(match(copy, [1, 2])).toEqual(match(idx, [1, 2]));
+    // Storing the parent in device attaches it.
+    store(copy, 0, "device", [1]);
+    store(idx, 0, "device", [1]);
+    expect(match(copy, [1, 2])).toEqual({ 0: [2, 0, 0] });
+    expect(match(idx, [1, 2])).toEqual(match(copy, [1, 2]));
+  });
+
+  it("stops at maxRankPairs, counting the rest as shed, and leaves no holderless node behind", () => {
+    const idx = new PrefixIndex();
+    store(idx, 0, "device", [1, 2, 3, 4, 5]);
+    const copy = new PrefixIndex();
+    expect(copy.importRankEntries(0, idx.exportRankEntries(0), 3)).toBe(3);
+    expect(copy.shedPairs).toBe(2);
+    expect(copy.nodeCount).toBe(3);
+    expect(match(copy, [1, 2, 3, 4, 5])).toEqual({ 0: [3, 0, 0] });
+  });
+
+  it("skips an entry whose (tier, hash) is taken already, pruning a node left with no holder", () => {
+    const idx = new PrefixIndex();
+    store(idx, 0, "device", [1, 2]);
+    const e = idx.exportRankEntries(0);
+    // Both entries name the first hash: the second (on node 1) is a repeat.
+    const dup = { ...e, entryHashes: Uint32Array.from([...e.entryHashes.subarray(0, 2), ...e.entryHashes.subarray(0, 2)]) };
+    const copy = new PrefixIndex();
+    expect(copy.importRankEntries(0, dup)).toBe(1);
+    expect(copy.nodeCount).toBe(1);
+    expect(copy.size).toBe(1);
+  });
+});
+
 // ---------------------------------------------------------------- randomized model check
 
 /** Naive model: per rank and tier, the set of held paths (as "1,2,3" keys). */
@@ -462,6 +547,20 @@ describe("PrefixIndex: randomized comparison with a naive model", () => {
       if (got !== want) failures.push(`dump copy: match [${q.join(",")}] got ${got}, model ${want}`);
     }
     expect(copy.size).toBeLessThanOrEqual(idx.size);
+    expect(failures).toEqual([]);
+
+    // And through the warm join's bulk export and import: the same state as the dump's replay.
+    const bulk = new PrefixIndex();
+    for (let rank = 0; rank < RANKS; rank++) bulk.importRankEntries(rank, idx.exportRankEntries(rank));
+    expect(bulk.size).toBe(copy.size);
+    expect(bulk.nodeCount).toBe(copy.nodeCount);
+    for (let rank = 0; rank < RANKS; rank++) expect(bulk.rankSize(rank)).toBe(copy.rankSize(rank));
+    for (let i = 0; i < 300; i++) {
+      const q = i % 2 === 0 ? randomPath(1 + Math.floor(rnd.next() * 8)) : (pickOne(rnd, queries) ?? [1]);
+      const got = JSON.stringify(match(bulk, q));
+      const want = JSON.stringify(model.match(q));
+      if (got !== want) failures.push(`bulk copy: match [${q.join(",")}] got ${got}, model ${want}`);
+    }
     expect(failures).toEqual([]);
   });
 });
