@@ -15,6 +15,7 @@ export { computeBlockHashes, computeSequenceHashes, saltSeed, XXH3_SEED } from "
 export { IndexJoinJournal } from "./index-join-journal.js";
 export { decodeIndexChunk, DEFAULT_INDEX_CHUNK_BYTES, nextIndexChunk } from "./index-snapshot.js";
 export type { IndexRankSnapshot, IndexSnapshotSource, KvStreamPosition } from "./index-snapshot.js";
+export { storedContentHashes } from "./kv-events.js";
 export type { KvApplyResult, KvEvent, KvEventBatch, StorageTier } from "./kv-events.js";
 export { MAX_HASHES_PER_BOOKING, MAX_WORKER_FIELD_ENTRIES } from "./limits.js";
 export { LoadLedger } from "./load-ledger.js";
