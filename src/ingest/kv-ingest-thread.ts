@@ -21,8 +21,17 @@ import type { KvIngestCommand, KvIngestFailure, KvIngestReport, KvIngestThreadDa
 import { prepareKvBatch } from "./prepare-kv-batch.js";
 import { encodePreparedBatch } from "./prepared-batch-codec.js";
 
-/** Stats of ranks with no batch (malformed, stale, lost messages) reach the main thread this often, ms. */
-const STATS_SCAN_INTERVAL_MS = 50;
+/**
+ * Stats of ranks with no batch (malformed, stale, lost messages) reach the main thread this often,
+ * ms. Each scan reads every rank's counters: at 1,024 ranks a shorter interval costs an idle
+ * daemon a visible share of a core.
+ */
+const STATS_SCAN_INTERVAL_MS = 200;
+/**
+ * While batches stream, their ranks' stats are posted at least this often, ms: zeromq.js runs a
+ * socket's queued messages as microtasks, so the setImmediate flush waits for a backlog to end.
+ */
+const STATS_FLUSH_MS = 20;
 /** Beyond the observers' close grace: their close runs from a timer that may fire a little late. */
 const OBSERVER_CLOSE_MARGIN_MS = 100;
 
@@ -66,6 +75,7 @@ const postedSignature = new Map<string, string>();
 /** Ranks with a batch since the last flush. */
 const dirty = new Map<string, KvRankRef>();
 let flushScheduled = false;
+let lastFlushAt = 0;
 let postedRefusals = 0;
 
 const signature = (s: KvRankStats["stats"]): string =>
@@ -91,6 +101,7 @@ function postStats(ranks: KvRankStats[]): void {
 
 function flushDirty(): void {
   flushScheduled = false;
+  lastFlushAt = performance.now();
   const ranks: KvRankStats[] = [];
   for (const ref of dirty.values()) {
     const s = ingest.rankStats(ref.workerId, ref.rank);
@@ -110,7 +121,8 @@ const ingest = new KvIngest({
     if (enc === null) post({ t: "batch", ref, seq, replayed, digest, encoded: null, batch });
     else port.postMessage({ t: "batch", ref, seq, replayed, digest, encoded: { ts: batch.ts, dpRank: batch.dpRank, ...enc }, batch: null } satisfies KvIngestReport, [enc.words.buffer as ArrayBuffer]);
     dirty.set(key(ref), ref);
-    if (!flushScheduled) {
+    if (performance.now() - lastFlushAt >= STATS_FLUSH_MS) flushDirty();
+    else if (!flushScheduled) {
       flushScheduled = true;
       setImmediate(flushDirty);
     }
