@@ -94,7 +94,7 @@ const SELECTOR_BOOLEAN_FLAGS = [
 ] as const satisfies readonly (readonly [string, keyof SelectorConfig, string])[];
 
 /** Env names a user might guess from the `--no-x` spelling; the positive `KVMESH_X=false` is the one read. */
-const NEGATED_ENV_HINTS = ["--kv-events", "--replica-tie-spread", "--mesh-receive-thread", ...SELECTOR_BOOLEAN_FLAGS.map(([flag]) => flag)];
+const NEGATED_ENV_HINTS = ["--kv-events", "--kv-ingest-thread", "--replica-tie-spread", "--mesh-receive-thread", ...SELECTOR_BOOLEAN_FLAGS.map(([flag]) => flag)];
 
 /**
  * The reference's own environment names, read as aliases of ours (`KVMESH_*` wins when both are
@@ -270,6 +270,7 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     )
     .addOption(valueOption("--max-connections-per-client <n>", "most HTTP connections at once from one address [default: half of --max-connections]", integerInRange(1, Number.MAX_SAFE_INTEGER)));
   addBooleanPair(cmd, "--kv-events", "subscribe to workers' KV events (off: workers need no kv_events_endpoint)", d.kvEvents);
+  addBooleanPair(cmd, "--kv-ingest-thread", "read, decode and hash workers' KV events on a worker thread, so the main thread only indexes them", d.kvIngestThread);
   cmd
     .addOption(
       valueOption(

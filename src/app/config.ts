@@ -75,6 +75,8 @@ export interface DaemonConfig extends TokenizerOptions {
   readonly replicaTieSpread: boolean;
   /** With KV events on (the default) a worker rank needs a kv_events_endpoint to be schedulable. */
   readonly kvEvents: boolean;
+  /** KV sockets, decoding and block hashing on a worker thread; the main thread only indexes (docs/ingest-thread.md). */
+  readonly kvIngestThread: boolean;
   readonly replayTimeoutMs: number;
   readonly selectionCacheTtlSecs: number;
   readonly selectionCacheMaxEntries: number;
@@ -184,6 +186,7 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   maxReservations: DEFAULT_MAX_LOCAL_RESERVATIONS,
   replicaTieSpread: true,
   kvEvents: true,
+  kvIngestThread: true,
   replayTimeoutMs: DEFAULT_REPLAY_TIMEOUT_MS,
   selectionCacheTtlSecs: DEFAULT_PENDING_TTL_MS / MS_PER_SEC,
   selectionCacheMaxEntries: DEFAULT_PENDING_MAX_ENTRIES,

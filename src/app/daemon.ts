@@ -5,7 +5,8 @@
  */
 import type { Logger } from "pino";
 import { connectionLimitsOf, isLoopbackHost, replicaSyncEndpoints, resolveDaemonConfig, serviceOptionsOf, type DaemonConfig } from "./config.js";
-import { KvEndpointError, KvIngest } from "../ingest/kv-ingest.js";
+import { KvEndpointError, KvIngest, type KvIngestOptions, type KvIngestPort } from "../ingest/kv-ingest.js";
+import { KvIngestWorker } from "../ingest/kv-ingest-worker.js";
 import { raiseZmqSocketLimit } from "../ingest/zmq-socket-limit.js";
 import { HttpMetrics } from "../http/metrics.js";
 import { registerIngestMetrics } from "../metrics/ingest-metrics.js";
@@ -149,7 +150,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
     timeoutMs: config.replicaSyncPort !== undefined && config.kvEvents ? config.indexSyncSecs * MS_PER_SECOND : 0,
     replayTimeoutMs: config.replayTimeoutMs,
   });
-  const ingest: KvIngest = new KvIngest({
+  const ingestOptions: KvIngestOptions = {
     logger: ingestLog,
     replayTimeoutMs: config.replayTimeoutMs,
     onBatch: (ref, batch, seq, _replayed, digest) => {
@@ -182,7 +183,8 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       ingestLog.info({ worker_id: ref.workerId, dp_rank: ref.rank }, "kv publisher restarted: clearing its blocks");
       warmJoin.onReset(ref);
     },
-  });
+  };
+  const ingest: KvIngestPort = config.kvEvents && config.kvIngestThread ? new KvIngestWorker(ingestOptions) : new KvIngest(ingestOptions);
   if (config.kvEvents) {
     // Listeners follow the catalog. KvIngest serialises its own changes, so a burst of
     // upserts applies in order; failures are logged, never unhandled. A worker whose endpoint

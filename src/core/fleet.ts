@@ -14,8 +14,7 @@ import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
 import { hashCount, hashListFromBigInts } from "./hash64.js";
 import { rankCursorKey, type IndexRankKey, type IndexRankSnapshot, type IndexSnapshotSource } from "./index-snapshot.js";
-import { computeBlockHashes } from "./hashing.js";
-import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
+import { storedContentHashes, type KvApplyResult, type KvEventBatch } from "./kv-events.js";
 import { Partition } from "./partition.js";
 import { PromptHashCache } from "./prompt-hash-cache.js";
 import { rankIndexBound } from "./rank-index-bound.js";
@@ -322,13 +321,9 @@ export class Fleet {
             ok = false;
             break;
           }
-          const local = computeBlockHashes(ev.tokenIds, p.blockSize, {
-            loraName: ev.loraName,
-            isEagle: ev.eagle,
-            ...(ev.cacheSalt === undefined ? {} : { cacheSalt: ev.cacheSalt }),
-            ...(ev.blockMmHashes === undefined ? {} : { blockMmHashes: ev.blockMmHashes }),
-          });
-          const engine = hashListFromBigInts(ev.blockHashes);
+          // Precomputed by the ingest thread when the event named its block size (equal to ours here).
+          const local = ev.localHashes ?? storedContentHashes(ev, p.blockSize);
+          const engine = ev.engineHashes ?? hashListFromBigInts(ev.blockHashes);
           if (hashCount(local) !== hashCount(engine)) {
             ok = false;
             break;
@@ -343,7 +338,7 @@ export class Fleet {
           break;
         }
         case "removed":
-          p.index.applyRemoved(rank, ev.tier, hashListFromBigInts(ev.blockHashes));
+          p.index.applyRemoved(rank, ev.tier, ev.engineHashes ?? hashListFromBigInts(ev.blockHashes));
           break;
         case "cleared":
           p.index.applyCleared(rank);

@@ -3,6 +3,8 @@
  * engines' wire forms (vLLM's and SGLang's msgpack batches) are decoded into this shape by
  * `src/ingest/kv-event-decoder.ts`; the core knows no wire form.
  */
+import type { HashList } from "./hash64.js";
+import { computeBlockHashes } from "./hashing.js";
 import type { StorageTier } from "./prefix-index.js";
 
 export type { StorageTier };
@@ -25,8 +27,16 @@ export type KvEvent =
       cacheSalt?: string;
       /** Per block, the multimodal objects' hashes that enter its content hash (absent: text only). */
       blockMmHashes?: (bigint[] | undefined)[];
+      /**
+       * Precomputed off the main thread (the ingest thread, src/ingest/prepare-kv-batch.ts): the
+       * blocks' content hashes over tokenIds at `blockSize` (set only when blockSize is given; a
+       * partition of another block size drops the event anyway), and blockHashes as a HashList.
+       * When present they are what the index takes; tokenIds may then be empty.
+       */
+      localHashes?: HashList;
+      engineHashes?: HashList;
     }
-  | { type: "removed"; blockHashes: bigint[]; tier: StorageTier }
+  | { type: "removed"; blockHashes: bigint[]; tier: StorageTier; engineHashes?: HashList }
   | { type: "cleared" };
 
 export interface KvEventBatch {
@@ -49,4 +59,14 @@ export interface KvApplyResult {
   readonly cycles: number;
   /** Parked blocks shed (oldest chains first) at the partition's bound to park this batch's. */
   readonly detachedShed: number;
+}
+
+/** A stored event's content hashes at `blockSize`: over its token ids, seeded by its adapter and salt, with its multimodal hashes. */
+export function storedContentHashes(ev: Extract<KvEvent, { type: "stored" }>, blockSize: number): HashList {
+  return computeBlockHashes(ev.tokenIds, blockSize, {
+    loraName: ev.loraName,
+    isEagle: ev.eagle,
+    ...(ev.cacheSalt === undefined ? {} : { cacheSalt: ev.cacheSalt }),
+    ...(ev.blockMmHashes === undefined ? {} : { blockMmHashes: ev.blockMmHashes }),
+  });
 }

@@ -69,6 +69,9 @@ export class KvRankBudgetError extends Error {
   }
 }
 
+/** What the daemon uses of an ingest: KvIngest on this thread, or KvIngestWorker (kv-ingest-worker.ts) on its own. */
+export type KvIngestPort = Pick<KvIngest, "upsert" | "remove" | "position" | "replayEndpointOf" | "stats" | "close" | "budgetRefusals">;
+
 export class KvIngest {
   readonly #options: KvIngestOptions;
   readonly #maxRanks: number | null;
@@ -153,6 +156,12 @@ export class KvIngest {
   /** A rank's replay endpoint, or null (none, or no listener). */
   replayEndpointOf(workerId: string, rank: number): string | null {
     return this.#workers.get(workerId)?.get(rank)?.replayEndpoint ?? null;
+  }
+
+  /** One rank's stats, or null (no listener). */
+  rankStats(workerId: string, rank: number): KvRankStats | null {
+    const listener = this.#workers.get(workerId)?.get(rank);
+    return listener === undefined ? null : { workerId, rank, endpoint: listener.endpoint, stats: listener.stats };
   }
 
   stats(): KvRankStats[] {

@@ -1,0 +1,193 @@
+/**
+ * The ingest thread (a worker_threads worker; kv-ingest-worker.ts starts and drives it). It owns
+ * every KV SUB socket through a KvIngest of its own, so all of ingest's stream logic runs here
+ * unchanged (gap replay, publisher restart detection, per-message caps, resets damped, counted
+ * shedding), then decodes each batch and computes its blocks' hashes (prepare-kv-batch.ts). The
+ * main thread only indexes what arrives.
+ *
+ * Why a thread (issue 26, docs/ingest-thread.md): on the main thread, ZeroMQ's receive loops,
+ * decoding and hashing took 55-65% of applying a batch, and a backlog of queued messages ran as
+ * microtasks ahead of every HTTP callback (select p99 1.3-2.9 s at 0.4M block ops/s). Posted
+ * batches are macrotasks: /select runs between them.
+ */
+import type { Logger } from "pino";
+import { setTimeout as sleep } from "node:timers/promises";
+import { parentPort, workerData } from "node:worker_threads";
+
+import { OBSERVER_CLOSE_GRACE_MS } from "../util/zmq-observers.js";
+
+import { KvEndpointError, KvIngest, type KvRankRef, type KvRankStats } from "./kv-ingest.js";
+import type { KvIngestCommand, KvIngestFailure, KvIngestReport, KvIngestThreadData, KvOpenRank } from "./kv-ingest-protocol.js";
+import { prepareKvBatch } from "./prepare-kv-batch.js";
+import { encodePreparedBatch } from "./prepared-batch-codec.js";
+
+/**
+ * Stats of ranks with no batch (malformed, stale, lost messages) reach the main thread this often,
+ * ms. Each scan reads every rank's counters: at 1,024 ranks a shorter interval costs an idle
+ * daemon a visible share of a core.
+ */
+const STATS_SCAN_INTERVAL_MS = 200;
+/**
+ * While batches stream, their ranks' stats are posted at least this often, ms: zeromq.js runs a
+ * socket's queued messages as microtasks, so the setImmediate flush waits for a backlog to end.
+ */
+const STATS_FLUSH_MS = 20;
+/** Beyond the observers' close grace: their close runs from a timer that may fire a little late. */
+const OBSERVER_CLOSE_MARGIN_MS = 100;
+
+const port = parentPort;
+// Assertion (a programming error): kv-ingest-worker.ts starts this file as a worker.
+if (port === null) throw new Error("kv-ingest-thread.ts runs as a worker thread only");
+const data = workerData as KvIngestThreadData;
+const post = (m: KvIngestReport): void => { port.postMessage(m); };
+
+const LEVELS = { trace: 10, debug: 20, info: 30, warn: 40, error: 50, fatal: 60, silent: Infinity } as const;
+type Level = keyof typeof LEVELS;
+const threshold = LEVELS[data.logLevel as Level] ?? LEVELS.info;
+
+/**
+ * The slice of pino's Logger the listeners use, forwarding each record to the main thread's
+ * ingest logger (with its child bindings), so logs keep their destination and format.
+ */
+function forwardingLogger(bindings: Record<string, unknown>): Logger {
+  const at =
+    (level: "debug" | "info" | "warn" | "error") =>
+    (obj: unknown, msg?: string): void => {
+      if (LEVELS[level] < threshold) return;
+      post({ t: "log", level, bindings, obj: typeof obj === "string" ? {} : obj, msg: typeof obj === "string" ? obj : (msg ?? "") });
+    };
+  const log = {
+    child: (more: Record<string, unknown>) => forwardingLogger({ ...bindings, ...more }),
+    isLevelEnabled: (level: string) => (LEVELS[level as Level] ?? 0) >= threshold,
+    trace: () => undefined,
+    debug: at("debug"),
+    info: at("info"),
+    warn: at("warn"),
+    error: at("error"),
+    fatal: at("error"),
+  };
+  return log as unknown as Logger;
+}
+
+const key = (ref: KvRankRef): string => `${ref.workerId}\u0000${String(ref.rank)}`;
+/** Per rank, the counters last posted: only changed ranks are posted again. */
+const postedSignature = new Map<string, string>();
+/** Ranks with a batch since the last flush. */
+const dirty = new Map<string, KvRankRef>();
+let flushScheduled = false;
+let lastFlushAt = 0;
+let postedRefusals = 0;
+
+const signature = (s: KvRankStats["stats"]): string =>
+  `${s.received},${s.applied},${s.replayed},${s.malformed},${s.stale},${s.implausible},${s.lost},${s.resets},${s.oversized},${s.eventsShed},${s.resetsDamped},${String(s.lastSeq)}`;
+
+function changed(all: readonly KvRankStats[]): KvRankStats[] {
+  const out: KvRankStats[] = [];
+  for (const r of all) {
+    const k = key(r);
+    const sig = signature(r.stats);
+    if (postedSignature.get(k) === sig) continue;
+    postedSignature.set(k, sig);
+    out.push(r);
+  }
+  return out;
+}
+
+function postStats(ranks: KvRankStats[]): void {
+  if (ranks.length === 0 && ingest.budgetRefusals === postedRefusals) return;
+  postedRefusals = ingest.budgetRefusals;
+  post({ t: "stats", ranks, budgetRefusals: postedRefusals });
+}
+
+function flushDirty(): void {
+  flushScheduled = false;
+  lastFlushAt = performance.now();
+  const ranks: KvRankStats[] = [];
+  for (const ref of dirty.values()) {
+    const s = ingest.rankStats(ref.workerId, ref.rank);
+    if (s !== null) ranks.push(s);
+  }
+  dirty.clear();
+  postStats(changed(ranks));
+}
+
+const ingest = new KvIngest({
+  logger: forwardingLogger({}),
+  ...(data.replayTimeoutMs === undefined ? {} : { replayTimeoutMs: data.replayTimeoutMs }),
+  ...(data.maxRanks === undefined ? {} : { maxRanks: data.maxRanks }),
+  onBatch: (ref, batch, seq, replayed, digest) => {
+    prepareKvBatch(batch);
+    const enc = encodePreparedBatch(batch);
+    if (enc === null) post({ t: "batch", ref, seq, replayed, digest, encoded: null, batch });
+    else port.postMessage({ t: "batch", ref, seq, replayed, digest, encoded: { ts: batch.ts, dpRank: batch.dpRank, ...enc }, batch: null } satisfies KvIngestReport, [enc.words.buffer as ArrayBuffer]);
+    dirty.set(key(ref), ref);
+    if (performance.now() - lastFlushAt >= STATS_FLUSH_MS) flushDirty();
+    else if (!flushScheduled) {
+      flushScheduled = true;
+      setImmediate(flushDirty);
+    }
+  },
+  onReset: (ref) => {
+    post({ t: "reset", ref });
+  },
+});
+
+const scan = setInterval(() => {
+  postStats(changed(ingest.stats()));
+}, STATS_SCAN_INTERVAL_MS);
+
+function failure(err: unknown): KvIngestFailure {
+  if (err instanceof KvEndpointError) {
+    const cause = err.cause as { message?: unknown; code?: unknown } | null | undefined;
+    const message = typeof cause?.message === "string" ? cause.message : err.detail;
+    return { kind: "endpoint", rank: err.rank, endpoint: err.endpoint, message, ...(typeof cause?.code === "string" ? { code: cause.code } : {}) };
+  }
+  if (err instanceof RangeError) return { kind: "range", message: err.message };
+  return { kind: "other", message: err instanceof Error ? err.message : String(err) };
+}
+
+/** A worker's ranks after a command, with their stats as of now (posted again from here on only when they change). */
+function openRanks(workerId: string): KvOpenRank[] {
+  const out: KvOpenRank[] = [];
+  for (const r of ingest.stats()) {
+    if (r.workerId !== workerId) continue;
+    postedSignature.set(key(r), signature(r.stats));
+    out.push({ stats: r, replayEndpoint: ingest.replayEndpointOf(workerId, r.rank) });
+  }
+  return out;
+}
+
+port.on("message", (cmd: KvIngestCommand) => {
+  void (async () => {
+    switch (cmd.t) {
+      case "upsert":
+        try {
+          await ingest.upsert(cmd.workerId, cmd.ranks);
+          post({ t: "done", id: cmd.id, workerId: cmd.workerId, open: openRanks(cmd.workerId) });
+        } catch (err) {
+          post({ t: "done", id: cmd.id, workerId: cmd.workerId, open: openRanks(cmd.workerId), failure: failure(err) });
+        }
+        break;
+      case "remove":
+        try {
+          const result = await ingest.remove(cmd.workerId);
+          post({ t: "done", id: cmd.id, workerId: cmd.workerId, open: [], result });
+        } catch (err) {
+          post({ t: "done", id: cmd.id, workerId: cmd.workerId, open: openRanks(cmd.workerId), failure: failure(err) });
+        }
+        break;
+      case "close":
+        clearInterval(scan);
+        await ingest.close();
+        flushDirty();
+        // Closed sockets' observers are closed OBSERVER_CLOSE_GRACE_MS later (zmq-observers.ts);
+        // a thread ended with one still receiving aborts the process (zeromq 6.8 throws a
+        // Napi::Error in teardown), so the thread waits them out and then ends by itself.
+        await sleep(OBSERVER_CLOSE_GRACE_MS + OBSERVER_CLOSE_MARGIN_MS);
+        post({ t: "done", id: cmd.id });
+        port.close();
+        break;
+    }
+  })();
+});
+post({ t: "ready" });
