@@ -18,7 +18,7 @@ import type { Logger } from "pino";
 import { pino } from "pino";
 import type { Worker } from "node:worker_threads";
 
-import { siblingModule, startModuleWorker } from "../util/ts-worker.js";
+import { siblingFile, startWorkerThread } from "../util/worker-thread.js";
 
 import { KvEndpointError, type KvIngestOptions, type KvRankEndpoints, type KvRankRef, type KvRankStats } from "./kv-ingest.js";
 import type { KvEventBatch } from "../core/index.js";
@@ -72,7 +72,7 @@ export class KvIngestWorker {
       ...(options.replayTimeoutMs === undefined ? {} : { replayTimeoutMs: options.replayTimeoutMs }),
       ...(options.maxRanks === undefined ? {} : { maxRanks: options.maxRanks }),
     };
-    this.#worker = startModuleWorker(siblingModule(import.meta.url, "kv-ingest-thread"), { workerData: data });
+    this.#worker = startWorkerThread(siblingFile(import.meta.url, "kv-ingest-thread"), data);
     let started!: () => void;
     this.#ready = new Promise<void>((resolve) => (started = resolve));
     this.#worker.on("message", (m: KvIngestReport) => {
