@@ -33,6 +33,7 @@
 import type { Random } from "./random.js";
 import type { Partition, SelectionScratch } from "./partition.js";
 import type { MatchResult } from "./prefix-index.js";
+import { fillCandidateRows } from "./candidate-rows.js";
 import { loadOnlyCost, scoreCandidates, selectCandidate, type SelectionRequest } from "./selector.js";
 import type { SelectorConfig } from "./selector-config.js";
 import type { TieSpreader } from "./tie-spread.js";
@@ -226,7 +227,7 @@ export function scanChoose(
     // 5. The unchanged argmin and tie spreader over the scored ranks from the first low one on.
     const rows = count - start;
     for (let i = 0; i < rows; i++) s.candidates[i] = sched[ordered[start + i] as number] as number;
-    fillRows(p, s, rows, promptBlocks);
+    fillCandidateRows(p, s, rows, promptBlocks);
     let row = selectCandidate(s.table, info, config, random, s.costs);
     if (spreader !== undefined) row = spreader.pick(s.costs, rows, row, s.candidates, p.ranks.spreadKeys, n);
     return { row, scored: count + exact };
@@ -254,20 +255,6 @@ function mark(rank: number, posOf: Int32Array, scored: Uint8Array, list: Int32Ar
   return count + 1;
 }
 
-/** Table rows [0, rows) for the ranks at `s.candidates[0, rows)`, as the chooser's #load fills them. */
-function fillRows(p: Partition, s: SelectionScratch, rows: number, promptBlocks: number): void {
-  const t = s.table;
-  t.count = rows;
-  for (let i = 0; i < rows; i++) {
-    const rank = s.candidates[i] as number;
-    t.device[i] = s.device[rank] as number;
-    t.host[i] = s.host[rank] as number;
-    t.disk[i] = s.disk[rank] as number;
-  }
-  p.fillCandidateLoads(s.candidates, rows, promptBlocks, s.heldBlocks, t.activePrefillTokens, t.potentialDecodeBlocks, t.activeRequests);
-  t.preferredTaintWeight = null;
-}
-
 /** Exact costs of the ranks at positions list[from, to) into cost[position]. */
 function scoreList(
   p: Partition,
@@ -284,7 +271,7 @@ function scoreList(
   const rows = to - from;
   if (rows <= 0) return;
   for (let i = 0; i < rows; i++) s.candidates[i] = sched[list[from + i] as number] as number;
-  fillRows(p, s, rows, promptBlocks);
+  fillCandidateRows(p, s, rows, promptBlocks);
   const costs = scoreCandidates(s.table, info, config, s.costs);
   for (let i = 0; i < rows; i++) cost[list[from + i] as number] = costs[i] as number;
 }
@@ -292,6 +279,6 @@ function scoreList(
 /** One rank's exact cost (a rank outside the scored list: no cached or in-flight prompt block). */
 function exactCost(p: Partition, s: SelectionScratch, rank: number, promptBlocks: number, info: SelectionRequest, config: SelectorConfig): number {
   s.candidates[0] = rank;
-  fillRows(p, s, 1, promptBlocks);
+  fillCandidateRows(p, s, 1, promptBlocks);
   return scoreCandidates(s.table, info, config, s.costs)[0] as number;
 }
