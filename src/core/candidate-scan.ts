@@ -37,13 +37,16 @@ import { fillCandidateRows } from "./candidate-rows.js";
 import { loadOnlyCost, scoreCandidates, selectCandidate, type SelectionRequest } from "./selector.js";
 import type { SelectorConfig } from "./selector-config.js";
 import type { TieSpreader } from "./tie-spread.js";
+import { cachedTokensOf } from "./ttft-cost.js";
 
 /** Below this many schedulable ranks the scan saves nothing worth its bookkeeping: score them all. */
 export const MIN_RANKS_FOR_SCAN = 32;
 
 /** Whether a config lets the scan decide (see the file comment). */
 export function scanApplies(config: SelectorConfig): boolean {
-  return config.temperature === 0 && !(config.trackPrefillTokens && config.overlapScoreCreditDecay > 0) && config.prefillLoadScale >= 0;
+  if (config.temperature !== 0) return false;
+  // The ttft model reads neither the decay nor the scale (ttft-cost.ts: monotone in every load).
+  return config.costModel === "ttft" || (!(config.trackPrefillTokens && config.overlapScoreCreditDecay > 0) && config.prefillLoadScale >= 0);
 }
 
 /** Reusable per-partition buffers of the scan. */
@@ -113,6 +116,8 @@ export function scanChoose(
   }
   sc.prepare(p, sched);
   const { posOf, cost, scored, exactFloor, list } = sc;
+  // The ttft model's bestCached over every candidate, which the scored rows alone do not show.
+  if (config.costModel === "ttft" && info.bestCachedTokens === undefined) info = { ...info, bestCachedTokens: bestCachedOf(match, posOf, info, config) };
   let count = 0;
   try {
     // 1. The prompt-dependent ranks: cached blocks of it, or some of its blocks in flight.
@@ -234,6 +239,18 @@ export function scanChoose(
   } finally {
     for (let i = 0; i < count; i++) scored[list[i] as number] = 0;
   }
+}
+
+/** The most prompt tokens a schedulable rank of the match holds, as selector.ts bestCachedOver finds over every row. */
+function bestCachedOf(match: MatchResult, posOf: Int32Array, info: SelectionRequest, config: SelectorConfig): number {
+  let best = 0;
+  for (let i = 0; i < match.count; i++) {
+    const rank = match.ranks[i] as number;
+    if (rank >= posOf.length || (posOf[rank] as number) < 0) continue;
+    const c = cachedTokensOf(match.device[i] as number, match.host[i] as number, match.disk[i] as number, info.blockSize, config.hostCacheHitWeight, config.diskCacheHitWeight, info.islTokens);
+    if (c > best) best = c;
+  }
+  return best;
 }
 
 /** Keeps the positions of near[0, count) whose cost is within `reach`; returns how many. */

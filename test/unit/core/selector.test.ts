@@ -298,6 +298,7 @@ describe("selector config", () => {
       temperature: 0,
       trackPrefillTokens: true,
       assumeKvReuse: true,
+      costModel: "reference",
     });
     expect(validateSelectorConfig(DEFAULT_SELECTOR_CONFIG)).toEqual(DEFAULT_SELECTOR_CONFIG);
   });
