@@ -85,6 +85,7 @@ const SELECTOR_NUMBER_FLAGS = [
   ["--decode-active-request-weight", "decodeActiveRequestWeight", "cost per in-flight request"],
   ["--host-cache-hit-weight", "hostCacheHitWeight", "credit per host-memory cached block"],
   ["--disk-cache-hit-weight", "diskCacheHitWeight", "credit per disk cached block"],
+  ["--ttft-keep-weight", "ttftKeepWeight", "--cost-model ttft: recomputes of the best cached prefix charged to a worker that lacks it"],
 ] as const satisfies readonly (readonly [string, keyof SelectorConfig, string])[];
 
 /** Negatable pairs: `--x [bool]` (env KVMESH_X=true|false) and `--no-x`. */

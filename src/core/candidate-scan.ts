@@ -26,7 +26,9 @@
  * floors do not carry: no subset (allowed_worker_ids, required taints, a pinned worker or a
  * steering target), no preferred taints, temperature 0 (softmax weighs every rank), no credit
  * decay on tracked prefill (it reads the minimum prefill over all candidates), and a
- * prefill_load_scale >= 0 (the floor's monotonicity). The chooser falls back to scoring every
+ * prefill_load_scale >= 0 (the floor's monotonicity); the ttft cost model (ttft-cost.ts) reads
+ * neither and is monotone in every load, and its one whole-set input, the best cached prefix of
+ * any candidate, comes from the prefix match (bestCachedOf), as scoring every rank finds it. The chooser falls back to scoring every
  * rank otherwise, and when more than half the ranks would be scored anyway (an idle fleet
  * without any cached prefix: every idle rank ties).
  */

@@ -4,7 +4,7 @@
  * names, because those are what operators and clients type.
  */
 import { badRequest } from "./errors.js";
-import { COST_MODELS, type CostModel } from "./ttft-cost.js";
+import { COST_MODELS, DEFAULT_TTFT_COST, type CostModel } from "./ttft-cost.js";
 
 export interface SelectorConfig {
   /** c: weight of device-cached blocks as prefill credit. */
@@ -40,6 +40,8 @@ export interface SelectorConfig {
    * knob: the reference has no such field, so no per-request override sets it.
    */
   readonly costModel: CostModel;
+  /** The ttft model's keepWeight (ttft-cost.ts): recomputes of the best cached prefix a move is charged. */
+  readonly ttftKeepWeight: number;
 }
 
 export const DEFAULT_SELECTOR_CONFIG: SelectorConfig = Object.freeze({
@@ -54,6 +56,7 @@ export const DEFAULT_SELECTOR_CONFIG: SelectorConfig = Object.freeze({
   trackPrefillTokens: true,
   assumeKvReuse: true,
   costModel: "reference",
+  ttftKeepWeight: DEFAULT_TTFT_COST.keepWeight,
 });
 
 /** Config field -> the reference's knob name (used in error messages and `details.field`). */
@@ -66,6 +69,7 @@ const NUMERIC_KNOBS = [
   ["diskCacheHitWeight", "disk_cache_hit_weight"],
   ["sharedCacheMultiplier", "shared_cache_multiplier"],
   ["temperature", "router_temperature"],
+  ["ttftKeepWeight", "ttft_keep_weight"],
 ] as const satisfies readonly (readonly [keyof SelectorConfig, string])[];
 
 const BOOLEAN_KNOBS = [

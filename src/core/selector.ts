@@ -103,7 +103,7 @@ function costOf(
   if (cfg.costModel === "ttft") {
     const cached = cachedTokensOf(device, host, disk, bs, cfg.hostCacheHitWeight, cfg.diskCacheHitWeight, req.islTokens);
     const best = Math.max(cached, req.bestCachedTokens ?? cached);
-    const t = ttftCost(cached, best, activePrefill, decodeBlocks, activeRequests, req.islTokens, bs, DEFAULT_TTFT_COST);
+    const t = ttftCost(cached, best, activePrefill, decodeBlocks, activeRequests, req.islTokens, bs, DEFAULT_TTFT_COST, cfg.ttftKeepWeight);
     return taintWeight === 0 ? t : t * Math.exp(-Math.tanh(taintWeight));
   }
   const track = cfg.trackPrefillTokens;

@@ -46,7 +46,7 @@ export interface TtftCostParams {
   readonly decodeMsPerContextToken: number;
   /** 8,192 tokens a step: vLLM's max_num_batched_tokens (chunked prefill), as Dynamo's mocker. */
   readonly batchTokens: number;
-  /** 1: moving away from the best cached prefix costs its recompute once more (the evicted copy elsewhere). */
+  /** 1: moving away from the best cached prefix costs its recompute once more (the evicted copy elsewhere); `--ttft-keep-weight` sets it. */
   readonly keepWeight: number;
 }
 
@@ -86,6 +86,7 @@ export function ttftCost(
   islTokens: number,
   blockSize: number,
   k: TtftCostParams,
+  keepWeight: number = k.keepWeight,
 ): number {
   const uncached = Math.max(0, islTokens - cached);
   const prefillTokens = activePrefill + uncached;
@@ -94,6 +95,6 @@ export function ttftCost(
     const steps = Math.max(1, Math.ceil(prefillTokens / k.batchTokens));
     ms += steps * (k.decodeStepMs + activeRequests * k.decodeMsPerSequence + decodeBlocks * blockSize * k.decodeMsPerContextToken);
   }
-  ms += k.keepWeight * Math.max(0, bestCached - cached) * k.prefillMsPerToken;
+  ms += keepWeight * Math.max(0, bestCached - cached) * k.prefillMsPerToken;
   return ms / (blockSize * k.prefillMsPerToken);
 }

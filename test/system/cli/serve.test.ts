@@ -137,6 +137,7 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--router-track-prefill-tokens", "false"],
   ["--router-assume-kv-reuse", "false"],
   ["--cost-model", "ttft"],
+  ["--ttft-keep-weight", "0.5"],
   ["--active-request-expiry-secs", "60"],
   ["--max-reservations", "5000"],
   ["--kv-events", "false"],
@@ -200,6 +201,7 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
     hostCacheHitWeight: 0.6,
     diskCacheHitWeight: 0.2,
     costModel: "ttft",
+    ttftKeepWeight: 0.5,
     trackPrefillTokens: false,
     assumeKvReuse: false,
   },
@@ -449,9 +451,10 @@ describe("kvmesh serve: the reference's environment names", () => {
   it("reads each reference variable as an alias of its KVMESH_* one", async () => {
     for (const [name, value] of REFERENCE_ENV) vi.stubEnv(name, value);
     const c = await serveConfig();
-    // Every selector knob but --cost-model, which is kvmesh's own (the reference has no variable for it).
+    // Every selector knob but --cost-model and --ttft-keep-weight, kvmesh's own (the reference has no variable for it).
     const referenceKnobs: Record<string, unknown> = { ...ALL_FLAGS_CONFIG.selector };
     delete referenceKnobs.costModel;
+    delete referenceKnobs.ttftKeepWeight;
     expect(c.selector).toEqual(referenceKnobs);
     expect(c.kvEvents).toBe(false);
     expect(c.activeRequestExpirySecs).toBe(60);

@@ -299,6 +299,7 @@ describe("selector config", () => {
       trackPrefillTokens: true,
       assumeKvReuse: true,
       costModel: "reference",
+      ttftKeepWeight: 1,
     });
     expect(validateSelectorConfig(DEFAULT_SELECTOR_CONFIG)).toEqual(DEFAULT_SELECTOR_CONFIG);
   });
