@@ -6,6 +6,7 @@
 import { InvalidArgumentError, Option, type Command } from "commander";
 import { POLICY_NAMES, type PolicyName } from "../src/bench/routing-policy.js";
 import { DEFAULT_BENCH_CONFIG, DEFAULT_DEMO_CONFIG, type BenchCliConfig, type DemoCliConfig } from "../src/bench/bench-config.js";
+import { COST_MODELS, type CostModel } from "../src/core/index.js";
 import { integerInRange, parseList, parseNonEmpty, parseNonNegativeNumber } from "./parsers.js";
 
 export interface BenchDeps {
@@ -19,6 +20,8 @@ const MAX_REPLICAS = 16;
 const MAX_WORKERS = 4_096;
 const MAX_SESSIONS = 1_000_000;
 const MAX_DURATION_SECS = 86_400;
+/** A client delay beyond a minute a call would only time the bench out (DEFAULT_ROUTER_TIMEOUT_MS is 30 s). */
+const MAX_CLIENT_DELAY_MS = 10_000;
 
 function parseReplicaList(value: string): number[] {
   const parse = integerInRange(1, MAX_REPLICAS);
@@ -72,10 +75,13 @@ export function addBenchCommands(program: Command, deps: BenchDeps): void {
     .addOption(new Option("--replicas <list>", "replica counts, comma-separated").argParser(parseReplicaList).default(b.replicas, b.replicas.join(",")))
     .addOption(new Option("--policies <list>", `policies to compare: ${POLICY_NAMES.join(", ")}`).argParser(parsePolicyList).default(b.policies, b.policies.join(",")))
     .addOption(new Option("--no-session-ids", "do not send session ids to the router (turns still wait for the previous answer; stickiness is still measured)"))
+    .addOption(new Option("--rate <x>", "arrivals come x times faster in trace time (engine speed unchanged): the load times x").argParser(parsePositiveNumber).default(1))
+    .addOption(new Option("--client-delay-ms <ms>", "wall ms the client adds to every router call (select, prefill_complete, free), as a slow network").argParser(integerInRange(0, MAX_CLIENT_DELAY_MS)).default(0))
+    .addOption(new Option("--cost-model <model>", "the replicas' --cost-model [default: the daemon's]").choices(COST_MODELS))
     .addOption(new Option("--json <file>", "also write the rows as JSON").argParser(parseNonEmpty))
     .addOption(new Option("--svg <file>", "where to draw the chart").argParser(parseNonEmpty).default(b.svgPath));
   addCommonOptions(bench, b).action(async function (this: Command) {
-    const o = this.opts<CommonOptions & { trace?: string; sessions?: number; limit?: number; replicas: number[]; policies: PolicyName[]; sessionIds: boolean; json?: string; svg: string }>();
+    const o = this.opts<CommonOptions & { trace?: string; sessions?: number; limit?: number; replicas: number[]; policies: PolicyName[]; sessionIds: boolean; json?: string; svg: string; rate: number; clientDelayMs: number; costModel?: CostModel }>();
     if (o.trace === undefined && o.sessions === undefined) this.error("error: one of --trace <file> or --sessions <n> is required");
     const config: BenchCliConfig = {
       ...common(o),
@@ -83,6 +89,9 @@ export function addBenchCommands(program: Command, deps: BenchDeps): void {
       replicas: o.replicas,
       policies: o.policies,
       sessionIds: o.sessionIds,
+      rate: o.rate,
+      clientDelayMs: o.clientDelayMs,
+      costModel: o.costModel,
       jsonPath: o.json,
       svgPath: o.svg,
     };

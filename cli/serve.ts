@@ -20,7 +20,7 @@ import {
 import type { KvmeshError } from "../src/core/index.js";
 import type { Daemon } from "../src/app/daemon.js";
 import { MAX_AFFINITY_TTL_SECS, MAX_RANK_KEYS, MIN_AFFINITY_TTL_SECS } from "../src/core/index.js";
-import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/core/index.js";
+import { COST_MODELS, DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../src/core/index.js";
 import { LOAD_REPLICATION_MODES } from "../src/core/index.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
 import { otelEnvTracing, tracesEndpointProblem } from "../src/http/tracing.js";
@@ -85,6 +85,7 @@ const SELECTOR_NUMBER_FLAGS = [
   ["--decode-active-request-weight", "decodeActiveRequestWeight", "cost per in-flight request"],
   ["--host-cache-hit-weight", "hostCacheHitWeight", "credit per host-memory cached block"],
   ["--disk-cache-hit-weight", "diskCacheHitWeight", "credit per disk cached block"],
+  ["--ttft-keep-weight", "ttftKeepWeight", "--cost-model ttft: recomputes of the best cached prefix charged to a worker that lacks it"],
 ] as const satisfies readonly (readonly [string, keyof SelectorConfig, string])[];
 
 /** Negatable pairs: `--x [bool]` (env KVMESH_X=true|false) and `--no-x`. */
@@ -234,6 +235,14 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
   for (const [flag, key, description] of SELECTOR_BOOLEAN_FLAGS) {
     addBooleanPair(cmd, flag, `${description} [default: ${String(selectorDefaults[key])}]`, undefined);
   }
+  cmd.addOption(
+    withEnv(
+      new Option(
+        "--cost-model <model>",
+        `reference: the reference's cost formula, exactly; ttft: each worker's estimated time to first token plus the value of keeping a prompt's cache together (docs/cost-models.md) [default: ${selectorDefaults.costModel}]`,
+      ).choices(COST_MODELS),
+    ),
+  );
   cmd
     .addOption(valueOption("--active-request-expiry-secs <secs>", "force-free a booking older than this", integerInRange(1, SECS_PER_YEAR), d.activeRequestExpirySecs))
     .addOption(valueOption("--max-reservations <n>", "most live bookings this replica makes (429 beyond)", integerInRange(1, MAX_RESERVATIONS_FLAG), d.maxReservations))
@@ -437,6 +446,7 @@ export function usageMessage(err: KvmeshError, name: (field: ConfigField) => str
 const ATTRIBUTE_FIELDS: ReadonlyMap<string, ConfigField> = new Map<string, ConfigField>([
   ...[...SELECTOR_NUMBER_FLAGS, ...SELECTOR_BOOLEAN_FLAGS].map(([flag, key]): [string, ConfigField] => [attributeOf(flag), `selector.${key}`]),
   ...Object.entries(SECURITY_FLAG_FIELDS),
+  ["costModel", "selector.costModel"],
 ]);
 
 const fieldOf = (attribute: string): ConfigField => ATTRIBUTE_FIELDS.get(attribute) ?? (attribute as ConfigField);

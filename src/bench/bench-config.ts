@@ -1,4 +1,5 @@
 /** What `kvmesh bench` and `kvmesh demo` run with, and their defaults. */
+import type { CostModel } from "../core/index.js";
 import type { PolicyName } from "./routing-policy.js";
 
 export interface EngineFleetConfig {
@@ -26,6 +27,12 @@ export interface BenchCliConfig extends EngineFleetConfig {
   readonly sessionIds?: boolean;
   readonly jsonPath?: string | undefined;
   readonly svgPath: string;
+  /** Arrivals come this many times faster in trace time (timestamps / rate), engines unchanged: load x rate. Default 1. */
+  readonly rate?: number;
+  /** Wall ms the client adds to each router call (select, prefill_complete, free). Default 0. */
+  readonly clientDelayMs?: number;
+  /** The replicas' --cost-model; undefined: the daemon's default. */
+  readonly costModel?: CostModel | undefined;
 }
 
 export interface DemoCliConfig extends EngineFleetConfig {

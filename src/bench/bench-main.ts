@@ -39,9 +39,15 @@ export function startEngines(cfg: EngineFleetConfig, subscribers: number): Promi
 const tokensOf = (rec: TraceRecord): Uint32Array => promptTokensFor(rec.hash_ids, rec.input_length);
 
 async function loadWorkload(cfg: BenchCliConfig): Promise<TraceRecord[]> {
-  if (cfg.workload.kind === "trace") return readTrace(cfg.workload.path, cfg.workload.limit === undefined ? {} : { limit: cfg.workload.limit });
+  const rate = cfg.rate ?? 1;
+  if (cfg.workload.kind === "trace") {
+    const records = await readTrace(cfg.workload.path, cfg.workload.limit === undefined ? {} : { limit: cfg.workload.limit });
+    return rate === 1 ? records : records.map((r) => ({ ...r, timestamp: r.timestamp / rate }));
+  }
+  // Sessions start `rate` times closer together (a session's turns still wait for its answers).
   const gap = arrivalGapMs(cfg.workload.sessions, cfg);
-  return generateSessions({ seed: cfg.seed, sessions: cfg.workload.sessions, ...(gap === undefined ? {} : { sessionArrivalMs: gap }) });
+  const records = generateSessions({ seed: cfg.seed, sessions: cfg.workload.sessions, ...(gap === undefined ? {} : { sessionArrivalMs: gap }) });
+  return rate === 1 ? records : records.map((r) => ({ ...r, timestamp: r.timestamp / rate }));
 }
 
 /**
@@ -69,7 +75,8 @@ export async function runBenchMain(cfg: BenchCliConfig, io: BenchIo): Promise<nu
   }
   const plan = defaultPlan(cfg.replicas, cfg.policies);
   const traceSecs = ((records[records.length - 1] as TraceRecord).timestamp - (records[0] as TraceRecord).timestamp) / 1000;
-  io.err(`kvmesh bench: ${String(records.length)} requests, ${traceSecs.toFixed(0)} s of trace time at speedup ${String(cfg.speedup)} (at most ${String(cfg.durationSecs)} s per run), ${String(cfg.workers)} engines, ${String(plan.length)} runs\n`);
+  const extras = `${cfg.rate === undefined || cfg.rate === 1 ? "" : `, arrivals x${String(cfg.rate)}`}${cfg.costModel === undefined ? "" : `, cost model ${cfg.costModel}`}${cfg.clientDelayMs ? `, client delay ${String(cfg.clientDelayMs)} ms a call` : ""}`;
+  io.err(`kvmesh bench: ${String(records.length)} requests${extras}, ${traceSecs.toFixed(0)} s of trace time at speedup ${String(cfg.speedup)} (at most ${String(cfg.durationSecs)} s per run), ${String(cfg.workers)} engines, ${String(plan.length)} runs\n`);
   const maxReplicas = Math.max(1, ...cfg.replicas);
   const rows: BenchRow[] = await runBench({
     records,
@@ -81,6 +88,8 @@ export async function runBenchMain(cfg: BenchCliConfig, io: BenchIo): Promise<nu
     startEngines: () => startEngines(cfg, maxReplicas),
     tokensOf,
     ...(cfg.sessionIds === undefined ? {} : { routeSessionIds: cfg.sessionIds }),
+    ...(cfg.costModel === undefined ? {} : { serveArgs: ["--cost-model", cfg.costModel] }),
+    ...(cfg.clientDelayMs === undefined ? {} : { clientDelayMs: cfg.clientDelayMs }),
     onProgress: (label, p) => {
       io.err(progressLine(label, p) + "\n");
     },

@@ -38,6 +38,8 @@ export interface BenchOptions {
   /** false: routers are not told session ids (BenchCliConfig.sessionIds). */
   readonly routeSessionIds?: boolean;
   readonly serveArgs?: readonly string[];
+  /** Wall ms added to each router call by the client (KvmeshPolicy delayMs): a slow network's round trip. */
+  readonly clientDelayMs?: number;
   readonly onProgress?: (label: string, p: ReplayProgress) => void;
   readonly onLog?: (line: string) => void;
   /** Stops the current run's dispatching and skips the runs after it. */
@@ -143,6 +145,8 @@ async function runOne(opts: BenchOptions, entry: BenchPlanEntry, runIndex: numbe
       policy = new KvmeshPolicy(
         fleet.replicas.map((r) => r.client),
         index,
+        undefined,
+        opts.clientDelayMs ?? 0,
       );
     } else if (entry.policy === "round-robin") {
       policy = new RoundRobinPolicy(engines.descriptors.length);

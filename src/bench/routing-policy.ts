@@ -44,12 +44,19 @@ export class KvmeshPolicy implements RoutingPolicy {
   readonly #replicas: readonly RouterClient[];
   readonly #workers: WorkerIndex;
   readonly #pick: (n: number) => number;
+  readonly #delayMs: number;
 
-  /** `pick` chooses the replica for each request (round-robin by default), as a load balancer would. */
-  constructor(replicas: readonly RouterClient[], workers: WorkerIndex, pick?: (n: number) => number) {
+  /**
+   * `pick` chooses the replica for each request (round-robin by default), as a load balancer would.
+   * `delayMs` (default 0) is added to every lifecycle call, as a network round trip would: the
+   * select answer reaches the frontend that much later (and selectMs includes it), and
+   * prefill_complete and free reach the router that much later, so bookings live longer.
+   */
+  constructor(replicas: readonly RouterClient[], workers: WorkerIndex, pick?: (n: number) => number, delayMs = 0) {
     if (replicas.length === 0) throw new Error("KvmeshPolicy needs at least one replica");
     this.#replicas = replicas;
     this.#workers = workers;
+    this.#delayMs = delayMs;
     let next = 0;
     this.#pick = pick ?? ((n) => next++ % n);
   }
@@ -61,6 +68,7 @@ export class KvmeshPolicy implements RoutingPolicy {
     const body = `{"token_ids":[${req.tokens.join(",")}],"selection_id":${JSON.stringify(req.requestId)}${session}}`;
     const t0 = performance.now();
     const res = await client.send("POST", "/select_and_reserve", body);
+    if (this.#delayMs > 0) await sleep(this.#delayMs);
     const selectMs = performance.now() - t0;
     if (res.status !== 200) throw new Error(`select_and_reserve on replica ${String(replica)}: ${String(res.status)} ${res.text.slice(0, 200)}`);
     const id = WORKER_ID_RE.exec(res.text)?.[1];
@@ -72,11 +80,13 @@ export class KvmeshPolicy implements RoutingPolicy {
 
   async prefillDone(d: RouteDecision): Promise<void> {
     if (d.selectionId === undefined) return;
+    if (this.#delayMs > 0) await sleep(this.#delayMs);
     await (this.#replicas[d.replica] as RouterClient).ok("POST", `/reservations/${encodeURIComponent(d.selectionId)}/prefill_complete`);
   }
 
   async finished(d: RouteDecision): Promise<void> {
     if (d.selectionId === undefined) return;
+    if (this.#delayMs > 0) await sleep(this.#delayMs);
     await (this.#replicas[d.replica] as RouterClient).ok("DELETE", `/reservations/${encodeURIComponent(d.selectionId)}`);
   }
 }
@@ -115,3 +125,5 @@ export class RandomPolicy implements RoutingPolicy {
     return Promise.resolve();
   }
 }
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));

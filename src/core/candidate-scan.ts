@@ -26,23 +26,29 @@
  * floors do not carry: no subset (allowed_worker_ids, required taints, a pinned worker or a
  * steering target), no preferred taints, temperature 0 (softmax weighs every rank), no credit
  * decay on tracked prefill (it reads the minimum prefill over all candidates), and a
- * prefill_load_scale >= 0 (the floor's monotonicity). The chooser falls back to scoring every
+ * prefill_load_scale >= 0 (the floor's monotonicity); the ttft cost model (ttft-cost.ts) reads
+ * neither and is monotone in every load, and its one whole-set input, the best cached prefix of
+ * any candidate, comes from the prefix match (bestCachedOf), as scoring every rank finds it. The chooser falls back to scoring every
  * rank otherwise, and when more than half the ranks would be scored anyway (an idle fleet
  * without any cached prefix: every idle rank ties).
  */
 import type { Random } from "./random.js";
 import type { Partition, SelectionScratch } from "./partition.js";
 import type { MatchResult } from "./prefix-index.js";
+import { fillCandidateRows } from "./candidate-rows.js";
 import { loadOnlyCost, scoreCandidates, selectCandidate, type SelectionRequest } from "./selector.js";
 import type { SelectorConfig } from "./selector-config.js";
 import type { TieSpreader } from "./tie-spread.js";
+import { cachedTokensOf } from "./ttft-cost.js";
 
 /** Below this many schedulable ranks the scan saves nothing worth its bookkeeping: score them all. */
 export const MIN_RANKS_FOR_SCAN = 32;
 
 /** Whether a config lets the scan decide (see the file comment). */
 export function scanApplies(config: SelectorConfig): boolean {
-  return config.temperature === 0 && !(config.trackPrefillTokens && config.overlapScoreCreditDecay > 0) && config.prefillLoadScale >= 0;
+  if (config.temperature !== 0) return false;
+  // The ttft model reads neither the decay nor the scale (ttft-cost.ts: monotone in every load).
+  return config.costModel === "ttft" || (!(config.trackPrefillTokens && config.overlapScoreCreditDecay > 0) && config.prefillLoadScale >= 0);
 }
 
 /** Reusable per-partition buffers of the scan. */
@@ -112,6 +118,8 @@ export function scanChoose(
   }
   sc.prepare(p, sched);
   const { posOf, cost, scored, exactFloor, list } = sc;
+  // The ttft model's bestCached over every candidate, which the scored rows alone do not show.
+  if (config.costModel === "ttft" && info.bestCachedTokens === undefined) info = { ...info, bestCachedTokens: bestCachedOf(match, posOf, info, config) };
   let count = 0;
   try {
     // 1. The prompt-dependent ranks: cached blocks of it, or some of its blocks in flight.
@@ -226,13 +234,25 @@ export function scanChoose(
     // 5. The unchanged argmin and tie spreader over the scored ranks from the first low one on.
     const rows = count - start;
     for (let i = 0; i < rows; i++) s.candidates[i] = sched[ordered[start + i] as number] as number;
-    fillRows(p, s, rows, promptBlocks);
+    fillCandidateRows(p, s, rows, promptBlocks);
     let row = selectCandidate(s.table, info, config, random, s.costs);
     if (spreader !== undefined) row = spreader.pick(s.costs, rows, row, s.candidates, p.ranks.spreadKeys, n);
     return { row, scored: count + exact };
   } finally {
     for (let i = 0; i < count; i++) scored[list[i] as number] = 0;
   }
+}
+
+/** The most prompt tokens a schedulable rank of the match holds, as selector.ts bestCachedOver finds over every row. */
+function bestCachedOf(match: MatchResult, posOf: Int32Array, info: SelectionRequest, config: SelectorConfig): number {
+  let best = 0;
+  for (let i = 0; i < match.count; i++) {
+    const rank = match.ranks[i] as number;
+    if (rank >= posOf.length || (posOf[rank] as number) < 0) continue;
+    const c = cachedTokensOf(match.device[i] as number, match.host[i] as number, match.disk[i] as number, info.blockSize, config.hostCacheHitWeight, config.diskCacheHitWeight, info.islTokens);
+    if (c > best) best = c;
+  }
+  return best;
 }
 
 /** Keeps the positions of near[0, count) whose cost is within `reach`; returns how many. */
@@ -254,20 +274,6 @@ function mark(rank: number, posOf: Int32Array, scored: Uint8Array, list: Int32Ar
   return count + 1;
 }
 
-/** Table rows [0, rows) for the ranks at `s.candidates[0, rows)`, as the chooser's #load fills them. */
-function fillRows(p: Partition, s: SelectionScratch, rows: number, promptBlocks: number): void {
-  const t = s.table;
-  t.count = rows;
-  for (let i = 0; i < rows; i++) {
-    const rank = s.candidates[i] as number;
-    t.device[i] = s.device[rank] as number;
-    t.host[i] = s.host[rank] as number;
-    t.disk[i] = s.disk[rank] as number;
-  }
-  p.fillCandidateLoads(s.candidates, rows, promptBlocks, s.heldBlocks, t.activePrefillTokens, t.potentialDecodeBlocks, t.activeRequests);
-  t.preferredTaintWeight = null;
-}
-
 /** Exact costs of the ranks at positions list[from, to) into cost[position]. */
 function scoreList(
   p: Partition,
@@ -284,7 +290,7 @@ function scoreList(
   const rows = to - from;
   if (rows <= 0) return;
   for (let i = 0; i < rows; i++) s.candidates[i] = sched[list[from + i] as number] as number;
-  fillRows(p, s, rows, promptBlocks);
+  fillCandidateRows(p, s, rows, promptBlocks);
   const costs = scoreCandidates(s.table, info, config, s.costs);
   for (let i = 0; i < rows; i++) cost[list[from + i] as number] = costs[i] as number;
 }
@@ -292,6 +298,6 @@ function scoreList(
 /** One rank's exact cost (a rank outside the scored list: no cached or in-flight prompt block). */
 function exactCost(p: Partition, s: SelectionScratch, rank: number, promptBlocks: number, info: SelectionRequest, config: SelectorConfig): number {
   s.candidates[0] = rank;
-  fillRows(p, s, 1, promptBlocks);
+  fillCandidateRows(p, s, 1, promptBlocks);
   return scoreCandidates(s.table, info, config, s.costs)[0] as number;
 }

@@ -22,6 +22,7 @@ import { applyOverride, type RouterConfigOverride, type SelectorConfig } from ".
 import { scoreCandidates, selectCandidate, type SelectionRequest, type WorkerType } from "./selector.js";
 import type { TieSpreader } from "./tie-spread.js";
 import { MIN_RANKS_FOR_SCAN, scanApplies, scanChoose } from "./candidate-scan.js";
+import { fillCandidateRows } from "./candidate-rows.js";
 import type { OverlapReport, SelectionNote, SelectRequest, SelectResponse, WorkerId } from "./types.js";
 import { validateWorkerId } from "./worker-catalog.js";
 
@@ -343,20 +344,11 @@ export class Chooser {
     return match;
   }
 
-  /** The candidate table's rows [0, n) for scratch.candidates, from what #gather left. */
+  /** The candidate table's rows [0, n) for scratch.candidates, from what #gather left, with the request's taint weights. */
   #fill(p: Partition, req: SelectRequest, prompt: NormalizedPrompt, n: number): void {
     const s = p.scratch;
-    const blocks = hashCount(prompt.seqHashes);
-    const t = s.table;
-    t.count = n;
-    for (let i = 0; i < n; i++) {
-      const rank = s.candidates[i] as number;
-      t.device[i] = s.device[rank] as number;
-      t.host[i] = s.host[rank] as number;
-      t.disk[i] = s.disk[rank] as number;
-    }
-    p.fillCandidateLoads(s.candidates, n, blocks, s.heldBlocks, t.activePrefillTokens, t.potentialDecodeBlocks, t.activeRequests);
-    t.preferredTaintWeight = this.#fillTaintWeights(p, req, n) ? s.taintWeights : null;
+    fillCandidateRows(p, s, n, hashCount(prompt.seqHashes));
+    if (this.#fillTaintWeights(p, req, n)) s.table.preferredTaintWeight = s.taintWeights;
   }
 
   #info(p: Partition, prompt: NormalizedPrompt): SelectionRequest {

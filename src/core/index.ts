@@ -33,6 +33,8 @@ export { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS, DEFAU
 export type { DumpEvent, ReplicaSyncOptions, SelectionServiceOptions, ServiceStats, SessionAffinityOptions, WorkerChange } from "./selection-service.js";
 export { DEFAULT_SELECTOR_CONFIG } from "./selector-config.js";
 export type { SelectorConfig } from "./selector-config.js";
+export { COST_MODELS, DEFAULT_TTFT_COST, ttftCost } from "./ttft-cost.js";
+export type { CostModel, TtftCostParams } from "./ttft-cost.js";
 export { resolveServiceOptions } from "./service-options.js";
 export type { SessionBindingInput, SessionBindingOutcome, SessionBindingOutcomeKind } from "./session-binding-input.js";
 export { DEFAULT_MAX_PENDING_BINDINGS } from "./session-binding-stream.js";

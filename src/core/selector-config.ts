@@ -4,6 +4,7 @@
  * names, because those are what operators and clients type.
  */
 import { badRequest } from "./errors.js";
+import { COST_MODELS, DEFAULT_TTFT_COST, type CostModel } from "./ttft-cost.js";
 
 export interface SelectorConfig {
   /** c: weight of device-cached blocks as prefill credit. */
@@ -31,6 +32,16 @@ export interface SelectorConfig {
    * rank (LoadLedger.newBlocksFor); when false every prompt block counts as new.
    */
   readonly assumeKvReuse: boolean;
+  /**
+   * "reference" (the default): the reference's formula, exactly (selector.ts). "ttft": each rank's
+   * estimated time to first token plus the value of keeping the prompt's cache together
+   * (ttft-cost.ts); it reads the overlap, loads, host/disk hit weights and temperature, and none of
+   * overlap_score_credit, its decay, prefill_load_scale or decode_active_request_weight. A kvmesh
+   * knob: the reference has no such field, so no per-request override sets it.
+   */
+  readonly costModel: CostModel;
+  /** The ttft model's keepWeight (ttft-cost.ts): recomputes of the best cached prefix a move is charged. */
+  readonly ttftKeepWeight: number;
 }
 
 export const DEFAULT_SELECTOR_CONFIG: SelectorConfig = Object.freeze({
@@ -44,6 +55,8 @@ export const DEFAULT_SELECTOR_CONFIG: SelectorConfig = Object.freeze({
   temperature: 0,
   trackPrefillTokens: true,
   assumeKvReuse: true,
+  costModel: "reference",
+  ttftKeepWeight: DEFAULT_TTFT_COST.keepWeight,
 });
 
 /** Config field -> the reference's knob name (used in error messages and `details.field`). */
@@ -56,6 +69,7 @@ const NUMERIC_KNOBS = [
   ["diskCacheHitWeight", "disk_cache_hit_weight"],
   ["sharedCacheMultiplier", "shared_cache_multiplier"],
   ["temperature", "router_temperature"],
+  ["ttftKeepWeight", "ttft_keep_weight"],
 ] as const satisfies readonly (readonly [keyof SelectorConfig, string])[];
 
 const BOOLEAN_KNOBS = [
@@ -78,6 +92,9 @@ export function validateSelectorConfig(config: SelectorConfig): SelectorConfig {
     if (typeof v !== "boolean") {
       throw badRequest(`invalid selector configuration: ${knob} must be a boolean, got ${String(v)}`, knob);
     }
+  }
+  if (!(COST_MODELS as readonly unknown[]).includes(config.costModel)) {
+    throw badRequest(`invalid selector configuration: cost_model must be one of ${COST_MODELS.join(", ")}, got ${JSON.stringify(config.costModel)}`, "cost_model");
   }
   return Object.freeze({ ...config });
 }

@@ -10,6 +10,7 @@
 import type { Random } from "./random.js";
 import { KvmeshError, badRequest } from "./errors.js";
 import type { SelectorConfig } from "./selector-config.js";
+import { cachedTokensOf, DEFAULT_TTFT_COST, ttftCost } from "./ttft-cost.js";
 
 export type WorkerType = "decode" | "prefill" | "aggregated";
 
@@ -40,6 +41,12 @@ export interface SelectionRequest {
   islTokens: number;
   blockSize: number;
   workerType?: WorkerType | undefined;
+  /**
+   * The ttft cost model's bestCached (ttft-cost.ts): the most prompt tokens any eligible candidate
+   * holds. Undefined: the rows scored are every candidate, and the scoring finds it over them (the
+   * candidate scan, which scores a few rows, passes it from the prefix match).
+   */
+  bestCachedTokens?: number | undefined;
 }
 
 /** One candidate's inputs, for `computeCost` (e.g. /potential_loads, tests). Missing terms are 0. */
@@ -93,6 +100,12 @@ function costOf(
   cfg: SelectorConfig,
 ): number {
   const bs = req.blockSize;
+  if (cfg.costModel === "ttft") {
+    const cached = cachedTokensOf(device, host, disk, bs, cfg.hostCacheHitWeight, cfg.diskCacheHitWeight, req.islTokens);
+    const best = Math.max(cached, req.bestCachedTokens ?? cached);
+    const t = ttftCost(cached, best, activePrefill, decodeBlocks, activeRequests, req.islTokens, bs, DEFAULT_TTFT_COST, cfg.ttftKeepWeight);
+    return taintWeight === 0 ? t : t * Math.exp(-Math.tanh(taintWeight));
+  }
   const track = cfg.trackPrefillTokens;
   const delta = cfg.overlapScoreCreditDecay;
   const f = track && delta > 0 ? 1 / (1 + (delta * ((activePrefill - minActivePrefill) / bs)) / requestBlocks) : 1;
@@ -212,6 +225,7 @@ function scoreRows(table: CandidateTable, req: SelectionRequest, config: Selecto
   }
   const requestBlocks = requestBlocksOf(req);
   const decodeBranch = usesDecodeBranch(req, config);
+  const rowReq = config.costModel === "ttft" && req.bestCachedTokens === undefined ? { ...req, bestCachedTokens: bestCachedOver(table, req, config) } : req;
   for (let i = 0; i < n; i++) {
     const cost = costOf(
       device[i] as number,
@@ -222,7 +236,7 @@ function scoreRows(table: CandidateTable, req: SelectionRequest, config: Selecto
       potentialDecodeBlocks[i] as number,
       activeRequests[i] as number,
       preferredTaintWeight === null ? 0 : (preferredTaintWeight[i] as number),
-      req,
+      rowReq,
       requestBlocks,
       decodeBranch,
       minPrefill,
@@ -235,6 +249,16 @@ function scoreRows(table: CandidateTable, req: SelectionRequest, config: Selecto
     if (cost !== cost) costs[i] = Infinity;
   }
   return costs;
+}
+
+/** The ttft model's bestCached over the table's rows (ttft-cost.ts cachedTokensOf). */
+function bestCachedOver(table: CandidateTable, req: SelectionRequest, config: SelectorConfig): number {
+  let best = 0;
+  for (let i = 0; i < table.count; i++) {
+    const c = cachedTokensOf(table.device[i] as number, table.host[i] as number, table.disk[i] as number, req.blockSize, config.hostCacheHitWeight, config.diskCacheHitWeight, req.islTokens);
+    if (c > best) best = c;
+  }
+  return best;
 }
 
 /** Argmin; the k-th tied candidate replaces the pick with probability 1/k (uniform tie-break). */

@@ -136,6 +136,8 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--disk-cache-hit-weight", "0.2"],
   ["--router-track-prefill-tokens", "false"],
   ["--router-assume-kv-reuse", "false"],
+  ["--cost-model", "ttft"],
+  ["--ttft-keep-weight", "0.5"],
   ["--active-request-expiry-secs", "60"],
   ["--max-reservations", "5000"],
   ["--kv-events", "false"],
@@ -198,6 +200,8 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
     decodeActiveRequestWeight: 3,
     hostCacheHitWeight: 0.6,
     diskCacheHitWeight: 0.2,
+    costModel: "ttft",
+    ttftKeepWeight: 0.5,
     trackPrefillTokens: false,
     assumeKvReuse: false,
   },
@@ -307,6 +311,7 @@ describe("kvmesh serve: usage errors", () => {
     [["--router-temperature", "-1"], "error: option '--router-temperature <n>' argument '-1' is invalid. must be a finite number >= 0"],
     [["--overlap-score-credit", "Infinity"], "error: option '--overlap-score-credit <n>' argument 'Infinity' is invalid."],
     [["--log-level", "verbose"], "error: option '--log-level <level>' argument 'verbose' is invalid."],
+    [["--cost-model", "fast"], "error: option '--cost-model <model>' argument 'fast' is invalid. Allowed choices are reference, ttft."],
     [["--kv-events", "maybe"], "error: option '--kv-events [bool]' argument 'maybe' is invalid. must be true or false"],
     [["--bogus"], "error: unknown option '--bogus'"],
     [["--selection-cache-max-bytes", "0"], "error: option '--selection-cache-max-bytes <bytes>' argument '0' is invalid. must be an integer in [1, 9007199254740991]"],
@@ -446,7 +451,11 @@ describe("kvmesh serve: the reference's environment names", () => {
   it("reads each reference variable as an alias of its KVMESH_* one", async () => {
     for (const [name, value] of REFERENCE_ENV) vi.stubEnv(name, value);
     const c = await serveConfig();
-    expect(c.selector).toEqual(ALL_FLAGS_CONFIG.selector);
+    // Every selector knob but --cost-model and --ttft-keep-weight, kvmesh's own (the reference has no variable for it).
+    const referenceKnobs: Record<string, unknown> = { ...ALL_FLAGS_CONFIG.selector };
+    delete referenceKnobs.costModel;
+    delete referenceKnobs.ttftKeepWeight;
+    expect(c.selector).toEqual(referenceKnobs);
     expect(c.kvEvents).toBe(false);
     expect(c.activeRequestExpirySecs).toBe(60);
     expect(c.sessionAffinityTtlSecs).toBe(600);

@@ -42,6 +42,9 @@ describe("kvmesh bench / demo flags", () => {
     expect(s.bench).toMatchObject({ workload: { kind: "sessions", sessions: 50 }, replicas: [1, 2, 4], policies: ["kvmesh", "unmeshed", "round-robin", "random"], workers: 16, sessionIds: true });
     const hidden = await run(["bench", "--sessions", "50", "--no-session-ids"]);
     expect(hidden.bench).toMatchObject({ sessionIds: false });
+    expect(s.bench).toMatchObject({ rate: 1, clientDelayMs: 0, costModel: undefined });
+    const setting = await run(["bench", "--sessions", "50", "--rate", "4", "--client-delay-ms", "90", "--cost-model", "ttft"]);
+    expect(setting.bench).toMatchObject({ rate: 4, clientDelayMs: 90, costModel: "ttft" });
   });
 
   it("bench without a workload, or with both, is a usage error naming the flags", async () => {
@@ -61,6 +64,9 @@ describe("kvmesh bench / demo flags", () => {
     [["--speedup", "0"], /--speedup.*> 0/],
     [["--duration", "0"], /--duration/],
     [["--workers", "-1"], /--workers/],
+    [["--rate", "0"], /--rate.*> 0/],
+    [["--client-delay-ms", "-5"], /--client-delay-ms/],
+    [["--cost-model", "fast"], /--cost-model.*reference, ttft/],
   ])("bench %j is rejected", async (flags, message) => {
     const r = await run(["bench", "--sessions", "5", ...flags]);
     expect(r.code).not.toBe(0);

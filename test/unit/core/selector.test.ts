@@ -298,6 +298,8 @@ describe("selector config", () => {
       temperature: 0,
       trackPrefillTokens: true,
       assumeKvReuse: true,
+      costModel: "reference",
+      ttftKeepWeight: 1,
     });
     expect(validateSelectorConfig(DEFAULT_SELECTOR_CONFIG)).toEqual(DEFAULT_SELECTOR_CONFIG);
   });
