@@ -16,6 +16,12 @@ export interface PageRequest {
   readonly raw: Uint8Array;
 }
 
+/** A part of a page's bindings, ahead of the page's reply (which carries the last part). */
+export interface PagePart {
+  readonly id: number;
+  readonly part: readonly BindingEvent[];
+}
+
 export type PageReply = {
   readonly id: number;
   /** Entries the thread's decoder left out, by reason, and the first few of them (to log). */
@@ -33,7 +39,7 @@ export interface DecodedPage {
 export class BindingPageDecoder {
   #worker: Worker | null = null;
   #nextId = 1;
-  readonly #waiting = new Map<number, { endpoint: string; resolve: (r: DecodedPage) => void; reject: (e: Error) => void }>();
+  readonly #waiting = new Map<number, { endpoint: string; parts: (readonly BindingEvent[])[]; resolve: (r: DecodedPage) => void; reject: (e: Error) => void }>();
 
   /** Decodes a raw reply of `endpoint` to a bindings request; rejects on an error reply or a malformed one. */
   decode(endpoint: string, raw: Buffer): Promise<DecodedPage> {
@@ -43,7 +49,7 @@ export class BindingPageDecoder {
     const copy = new Uint8Array(raw.length);
     copy.set(raw);
     return new Promise((resolve, reject) => {
-      this.#waiting.set(id, { endpoint, resolve, reject });
+      this.#waiting.set(id, { endpoint, parts: [], resolve, reject });
       w.postMessage({ id, raw: copy } satisfies PageRequest, [copy.buffer]);
     });
   }
@@ -64,11 +70,15 @@ export class BindingPageDecoder {
     if (this.#worker !== null) return this.#worker;
     const w = startModuleWorker(siblingModule(import.meta.url, "binding-page-thread"));
     w.unref();
-    w.on("message", (m: PageReply) => {
+    w.on("message", (m: PageReply | PagePart) => {
       const p = this.#waiting.get(m.id);
       if (p === undefined) return;
+      if ("part" in m) {
+        p.parts.push(m.part);
+        return;
+      }
       this.#waiting.delete(m.id);
-      if ("bindings" in m) p.resolve({ bindings: m.bindings, more: m.more, counts: m.counts, skipped: m.skipped });
+      if ("bindings" in m) p.resolve({ bindings: p.parts.length === 0 ? m.bindings : [...p.parts, m.bindings].flat(), more: m.more, counts: m.counts, skipped: m.skipped });
       else if ("remote" in m) p.reject(new MeshRemoteError(p.endpoint, m.remote));
       else p.reject(new MeshWireError("bindings", m.error));
     });
