@@ -10,6 +10,7 @@
  * stop blind and forged requests (an unpeer naming a live peer, a snapshot from a process that
  * is no replica); they cannot stop a reachable rogue replica, which only CURVE keeps out.
  */
+import type { BindingEvent } from "../src/core/index.js";
 import type { BindingCursors } from "./binding-cursors.js";
 import { parsePeerEndpoint } from "./endpoints.js";
 import { MeshRemoteError } from "./errors.js";
@@ -134,6 +135,12 @@ export interface ControlServerStats {
   readonly refused: ControlRefusals;
 }
 
+/** `head`, then the rest of `walk`. */
+function* prepend<T>(head: T, walk: Iterator<T, void, void>): Generator<T, void, void> {
+  yield head;
+  for (let r = walk.next(); r.done !== true; r = walk.next()) yield r.value;
+}
+
 export class ControlServer {
   readonly stats: ControlServerStats = { snapshotsServed: 0, malformed: 0, lifecycleReceived: 0, refused: { snapshot: 0, peer: 0, unpeer: 0, lifecycle: 0 } };
   readonly #o: ControlServerOptions;
@@ -165,10 +172,21 @@ export class ControlServer {
         await p.settled();
         // Taken synchronously after the flush in progress, so it is consistent with seq. A
         // requester that takes pages gets the bindings through a cursor (binding-cursors.ts).
-        const paged = req.pageBindings !== undefined && this.#o.bindingCursors !== undefined;
-        const snapshot: Snapshot = { ...this.#o.port.snapshot({ pagedBindings: paged }), v: 1, origin: p.origin, epoch: p.epoch, seq: p.seq };
-        if (paged) return encodeControlReply({ type: "snapshot", snapshot: { ...snapshot, bindingCursor: this.#o.bindingCursors?.open(req.from, this.#o.port.bindingCursor()) } });
-        return encodeControlReply({ type: "snapshot", snapshot });
+        const cursors = req.pageBindings === undefined ? undefined : this.#o.bindingCursors;
+        const snapshot: Snapshot = { ...this.#o.port.snapshot({ pagedBindings: cursors !== undefined }), v: 1, origin: p.origin, epoch: p.epoch, seq: p.seq };
+        if (cursors === undefined || req.pageBindings === undefined) return encodeControlReply({ type: "snapshot", snapshot });
+        // The first page rides in the reply: a snapshot of up to a page of bindings (most) needs
+        // no cursor, no further request and no decoding thread on the puller.
+        const walk = this.#o.port.bindingCursor();
+        const first: BindingEvent[] = [];
+        let next = walk.next();
+        while (next.done !== true && first.length < req.pageBindings) {
+          first.push(next.value);
+          next = walk.next();
+        }
+        if (next.done === true) return encodeControlReply({ type: "snapshot", snapshot: { ...snapshot, bindings: first } });
+        const rest = prepend(next.value, walk);
+        return encodeControlReply({ type: "snapshot", snapshot: { ...snapshot, bindings: first, bindingCursor: cursors.open(req.from, rest) } });
       }
       case "bindings": {
         const cursors = this.#o.bindingCursors;

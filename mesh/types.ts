@@ -82,8 +82,8 @@ export interface SnapshotEnvelope {
   /** The snapshot reflects every batch up to and including this seq. */
   readonly seq: number;
   /**
-   * Set when the bindings were left out (`bindings` is empty) and follow in pages: the cursor to
-   * ask for them with a `bindings` request (#29 G16). Only sent to a requester that offered
+   * Set when more bindings follow in pages than `bindings` carries (the first page): the cursor
+   * to ask for them with a `bindings` request (#29 G16). Only sent to a requester that offered
    * `pageBindings`, so a replica of an earlier version always gets the whole snapshot.
    */
   readonly bindingCursor?: bigint;

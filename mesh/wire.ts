@@ -45,7 +45,7 @@
  *              ag [loads map], mg [{o origin(u64), ag [loads map]}] (both optional: absent in
  *              exact load replication and from older replicas), ct [catalog map], ws [status
  *              map] (optional: absent from older replicas), dn draining (optional: only when true),
- *              bc binding cursor (u64, optional: the bindings were left out and follow in pages),
+ *              bc binding cursor (u64, optional: more bindings than bn follow in pages),
  *              dg [u64] other origins the sender holds as leaving (optional: absent when none)
  *   control    v, ty "snapshot"|"peer"|"unpeer", f from(u64), pe publishEndpoint, bp page size
  *              (snapshot, optional: the requester takes its bindings in pages of at most this

@@ -58,7 +58,8 @@ export interface ReplicationPort {
   apply(origin: bigint, events: readonly ReplicaEvent[]): void;
   /**
    * Everything a peer needs to mirror this replica, taken synchronously. `pagedBindings`: the
-   * bindings are left out (an empty list), to be walked with bindingCursor() instead (a snapshot
+   * bindings are left out (an empty list), to be walked with bindingCursor() instead (the mesh
+   * sends the first page with the snapshot and the rest on request) (a snapshot
    * sent in pages, #29 G16: 16 partitions x 65,536 bindings is one legitimate replica's state).
    */
   snapshot(opts?: { readonly pagedBindings?: boolean }): ReplicaSnapshot;

@@ -62,15 +62,15 @@ describe("ControlServer with binding cursors", () => {
     return { server: new ControlServer({ port, publisher, peering, bindingCursors: cursors }), cursors };
   }
 
-  it("a requester that offers pages gets the snapshot without bindings and a cursor, then every binding page by page", async () => {
+  it("a requester that offers pages gets the snapshot with the first page and a cursor, then every other binding page by page", async () => {
     const all = Array.from({ length: 10 }, (_, i) => binding(i));
     const { server: s } = server(all);
     const head = decodeControlReply(await s.handle(encodeControlRequest({ type: "snapshot", from: 5n, pageBindings: 4 })));
     if (head.type !== "snapshot") throw new Error(head.type);
-    expect(head.snapshot.bindings).toEqual([]);
+    expect(head.snapshot.bindings).toEqual(all.slice(0, 4));
     const cursor = head.snapshot.bindingCursor;
     expect(cursor).toBe(1n << 40n);
-    const got: BindingEvent[] = [];
+    const got: BindingEvent[] = [...head.snapshot.bindings];
     for (;;) {
       const r = decodeControlReply(await s.handle(encodeControlRequest({ type: "bindings", from: 5n, cursor: cursor ?? 0n, max: 4 })));
       if (r.type !== "bindings") throw new Error(r.type);
@@ -84,6 +84,16 @@ describe("ControlServer with binding cursors", () => {
     expect(after).toMatchObject({ type: "error", message: expect.stringMatching(/unknown or expired/) as unknown });
   });
 
+  it("a snapshot of at most a page of bindings carries them all and opens no cursor", async () => {
+    const all = Array.from({ length: 4 }, (_, i) => binding(i));
+    const { server: s, cursors } = server(all);
+    const r = decodeControlReply(await s.handle(encodeControlRequest({ type: "snapshot", from: 5n, pageBindings: 4 })));
+    if (r.type !== "snapshot") throw new Error(r.type);
+    expect(r.snapshot.bindings).toEqual(all);
+    expect(r.snapshot.bindingCursor).toBeUndefined();
+    expect(cursors.size).toBe(0);
+  });
+
   it("a requester of an earlier version (no bp) gets the whole snapshot, bindings included, and no cursor", async () => {
     const all = [binding(1), binding(2)];
     const { server: s, cursors } = server(all);
@@ -95,7 +105,7 @@ describe("ControlServer with binding cursors", () => {
   });
 
   it("a page asked by another replica than the one the cursor was handed to is refused, and the cursor stays", async () => {
-    const { server: s, cursors } = server([binding(1)]);
+    const { server: s, cursors } = server([binding(1), binding(2), binding(3), binding(4), binding(5)]);
     const head = decodeControlReply(await s.handle(encodeControlRequest({ type: "snapshot", from: 5n, pageBindings: 4 })));
     if (head.type !== "snapshot") throw new Error(head.type);
     const r = decodeControlReply(await s.handle(encodeControlRequest({ type: "bindings", from: 6n, cursor: head.snapshot.bindingCursor ?? 0n, max: 4 })));
