@@ -10,6 +10,8 @@
  * stop blind and forged requests (an unpeer naming a live peer, a snapshot from a process that
  * is no replica); they cannot stop a reachable rogue replica, which only CURVE keeps out.
  */
+import type { BindingEvent } from "../src/core/index.js";
+import type { BindingCursors } from "./binding-cursors.js";
 import { parsePeerEndpoint } from "./endpoints.js";
 import { MeshRemoteError } from "./errors.js";
 import type { MeshPublisher } from "./publisher.js";
@@ -19,6 +21,18 @@ import { decodeControlReply, decodeControlRequest, encodeControlReply, encodeCon
 
 /** Control requests (snapshot, peer, unpeer) give up after this long, ms. */
 export const DEFAULT_CONTROL_TIMEOUT_MS = 2_000;
+/**
+ * Bindings per page this replica asks for (at most MAX_SNAPSHOT_PAGE_BINDINGS, wire.ts): 16,384
+ * are ~1.4 MB and take the serving peer's main thread ~20 ms to encode, so a page costs its
+ * /select one short stall; 1,000,000 bindings take 62 pages.
+ */
+export const DEFAULT_SNAPSHOT_PAGE_BINDINGS = 16_384;
+/**
+ * How long one page may take, ms: longer than the control timeout (2 s), since the serving peer
+ * walks and encodes the page on its main thread between its own requests; a pull of 1,000,000
+ * bindings on a loaded 2-core machine timed pages out at 2 s and started over.
+ */
+export const DEFAULT_BINDING_PAGE_TIMEOUT_MS = 10_000;
 
 /** A control reply other than "error" (an error reply throws MeshRemoteError). */
 export type ControlAnswer = Exclude<ControlReply, { type: "error" }>;
@@ -52,11 +66,20 @@ export class ControlClient {
     return reply;
   }
 
-  /** Asks `endpoint` for a snapshot of its origin (`timeoutMs`: shorter for a first-contact probe, snapshot-pulls.ts). */
+  /**
+   * Asks `endpoint` for a snapshot of its origin (`timeoutMs`: shorter for a first-contact probe,
+   * snapshot-pulls.ts), its bindings in pages of DEFAULT_SNAPSHOT_PAGE_BINDINGS (a replica of an
+   * earlier version ignores the offer and answers whole).
+   */
   async snapshot(endpoint: string, from: bigint, timeoutMs?: number): Promise<Snapshot> {
-    const reply = await this.request(endpoint, { type: "snapshot", from, publishEndpoint: this.#advertise }, timeoutMs);
+    const reply = await this.request(endpoint, { type: "snapshot", from, publishEndpoint: this.#advertise, pageBindings: DEFAULT_SNAPSHOT_PAGE_BINDINGS }, timeoutMs);
     if (reply.type !== "snapshot") throw new MeshRemoteError(endpoint, `unexpected control reply ${reply.type} to a snapshot request`);
     return reply.snapshot;
+  }
+
+  /** The next page of a snapshot's bindings, raw: decoded off this thread (binding-page-decoder.ts). */
+  bindingPage(endpoint: string, from: bigint, cursor: bigint): Promise<Buffer> {
+    return this.#link.request(endpoint, encodeControlRequest({ type: "bindings", from, cursor, max: DEFAULT_SNAPSHOT_PAGE_BINDINGS }), Math.max(this.#timeoutMs, DEFAULT_BINDING_PAGE_TIMEOUT_MS));
   }
 }
 
@@ -93,7 +116,9 @@ export interface ControlRefusals {
 export type ControlExtension = (raw: Buffer, authorize: (from: bigint, publishEndpoint: string | undefined) => Promise<string | null>) => Promise<Buffer> | null;
 
 export interface ControlServerOptions {
-  readonly port: Pick<ReplicaPort, "snapshot" | "apply">;
+  readonly port: Pick<ReplicaPort, "snapshot" | "apply" | "bindingCursor">;
+  /** Where a paged snapshot's binding cursors live; without it every snapshot goes whole. */
+  readonly bindingCursors?: BindingCursors;
   readonly publisher: Pick<MeshPublisher, "origin" | "epoch" | "seq" | "settled">;
   readonly peering: PeeringRequests;
   /** Told of each refusal (the mesh logs them, throttled). */
@@ -108,6 +133,12 @@ export interface ControlServerStats {
   /** Lifecycle calls for our bookings that another replica sent directly (applied; repeats are no-ops). */
   lifecycleReceived: number;
   readonly refused: ControlRefusals;
+}
+
+/** `head`, then the rest of `walk`. */
+function* prepend<T>(head: T, walk: Iterator<T, void, void>): Generator<T, void, void> {
+  yield head;
+  for (let r = walk.next(); r.done !== true; r = walk.next()) yield r.value;
 }
 
 export class ControlServer {
@@ -139,9 +170,32 @@ export class ControlServer {
         this.stats.snapshotsServed++;
         const p = this.#o.publisher;
         await p.settled();
-        // Taken synchronously after the flush in progress, so it is consistent with seq.
-        const snapshot: Snapshot = { ...this.#o.port.snapshot(), v: 1, origin: p.origin, epoch: p.epoch, seq: p.seq };
-        return encodeControlReply({ type: "snapshot", snapshot });
+        // Taken synchronously after the flush in progress, so it is consistent with seq. A
+        // requester that takes pages gets the bindings through a cursor (binding-cursors.ts).
+        const cursors = req.pageBindings === undefined ? undefined : this.#o.bindingCursors;
+        const snapshot: Snapshot = { ...this.#o.port.snapshot({ pagedBindings: cursors !== undefined }), v: 1, origin: p.origin, epoch: p.epoch, seq: p.seq };
+        if (cursors === undefined || req.pageBindings === undefined) return encodeControlReply({ type: "snapshot", snapshot });
+        // The first page rides in the reply: a snapshot of up to a page of bindings (most) needs
+        // no cursor, no further request and no decoding thread on the puller.
+        const walk = this.#o.port.bindingCursor();
+        const first: BindingEvent[] = [];
+        let next = walk.next();
+        while (next.done !== true && first.length < req.pageBindings) {
+          first.push(next.value);
+          next = walk.next();
+        }
+        if (next.done === true) return encodeControlReply({ type: "snapshot", snapshot: { ...snapshot, bindings: first } });
+        const rest = prepend(next.value, walk);
+        return encodeControlReply({ type: "snapshot", snapshot: { ...snapshot, bindings: first, bindingCursor: cursors.open(req.from, rest) } });
+      }
+      case "bindings": {
+        const cursors = this.#o.bindingCursors;
+        if (cursors === undefined) return this.#refuse("snapshot", "this replica hands out no binding cursor");
+        // The check was made when the cursor was handed out (to `from`, with the snapshot); its
+        // random id is what a third party cannot name (binding-cursors.ts).
+        const page = cursors.page(req.from, req.cursor, req.max);
+        if ("refused" in page) return this.#refuse("snapshot", page.refused);
+        return encodeControlReply({ type: "bindings", bindings: page.bindings, more: page.more });
       }
       case "lifecycle": {
         const e = req.event;

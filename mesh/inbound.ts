@@ -22,7 +22,7 @@ import { DEFAULT_MAX_TRACKED_ORIGINS, MeshReceiver, type LagObserver, type Origi
 import { PeerHealth, type PeerState } from "./peer-health.js";
 import type { ReceivedEntry } from "./receive-coalescer.js";
 import type { ReplicaPort } from "./replica-port.js";
-import { SnapshotPulls } from "./snapshot-pulls.js";
+import { SnapshotPulls, type SnapshotPages } from "./snapshot-pulls.js";
 import { TOPIC_BATCH, TOPIC_HEARTBEAT, type Heartbeat, type MeshBatch, type Snapshot } from "./types.js";
 import type { AppliedBatch, MeshApplyTracer } from "../src/util/trace-cause.js";
 
@@ -80,7 +80,9 @@ export interface MeshInboundOptions {
   /** This replica's origin: its own frames (looped back by a misconfigured peer) are ignored. */
   readonly origin: bigint;
   readonly port: Pick<ReplicaPort, "apply" | "install" | "describe" | "dropOrigin">;
-  readonly control: Pick<ControlClient, "snapshot">;
+  readonly control: Pick<ControlClient, "snapshot" | "bindingPage">;
+  /** How a paged snapshot's bindings are decoded and applied (snapshot-binding-pages.ts). */
+  readonly pages?: SnapshotPages;
   readonly logger: Logger;
   /** Monotonic, ms: peer health, snapshot timeouts and retries, origin idleness. */
   readonly clock: Clock;
@@ -150,6 +152,7 @@ export class MeshInbound {
       onFailure: () => {
         this.stats.snapshotFailures++;
       },
+      ...(o.pages === undefined ? {} : { pages: o.pages }),
     });
     this.health = new PeerHealth({
       ...(o.suspectAfterMs === undefined ? {} : { suspectAfterMs: o.suspectAfterMs }),
@@ -305,7 +308,13 @@ export class MeshInbound {
         this.#adopted.delete(origin); // heard directly: the health path owns it now
       } else if (nowMs - at >= downAfterMs) {
         this.#adopted.delete(origin);
-        this.#dropDown(origin, "mesh origin known only from peers' snapshots was never heard: its adopted load dropped");
+        if (this.#o.port.describe(origin).draining === true) {
+          // The snapshot said it was leaving (G8): kept until freed or expired, as its peers keep it.
+          this.stats.leftOriginsKept++;
+          this.#log.info({ origin: origin.toString() }, "mesh origin known only from peers' snapshots left (it said it was leaving): its adopted load kept until freed or expired");
+        } else {
+          this.#dropDown(origin, "mesh origin known only from peers' snapshots was never heard: its adopted load dropped");
+        }
       }
     }
   }
@@ -393,6 +402,11 @@ export class MeshInbound {
     this.#snapshots.pull(controlEndpoint, refresh, () => {
       this.#inflight.delete(origin);
     });
+  }
+
+  /** Whether `controlEndpoint`'s snapshot is in and its bindings are still arriving in pages. */
+  paging(controlEndpoint: string, origin: bigint | null): boolean {
+    return this.#snapshots.paging(controlEndpoint, origin);
   }
 
   /** Whether the first-contact probe of `controlEndpoint` failed and nothing was heard from there since (startup-sync.ts). */

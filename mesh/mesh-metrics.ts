@@ -8,7 +8,7 @@
  */
 import { Gauge, Histogram, type Registry } from "prom-client";
 
-import { collectedCounter, collectedLabelledCounter, type LabelledSample } from "../src/metrics/collected.js";
+import { collectedCounter, collectedGauge, collectedLabelledCounter, type LabelledSample } from "../src/metrics/collected.js";
 import { KEY_LOOKUP_OUTCOMES } from "./curve-key-directory.js";
 import { LAG_BUCKETS_MS, type LagObserver, type MeshReceiver } from "./origin-tracker.js";
 import type { PeerHealth } from "./peer-health.js";
@@ -55,6 +55,10 @@ export interface MeshStats {
    * stream), by outcome: sent (acknowledged), failed, skipped (too many in flight).
    */
   readonly lifecycleForwards: Readonly<Record<"sent" | "failed" | "skipped", number>>;
+  /** Paged snapshots pulled (#29 G16): pages and bindings applied, pulls whose pages stopped early (snapshot-binding-pages.ts). */
+  readonly bindingPages: Readonly<Record<"pages" | "bindings" | "failed", number>>;
+  /** Paged snapshots served: binding cursors opened, pages served, closed early (bound or idle), open now (binding-cursors.ts). */
+  readonly bindingCursors: Readonly<Record<"opened" | "pagesServed" | "bindingsServed" | "shed" | "expired" | "open", number>>;
 }
 
 /** What the mesh's series read at each scrape. */
@@ -162,6 +166,24 @@ export function registerMeshMetrics(registry: Registry, src: MeshMetricsSources)
     ["outcome"],
     () => samplesOf("outcome", src.stats().lifecycleForwards),
   );
+
+  const paged: [string, string, () => number][] = [
+    ["kvmesh_mesh_snapshot_binding_pages_total", "Pages of peers' snapshot bindings pulled, decoded on a thread and applied in slices (a paged snapshot, #29 G16).", () => src.stats().bindingPages.pages],
+    ["kvmesh_mesh_snapshot_paged_bindings_total", "Bindings applied from peers' snapshot pages.", () => src.stats().bindingPages.bindings],
+    ["kvmesh_mesh_snapshot_pages_failed_total", "Paged snapshot pulls whose pages stopped before the last one (a timeout, a closed cursor): the origin is pulled again.", () => src.stats().bindingPages.failed],
+    ["kvmesh_mesh_binding_pages_served_total", "Pages of this replica's snapshot bindings served to pulling peers.", () => src.stats().bindingCursors.pagesServed],
+  ];
+  for (const [name, help, read] of paged) collectedCounter(registry, { name, help }, read);
+  collectedLabelledCounter(
+    registry,
+    { name: "kvmesh_mesh_binding_cursors_closed_total", help: "Binding cursors of paged snapshots closed before their last page, by reason: shed (64 open, least recently used first), idle (10 s without a page)." },
+    ["reason"],
+    () => {
+      const c = src.stats().bindingCursors;
+      return samplesOf("reason", { shed: c.shed, idle: c.expired });
+    },
+  );
+  collectedGauge(registry, { name: "kvmesh_mesh_binding_cursors_open", help: "Binding cursors of paged snapshots open now (peers pulling this replica's bindings)." }, () => src.stats().bindingCursors.open);
 
   // Per tracked origin; a forgotten origin's series end at the next scrape.
   const { receiver } = src;

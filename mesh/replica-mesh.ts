@@ -23,7 +23,10 @@ import { ControlClient, ControlServer, DEFAULT_CONTROL_TIMEOUT_MS, type ControlE
 import type { MeshCurveConfig } from "./curve.js";
 import { DEFAULT_PEER_DNS_INTERVAL_SECS, DnsPeerDiscovery, type DnsPeerEntry } from "./dns-peers.js";
 import { addSkipCounts, EntrySkips, zeroSkipCounts } from "./entry-skips.js";
+import { BindingCursors } from "./binding-cursors.js";
+import { BindingPageDecoder } from "./binding-page-decoder.js";
 import { MeshInbound, type MeshApplyTracer } from "./inbound.js";
+import { SnapshotBindingPages } from "./snapshot-binding-pages.js";
 import { registerLagMetrics, registerMeshMetrics, type MeshStats } from "./mesh-metrics.js";
 import { Membership, type PeerView } from "./membership.js";
 import { flushIntervalOf, MeshPublisher } from "./publisher.js";
@@ -125,6 +128,10 @@ export class ReplicaMesh {
   /** Entries left out of peers' snapshots (and batches, without the receive thread) decoded here. */
   readonly #skips: EntrySkips;
   readonly #clock: Clock;
+  /** A paged snapshot: pages pulled (decoded on a thread, applied in slices) and cursors served. */
+  readonly #pageDecoder = new BindingPageDecoder();
+  readonly #pages: SnapshotBindingPages;
+  readonly #bindingCursors: BindingCursors;
   /** When the receive thread's hand-overs were last applied, monotonic ms. */
   #appliedAtMs = -Infinity;
 
@@ -164,10 +171,24 @@ export class ReplicaMesh {
       },
     });
     const lagObserver = o.metrics === undefined ? undefined : registerLagMetrics(o.metrics);
+    this.#pages = new SnapshotBindingPages({
+      port: service,
+      decoder: this.#pageDecoder,
+      skips: this.#skips,
+      logger,
+      clock,
+      timers,
+      repull: (origin, ep) => {
+        this.#inbound.pullSnapshot(ep, origin, true);
+      },
+      closed: () => this.#closed,
+    });
+    this.#bindingCursors = new BindingCursors(clock, () => randomU64(o.random));
     this.#inbound = new MeshInbound({
       origin,
       port: service,
       control: client,
+      pages: this.#pages,
       logger,
       clock,
       wallClock,
@@ -184,6 +205,7 @@ export class ReplicaMesh {
       peers: () => this.#membership.list(),
       discovered: () => this.#dns?.resolvedOnce ?? true,
       unreachable: (ep) => this.#inbound.unreachable(controlEndpointFor(ep)),
+      paging: (p) => this.#inbound.paging(controlEndpointFor(p.endpoint), p.origin === null ? null : BigInt(p.origin)),
       onDone: (r: StartupSyncOutcome) => {
         if (r.reason === "synced") logger.info({ after_ms: Math.round(r.afterMs) }, "mesh startup sync done: every reachable peer's snapshot is in");
         else logger.warn({ after_ms: Math.round(r.afterMs), unsynced: r.unsynced }, "mesh startup sync timed out: ready without these peers' snapshots");
@@ -194,6 +216,7 @@ export class ReplicaMesh {
       port: service,
       publisher: this.#publisher,
       peering: this.#membership,
+      bindingCursors: this.#bindingCursors,
       extension: o.controlExtension,
       onRefused: (kind, reason) => {
         refusalLog.hit((suppressed) => {
@@ -319,6 +342,8 @@ export class ReplicaMesh {
       controlRefused: { ...c.refused },
       entriesSkipped: addSkipCounts(this.#skips.counts, r?.skipped ?? zeroSkipCounts()),
       lifecycleForwards: { ...this.#forwards },
+      bindingPages: { ...this.#pages.stats },
+      bindingCursors: { ...this.#bindingCursors.stats, open: this.#bindingCursors.size },
     };
   }
 
@@ -413,6 +438,7 @@ export class ReplicaMesh {
     this.#inbound.close();
     this.#membership.close();
     this.#attachment.detach();
+    await this.#pageDecoder.close();
     await this.#transport.close();
   }
 }

@@ -22,6 +22,8 @@
  */
 import PQueue from "p-queue";
 import type { Logger } from "pino";
+import type { BindingEvent } from "../src/core/index.js";
+import type { DecodedPage } from "./binding-page-decoder.js";
 import type { ControlClient } from "./control.js";
 import type { Snapshot } from "./types.js";
 
@@ -45,7 +47,7 @@ export const MAX_CONCURRENT_FIRST_CONTACT_PROBES = 64;
 export const FIRST_CONTACT_PROBE_TIMEOUT_MS = 1_000;
 
 export interface SnapshotPullsOptions {
-  readonly control: Pick<ControlClient, "snapshot">;
+  readonly control: Pick<ControlClient, "snapshot" | "bindingPage">;
   /** This replica's origin (the `from` of each request). */
   readonly self: bigint;
   readonly logger: Logger;
@@ -55,6 +57,19 @@ export interface SnapshotPullsOptions {
   readonly install: (s: Snapshot, controlEndpoint: string, refresh: boolean) => void;
   /** A request failed or timed out (counted by the caller). */
   readonly onFailure: () => void;
+  /**
+   * A paged snapshot's bindings (#29 G16): each page decoded off the main thread, then applied
+   * in slices. Without it a paged snapshot's bindings are not pulled (tests of the lanes alone).
+   */
+  readonly pages?: SnapshotPages;
+}
+
+export interface SnapshotPages {
+  decode(controlEndpoint: string, raw: Buffer): Promise<DecodedPage>;
+  /** Applies one page's bindings (last-writer-wins merges), yielding the event loop between slices. */
+  install(origin: bigint, bindings: readonly BindingEvent[], page: DecodedPage): Promise<void>;
+  /** A page failed after the rest of `origin`'s snapshot was installed: what it lacks must be pulled again. */
+  failed(origin: bigint, controlEndpoint: string, err: unknown): void;
 }
 
 export interface SnapshotPullsStats {
@@ -73,6 +88,10 @@ export class SnapshotPulls {
   readonly #queuedProbes = new Set<string>();
   /** Endpoints whose probe failed and that were not heard since. */
   readonly #unreachable = new Set<string>();
+  /** Endpoints whose snapshot is installed but whose binding pages are still arriving. */
+  readonly #paging = new Set<string>();
+  /** The same by origin (a peer's registered endpoint and the one its heartbeats name may be spelled apart). */
+  readonly #pagingOrigins = new Set<bigint>();
   #closed = false;
 
   constructor(o: SnapshotPullsOptions) {
@@ -92,6 +111,11 @@ export class SnapshotPulls {
   /** Pulls running now (the pull lane). */
   get inFlight(): number {
     return this.#pulls.pending;
+  }
+
+  /** Whether `controlEndpoint`'s snapshot is in but its bindings are still arriving (startup-sync.ts waits). */
+  paging(controlEndpoint: string, origin: bigint | null): boolean {
+    return this.#paging.has(controlEndpoint) || (origin !== null && this.#pagingOrigins.has(origin));
   }
 
   /** A probe of `controlEndpoint` failed and it was not heard since. */
@@ -139,6 +163,7 @@ export class SnapshotPulls {
   /** Forgets what is known of an endpoint (its peer was deregistered). */
   forgetEndpoint(controlEndpoint: string): void {
     this.#unreachable.delete(controlEndpoint);
+    this.#paging.delete(controlEndpoint);
   }
 
   close(): void {
@@ -149,14 +174,54 @@ export class SnapshotPulls {
 
   /** One request; true when its snapshot arrived (installed or not). */
   async #request(controlEndpoint: string, refresh: boolean, timeoutMs: number | undefined): Promise<boolean> {
+    let snapshot: Snapshot;
+    let cursor: bigint | undefined;
+    const pages = this.#o.pages;
     try {
-      const snapshot = await this.#o.control.snapshot(controlEndpoint, this.#o.self, timeoutMs);
-      if (!this.#closed) this.#o.install(snapshot, controlEndpoint, refresh);
-      return true;
+      snapshot = await this.#o.control.snapshot(controlEndpoint, this.#o.self, timeoutMs);
+      if (this.#closed) return true;
+      cursor = pages === undefined ? undefined : snapshot.bindingCursor;
+      if (cursor === undefined || pages === undefined) {
+        this.#o.install(snapshot, controlEndpoint, refresh);
+        return true;
+      }
     } catch (err) {
       this.#o.onFailure();
       if (!this.#closed) this.#o.logger.debug({ err, control: controlEndpoint }, "snapshot request failed (retried)");
       return false;
+    }
+    // Marked before the install, so the startup sync never sees it synced without its bindings;
+    // a pull whose pages stopped leaves the mark until the retry's pages are all in.
+    this.#paging.add(controlEndpoint);
+    this.#pagingOrigins.add(snapshot.origin);
+    try {
+      this.#o.install(snapshot, controlEndpoint, refresh);
+      await this.#pages(pages, controlEndpoint, snapshot.origin, cursor);
+      this.#paging.delete(controlEndpoint);
+      this.#pagingOrigins.delete(snapshot.origin);
+    } catch (err) {
+      this.#o.onFailure();
+      if (!this.#closed) pages.failed(snapshot.origin, controlEndpoint, err);
+    }
+    return true;
+  }
+
+  /**
+   * A snapshot's bindings, page by page: the next page is asked while this one is applied (one
+   * ahead, no more; a page's `more` is known once it is decoded).
+   */
+  async #pages(pages: SnapshotPages, controlEndpoint: string, origin: bigint, cursor: bigint): Promise<void> {
+    const ask = async (): Promise<DecodedPage> => pages.decode(controlEndpoint, await this.#o.control.bindingPage(controlEndpoint, this.#o.self, cursor));
+    let pending = ask();
+    for (;;) {
+      const page = await pending;
+      if (page.more) {
+        pending = ask();
+        pending.catch(() => undefined); // awaited next turn; not unhandled if the install throws first
+      }
+      if (this.#closed) return;
+      await pages.install(origin, page.bindings, page);
+      if (!page.more) return;
     }
   }
 }

@@ -38,6 +38,8 @@ export interface StartupSyncOptions {
   readonly discovered: () => boolean;
   /** Whether the peer at this publish endpoint was probed, did not answer, and was never heard (snapshot-pulls.ts). */
   readonly unreachable?: (endpoint: string) => boolean;
+  /** Whether this peer has its snapshot in and its bindings still arriving in pages (snapshot-pulls.ts). */
+  readonly paging?: (peer: PeerView) => boolean;
   /** Called once when the wait ends, with why. */
   readonly onDone?: (outcome: StartupSyncOutcome) => void;
 }
@@ -79,7 +81,7 @@ export class StartupSync {
     const elapsed = this.#o.clock.now() - this.#startedAtMs;
     const giveUp = elapsed >= UNREACHABLE_AFTER_MS ? this.#o.unreachable : undefined;
     const waiting = this.#o.peers()
-      .filter((p) => !settled(p) && !unreachable(p, giveUp))
+      .filter((p) => (!settled(p) && !unreachable(p, giveUp)) || this.#o.paging?.(p) === true)
       .map((p) => p.endpoint);
     const synced = waiting.length === 0 && this.#o.discovered();
     if (!synced && elapsed < this.#o.timeoutMs) return waiting;

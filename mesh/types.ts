@@ -7,7 +7,7 @@
  * that peer's ROUTER for a snapshot and replaces what it mirrors of that origin (the ZeroMQ
  * Guide's Clone pattern).
  */
-import type { BookingSnapshot, LoadMarkEvent } from "../src/core/index.js";
+import type { BindingEvent, BookingSnapshot, LoadMarkEvent } from "../src/core/index.js";
 import type { ReplicaEvent, ReplicaSnapshot } from "../src/core/index.js";
 import type { TraceCause } from "../src/util/trace-cause.js";
 
@@ -81,6 +81,12 @@ export interface SnapshotEnvelope {
   readonly epoch: bigint;
   /** The snapshot reflects every batch up to and including this seq. */
   readonly seq: number;
+  /**
+   * Set when more bindings follow in pages than `bindings` carries (the first page): the cursor
+   * to ask for them with a `bindings` request (#29 G16). Only sent to a requester that offered
+   * `pageBindings`, so a replica of an earlier version always gets the whole snapshot.
+   */
+  readonly bindingCursor?: bigint;
 }
 
 export type Snapshot = SnapshotEnvelope & ReplicaSnapshot;
@@ -91,7 +97,18 @@ export type ControlRequest =
    * `publishEndpoint`: the requester's PUB as peers reach it, so a replica that has not
    * registered it yet can check who asks (omitted by kvmesh before the status request).
    */
-  | { readonly type: "snapshot"; readonly from: bigint; readonly publishEndpoint?: string | undefined }
+  | {
+      readonly type: "snapshot";
+      readonly from: bigint;
+      readonly publishEndpoint?: string | undefined;
+      /**
+       * The requester takes the bindings in pages of at most this many (#29 G16); absent (every
+       * earlier version): the whole snapshot in one reply.
+       */
+      readonly pageBindings?: number | undefined;
+    }
+  /** The next page of a snapshot's bindings (a cursor a snapshot reply handed out to `from`). */
+  | { readonly type: "bindings"; readonly from: bigint; readonly cursor: bigint; readonly max: number }
   /** "Who are you, and whom do you peer with?": how a replica checks a peering request's claims. */
   | { readonly type: "status"; readonly from: bigint }
   /**
@@ -107,6 +124,8 @@ export type ControlRequest =
 export type ControlReply =
   | { readonly type: "snapshot"; readonly snapshot: Snapshot }
   | { readonly type: "ok" }
+  /** A page of a snapshot's bindings; `more`: ask again with the same cursor. */
+  | { readonly type: "bindings"; readonly bindings: readonly BindingEvent[]; readonly more: boolean }
   /** The answering replica's origin and the publish endpoints it has registered. */
   | { readonly type: "status"; readonly origin: bigint; readonly peers: readonly string[] }
   | { readonly type: "error"; readonly message: string };

@@ -44,9 +44,14 @@
  *   snapshot   v, o, e, s, bk [{a: add event map, c: prefillDone}], bn [binding map],
  *              ag [loads map], mg [{o origin(u64), ag [loads map]}] (both optional: absent in
  *              exact load replication and from older replicas), ct [catalog map], ws [status
- *              map] (optional: absent from older replicas), dn draining (optional: only when true)
- *   control    v, ty "snapshot"|"peer"|"unpeer", f from(u64), pe publishEndpoint
- *   reply      v, ty "snapshot"|"ok"|"error", sn snapshot map, msg message
+ *              map] (optional: absent from older replicas), dn draining (optional: only when true),
+ *              bc binding cursor (u64, optional: more bindings than bn follow in pages),
+ *              dg [u64] other origins the sender holds as leaving (optional: absent when none)
+ *   control    v, ty "snapshot"|"peer"|"unpeer", f from(u64), pe publishEndpoint, bp page size
+ *              (snapshot, optional: the requester takes its bindings in pages of at most this
+ *              many); ty "bindings", f, c cursor(u64), n page size
+ *   reply      v, ty "snapshot"|"ok"|"error"|"bindings", sn snapshot map, msg message,
+ *              bn [binding map] + mo more (bindings: one page, at most MAX_SNAPSHOT_PAGE_BINDINGS)
  */
 import { Packr, Unpackr } from "msgpackr";
 
@@ -67,7 +72,13 @@ export const MAX_EVENTS_PER_BATCH = 16_384;
 /** Hashes in one add event: one booking's, bounded where it enters (src/core/limits.ts). */
 export const MAX_HASHES_PER_EVENT = MAX_HASHES_PER_BOOKING;
 export const MAX_SNAPSHOT_BOOKINGS = 1_000_000;
+/** Bindings in a whole (unpaged) snapshot, as every version before pages sends and reads it. */
 export const MAX_SNAPSHOT_BINDINGS = 1_000_000;
+/**
+ * Bindings in one page of a paged snapshot (#29 G16), each page bounded on its own: 65,536 is one
+ * partition's whole affinity table (DEFAULT_AFFINITY_MAX_ENTRIES), ~5.4 MB encoded.
+ */
+export const MAX_SNAPSHOT_PAGE_BINDINGS = 65_536;
 /** Rank rows in one loads event: every rank of a partition (MAX_RANK_KEYS, src/core/rank-registry.ts). */
 export const MAX_AGGREGATE_ROWS = 1 << 20;
 /** Booking ids in one loads event's added or removed list (a snapshot lists every live booking). */
@@ -230,6 +241,8 @@ function snapshotToWire(s: Snapshot): WireMap {
   if (s.catalog !== undefined && s.catalog.length > 0) out.ct = s.catalog.map(catalogToWire);
   if (s.statuses !== undefined && s.statuses.length > 0) out.ws = s.statuses.map(statusToWire);
   if (s.draining === true) out.dn = true;
+  if (s.drainingOrigins !== undefined && s.drainingOrigins.length > 0) out.dg = s.drainingOrigins;
+  if (s.bindingCursor !== undefined) out.bc = s.bindingCursor;
   return out;
 }
 
@@ -298,8 +311,14 @@ export function encodeSnapshot(s: Snapshot): Buffer {
 
 export function encodeControlRequest(r: ControlRequest): Buffer {
   switch (r.type) {
-    case "snapshot":
-      return packr.pack(r.publishEndpoint === undefined ? { v: PROTOCOL_VERSION, ty: r.type, f: r.from } : { v: PROTOCOL_VERSION, ty: r.type, f: r.from, pe: r.publishEndpoint });
+    case "snapshot": {
+      const m: WireMap = { v: PROTOCOL_VERSION, ty: r.type, f: r.from };
+      if (r.publishEndpoint !== undefined) m.pe = r.publishEndpoint;
+      if (r.pageBindings !== undefined) m.bp = r.pageBindings;
+      return packr.pack(m);
+    }
+    case "bindings":
+      return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, f: r.from, c: r.cursor, n: r.max });
     case "status":
       return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, f: r.from });
     case "lifecycle":
@@ -316,6 +335,8 @@ export function encodeControlReply(r: ControlReply): Buffer {
       return packLarge({ v: PROTOCOL_VERSION, ty: r.type, sn: snapshotToWire(r.snapshot) }, estimateSnapshotBytes(r.snapshot));
     case "ok":
       return packr.pack({ v: PROTOCOL_VERSION, ty: r.type });
+    case "bindings":
+      return packLarge({ v: PROTOCOL_VERSION, ty: r.type, bn: r.bindings.map(bindingToWire), mo: r.more }, r.bindings.reduce((n, b) => n + estimateEventBytes({ kind: "binding", event: b }), 64));
     case "status":
       return packr.pack({ v: PROTOCOL_VERSION, ty: r.type, o: r.origin, ps: r.peers });
     case "error":
@@ -467,6 +488,13 @@ function str(raw: unknown, field: string, maxBytes: number, allowEmpty: boolean)
     throw new MeshWireError(field, `longer than ${maxBytes} bytes`, OVER_BOUND);
   }
   return raw;
+}
+
+/** A page size a requester asks for: 1 ... MAX_SNAPSHOT_PAGE_BINDINGS. */
+function pageSize(raw: unknown, field: string): number {
+  const n = uint(raw, field, MAX_SNAPSHOT_PAGE_BINDINGS);
+  if (n === 0) throw new MeshWireError(field, "must be at least 1");
+  return n;
 }
 
 function version(m: Fields): void {
@@ -725,6 +753,8 @@ function decodeSnapshotFields(m: Fields, at: string, skip: SkipSink | undefined)
     ...(catalog === undefined ? {} : { catalog }),
     ...(statuses === undefined ? {} : { statuses }),
     ...(m.dn === undefined ? {} : { draining: bool(m.dn, `${p}draining`) }),
+    ...(m.dg === undefined ? {} : { drainingOrigins: entries(array(m.dg, `${p}drainingOrigins`, MAX_SNAPSHOT_ORIGINS), skip, (raw, i) => nonZeroU64(raw, `${p}drainingOrigins[${i}]`)) }),
+    ...(m.bc === undefined ? {} : { bindingCursor: u64(m.bc, `${p}bindingCursor`) }),
   };
 }
 
@@ -782,7 +812,14 @@ export function decodeControlRequest(buf: Uint8Array): ControlRequest {
   const type = m.ty;
   switch (type) {
     case "snapshot":
-      return { type, from: nonZeroU64(m.f, "from"), publishEndpoint: m.pe === undefined ? undefined : str(m.pe, "publishEndpoint", MAX_ENDPOINT_BYTES, false) };
+      return {
+        type,
+        from: nonZeroU64(m.f, "from"),
+        publishEndpoint: m.pe === undefined ? undefined : str(m.pe, "publishEndpoint", MAX_ENDPOINT_BYTES, false),
+        ...(m.bp === undefined ? {} : { pageBindings: pageSize(m.bp, "pageBindings") }),
+      };
+    case "bindings":
+      return { type, from: nonZeroU64(m.f, "from"), cursor: u64(m.c, "cursor"), max: pageSize(m.n, "max") };
     case "status":
       return { type, from: nonZeroU64(m.f, "from") };
     case "lifecycle": {
@@ -807,6 +844,8 @@ export function decodeControlReply(buf: Uint8Array, skip?: SkipSink): ControlRep
       return { type, snapshot: decodeSnapshotFields(map(m.sn, "snapshot"), "snapshot", skip) };
     case "ok":
       return { type };
+    case "bindings":
+      return { type, bindings: entries(array(m.bn, "bindings", MAX_SNAPSHOT_PAGE_BINDINGS), skip, (raw, i) => decodeBinding(map(raw, `bindings[${i}]`), `bindings[${i}]`)), more: bool(m.mo, "more") };
     case "status":
       return { type, origin: nonZeroU64(m.o, "origin"), peers: array(m.ps, "peers", MAX_STATUS_PEERS).map((e, i) => str(e, `peers[${i}]`, MAX_ENDPOINT_BYTES, false)) };
     case "error":

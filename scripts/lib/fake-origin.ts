@@ -240,6 +240,9 @@ export class FakeOrigin {
         return encodeControlReply({ type: "status", origin: this.origin, peers: [...this.#peers] });
       case "lifecycle":
         return encodeControlReply({ type: "error", message: "the fake origin takes no lifecycle calls" });
+      case "bindings":
+        // Its snapshots are never paged (it hands out no binding cursor).
+        return encodeControlReply({ type: "error", message: "the fake origin hands out no binding cursor" });
       case "peer":
         this.stats.peerRequests++;
         this.#peers.add(req.publishEndpoint);

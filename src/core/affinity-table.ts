@@ -548,6 +548,19 @@ export class AffinityTable {
     return removed;
   }
 
+  /**
+   * Live bindings then recent unbinds, one at a time, for a snapshot sent in pages
+   * (mesh/binding-cursors.ts): a live iteration of the table, so it holds no copy. An entry present
+   * throughout is yielded at least once (one re-inserted by use may be yielded twice: bindings
+   * merge last-writer-wins, so a repeat is harmless); one added meanwhile may or may not be.
+   */
+  *liveBindings(): Generator<SessionBinding & { readonly unbind: boolean }, void, void> {
+    for (const [sessionId, entry] of this.#entries) {
+      if (!this.#idleExpired(entry, this.#clock.now())) yield { sessionId, target: entry.target, version: entry.version, unbind: false };
+    }
+    for (const [sessionId, u] of this.#unbound) if (u.expiresAtMs > this.#clock.now()) yield { sessionId, target: u.target, version: u.version, unbind: true };
+  }
+
   /** Live bindings, for mesh snapshots. */
   snapshot(): SessionBinding[] {
     const now = this.#clock.now();

@@ -292,6 +292,18 @@ export class SessionBindings {
     return out;
   }
 
+  /**
+   * snapshot()'s events one at a time, partition by partition, over live iterations (no copy of
+   * the tables): what a snapshot sent in pages walks (ReplicationPort.bindingCursor).
+   */
+  *events(): Generator<BindingEvent, void, void> {
+    for (const p of [...this.#o.fleet.partitions()]) {
+      const table = p.affinity;
+      if (table === undefined) continue;
+      for (const b of table.liveBindings()) yield bindingEvent(p, b, b.unbind ? "unbind" : "refresh");
+    }
+  }
+
   /** A host-replication stream of this service's bindings (see SelectionService.sessionBindingUpdates). */
   subscribe(opts: SessionBindingUpdatesOptions, shuttingDown: boolean): SessionBindingSubscription {
     this.#assertHostReplication();

@@ -8,8 +8,9 @@ export interface DaemonProcess extends ServeProcess {
   readonly url: string;
 }
 
-export async function spawnDaemon(args: readonly string[], timeoutMs = DAEMON_START_TIMEOUT_MS): Promise<DaemonProcess> {
-  const p = await spawnServe({ label: "daemon", args, startTimeoutMs: timeoutMs });
+/** `onLine`: the child's warnings and errors, and lines that are not log records (src/bench/serve-process.ts). */
+export async function spawnDaemon(args: readonly string[], timeoutMs = DAEMON_START_TIMEOUT_MS, onLine?: (line: string) => void): Promise<DaemonProcess> {
+  const p = await spawnServe({ label: "daemon", args, startTimeoutMs: timeoutMs, ...(onLine === undefined ? {} : { onLine }) });
   return { ...p, url: `http://127.0.0.1:${String(p.port)}` };
 }
 

@@ -76,10 +76,18 @@ export class FakeReplicaPort implements ReplicaPort {
     this.replacedAggregates.push({ origin, snapshot: s.aggregates ?? [] });
     this.adopted.push({ sender: origin, mirrored: s.mirrored ?? [] });
     this.applied.push(...s.bindings);
+    for (const o of s.drainingOrigins ?? []) this.leaving.add(o);
   }
 
-  snapshot(): ReplicaSnapshot {
-    return { bookings: [], bindings: [], aggregates: this.aggregatesSnapshot, mirrored: [], catalog: this.catalog, statuses: this.statuses };
+  /** Bindings this fake's snapshot carries (whole, or walked by bindingCursor() when paged). */
+  bindings: BindingEvent[] = [];
+
+  snapshot(opts: { readonly pagedBindings?: boolean } = {}): ReplicaSnapshot {
+    return { bookings: [], bindings: opts.pagedBindings === true ? [] : this.bindings, aggregates: this.aggregatesSnapshot, mirrored: [], catalog: this.catalog, statuses: this.statuses };
+  }
+
+  bindingCursor(): Iterator<BindingEvent, void, void> {
+    return this.bindings.values();
   }
 
   dropOrigin(origin: bigint): number {

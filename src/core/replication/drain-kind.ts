@@ -15,6 +15,12 @@ export type DrainKindEvent = { readonly kind: "drain"; readonly event: DrainEven
 export interface DrainSnapshotPart {
   /** The origin is draining (absent otherwise, and from older replicas). */
   readonly draining?: boolean;
+  /**
+   * Other origins the sender holds as leaving (absent when none, and from older replicas): a
+   * joiner that adopts their totals from this snapshot then keeps them as the sender does, instead
+   * of dropping them once they go silent (G8).
+   */
+  readonly drainingOrigins?: readonly bigint[];
 }
 
 export interface DrainFacts {
@@ -25,7 +31,7 @@ export interface DrainFacts {
 /** Origins remembered as draining at most; past it the oldest flag goes (a flood of forged origins stays bounded). */
 export const MAX_DRAINING_ORIGINS = 4_096;
 
-export const drainKind: ReplicaKindFactory<DrainKindEvent, DrainSnapshotPart, DrainFacts> = ({ local }, emit) => {
+export const drainKind: ReplicaKindFactory<DrainKindEvent, DrainSnapshotPart, DrainFacts> = ({ local, replicaId }, emit) => {
   const draining = new Set<bigint>();
   const record = (origin: bigint, flag: boolean): boolean => {
     if (!flag) return draining.delete(origin);
@@ -40,9 +46,11 @@ export const drainKind: ReplicaKindFactory<DrainKindEvent, DrainSnapshotPart, Dr
   return {
     kinds: ["drain"],
     apply: (origin, e) => record(origin, e.event.draining),
-    snapshot: () => (local.draining ? { draining: true } : {}),
+    snapshot: () => ({ ...(local.draining ? { draining: true } : {}), ...(draining.size > 0 ? { drainingOrigins: [...draining] } : {}) }),
     install(origin, s) {
       record(origin, s.draining === true);
+      // Only ever set from here: a flag goes with its own origin's word or its drop.
+      for (const o of s.drainingOrigins ?? []) if (o !== replicaId && o !== origin) record(o, true);
     },
     dropOrigin(origin) {
       draining.delete(origin);

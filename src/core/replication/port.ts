@@ -9,7 +9,7 @@
  * receive thread) gives `drainInbound`, and the service calls it before every decision and view,
  * whoever calls the service (HTTP, ext_proc, an embedding host).
  */
-import type { LoadReplication } from "../replica-events.js";
+import type { BindingEvent, LoadReplication } from "../replica-events.js";
 import type { ReplicaSlot } from "../tie-spread.js";
 import type { LoadStrategy } from "./load-strategy.js";
 import type { LocalLifecycle, ReplicaParts } from "./kind.js";
@@ -56,8 +56,19 @@ export interface ReplicationPort {
   attach(link: ReplicaLink): ReplicaAttachment;
   /** A batch of `origin`'s stream (or events another replica sent directly). Idempotent. */
   apply(origin: bigint, events: readonly ReplicaEvent[]): void;
-  /** Everything a peer needs to mirror this replica, taken synchronously. */
-  snapshot(): ReplicaSnapshot;
+  /**
+   * Everything a peer needs to mirror this replica, taken synchronously. `pagedBindings`: the
+   * bindings are left out (an empty list), to be walked with bindingCursor() instead (the mesh
+   * sends the first page with the snapshot and the rest on request) (a snapshot
+   * sent in pages, #29 G16: 16 partitions x 65,536 bindings is one legitimate replica's state).
+   */
+  snapshot(opts?: { readonly pagedBindings?: boolean }): ReplicaSnapshot;
+  /**
+   * The bindings a snapshot carries (live ones, then recent unbinds), one at a time over live
+   * iterations of the tables: they merge last-writer-wins, so they may be sent and applied after
+   * the rest of the snapshot, in pages.
+   */
+  bindingCursor(): Iterator<BindingEvent, void, void>;
   /** `origin`'s snapshot replaces what is held of it, kind by kind in install order. */
   install(origin: bigint, snapshot: ReplicaSnapshot): void;
   /** `origin` left: what is held of it goes. Returns how many of its bookings (or requests) went. */
@@ -87,6 +98,7 @@ export class Replication implements ReplicationPort {
   readonly #setSlot: ReplicationOptions["setSlot"];
   readonly #missed: MissedPeerState;
   #syncing = false;
+  readonly #bindings: ReplicaParts["bindings"];
 
   constructor(o: ReplicationOptions) {
     this.replicaId = o.replicaId;
@@ -94,6 +106,7 @@ export class Replication implements ReplicationPort {
     this.#setSlot = o.setSlot;
     this.#missed = o.missed;
     const parts: ReplicaParts = { ...o.parts, replicaId: o.replicaId, load: o.load, local: o.local };
+    this.#bindings = parts.bindings;
     const emit = (e: ReplicaEvent): void => {
       for (const l of this.#links) l.event(e);
     };
@@ -136,10 +149,17 @@ export class Replication implements ReplicationPort {
     return this.#byKind.get(e.kind)?.apply(origin, e);
   }
 
-  snapshot(): ReplicaSnapshot {
+  snapshot(opts: { readonly pagedBindings?: boolean } = {}): ReplicaSnapshot {
     let s = {} as ReplicaSnapshot;
-    for (const k of this.#kinds) s = { ...s, ...k.snapshot() };
+    for (const k of this.#kinds) {
+      if (opts.pagedBindings === true && k.kinds.includes("binding")) s = { ...s, bindings: [] };
+      else s = { ...s, ...k.snapshot() };
+    }
     return s;
+  }
+
+  bindingCursor(): Iterator<BindingEvent, void, void> {
+    return this.#bindings.events();
   }
 
   install(origin: bigint, snapshot: ReplicaSnapshot): void {

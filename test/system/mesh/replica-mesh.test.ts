@@ -14,10 +14,10 @@ import { freePortPair } from "../../helpers/ports.js";
 import { waitFor } from "../../helpers/wait.js";
 import { FakeReplicaPort } from "../../helpers/fake-replica-port.js";
 
-const PORT_MEMBERS = ["attach", "apply", "snapshot", "install", "dropOrigin", "describe"] as const satisfies readonly (keyof ReplicaPort)[];
+const PORT_MEMBERS = ["attach", "apply", "snapshot", "bindingCursor", "install", "dropOrigin", "describe"] as const satisfies readonly (keyof ReplicaPort)[];
 
 describe("ReplicaPort", () => {
-  it("is satisfied by SelectionService's replication port, at most 8 members wide", () => {
+  it("is satisfied by SelectionService's replication port, at most 9 members wide", () => {
     expectTypeOf<SelectionService["replication"]>().toExtend<ReplicaPort>();
     const { svc } = makeService();
     const port: ReplicaPort = svc.replication;

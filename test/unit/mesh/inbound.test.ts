@@ -58,6 +58,7 @@ function setup(answer: SnapshotAnswer = () => new Promise<Snapshot>(() => undefi
         requests.push({ endpoint, atMs: timers.clock.now() });
         return answer(endpoint);
       },
+      bindingPage: () => Promise.reject(new Error("these snapshots are never paged")),
     },
     logger: pino({ enabled: false }),
     clock: timers.clock,
@@ -169,6 +170,19 @@ describe("MeshInbound: a peer that goes down", () => {
       await t.tick(DEFAULT_DOWN_AFTER_MS / 4);
     }
     expect(t.port.dropped).toEqual([]);
+  });
+
+  it("adopted from a peer's snapshot that says it was leaving, it is kept past the down timeout (G8)", async () => {
+    const answers = new Map<string, Snapshot>([[CONTROL_D, { v: 1, origin: D, epoch: EPOCH, seq: 0, bookings: [], bindings: [], mirrored: [aggregatesOfA], drainingOrigins: [A] }]]);
+    const s = setup((ep) => Promise.resolve(answers.get(ep) as Snapshot));
+    s.inbound.onHeartbeat(hb(0, 0, D, CONTROL_D));
+    await s.tick(0);
+    for (let t = 0; t < DEFAULT_DOWN_AFTER_MS; t += 1_000) {
+      s.inbound.onHeartbeat(hb(0, 0, D, CONTROL_D));
+      await s.tick(1_000);
+    }
+    expect(s.port.dropped).toEqual([]);
+    expect(s.inbound.stats.leftOriginsKept).toBe(1);
   });
 
   it("is not adopted back from another peer's snapshot, and comes back through a full snapshot", async () => {

@@ -116,6 +116,8 @@ describe("mesh counters and gauges", () => {
     controlRefused: { snapshot: 18, peer: 19, unpeer: 20, lifecycle: 21 },
     lifecycleForwards: { sent: 22, failed: 23, skipped: 24 },
     entriesSkipped: { over_bound: 27, invalid: 28 },
+    bindingPages: { pages: 29, bindings: 30, failed: 31 },
+    bindingCursors: { opened: 32, pagesServed: 33, bindingsServed: 34, shed: 35, expired: 36, open: 37 },
   });
 
   it("are read from their sources at each scrape; no CURVE family without CURVE", async () => {
@@ -143,6 +145,13 @@ describe("mesh counters and gauges", () => {
     expect(sample(text, 'kvmesh_mesh_lifecycle_forwards_total{outcome="failed"}')).toBe(23);
     expect(sample(text, 'kvmesh_mesh_entries_skipped_total{reason="over_bound"}')).toBe(27);
     expect(sample(text, 'kvmesh_mesh_entries_skipped_total{reason="invalid"}')).toBe(28);
+    expect(sample(text, "kvmesh_mesh_snapshot_binding_pages_total")).toBe(29);
+    expect(sample(text, "kvmesh_mesh_snapshot_paged_bindings_total")).toBe(30);
+    expect(sample(text, "kvmesh_mesh_snapshot_pages_failed_total")).toBe(31);
+    expect(sample(text, "kvmesh_mesh_binding_pages_served_total")).toBe(33);
+    expect(sample(text, 'kvmesh_mesh_binding_cursors_closed_total{reason="shed"}')).toBe(35);
+    expect(sample(text, 'kvmesh_mesh_binding_cursors_closed_total{reason="idle"}')).toBe(36);
+    expect(sample(text, "kvmesh_mesh_binding_cursors_open")).toBe(37);
     expect(sample(text, "kvmesh_mesh_events_shed_total")).toBe(0);
     expect(sample(text, 'kvmesh_mesh_peers{state="alive"}')).toBe(0);
     expect(sample(text, 'kvmesh_mesh_peers{state="down"}')).toBe(0);
