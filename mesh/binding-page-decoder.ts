@@ -6,7 +6,7 @@
 import type { Worker } from "node:worker_threads";
 
 import type { BindingEvent } from "../src/core/index.js";
-import { siblingModule, startModuleWorker } from "../src/util/ts-worker.js";
+import { siblingFile, startWorkerThread } from "../src/util/worker-thread.js";
 import type { EntrySkipCounts } from "./entry-skips.js";
 import { MeshRemoteError, MeshWireError } from "./errors.js";
 import type { SkippedEntry } from "./wire.js";
@@ -68,7 +68,7 @@ export class BindingPageDecoder {
 
   #start(): Worker {
     if (this.#worker !== null) return this.#worker;
-    const w = startModuleWorker(siblingModule(import.meta.url, "binding-page-thread"));
+    const w = startWorkerThread(siblingFile(import.meta.url, "binding-page-thread"), undefined);
     w.unref();
     w.on("message", (m: PageReply | PagePart) => {
       const p = this.#waiting.get(m.id);
