@@ -330,7 +330,8 @@ export class Chooser {
   /** Per-rank overlap from the prefix index and per-rank held blocks from the ledger, into the scratch. */
   #gather(p: Partition, prompt: NormalizedPrompt): MatchResult {
     const s = p.scratch;
-    const match = p.index.findMatches(prompt.localHashes);
+    // In-flight prefixes (predicted-cache.ts) count as overlap: the deeper of the two per rank.
+    const match = p.predicted.merge(p.index.findMatches(prompt.localHashes), prompt.seqHashes);
     this.#match = match;
     for (let i = 0; i < match.count; i++) {
       const rank = match.ranks[i] as number;

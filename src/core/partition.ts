@@ -9,10 +9,12 @@ import type { Clock } from "./time.js";
 import type { Random } from "./random.js";
 import { LoadLedger } from "./load-ledger.js";
 import { MirroredLoad } from "./mirrored-load.js";
+import { PredictedCache, type PredictedCacheOptions } from "./predicted-cache.js";
 import { PrefixIndex } from "./prefix-index.js";
 import { RankRegistry } from "./rank-registry.js";
 import type { LoadAggregateRow, PartitionRef } from "./replica-events.js";
 import { createCandidateTable, type CandidateTable } from "./selector.js";
+import { ServiceCounters } from "./service-stats.js";
 import type { WorkerCatalogRecord, WorkerId } from "./types.js";
 import { ranksOf } from "./worker-catalog.js";
 
@@ -32,6 +34,8 @@ export function aggregateRow(p: Partition, rank: number, prefillTokens: number, 
   return { worker_id: p.ranks.workerOf(rank), dp_rank: p.ranks.dpRankOf(rank), prefill_tokens: prefillTokens, blocks, requests };
 }
 
+const PREDICTIONS_OFF: PredictedCacheOptions = { ttlMs: 0, maxBlocksPerRank: 1 };
+
 export class Partition {
   readonly key: string;
   readonly modelName: string;
@@ -39,6 +43,8 @@ export class Partition {
   readonly blockSize: number;
   readonly isEagle: boolean;
   readonly index = new PrefixIndex();
+  /** In-flight prefixes, and the whole cache of engines without KV events (predicted-cache.ts). */
+  readonly predicted: PredictedCache;
   /** This replica's bookings (and, in exact replication, its peers' mirrored bookings). */
   readonly ledger: LoadLedger;
   /** Peers' load as per-(origin, rank) aggregates (aggregate replication; empty in exact mode). */
@@ -58,13 +64,24 @@ export class Partition {
   #membersChanged = false;
   readonly #scratch = new SelectionScratch();
 
-  constructor(model: string, group: string, blockSize: number, isEagle: boolean, clock: Clock, random: Random, expiryMs: number) {
+  constructor(
+    model: string,
+    group: string,
+    blockSize: number,
+    isEagle: boolean,
+    clock: Clock,
+    random: Random,
+    expiryMs: number,
+    predicted: PredictedCacheOptions = PREDICTIONS_OFF,
+    counters: ServiceCounters = new ServiceCounters(),
+  ) {
     this.key = `${model}:${group}`;
     this.modelName = model;
     this.routingGroup = group;
     this.blockSize = blockSize;
     this.isEagle = isEagle;
     this.ledger = new LoadLedger({ clock, random, expiryMs });
+    this.predicted = new PredictedCache(clock, counters, predicted);
   }
 
   /** A rank's prefill tokens still owed, booked here and by peers. */
