@@ -20,7 +20,7 @@ import { sessionIdOf } from "./request-ids.js";
 import type { ServiceCounters } from "./service-stats.js";
 import { applyOverride, type RouterConfigOverride, type SelectorConfig } from "./selector-config.js";
 import { scoreCandidates, selectCandidate, type SelectionRequest, type WorkerType } from "./selector.js";
-import type { TieSpreader } from "./tie-spread.js";
+import { newPrefixKey, type TieSpreader } from "./tie-spread.js";
 import { MIN_RANKS_FOR_SCAN, scanApplies, scanChoose } from "./candidate-scan.js";
 import type { OverlapReport, SelectionNote, SelectRequest, SelectResponse, WorkerId } from "./types.js";
 import { validateWorkerId } from "./worker-catalog.js";
@@ -333,6 +333,7 @@ export class Chooser {
     // In-flight prefixes (predicted-cache.ts) count as overlap: the deeper of the two per rank.
     const match = p.predicted.merge(p.index.findMatches(prompt.localHashes), prompt.seqHashes);
     this.#match = match;
+    this.#tieSpreader?.setPrefixKey(newPrefixKey(prompt.seqHashes, deepestOverlap(match)));
     for (let i = 0; i < match.count; i++) {
       const rank = match.ranks[i] as number;
       s.device[rank] = match.device[i] as number;
@@ -419,6 +420,13 @@ function unrestricted(req: SelectRequest): boolean {
     for (const taint in preferred) if (Object.hasOwn(preferred, taint)) return false;
   }
   return true;
+}
+
+/** The deepest overlap of any rank (every tier). */
+function deepestOverlap(m: MatchResult): number {
+  let deepest = 0;
+  for (let i = 0; i < m.count; i++) deepest = Math.max(deepest, (m.device[i] as number) + (m.host[i] as number) + (m.disk[i] as number));
+  return deepest;
 }
 
 /** Whether the rank's worker carries every required taint (true when none is required). */

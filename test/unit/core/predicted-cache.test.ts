@@ -10,7 +10,7 @@ import { ServiceCounters } from "../../../src/core/service-stats.js";
 import { ManualClock } from "../../../src/core/time.js";
 
 /** A chain of `n` local hashes (words) extending `prefix`, deterministic per `seed`. */
-function chain(n: number, seed: number, prefix = new Uint32Array(0)): Uint32Array {
+function chain(n: number, seed: number, prefix: Uint32Array = new Uint32Array(0)): Uint32Array {
   const out = new Uint32Array(prefix.length + 2 * n);
   out.set(prefix);
   for (let i = prefix.length; i < out.length; i++) out[i] = (Math.imul(i + 1, 0x9e3779b1) ^ Math.imul(seed, 0x85ebca6b)) >>> 0;
@@ -52,7 +52,7 @@ describe("PredictedCache", () => {
     const longer = computeSequenceHashes(chain(30, 8, shared));
     expect(depths(cache.merge(NO_MATCH, longer))).toEqual({ 3: 40 });
     // A prompt sharing 37 blocks: credited to the checkpoint at 32 (at most STRIDE - 1 short).
-    const diverging = computeSequenceHashes(chain(10, 9, shared.subarray(0, 2 * 37)));
+    const diverging = computeSequenceHashes(chain(10, 9, shared.slice(0, 2 * 37)));
     expect(depths(cache.merge(NO_MATCH, diverging))).toEqual({ 3: 32 });
     // Another prefix: nothing.
     expect(cache.merge(NO_MATCH, computeSequenceHashes(chain(40, 10)))).toBe(NO_MATCH);
