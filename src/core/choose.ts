@@ -331,7 +331,7 @@ export class Chooser {
   #gather(p: Partition, prompt: NormalizedPrompt): MatchResult {
     const s = p.scratch;
     // In-flight prefixes (predicted-cache.ts) count as overlap: the deeper of the two per rank.
-    const match = p.predicted.merge(p.index.findMatches(prompt.localHashes), prompt.seqHashes);
+    const match = p.predicted.merge(p.index.findMatches(prompt.localHashes), prompt.seqHashes, s.inflight);
     this.#match = match;
     this.#tieSpreader?.setPrefixKey(newPrefixKey(prompt.seqHashes, deepestOverlap(match)));
     for (let i = 0; i < match.count; i++) {
@@ -402,6 +402,7 @@ export class Chooser {
         s.device[r] = 0;
         s.host[r] = 0;
         s.disk[r] = 0;
+        s.inflight[r] = 0;
       }
       this.#match = undefined;
     }

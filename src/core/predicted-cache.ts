@@ -51,6 +51,12 @@ export const DEFAULT_APPROX_TTL_SECS = 120;
  * holder entry, the booking's record): 2.6 MB per rank at the bound.
  */
 export const DEFAULT_MAX_PREDICTED_BLOCKS_PER_RANK = 65_536;
+/**
+ * A prediction younger than this is taken as in flight (its prefill running on the rank), ms: the
+ * predicted TTL's default. With KV events every unconfirmed prediction is (the TTL is at most this
+ * by default); without, the approximate cache's older entries are cache, not work in progress.
+ */
+const INFLIGHT_WINDOW_MS = DEFAULT_PREDICTED_TTL_SECS * 1_000;
 /** Expired predictions are swept at most this often, ms (lookups ignore expired ones meanwhile). */
 const SWEEP_INTERVAL_MS = 1_000;
 const MAX_PREDICTED_TTL_SECS = 86_400;
@@ -138,6 +144,8 @@ export class PredictedCache {
   #nextSweepMs = 0;
   // Lookup scratch: depth per rank key (0 between calls), ranks touched, hits (entry, depth).
   #depth = new Int32Array(16);
+  /** Per rank key: the depth of its predictions still in flight (INFLIGHT_WINDOW_MS), 0 between calls. */
+  #inflightDepth = new Int32Array(16);
   readonly #touched: number[] = [];
   readonly #hitEntries: number[] = [];
   readonly #hitDepths: number[] = [];
@@ -212,9 +220,11 @@ export class PredictedCache {
   /**
    * The index's match with the predicted depths merged in (per rank, the deeper of the two; a
    * predicted-only rank is added): `match` itself when nothing is predicted for the prompt. The
-   * result is a buffer reused by the next call, as the index's is.
+   * result is a buffer reused by the next call, as the index's is. `inflight[rank]` (indexed by
+   * rank key, sized by the caller) gets the predicted blocks past the index's overlap: blocks in
+   * flight there, not yet reported (Partition.fillCandidateLoads reads it; the caller zeroes it).
    */
-  merge(match: MatchResult, seqHashes: HashList): MatchResult {
+  merge(match: MatchResult, seqHashes: HashList, inflight?: Int32Array): MatchResult {
     if (this.#pairs === 0) return match;
     const now = this.#clock.now();
     this.#maybeSweep(now);
@@ -237,11 +247,13 @@ export class PredictedCache {
           // The predicted blocks are on device; the lower tiers extend past them, or not at all.
           const reach = d + h;
           const total = reach + k;
+          if (inflight !== undefined) inflight[rank] = Math.max(0, (this.#inflightDepth[rank] as number) - d);
           d = p;
           h = Math.max(0, reach - p);
           k = Math.max(0, total - p - h);
         }
         depth[rank] = 0;
+        this.#inflightDepth[rank] = 0;
       }
       out.ranks[out.count] = rank;
       out.device[out.count] = d;
@@ -253,6 +265,8 @@ export class PredictedCache {
       const p = depth[rank] as number;
       if (p === 0) continue;
       depth[rank] = 0;
+      if (inflight !== undefined) inflight[rank] = this.#inflightDepth[rank] as number;
+      this.#inflightDepth[rank] = 0;
       out.ranks[out.count] = rank;
       out.device[out.count] = p;
       out.host[out.count] = 0;
@@ -378,13 +392,18 @@ export class PredictedCache {
       live = true;
       const rank = holders[k] as number;
       if (rank >= this.#depth.length) {
-        const grown = new Int32Array(Math.max(rank + 1, this.#depth.length * 2));
+        const cap = Math.max(rank + 1, this.#depth.length * 2);
+        const grown = new Int32Array(cap);
         grown.set(this.#depth);
         this.#depth = grown;
+        const grownInflight = new Int32Array(cap);
+        grownInflight.set(this.#inflightDepth);
+        this.#inflightDepth = grownInflight;
       }
       const prev = this.#depth[rank] as number;
       if (prev === 0) this.#touched.push(rank);
       if (d + 1 > prev) this.#depth[rank] = d + 1;
+      if ((expiry[k] as number) - now > this.ttlMs - INFLIGHT_WINDOW_MS && d + 1 > (this.#inflightDepth[rank] as number)) this.#inflightDepth[rank] = d + 1;
     }
     if (live) {
       this.#hitEntries.push(e);

@@ -89,10 +89,10 @@ export class TieSpreader {
    * eligible candidate is kept without a draw, and the draw must not depend on how many were scored.
    */
   pick(costs: Float64Array, n: number, chosen: number, candidates: ArrayLike<number>, keys: ArrayLike<number>, eligible = n): number {
-    const { index, count } = this.#slot();
-    if (count <= 1 || eligible <= 1) return chosen;
+    if (eligible <= 1) return chosen;
     const limit = (costs[chosen] as number) + this.#nearTie;
     const prefix = this.#prefixKey;
+    // Before the slot: a replica that has not counted its peers yet must still agree with them.
     if (prefix !== 0) {
       // A new prefix: the tie with the highest rendezvous weight, the same on every replica (no draw).
       let best = chosen;
@@ -107,6 +107,8 @@ export class TieSpreader {
       }
       return best;
     }
+    const { index, count } = this.#slot();
+    if (count <= 1) return chosen;
     if (this.#tied.length < n) this.#tied = new Int32Array(Math.max(n, this.#tied.length * 2));
     let t = 0;
     for (let i = 0; i < n; i++) {
