@@ -72,10 +72,11 @@ export function addBenchCommands(program: Command, deps: BenchDeps): void {
     .addOption(new Option("--replicas <list>", "replica counts, comma-separated").argParser(parseReplicaList).default(b.replicas, b.replicas.join(",")))
     .addOption(new Option("--policies <list>", `policies to compare: ${POLICY_NAMES.join(", ")}`).argParser(parsePolicyList).default(b.policies, b.policies.join(",")))
     .addOption(new Option("--no-session-ids", "do not send session ids to the router (turns still wait for the previous answer; stickiness is still measured)"))
+    .addOption(new Option("--no-kv-events", "routers do not subscribe to the engines' KV events (serve --no-kv-events; engines registered without KV endpoints): their approximate cache is their own decisions"))
     .addOption(new Option("--json <file>", "also write the rows as JSON").argParser(parseNonEmpty))
     .addOption(new Option("--svg <file>", "where to draw the chart").argParser(parseNonEmpty).default(b.svgPath));
   addCommonOptions(bench, b).action(async function (this: Command) {
-    const o = this.opts<CommonOptions & { trace?: string; sessions?: number; limit?: number; replicas: number[]; policies: PolicyName[]; sessionIds: boolean; json?: string; svg: string }>();
+    const o = this.opts<CommonOptions & { trace?: string; sessions?: number; limit?: number; replicas: number[]; policies: PolicyName[]; sessionIds: boolean; kvEvents: boolean; json?: string; svg: string }>();
     if (o.trace === undefined && o.sessions === undefined) this.error("error: one of --trace <file> or --sessions <n> is required");
     const config: BenchCliConfig = {
       ...common(o),
@@ -83,6 +84,7 @@ export function addBenchCommands(program: Command, deps: BenchDeps): void {
       replicas: o.replicas,
       policies: o.policies,
       sessionIds: o.sessionIds,
+      kvEvents: o.kvEvents,
       jsonPath: o.json,
       svgPath: o.svg,
     };

@@ -81,6 +81,7 @@ export async function runBenchMain(cfg: BenchCliConfig, io: BenchIo): Promise<nu
     startEngines: () => startEngines(cfg, maxReplicas),
     tokensOf,
     ...(cfg.sessionIds === undefined ? {} : { routeSessionIds: cfg.sessionIds }),
+    ...(cfg.kvEvents === false ? { kvEvents: false } : {}),
     onProgress: (label, p) => {
       io.err(progressLine(label, p) + "\n");
     },
