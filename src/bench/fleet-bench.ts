@@ -94,7 +94,7 @@ export function defaultPlan(replicaCounts: readonly number[], policies: readonly
 
 /** A worker registration as an engine that publishes no KV events makes it. */
 function withoutKvEndpoints<T extends object>(w: T): Omit<T, "kv_events_endpoint" | "kv_events_endpoints" | "replay_endpoint"> {
-  const out: Record<string, unknown> = { ...w };
+  const out = { ...w } as Record<string, unknown>;
   delete out.kv_events_endpoint;
   delete out.kv_events_endpoints;
   delete out.replay_endpoint;
