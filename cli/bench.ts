@@ -78,10 +78,11 @@ export function addBenchCommands(program: Command, deps: BenchDeps): void {
     .addOption(new Option("--rate <x>", "arrivals come x times faster in trace time (engine speed unchanged): the load times x").argParser(parsePositiveNumber).default(1))
     .addOption(new Option("--client-delay-ms <ms>", "wall ms the client adds to every router call (select, prefill_complete, free), as a slow network").argParser(integerInRange(0, MAX_CLIENT_DELAY_MS)).default(0))
     .addOption(new Option("--cost-model <model>", "the replicas' --cost-model [default: the daemon's]").choices(COST_MODELS))
+    .addOption(new Option("--no-kv-events", "routers do not subscribe to the engines' KV events (serve --no-kv-events; engines registered without KV endpoints): their approximate cache is their own decisions"))
     .addOption(new Option("--json <file>", "also write the rows as JSON").argParser(parseNonEmpty))
     .addOption(new Option("--svg <file>", "where to draw the chart").argParser(parseNonEmpty).default(b.svgPath));
   addCommonOptions(bench, b).action(async function (this: Command) {
-    const o = this.opts<CommonOptions & { trace?: string; sessions?: number; limit?: number; replicas: number[]; policies: PolicyName[]; sessionIds: boolean; json?: string; svg: string; rate: number; clientDelayMs: number; costModel?: CostModel }>();
+    const o = this.opts<CommonOptions & { trace?: string; sessions?: number; limit?: number; replicas: number[]; policies: PolicyName[]; sessionIds: boolean; kvEvents: boolean; json?: string; svg: string; rate: number; clientDelayMs: number; costModel?: CostModel }>();
     if (o.trace === undefined && o.sessions === undefined) this.error("error: one of --trace <file> or --sessions <n> is required");
     const config: BenchCliConfig = {
       ...common(o),
@@ -92,6 +93,7 @@ export function addBenchCommands(program: Command, deps: BenchDeps): void {
       rate: o.rate,
       clientDelayMs: o.clientDelayMs,
       costModel: o.costModel,
+      kvEvents: o.kvEvents,
       jsonPath: o.json,
       svgPath: o.svg,
     };

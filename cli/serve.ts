@@ -279,6 +279,24 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
     )
     .addOption(valueOption("--max-connections-per-client <n>", "most HTTP connections at once from one address [default: half of --max-connections]", integerInRange(1, Number.MAX_SAFE_INTEGER)));
   addBooleanPair(cmd, "--kv-events", "subscribe to workers' KV events (off: workers need no kv_events_endpoint)", d.kvEvents);
+  cmd
+    .addOption(
+      valueOption(
+        "--predicted-ttl-secs <s>",
+        "in-flight prefixes: a routed prompt's blocks count as cached on its worker until the engine's BlockStored is seen, at most this long; peers see them too (0 = off)",
+        integerInRange(0, 86_400),
+        d.predictedTtlSecs,
+      ),
+    )
+    .addOption(
+      valueOption(
+        "--approx-ttl-secs <s>",
+        "with --no-kv-events: the router's own decisions are the workers' approximate cache for this long, replicated to peers (0 = no cache awareness)",
+        integerInRange(0, 86_400),
+        d.approxTtlSecs,
+      ),
+    )
+    .addOption(valueOption("--predicted-max-blocks-per-rank <n>", "predicted (worker rank, block) checkpoints held per rank; past it the oldest bookings' are shed (counted)", integerInRange(1, 1 << 24), d.predictedMaxBlocksPerRank));
   addBooleanPair(cmd, "--kv-ingest-thread", "read, decode and hash workers' KV events on a worker thread, so the main thread only indexes them", d.kvIngestThread);
   cmd
     .addOption(

@@ -32,7 +32,8 @@
  *              wr writer_id(u64), rs reason
  *   loads      k "l", m, g, bs block_size, columns of equal length: wk worker_ids(u64[]),
  *              dp dp_ranks[], pt prefill_tokens[], bl blocks[], rq requests[]; added bookings as
- *              columns ad ids[], aw worker_ids(u64[]), ap dp_ranks[]; rm removed ids[]
+ *              columns ad ids[], aw worker_ids(u64[]), ap dp_ranks[], ah predicted hashes (bin[],
+ *              optional: absent when no booking carries any; predicted-cache.ts); rm removed ids[]
  *   catalog    k "c", wk worker_id(u64), sq sequence(u64), wr writer_id(u64), w worker|nil (nil:
  *              deleted), dr draining; worker: the `POST /workers` fields by their JSON names
  *              but worker_id, checked by the catalogue's own validator (worker-catalog.ts)
@@ -60,7 +61,7 @@ import { KvmeshError } from "../src/core/index.js";
 import { MAX_HASHES_PER_BOOKING, MAX_WORKER_FIELD_ENTRIES } from "../src/core/index.js";
 import { MAX_ID_BYTES } from "../src/core/index.js";
 import type { HashList } from "../src/core/index.js";
-import type { BindingEvent, CatalogEvent, LoadAddEvent, LoadAggregateRow, LoadAggregates, LoadMarkEvent, PartitionRef, WorkerStatusEvent } from "../src/core/index.js";
+import type { AddedBooking, BindingEvent, CatalogEvent, LoadAddEvent, LoadAggregateRow, LoadAggregates, LoadMarkEvent, PartitionRef, WorkerStatusEvent } from "../src/core/index.js";
 import type { Lifecycle, WorkerRequest } from "../src/core/index.js";
 import { recordToRequest, workerDraft } from "../src/core/index.js";
 import { MAX_TRACE_CAUSES_PER_BATCH, PROTOCOL_VERSION } from "./types.js";
@@ -131,6 +132,8 @@ function hashBytes(list: HashList): Buffer {
   return out;
 }
 
+const EMPTY_HASHES: HashList = new Uint32Array(0);
+
 function addToWire(e: LoadAddEvent): WireMap {
   return {
     k: "a",
@@ -194,7 +197,10 @@ function loadsToWire(a: LoadAggregates): WireMap {
   const ad = a.added.map((b) => b.id);
   const aw = a.added.map((b) => b.worker_id);
   const ap = a.added.map((b) => b.dp_rank);
-  return { k: "l", m: a.partition.model_name, g: a.partition.routing_group, bs: a.block_size, wk, dp, pt, bl, rq, ad, aw, ap, rm: a.removed };
+  const out: WireMap = { k: "l", m: a.partition.model_name, g: a.partition.routing_group, bs: a.block_size, wk, dp, pt, bl, rq, ad, aw, ap, rm: a.removed };
+  // In-flight prefixes: only when some booking carries them (an empty bin for one that does not).
+  if (a.added.some((b) => b.predicted !== undefined)) out.ah = a.added.map((b) => hashBytes(b.predicted ?? EMPTY_HASHES));
+  return out;
 }
 
 /** A worker's fields by their JSON names, worker_id aside (it is the event's `wk`). */
@@ -361,7 +367,7 @@ export function estimateEventBytes(me: MeshEvent): number {
   if (me.kind === "loads") {
     const a = me.event;
     let ids = 0;
-    for (const b of a.added) ids += 16 + b.id.length;
+    for (const b of a.added) ids += 16 + b.id.length + (b.predicted === undefined ? 0 : 2 + b.predicted.byteLength);
     for (const id of a.removed) ids += 2 + id.length;
     // Per row: u64 worker id 9, dp rank <= 5, two float64s 9 each, requests <= 5.
     return 48 + a.partition.model_name.length + a.partition.routing_group.length + 37 * a.rows.length + ids;
@@ -621,7 +627,15 @@ function decodeLoads(m: Fields, at: string): LoadAggregates {
   const aw = array(m.aw, `${at}.added.worker_id`, MAX_AGGREGATE_IDS);
   const ap = array(m.ap, `${at}.added.dp_rank`, MAX_AGGREGATE_IDS);
   if (aw.length !== addedIds.length || ap.length !== addedIds.length) throw new MeshWireError(`${at}.added`, `${addedIds.length} ids with ${aw.length} worker ids and ${ap.length} dp ranks`);
-  const added = addedIds.map((id, i) => ({ id, worker_id: u64(aw[i], `${at}.added[${i}].worker_id`), dp_rank: uint(ap[i], `${at}.added[${i}].dp_rank`, U32_MAX) }));
+  const added: AddedBooking[] = addedIds.map((id, i) => ({ id, worker_id: u64(aw[i], `${at}.added[${i}].worker_id`), dp_rank: uint(ap[i], `${at}.added[${i}].dp_rank`, U32_MAX) }));
+  if (m.ah !== undefined) {
+    const ah = array(m.ah, `${at}.added.predicted`, MAX_AGGREGATE_IDS);
+    if (ah.length !== addedIds.length) throw new MeshWireError(`${at}.added.predicted`, `${ah.length} hash lists for ${addedIds.length} ids`);
+    for (let i = 0; i < ah.length; i++) {
+      const h = hashList(ah[i], `${at}.added[${i}].predicted`);
+      if (h.length > 0) added[i] = { ...(added[i] as AddedBooking), predicted: h };
+    }
+  }
   return {
     partition: partition(m, at),
     block_size: uint(m.bs, `${at}.block_size`, U32_MAX),

@@ -14,6 +14,8 @@
  *   9. issue 29's hostile inputs against three meshed replicas (scripts/lib/hostile-mesh-scenario.ts)
  *  10. the rolling restart with KV events on, measured in the engines' hit ratio beside a run without it,
  *  11. and a replica added mid-run (scripts/lib/kv-restart-scenario.ts, issue 25)
+ *  12. bursts of 32 requests sharing a new 8k-token prefix over 4 replicas: workers per burst, with and
+ *      without predicted cache (scripts/lib/new-prefix-burst-scenario.ts, issue 25)
  * and prints: scenario, requests sent, failures, time to converge, events shed and repaired,
  * state divergence, the checks that failed, and each scenario's speed figures against their
  * targets (met or missed: reported, never a failed check). The short versions of the same scenarios run in
@@ -58,13 +60,14 @@ import {
 import { HOSTILE_LONG, HOSTILE_SHORT, scenarioHostileInputs } from "./lib/hostile-inputs-scenario.js";
 import { ROLLING_LONG, ROLLING_SHORT, scenarioRollingRestart } from "./lib/rolling-restart-scenario.js";
 import { HOSTILE_MESH_LONG, HOSTILE_MESH_SHORT, scenarioHostileMesh } from "./lib/hostile-mesh-scenario.js";
+import { BURST_LONG, BURST_SHORT, scenarioNewPrefixBurst } from "./lib/new-prefix-burst-scenario.js";
 import { KV_ROLLING_LONG, KV_ROLLING_SHORT, KV_SCALE_UP_LONG, KV_SCALE_UP_SHORT, scenarioKvChange, type KvChangeOptions } from "./lib/kv-restart-scenario.js";
 import { MeshLoad } from "./lib/mesh-load.js";
 import { bindingDisagreements, loadsAgree, meshCounters, rssOf, sleep, timeUntil } from "./lib/replica-cluster.js";
 
 const args = scriptProgram("faults", "The mesh fault scenarios, long versions, with a report table (exit 1 when a check failed).")
   .option("--short", "the test-suite sizes (~1.5 min)", false)
-  .option("--only <list>", "scenario numbers to run, comma-separated (1 kill, 2 partition, 3 link faults, 4 stalled peer, 5 publisher restart, 6 shutdown, 7 hostile KV inputs, 8 rolling restart, 9 hostile inputs meshed, 10 rolling restart with KV events, 11 scale-up with KV events)", positiveIntList)
+  .option("--only <list>", "scenario numbers to run, comma-separated (1 kill, 2 partition, 3 link faults, 4 stalled peer, 5 publisher restart, 6 shutdown, 7 hostile KV inputs, 8 rolling restart, 9 hostile inputs meshed, 10 rolling restart with KV events, 11 scale-up with KV events, 12 new-prefix burst)", positiveIntList)
   .option("--soak-minutes <m>", "also (or, without --only, only) a soak of this many minutes (>= 10 for the real one)", positiveNumber)
   .option("--soak-rate <n>", "soak load, requests/s", positiveNumber, 40)
   .option("--json <file>", "JSON report", "reports/faults.json")
@@ -103,6 +106,7 @@ const SCENARIOS: readonly { n: number; name: string; short: Runner; long: Runner
   { n: 9, name: "hostile inputs meshed", short: () => scenarioHostileMesh(HOSTILE_MESH_SHORT), long: () => scenarioHostileMesh(HOSTILE_MESH_LONG) },
   { n: 10, name: "rolling restart, KV events", short: () => scenarioKvChange(withTrace(KV_ROLLING_SHORT)), long: () => scenarioKvChange(withTrace(KV_ROLLING_LONG)) },
   { n: 11, name: "scale-up, KV events", short: () => scenarioKvChange(withTrace(KV_SCALE_UP_SHORT)), long: () => scenarioKvChange(withTrace(KV_SCALE_UP_LONG)) },
+  { n: 12, name: "new-prefix burst", short: () => scenarioNewPrefixBurst(BURST_SHORT), long: () => scenarioNewPrefixBurst(BURST_LONG) },
 ];
 
 function failedRow(name: string, err: unknown): ScenarioRow {

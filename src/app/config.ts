@@ -21,6 +21,7 @@ import { isKvmeshError, KvmeshError } from "../core/index.js";
 import { DEFAULT_PENDING_MAX_BYTES, DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "../core/index.js";
 import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS, DEFAULT_MAX_LOCAL_RESERVATIONS, DEFAULT_MAX_PARTITIONS, DEFAULT_MAX_RANKS, DEFAULT_MAX_RESERVATION_BYTES, type SelectionServiceOptions } from "../core/index.js";
 import { resolveServiceOptions } from "../core/index.js";
+import { DEFAULT_APPROX_TTL_SECS, DEFAULT_MAX_PREDICTED_BLOCKS_PER_RANK, DEFAULT_PREDICTED_TTL_SECS } from "../core/index.js";
 import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../core/index.js";
 import { loadApiTokenFile, type ApiToken } from "../http/auth.js";
 import type { ConnectionLimits } from "../http/connection-limits.js";
@@ -75,6 +76,12 @@ export interface DaemonConfig extends TokenizerOptions {
   readonly replicaTieSpread: boolean;
   /** With KV events on (the default) a worker rank needs a kv_events_endpoint to be schedulable. */
   readonly kvEvents: boolean;
+  /** In-flight prefixes: a routed prompt counts as cached on its rank this long before its engine reports it, s (0: off; src/core/predicted-cache.ts). */
+  readonly predictedTtlSecs: number;
+  /** Without KV events (--no-kv-events): how long a routing decision counts as the rank's cache, s (0: no cache awareness). */
+  readonly approxTtlSecs: number;
+  /** Predicted (rank, block) checkpoint pairs per rank, at most (oldest bookings shed first, counted). */
+  readonly predictedMaxBlocksPerRank: number;
   /** KV sockets, decoding and block hashing on a worker thread; the main thread only indexes (docs/ingest-thread.md). */
   readonly kvIngestThread: boolean;
   readonly replayTimeoutMs: number;
@@ -186,6 +193,9 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   maxReservations: DEFAULT_MAX_LOCAL_RESERVATIONS,
   replicaTieSpread: true,
   kvEvents: true,
+  predictedTtlSecs: DEFAULT_PREDICTED_TTL_SECS,
+  approxTtlSecs: DEFAULT_APPROX_TTL_SECS,
+  predictedMaxBlocksPerRank: DEFAULT_MAX_PREDICTED_BLOCKS_PER_RANK,
   kvIngestThread: true,
   replayTimeoutMs: DEFAULT_REPLAY_TIMEOUT_MS,
   selectionCacheTtlSecs: DEFAULT_PENDING_TTL_MS / MS_PER_SEC,
@@ -506,6 +516,8 @@ export function serviceOptionsOf(config: DaemonConfig): SelectionServiceOptions 
     // Without a mesh nothing is replicated, and exact mode keeps no per-rank change record.
     loadReplication: sync === undefined ? "exact" : config.loadReplication,
     requireKvEventsEndpoint: config.kvEvents,
+    // With KV events the prediction bridges the engine's report; without, it is the only cache.
+    predictedCache: { ttlMs: (config.kvEvents ? config.predictedTtlSecs : config.approxTtlSecs) * MS_PER_SEC, maxBlocksPerRank: config.predictedMaxBlocksPerRank },
     selectionCache: { ttlMs: config.selectionCacheTtlSecs * MS_PER_SEC, maxEntries: config.selectionCacheMaxEntries, maxBytes: config.selectionCacheMaxBytes },
     busyThresholds: { decode: config.decodeBusyThreshold, prefill: config.prefillBusyThreshold },
     ...(config.sessionAffinityTtlSecs === undefined
@@ -530,6 +542,8 @@ const CORE_FIELDS: ReadonlyMap<string, ConfigField> = new Map<string, ConfigFiel
   ["replicaSync.peers", "peers"],
   ["replicaSync", "replicaSyncPort"],
   ["activeRequestExpiryMs", "activeRequestExpirySecs"],
+  ["predictedCache.ttlMs", "predictedTtlSecs"],
+  ["predictedCache.maxBlocksPerRank", "predictedMaxBlocksPerRank"],
   ["maxLocalReservations", "maxReservations"],
   ["loadReplication", "loadReplication"],
   ["bindingRefreshCoalesceMs", "bindingRefreshCoalesceMs"],

@@ -25,6 +25,12 @@ export interface BenchCliConfig extends EngineFleetConfig {
    * stickiness is still measured.
    */
   readonly sessionIds?: boolean;
+  /**
+   * Routers subscribe to the engines' KV events (default). false: they run `--no-kv-events` and
+   * the engines are registered without KV endpoints, as engines that publish none (the router's
+   * approximate cache from its own decisions, src/core/predicted-cache.ts).
+   */
+  readonly kvEvents?: boolean;
   readonly jsonPath?: string | undefined;
   readonly svgPath: string;
   /** Arrivals come this many times faster in trace time (timestamps / rate), engines unchanged: load x rate. Default 1. */

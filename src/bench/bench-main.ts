@@ -90,6 +90,7 @@ export async function runBenchMain(cfg: BenchCliConfig, io: BenchIo): Promise<nu
     ...(cfg.sessionIds === undefined ? {} : { routeSessionIds: cfg.sessionIds }),
     ...(cfg.costModel === undefined ? {} : { serveArgs: ["--cost-model", cfg.costModel] }),
     ...(cfg.clientDelayMs === undefined ? {} : { clientDelayMs: cfg.clientDelayMs }),
+    ...(cfg.kvEvents === false ? { kvEvents: false } : {}),
     onProgress: (label, p) => {
       io.err(progressLine(label, p) + "\n");
     },

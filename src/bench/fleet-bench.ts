@@ -37,6 +37,8 @@ export interface BenchOptions {
   readonly tokensOf: (rec: TraceRecord) => Uint32Array;
   /** false: routers are not told session ids (BenchCliConfig.sessionIds). */
   readonly routeSessionIds?: boolean;
+  /** false: routers run --no-kv-events and engines register without KV endpoints (BenchCliConfig.kvEvents). */
+  readonly kvEvents?: boolean;
   readonly serveArgs?: readonly string[];
   /** Wall ms added to each router call by the client (KvmeshPolicy delayMs): a slow network's round trip. */
   readonly clientDelayMs?: number;
@@ -92,9 +94,20 @@ export function defaultPlan(replicaCounts: readonly number[], policies: readonly
   return plan;
 }
 
+/** A worker registration as an engine that publishes no KV events makes it. */
+function withoutKvEndpoints<T extends object>(w: T): Omit<T, "kv_events_endpoint" | "kv_events_endpoints" | "replay_endpoint"> {
+  const out = { ...w } as Record<string, unknown>;
+  delete out.kv_events_endpoint;
+  delete out.kv_events_endpoints;
+  delete out.replay_endpoint;
+  return out as Omit<T, "kv_events_endpoint" | "kv_events_endpoints" | "replay_endpoint">;
+}
+
 /** Registers every engine on every replica and waits until each replica schedules them all. */
-export async function registerEngines(fleet: ReplicaFleet, engines: EngineFleetHandle, blockSize: number): Promise<void> {
-  const bodies = descriptorsToWorkerRequests(engines.descriptors, { blockSize }).map((w) => stringifyJson(w));
+export async function registerEngines(fleet: ReplicaFleet, engines: EngineFleetHandle, blockSize: number, kvEvents = true): Promise<void> {
+  const requests = descriptorsToWorkerRequests(engines.descriptors, { blockSize });
+  // Without KV events the engines are registered as ones that publish none.
+  const bodies = requests.map((w) => stringifyJson(kvEvents ? w : withoutKvEndpoints(w)));
   for (const r of fleet.replicas) {
     await mapLimited(bodies, DEFAULT_REGISTER_CONCURRENCY, async (body) => {
       await r.client.ok("POST", "/workers", body);
@@ -112,6 +125,7 @@ export async function registerEngines(fleet: ReplicaFleet, engines: EngineFleetH
   }
   // Events published before a replica's SUB joins would only be repaired through replay, whose
   // history is bounded: start the traffic once every replica listens to every engine.
+  if (!kvEvents) return;
   await engines.waitForSubscribers(fleet.replicas.length, SUBSCRIBE_TIMEOUT_MS);
 }
 
@@ -137,10 +151,10 @@ async function runOne(opts: BenchOptions, entry: BenchPlanEntry, runIndex: numbe
       fleet = await ReplicaFleet.start({
         replicas: entry.replicas,
         mesh: entry.policy === "kvmesh" && entry.replicas > 1,
-        serveArgs: ["--session-affinity-ttl-secs", String(BENCH_AFFINITY_TTL_SECS), ...(opts.serveArgs ?? [])],
+        serveArgs: ["--session-affinity-ttl-secs", String(BENCH_AFFINITY_TTL_SECS), ...(opts.kvEvents === false ? ["--no-kv-events"] : []), ...(opts.serveArgs ?? [])],
         onLog: (r, line) => opts.onLog?.(`[replica ${String(r)}] ${line}`),
       });
-      await registerEngines(fleet, engines, opts.blockSize);
+      await registerEngines(fleet, engines, opts.blockSize, opts.kvEvents !== false);
       const index = new Map(engines.descriptors.map((d, k) => [workerKey(d.workerId, d.dpRank), k]));
       policy = new KvmeshPolicy(
         fleet.replicas.map((r) => r.client),

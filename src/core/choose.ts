@@ -20,7 +20,7 @@ import { sessionIdOf } from "./request-ids.js";
 import type { ServiceCounters } from "./service-stats.js";
 import { applyOverride, type RouterConfigOverride, type SelectorConfig } from "./selector-config.js";
 import { scoreCandidates, selectCandidate, type SelectionRequest, type WorkerType } from "./selector.js";
-import type { TieSpreader } from "./tie-spread.js";
+import { newPrefixKey, type TieSpreader } from "./tie-spread.js";
 import { MIN_RANKS_FOR_SCAN, scanApplies, scanChoose } from "./candidate-scan.js";
 import { fillCandidateRows } from "./candidate-rows.js";
 import type { OverlapReport, SelectionNote, SelectRequest, SelectResponse, WorkerId } from "./types.js";
@@ -331,8 +331,10 @@ export class Chooser {
   /** Per-rank overlap from the prefix index and per-rank held blocks from the ledger, into the scratch. */
   #gather(p: Partition, prompt: NormalizedPrompt): MatchResult {
     const s = p.scratch;
-    const match = p.index.findMatches(prompt.localHashes);
+    // In-flight prefixes (predicted-cache.ts) count as overlap: the deeper of the two per rank.
+    const match = p.predicted.merge(p.index.findMatches(prompt.localHashes), prompt.seqHashes, s.inflight);
     this.#match = match;
+    this.#tieSpreader?.setPrefixKey(newPrefixKey(prompt.seqHashes, deepestOverlap(match)));
     for (let i = 0; i < match.count; i++) {
       const rank = match.ranks[i] as number;
       s.device[rank] = match.device[i] as number;
@@ -392,6 +394,7 @@ export class Chooser {
         s.device[r] = 0;
         s.host[r] = 0;
         s.disk[r] = 0;
+        s.inflight[r] = 0;
       }
       this.#match = undefined;
     }
@@ -410,6 +413,13 @@ function unrestricted(req: SelectRequest): boolean {
     for (const taint in preferred) if (Object.hasOwn(preferred, taint)) return false;
   }
   return true;
+}
+
+/** The deepest overlap of any rank (every tier). */
+function deepestOverlap(m: MatchResult): number {
+  let deepest = 0;
+  for (let i = 0; i < m.count; i++) deepest = Math.max(deepest, (m.device[i] as number) + (m.host[i] as number) + (m.disk[i] as number));
+  return deepest;
 }
 
 /** Whether the rank's worker carries every required taint (true when none is required). */

@@ -16,6 +16,7 @@ import { hashCount, hashListFromBigInts } from "./hash64.js";
 import { rankCursorKey, type IndexRankKey, type IndexRankSnapshot, type IndexSnapshotSource } from "./index-snapshot.js";
 import { storedContentHashes, type KvApplyResult, type KvEventBatch } from "./kv-events.js";
 import { Partition } from "./partition.js";
+import type { PredictedCacheOptions } from "./predicted-cache.js";
 import { PromptHashCache } from "./prompt-hash-cache.js";
 import { rankIndexBound } from "./rank-index-bound.js";
 import type { ServiceCounters } from "./service-stats.js";
@@ -51,6 +52,8 @@ export interface FleetSizes {
   indexNodes: number;
   /** Stored blocks parked until their parent is known (detached-chains.ts), now. */
   detachedBlocks: number;
+  /** Predicted (rank, block) checkpoint pairs held now (predicted-cache.ts). */
+  predictedBlocks: number;
   /** Counters: parked blocks attached once their parent was known, and shed at the bound. */
   detachedAttachedBlocks: number;
   detachedShedBlocks: number;
@@ -90,6 +93,8 @@ export interface FleetOptions {
   readonly random: Random;
   readonly expiryMs: number;
   readonly requireKvEventsEndpoint: boolean;
+  /** In-flight prefixes / approximate cache of each partition (predicted-cache.ts). */
+  readonly predicted: PredictedCacheOptions;
   /** Most partitions at once (KVMESH_FLEET_LIMIT past it). */
   readonly maxPartitions: number;
   /** Most ranks (sum of data_parallel_size over registered workers) at once (KVMESH_FLEET_LIMIT past it). */
@@ -168,7 +173,7 @@ export class Fleet {
         { details: { field: "model_name", limit: "maxPartitions" } },
       );
     }
-    const p = new Partition(model, group, blockSize, isEagle, this.#o.clock, this.#o.random, this.#o.expiryMs);
+    const p = new Partition(model, group, blockSize, isEagle, this.#o.clock, this.#o.random, this.#o.expiryMs, this.#o.predicted, this.#o.counters);
     p.affinity = this.#o.hooks.createAffinity(p);
     this.#o.hooks.partitionCreated(p);
     this.#partitions.set(p.key, p);
@@ -281,6 +286,7 @@ export class Fleet {
   #clearRank(p: Partition, rank: number): void {
     this.#o.hooks.rankLeaving(p, rank);
     p.index.removeRank(rank);
+    p.predicted.removeRank(rank);
     this.#o.hooks.bookingsGone(p, p.ledger.removeRank(rank));
     p.affinity?.dropTarget(p.ranks.workerOf(rank), p.ranks.dpRankOf(rank));
     p.ranks.release(rank);
@@ -488,6 +494,7 @@ export class Fleet {
     let indexedBlocks = 0;
     let indexNodes = 0;
     let detachedBlocks = 0;
+    let predictedBlocks = 0;
     let { attached: detachedAttachedBlocks, shed: detachedShedBlocks } = this.#removedDetached;
     let affinityEntries = 0;
     // The affinity counters are counters (never go down): removed partitions' counts stay in.
@@ -501,6 +508,7 @@ export class Fleet {
     for (const p of this.#partitions.values()) {
       indexedBlocks += p.index.size;
       indexNodes += p.index.nodeCount;
+      predictedBlocks += p.predicted.size;
       const d = p.index.detached;
       detachedBlocks += d.blocks;
       detachedAttachedBlocks += d.attachedBlocks;
@@ -512,6 +520,6 @@ export class Fleet {
       affinityConflicts += p.affinity?.conflicts ?? 0;
       affinityUnbindsShed += p.affinity?.unbindsShed ?? 0;
     }
-    return { partitions: this.#partitions.size, indexedBlocks, indexNodes, detachedBlocks, detachedAttachedBlocks, detachedShedBlocks, affinityEntries, affinityFallbacks, affinityEvictions, affinityRebinds, affinityConflicts, affinityUnbindsShed };
+    return { partitions: this.#partitions.size, indexedBlocks, indexNodes, detachedBlocks, predictedBlocks, detachedAttachedBlocks, detachedShedBlocks, affinityEntries, affinityFallbacks, affinityEvictions, affinityRebinds, affinityConflicts, affinityUnbindsShed };
   }
 }

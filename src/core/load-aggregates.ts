@@ -9,6 +9,7 @@
  */
 import type { Clock } from "./time.js";
 import { aggregateRow, partitionRef, type Partition } from "./partition.js";
+import type { HashList } from "./hash64.js";
 import type { AddedBooking, LoadAggregateRow, LoadAggregates, OriginAggregates, PartitionRef } from "./replica-events.js";
 import type { ServiceCounters } from "./service-stats.js";
 import { partitionKey } from "./worker-catalog.js";
@@ -96,8 +97,8 @@ export class LoadAggregation {
   }
 
   /** This replica booked `id` in `p`. */
-  ownBooked(p: Partition, id: string, workerId: bigint, dpRank: number): void {
-    this.#pub(p).added.set(id, { id, worker_id: workerId, dp_rank: dpRank });
+  ownBooked(p: Partition, id: string, workerId: bigint, dpRank: number, predicted?: HashList): void {
+    this.#pub(p).added.set(id, predicted === undefined ? { id, worker_id: workerId, dp_rank: dpRank } : { id, worker_id: workerId, dp_rank: dpRank, predicted });
   }
 
   /** This replica's booking `id` in `p` ended (freed, expired, or its worker left). */
@@ -238,6 +239,14 @@ export class LoadAggregation {
       }
       p.mirrored.set(origin, rank, r.prefill_tokens, r.blocks, r.requests);
       applied++;
+    }
+    // The peer's new bookings' prompts: predicted cache on their ranks here too.
+    if (p.predicted.enabled) {
+      for (const b of a.added) {
+        if (b.predicted === undefined) continue;
+        const rank = p.ranks.get(b.worker_id, b.dp_rank);
+        if (rank !== undefined) p.predicted.add(rank, b.predicted);
+      }
     }
     counters.replicaEventsApplied += applied;
     this.#heardAt.set(origin, this.#o.clock.now());

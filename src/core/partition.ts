@@ -9,10 +9,12 @@ import type { Clock } from "./time.js";
 import type { Random } from "./random.js";
 import { LoadLedger } from "./load-ledger.js";
 import { MirroredLoad } from "./mirrored-load.js";
+import { PredictedCache, type PredictedCacheOptions } from "./predicted-cache.js";
 import { PrefixIndex } from "./prefix-index.js";
 import { RankRegistry } from "./rank-registry.js";
 import type { LoadAggregateRow, PartitionRef } from "./replica-events.js";
 import { createCandidateTable, type CandidateTable } from "./selector.js";
+import { ServiceCounters } from "./service-stats.js";
 import type { WorkerCatalogRecord, WorkerId } from "./types.js";
 import { ranksOf } from "./worker-catalog.js";
 
@@ -32,6 +34,8 @@ export function aggregateRow(p: Partition, rank: number, prefillTokens: number, 
   return { worker_id: p.ranks.workerOf(rank), dp_rank: p.ranks.dpRankOf(rank), prefill_tokens: prefillTokens, blocks, requests };
 }
 
+const PREDICTIONS_OFF: PredictedCacheOptions = { ttlMs: 0, maxBlocksPerRank: 1 };
+
 export class Partition {
   readonly key: string;
   readonly modelName: string;
@@ -39,6 +43,8 @@ export class Partition {
   readonly blockSize: number;
   readonly isEagle: boolean;
   readonly index = new PrefixIndex();
+  /** In-flight prefixes, and the whole cache of engines without KV events (predicted-cache.ts). */
+  readonly predicted: PredictedCache;
   /** This replica's bookings (and, in exact replication, its peers' mirrored bookings). */
   readonly ledger: LoadLedger;
   /** Peers' load as per-(origin, rank) aggregates (aggregate replication; empty in exact mode). */
@@ -58,13 +64,24 @@ export class Partition {
   #membersChanged = false;
   readonly #scratch = new SelectionScratch();
 
-  constructor(model: string, group: string, blockSize: number, isEagle: boolean, clock: Clock, random: Random, expiryMs: number) {
+  constructor(
+    model: string,
+    group: string,
+    blockSize: number,
+    isEagle: boolean,
+    clock: Clock,
+    random: Random,
+    expiryMs: number,
+    predicted: PredictedCacheOptions = PREDICTIONS_OFF,
+    counters: ServiceCounters = new ServiceCounters(),
+  ) {
     this.key = `${model}:${group}`;
     this.modelName = model;
     this.routingGroup = group;
     this.blockSize = blockSize;
     this.isEagle = isEagle;
     this.ledger = new LoadLedger({ clock, random, expiryMs });
+    this.predicted = new PredictedCache(clock, counters, predicted);
   }
 
   /** A rank's prefill tokens still owed, booked here and by peers. */
@@ -89,12 +106,38 @@ export class Partition {
   fillCandidateLoads(candidates: Int32Array, n: number, promptBlocks: number, held: Int32Array, prefillOut: Float64Array, decodeOut: Float64Array, requestsOut: Float64Array): void {
     this.ledger.fillCandidateLoads(candidates, n, promptBlocks, held, prefillOut, decodeOut, requestsOut);
     const m = this.mirrored;
-    if (m.loadedRanks === 0) return;
+    if (m.loadedRanks > 0) {
+      for (let i = 0; i < n; i++) {
+        const rank = candidates[i] as number;
+        prefillOut[i] = (prefillOut[i] as number) + m.prefillTokens(rank);
+        decodeOut[i] = (decodeOut[i] as number) + m.blocks(rank);
+        requestsOut[i] = (requestsOut[i] as number) + m.requests(rank);
+      }
+    }
+    if (this.predicted.enabled) this.#joinInflight(candidates, n, promptBlocks, held, prefillOut, decodeOut, requestsOut);
+  }
+
+  /**
+   * A rank with some of the prompt's blocks in flight (predicted past its index overlap, recently:
+   * predicted-cache.ts) is already prefilling them and holds them for other requests: joining adds
+   * neither that prefill nor those blocks. Which of its requests share them is not known (peers'
+   * aggregates carry no hashes), so up to the in-flight blocks' prefill per request on the rank is
+   * taken off its prefill (the racing replicas of a burst's first wave each booked the whole new
+   * prefix there), and as many copies of the in-flight blocks off the blocks it holds (each peer's
+   * aggregate counts them once more; the new request adds only its other blocks). Without this, a
+   * burst sharing a new 8k-token prefix saw the first requests' prefill as load on their rank and
+   * spread over every idle worker (8 of 8 in test/system/mesh/new-prefix-burst.test.ts).
+   */
+  #joinInflight(candidates: Int32Array, n: number, promptBlocks: number, held: Int32Array, prefillOut: Float64Array, decodeOut: Float64Array, requestsOut: Float64Array): void {
+    const inflight = this.#scratch.inflight;
     for (let i = 0; i < n; i++) {
       const rank = candidates[i] as number;
-      prefillOut[i] = (prefillOut[i] as number) + m.prefillTokens(rank);
-      decodeOut[i] = (decodeOut[i] as number) + m.blocks(rank);
-      requestsOut[i] = (requestsOut[i] as number) + m.requests(rank);
+      const b = rank < inflight.length ? (inflight[rank] as number) : 0;
+      if (b === 0) continue;
+      prefillOut[i] = Math.max(0, (prefillOut[i] as number) - (requestsOut[i] as number) * b * this.blockSize);
+      const h = held[rank] as number;
+      const active = (decodeOut[i] as number) - promptBlocks + h;
+      decodeOut[i] = active + promptBlocks - Math.min(active, Math.max(h, (requestsOut[i] as number) * b));
     }
   }
 
@@ -168,6 +211,8 @@ export class SelectionScratch {
   device = new Int32Array(0);
   host = new Int32Array(0);
   disk = new Int32Array(0);
+  /** Indexed by rank key: the prompt's predicted blocks past the index's overlap (in flight), reset with `device`. */
+  inflight = new Int32Array(0);
 
   ensure(rankCapacity: number, candidateCount: number): void {
     if (this.heldBlocks.length < rankCapacity) {
@@ -176,6 +221,7 @@ export class SelectionScratch {
       this.device = new Int32Array(n);
       this.host = new Int32Array(n);
       this.disk = new Int32Array(n);
+      this.inflight = new Int32Array(n);
     }
     if (this.candidates.length < candidateCount) {
       const n = Math.max(candidateCount, this.candidates.length * 2, 16);

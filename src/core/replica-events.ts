@@ -82,6 +82,11 @@ export interface AddedBooking {
   readonly id: string;
   readonly worker_id: bigint;
   readonly dp_rank: number;
+  /**
+   * The booking's prompt as predicted cache (predicted-cache.ts predictionOf: checkpoint sequence
+   * hashes), when the origin predicts; peers hold it on the rank until confirmed or expired.
+   */
+  readonly predicted?: HashList;
 }
 
 /** Another origin's totals as a snapshot carries them (what the sender mirrors of it). */

@@ -311,6 +311,7 @@ export class ReservationBook {
         { details: { field: "reservations" } },
       );
     }
+    p.predicted.recordBooking(rank, prompt.seqHashes);
     p.ledger.add(selectionId, rank, prompt.seqHashes, {
       prefillTokens: o.trackPrefill ? o.prefillTokens : 0,
       trackPrefill: o.trackPrefill,

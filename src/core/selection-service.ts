@@ -113,6 +113,7 @@ export class SelectionService {
       random: o.random,
       expiryMs: o.expiryMs,
       requireKvEventsEndpoint: o.requireKvEventsEndpoint,
+      predicted: o.predictedCache,
       maxPartitions: o.maxPartitions,
       maxRanks: o.maxRanks,
       counters,
@@ -529,6 +530,7 @@ export class SelectionService {
     indexedBlocks: number;
     indexNodes: number;
     detachedBlocks: number;
+    predictedBlocks: number;
     detachedAttachedBlocks: number;
     detachedShedBlocks: number;
     affinityEntries: number;

@@ -11,6 +11,7 @@ import { systemClock, systemWallClockNs, type Clock, type WallClockNs } from "./
 import { mathRandom, type Random } from "./random.js";
 import { badRequest } from "./errors.js";
 import { DEFAULT_ACTIVE_REQUEST_EXPIRY_MS } from "./load-ledger.js";
+import { DEFAULT_MAX_PREDICTED_BLOCKS_PER_RANK, type PredictedCacheOptions } from "./predicted-cache.js";
 import { MAX_RANK_KEYS } from "./rank-registry.js";
 import { MAX_ID_BYTES } from "./request-ids.js";
 import { DEFAULT_SELECTOR_CONFIG, validateSelectorConfig, type SelectorConfig } from "./selector-config.js";
@@ -119,6 +120,12 @@ export interface SelectionServiceOptions {
   readonly busyThresholds?: BusyThresholds;
   /** Daemon mode: a rank without a KV-events endpoint cannot be scheduled. */
   readonly requireKvEventsEndpoint?: boolean;
+  /**
+   * In-flight prefixes (predicted-cache.ts): how long a routed prompt's blocks count as cached on
+   * its rank before the engine reports them, ms (0, the default: off; the daemon's default is its
+   * own, src/app/config.ts), and the most predicted blocks per rank.
+   */
+  readonly predictedCache?: { readonly ttlMs?: number; readonly maxBlocksPerRank?: number };
   /** Most partitions (model_name, routing_group) at once. Default DEFAULT_MAX_PARTITIONS. */
   readonly maxPartitions?: number;
   /** Byte budget of this replica's live bookings (reservations.ts bookingBytes); 429 past it. Default DEFAULT_MAX_RESERVATION_BYTES. */
@@ -154,6 +161,7 @@ export interface ServiceSettings {
   readonly selectionCache: NonNullable<SelectionServiceOptions["selectionCache"]>;
   readonly busyThresholds: BusyThresholds;
   readonly requireKvEventsEndpoint: boolean;
+  readonly predictedCache: PredictedCacheOptions;
   readonly maxPartitions: number;
   readonly maxRanks: number;
   readonly maxReservationBytes: number;
@@ -201,10 +209,19 @@ export function resolveServiceOptions(options: SelectionServiceOptions = {}): Se
     selectionCache: options.selectionCache ?? {},
     busyThresholds: validateBusyThresholds(options.busyThresholds),
     requireKvEventsEndpoint: options.requireKvEventsEndpoint ?? false,
+    predictedCache: resolvePredicted(options.predictedCache),
     maxPartitions,
     maxRanks,
     maxReservationBytes,
   };
+}
+
+function resolvePredicted(o: SelectionServiceOptions["predictedCache"]): PredictedCacheOptions {
+  const ttlMs = o?.ttlMs ?? 0;
+  if (!Number.isFinite(ttlMs) || ttlMs < 0) throw badRequest("predictedCache.ttlMs must be a finite number of ms >= 0 (0: off)", "predictedCache.ttlMs");
+  const maxBlocksPerRank = o?.maxBlocksPerRank ?? DEFAULT_MAX_PREDICTED_BLOCKS_PER_RANK;
+  if (!Number.isSafeInteger(maxBlocksPerRank) || maxBlocksPerRank < 1) throw badRequest("predictedCache.maxBlocksPerRank must be a positive integer", "predictedCache.maxBlocksPerRank");
+  return { ttlMs, maxBlocksPerRank };
 }
 
 function resolveAffinity(sa: SessionAffinityOptions | undefined): ResolvedAffinityOptions | undefined {

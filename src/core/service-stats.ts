@@ -61,6 +61,14 @@ export interface ServiceStats {
   readonly workerStatusesPublished: number;
   readonly workerStatusesApplied: number;
   readonly workerStatusesIgnored: number;
+  /** Predicted (rank, block) pairs (checkpoints) recorded from routing decisions (predicted-cache.ts). */
+  readonly predictedBlocksAdded: number;
+  /** Of those, found in the prefix index by a later lookup (the engine's BlockStored arrived). */
+  readonly predictedBlocksConfirmed: number;
+  /** Of those, gone at their TTL. */
+  readonly predictedBlocksExpired: number;
+  /** Of those, shed at the per-rank bound (oldest bookings first). */
+  readonly predictedBlocksShed: number;
 }
 
 type Mutable<T> = { -readonly [K in keyof T]: T[K] };
@@ -100,6 +108,10 @@ export class ServiceCounters implements Mutable<ServiceStats> {
   workerStatusesPublished = 0;
   workerStatusesApplied = 0;
   workerStatusesIgnored = 0;
+  predictedBlocksAdded = 0;
+  predictedBlocksConfirmed = 0;
+  predictedBlocksExpired = 0;
+  predictedBlocksShed = 0;
 
   /** Live, read-only: each property is a getter over the counter (enumerable, so JSON shows it). */
   readonly view: ServiceStats;

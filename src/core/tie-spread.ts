@@ -40,17 +40,41 @@ export function spreadKey(workerId: bigint, dpRank: number): number {
   return h >>> 0;
 }
 
+/**
+ * The key of a prompt no rank has cached or in flight (`deepest` = 0, the deepest overlap over
+ * every rank, predictions included): the hash of its block PREFIX_KEY_BLOCKS - 1 (or its last), 0
+ * otherwise. Replicas racing over such a prompt pick among its ties by this key (see pick), so the
+ * same new prefix goes to the same worker from every replica, which classes would spread apart:
+ * 32 requests sharing a new 8k-token prefix over 4 replicas landed on 4 workers before issue 25.
+ */
+export function newPrefixKey(seqHashes: ArrayLike<number>, deepest: number): number {
+  const n = seqHashes.length >>> 1;
+  if (deepest > 0 || n === 0) return 0;
+  const d = Math.min(n, PREFIX_KEY_BLOCKS) - 1;
+  return ((seqHashes[2 * d] as number) ^ Math.imul(seqHashes[2 * d + 1] as number, 0x9e3779b1)) >>> 0 || 1;
+}
+
+/** Blocks of a new prompt its tie-break key covers: 16 (256 tokens at block size 16), the predicted cache's checkpoint spacing. */
+export const PREFIX_KEY_BLOCKS = 16;
+
 export class TieSpreader {
   readonly #slot: () => ReplicaSlot;
   readonly #random: Random;
   readonly #nearTie: number;
   #tied = new Int32Array(16);
+  /** The selection in progress' newPrefixKey (0: none; the replica's class decides). */
+  #prefixKey = 0;
 
   constructor(slot: () => ReplicaSlot, random: Random, nearTieBlocks = DEFAULT_NEAR_TIE_BLOCKS) {
     if (!(nearTieBlocks >= 0)) throw badRequest("nearTieBlocks must be >= 0", "nearTieBlocks");
     this.#slot = slot;
     this.#random = random;
     this.#nearTie = nearTieBlocks;
+  }
+
+  /** Set by the chooser for each selection (newPrefixKey). */
+  setPrefixKey(key: number): void {
+    this.#prefixKey = key;
   }
 
   /** Costs within this of the argmin's count as tied (candidate-scan.ts scores every rank that close). */
@@ -65,9 +89,26 @@ export class TieSpreader {
    * eligible candidate is kept without a draw, and the draw must not depend on how many were scored.
    */
   pick(costs: Float64Array, n: number, chosen: number, candidates: ArrayLike<number>, keys: ArrayLike<number>, eligible = n): number {
-    const { index, count } = this.#slot();
-    if (count <= 1 || eligible <= 1) return chosen;
+    if (eligible <= 1) return chosen;
     const limit = (costs[chosen] as number) + this.#nearTie;
+    const prefix = this.#prefixKey;
+    // Before the slot: a replica that has not counted its peers yet must still agree with them.
+    if (prefix !== 0) {
+      // A new prefix: the tie with the highest rendezvous weight, the same on every replica (no draw).
+      let best = chosen;
+      let bestWeight = -1;
+      for (let i = 0; i < n; i++) {
+        if (!((costs[i] as number) <= limit)) continue;
+        const w = rendezvous(keys[candidates[i] as number] as number, prefix);
+        if (w > bestWeight) {
+          bestWeight = w;
+          best = i;
+        }
+      }
+      return best;
+    }
+    const { index, count } = this.#slot();
+    if (count <= 1) return chosen;
     if (this.#tied.length < n) this.#tied = new Int32Array(Math.max(n, this.#tied.length * 2));
     let t = 0;
     for (let i = 0; i < n; i++) {
@@ -76,4 +117,15 @@ export class TieSpreader {
     if (t === 0) return chosen;
     return this.#tied[Math.floor(this.#random.next() * t)] as number;
   }
+}
+
+/** Highest-random-weight hashing of (worker rank, prompt): murmur3's fmix32 of the two keys mixed. */
+function rendezvous(rankKey: number, prefixKey: number): number {
+  let h = (rankKey ^ Math.imul(prefixKey, 0x85ebca6b)) >>> 0;
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  h ^= h >>> 16;
+  return h >>> 0;
 }

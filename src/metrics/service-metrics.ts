@@ -55,6 +55,10 @@ const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: keyof 
   ["kvmesh_catalog_tombstones_shed_total", "Worker catalogue deletions forgotten early because the tombstone table was full.", "catalogTombstonesShed"],
   ["kvmesh_worker_statuses_published_total", "This replica's per-worker status (lifecycle and reasons) published because it changed.", "workerStatusesPublished"],
   ["kvmesh_worker_statuses_applied_total", "Peers' per-worker statuses applied.", "workerStatusesApplied"],
+  ["kvmesh_predicted_blocks_added_total", "Predicted (rank, block) pairs recorded from routing decisions (this replica's and its peers').", "predictedBlocksAdded"],
+  ["kvmesh_predicted_blocks_confirmed_total", "Predicted pairs dropped because the prefix index held them when looked up (the engine's BlockStored arrived).", "predictedBlocksConfirmed"],
+  ["kvmesh_predicted_blocks_expired_total", "Predicted pairs dropped at their TTL (--predicted-ttl-secs, or --approx-ttl-secs without KV events).", "predictedBlocksExpired"],
+  ["kvmesh_predicted_blocks_shed_total", "Predicted pairs shed at the per-rank bound (--predicted-max-blocks-per-rank), oldest bookings first.", "predictedBlocksShed"],
   ["kvmesh_worker_statuses_ignored_total", "Peers' per-worker statuses ignored (taken before the worker's deletion, or over the bound).", "workerStatusesIgnored"],
 ];
 
@@ -63,6 +67,7 @@ const SIZE_GAUGES: readonly (readonly [name: string, help: string, key: keyof Si
   ["kvmesh_index_blocks", "(rank, block) entries in the prefix indexes.", "indexedBlocks"],
   ["kvmesh_index_nodes", "Nodes in the prefix indexes.", "indexNodes"],
   ["kvmesh_index_detached_blocks", "Stored KV blocks parked until their parent is known (a replay that ran short, a snapshot not installed yet).", "detachedBlocks"],
+  ["kvmesh_predicted_blocks", "Predicted (rank, block) pairs held: checkpoints of in-flight prompts not yet reported by their engine, or the approximate cache of engines without KV events.", "predictedBlocks"],
   ["kvmesh_affinity_entries", "Session bindings held.", "affinityEntries"],
   ["kvmesh_pending_selections", "Cached selections awaiting POST /reservations.", "pendingSelections"],
   ["kvmesh_reservation_bytes", "Estimated bytes of this replica's live bookings (192 per booked block + 1 KiB each), against --max-reservation-bytes.", "reservationBytes"],

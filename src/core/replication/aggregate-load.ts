@@ -6,6 +6,7 @@
  */
 import { LoadAggregation } from "../load-aggregates.js";
 import type { Partition } from "../partition.js";
+import { predictionOf } from "../predicted-cache.js";
 import type { AddedBooking, LoadAggregates, LoadEvent, OriginAggregates } from "../replica-events.js";
 import { partitionKey } from "../worker-catalog.js";
 import type { LoadSnapshotPart, LoadStrategy, LoadStrategyOptions } from "./load-strategy.js";
@@ -25,7 +26,7 @@ export class AggregateLoad implements LoadStrategy {
     if (e.owner === this.#o.replicaId && e.type !== "prefill_complete") {
       const p = this.#o.fleet.partition(partitionKey(e.partition.model_name, e.partition.routing_group));
       if (p !== undefined) {
-        if (e.type === "add") this.#agg.ownBooked(p, e.request_id, e.worker_id, e.dp_rank);
+        if (e.type === "add") this.#agg.ownBooked(p, e.request_id, e.worker_id, e.dp_rank, p.predicted.enabled ? predictionOf(e.sequence_hashes) : undefined);
         else this.#agg.ownEnded(p, e.request_id);
       }
     }

@@ -70,6 +70,8 @@ export class ExactLoad implements LoadStrategy {
           expectedPrefillDurationMs: e.prefill_duration_ms,
           expectedOutputTokens: e.expected_output_tokens,
         });
+        // The peer's booking is in flight on the rank: its prefix counts as predicted cache here too.
+        p.predicted.recordBooking(rank, e.sequence_hashes);
         if (this.#reorder.takeEarlyMark(key, now)) p.ledger.markPrefillComplete(e.request_id);
         book.install({ selectionId: e.request_id, partition: p, workerId: e.worker_id, dpRank: e.dp_rank, owner: e.owner, add: e, lease: undefined });
         break;

@@ -81,7 +81,9 @@ interface World {
 function buildWorld(seed: number, costModel: SelectorConfig["costModel"] = "reference"): World {
   const g = seededRandom(seed);
   const clock = new ManualClock(1_000);
-  const p = new Partition("m", "g", BS, false, clock, seededRandom(seed + 1), 300_000);
+  // Some worlds predict in-flight prefixes (predicted-cache.ts): an overlap the scan must see too.
+  const predicting = seed % 2 === 0;
+  const p = new Partition("m", "g", BS, false, clock, seededRandom(seed + 1), 300_000, { ttlMs: predicting ? 60_000 : 0, maxBlocksPerRank: 64 }, new ServiceCounters());
   const nWorkers = 20 + Math.floor(g.next() * 120);
   const workers: number[] = [];
   for (let w = 1; w <= nWorkers; w++) {
@@ -105,6 +107,14 @@ function buildWorld(seed: number, costModel: SelectorConfig["costModel"] = "refe
     const blocks = 1 + Math.floor(g.next() * (local.length / 2));
     const l = local.subarray(0, 2 * blocks);
     p.index.applyStored(pick(g, ranks), pick(g, ["device", "device", "host", "disk"] as const), null, computeSequenceHashes(l), l);
+  }
+  // Predicted prefixes of some prompts on some ranks, from their own generator (the other draws stay as they were).
+  const gp = seededRandom(seed + 7);
+  const predicted = predicting ? Math.floor(gp.next() * ranks.length) : 0;
+  for (let i = 0; i < predicted; i++) {
+    const local = pick(gp, prompts);
+    const blocks = 1 + Math.floor(gp.next() * (local.length / 2));
+    p.predicted.recordBooking(pick(gp, ranks), computeSequenceHashes(local.subarray(0, 2 * blocks)));
   }
   // Loads: bookings from a few shapes (equal loads tie), some of them the prompts' own blocks.
   const shapes = [0, 16, 40].map((prefill) => ({ prefill, blocks: 1 + Math.floor(g.next() * 4) }));

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { seededRandom } from "../../../src/core/random.js";
-import { spreadKey, TieSpreader } from "../../../src/core/tie-spread.js";
+import { newPrefixKey, PREFIX_KEY_BLOCKS, spreadKey, TieSpreader } from "../../../src/core/tie-spread.js";
 
 const costs = (...c: number[]): Float64Array => Float64Array.from(c);
 const ident = (n: number): number[] => Array.from({ length: n }, (_, i) => i);
@@ -65,5 +65,28 @@ describe("TieSpreader", () => {
     expect(spreadKey(7n, 0)).toBe(spreadKey(7n, 0));
     expect(spreadKey(7n, 0)).not.toBe(spreadKey(7n, 1));
     expect(spreadKey(7n, 0)).not.toBe(spreadKey(7n + (1n << 32n), 0));
+  });
+
+  it("a new prefix (cached or in flight nowhere): every replica picks the same tie for the same prompt, without a draw", () => {
+    const c = costs(5, 5, 9, 5, 5.2, 7, 5, 5);
+    const keys = keysOf(c.length);
+    const prompt = Uint32Array.from({ length: 2 * 40 }, (_, i) => (i * 2654435761) >>> 0);
+    const key = newPrefixKey(prompt, 0);
+    expect(key).not.toBe(0);
+    // Prompts that share their first PREFIX_KEY_BLOCKS blocks share the key; one cached somewhere has none.
+    const longer = Uint32Array.from({ length: 2 * 60 }, (_, i) => (i < 2 * PREFIX_KEY_BLOCKS ? (prompt[i] as number) : 7));
+    expect(newPrefixKey(longer, 0)).toBe(key);
+    expect(newPrefixKey(prompt, 3)).toBe(0);
+    const picks = new Set<number>();
+    for (let index = 0; index < 4; index++) {
+      const random = { draws: 0, next(): number { this.draws++; return 0.5; } };
+      const t = new TieSpreader(() => ({ index, count: 4 }), random);
+      t.setPrefixKey(key);
+      const pick = t.pick(c, c.length, 0, ident(c.length), keys);
+      expect([0, 1, 3, 4, 6, 7]).toContain(pick);
+      expect(random.draws).toBe(0);
+      picks.add(pick);
+    }
+    expect(picks.size).toBe(1);
   });
 });
