@@ -19,7 +19,8 @@ import { OBSERVER_CLOSE_GRACE_MS } from "../util/zmq-observers.js";
 import { KvEndpointError, KvIngest, type KvRankRef, type KvRankStats } from "./kv-ingest.js";
 import type { KvIngestCommand, KvIngestFailure, KvIngestReport, KvIngestThreadData, KvOpenRank } from "./kv-ingest-protocol.js";
 import { prepareKvBatch } from "./prepare-kv-batch.js";
-import { encodePreparedBatch } from "./prepared-batch-codec.js";
+import { readPreparedKvBatch } from "./kv-batch-reader.js";
+import { encodePreparedBatch, type PreparedKvBatch } from "./prepared-batch-codec.js";
 
 /**
  * Stats of ranks with no batch (malformed, stale, lost messages) reach the main thread this often,
@@ -111,6 +112,21 @@ function flushDirty(): void {
   postStats(changed(ranks));
 }
 
+/** Hands a prepared batch to the main thread, its buffer transferred, and marks its rank's stats for the next flush. */
+const postPrepared = (ref: KvRankRef, prepared: PreparedKvBatch, seq: bigint, replayed: boolean, digest: bigint | null): void => {
+  port.postMessage({ t: "batch", ref, seq, replayed, digest, encoded: prepared, batch: null } satisfies KvIngestReport, [prepared.words.buffer as ArrayBuffer]);
+  markDirty(ref);
+};
+
+function markDirty(ref: KvRankRef): void {
+  dirty.set(key(ref), ref);
+  if (performance.now() - lastFlushAt >= STATS_FLUSH_MS) flushDirty();
+  else if (!flushScheduled) {
+    flushScheduled = true;
+    setImmediate(flushDirty);
+  }
+}
+
 const ingest = new KvIngest({
   logger: forwardingLogger({}),
   ...(data.replayTimeoutMs === undefined ? {} : { replayTimeoutMs: data.replayTimeoutMs }),
@@ -119,14 +135,10 @@ const ingest = new KvIngest({
     prepareKvBatch(batch);
     const enc = encodePreparedBatch(batch);
     if (enc === null) post({ t: "batch", ref, seq, replayed, digest, encoded: null, batch });
-    else port.postMessage({ t: "batch", ref, seq, replayed, digest, encoded: { ts: batch.ts, dpRank: batch.dpRank, ...enc }, batch: null } satisfies KvIngestReport, [enc.words.buffer as ArrayBuffer]);
-    dirty.set(key(ref), ref);
-    if (performance.now() - lastFlushAt >= STATS_FLUSH_MS) flushDirty();
-    else if (!flushScheduled) {
-      flushScheduled = true;
-      setImmediate(flushDirty);
-    }
+    else postPrepared(ref, { ts: batch.ts, dpRank: batch.dpRank, ...enc }, seq, replayed, digest);
   },
+  // The common shape read straight from the bytes (kv-batch-reader.ts); the rest takes onBatch's path.
+  fastPath: { read: readPreparedKvBatch, onPrepared: postPrepared },
   onReset: (ref) => {
     post({ t: "reset", ref });
   },

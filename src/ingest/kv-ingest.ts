@@ -8,7 +8,8 @@ import type { Logger } from "pino";
 
 import { FDS_PER_KV_RANK, kvRankBudget, processFdLimit } from "../util/fd-budget.js";
 import type { KvEventBatch } from "./kv-event-decoder.js";
-import { KvEventListener, type KvEventListenerStats } from "./kv-event-listener.js";
+import { KvEventListener, type KvEventListenerStats, type KvFastPath } from "./kv-event-listener.js";
+import type { PreparedKvBatch } from "./prepared-batch-codec.js";
 
 export interface KvRankRef {
   readonly workerId: string;
@@ -30,6 +31,8 @@ export interface KvIngestOptions {
   readonly replayTimeoutMs?: number;
   /** Ranks open at once, at most (fd-budget.ts). Default: derived from the process's fd limit; null: none. */
   readonly maxRanks?: number | null;
+  /** Batches read straight into the prepared form where they can be (the ingest thread's; kv-event-listener.ts). */
+  readonly fastPath?: KvFastPath<(ref: KvRankRef, batch: PreparedKvBatch, seq: bigint, replayed: boolean, digest: bigint | null) => void>;
 }
 
 export interface KvRankStats extends KvRankRef {
@@ -182,7 +185,7 @@ export class KvIngest {
   }
 
   #create(ref: KvRankRef, r: KvRankEndpoints): KvEventListener {
-    const { onBatch, logger, replayTimeoutMs } = this.#options;
+    const { onBatch, logger, replayTimeoutMs, fastPath } = this.#options;
     return new KvEventListener({
       endpoint: r.endpoint,
       replayEndpoint: r.replayEndpoint ?? null,
@@ -194,6 +197,16 @@ export class KvIngest {
       },
       ...(logger === undefined ? {} : { logger: logger.child({ workerId: ref.workerId, rank: ref.rank }) }),
       ...(replayTimeoutMs === undefined ? {} : { replayTimeoutMs }),
+      ...(fastPath === undefined
+        ? {}
+        : {
+            fastPath: {
+              read: fastPath.read,
+              onPrepared: (batch: PreparedKvBatch, seq: bigint, replayed: boolean, digest: bigint | null) => {
+                fastPath.onPrepared(ref, batch, seq, replayed, digest);
+              },
+            },
+          }),
     });
   }
 
