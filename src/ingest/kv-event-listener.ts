@@ -176,6 +176,16 @@ export class KvEventListener {
     return { ...this.#stats, lastSeq: this.#lastSeq };
   }
 
+  /**
+   * A number that changes whenever `stats` does: the sum of its counters, which only grow (lastSeq
+   * moves only with one of them). The ingest thread compares it instead of building every rank's
+   * stats to find the changed ones: that scan was ~20% of the thread at 1,024 ranks.
+   */
+  get statsVersion(): number {
+    const s = this.#stats;
+    return s.received + s.applied + s.replayed + s.malformed + s.stale + s.implausible + s.lost + s.resets + s.oversized + s.eventsShed + s.resetsDamped;
+  }
+
   /** Connects and starts the receive loop; the publisher need not be up yet (libzmq reconnects). */
   start(): Promise<void> {
     if (this.#closed) return Promise.reject(new Error("KvEventListener is closed"));

@@ -84,6 +84,8 @@ export class KvIngest {
   #budgetRefusals = 0;
   /** workerId -> rank -> listener */
   readonly #workers = new Map<string, Map<number, KvEventListener>>();
+  /** Per listener, its statsVersion when changedStats last returned it. */
+  readonly #reportedVersion = new WeakMap<KvEventListener, number>();
   /** Registration changes run one at a time so two upserts of one worker cannot interleave. */
   #tail: Promise<void> = Promise.resolve();
   #closed = false;
@@ -165,6 +167,29 @@ export class KvIngest {
   rankStats(workerId: string, rank: number): KvRankStats | null {
     const listener = this.#workers.get(workerId)?.get(rank);
     return listener === undefined ? null : { workerId, rank, endpoint: listener.endpoint, stats: listener.stats };
+  }
+
+  /**
+   * The stats of ranks whose counters changed since the last call that returned them (every rank
+   * on the first call), optionally only among `refs`.
+   */
+  changedStats(refs?: Iterable<KvRankRef>): KvRankStats[] {
+    const out: KvRankStats[] = [];
+    const visit = (workerId: string, rank: number, listener: KvEventListener): void => {
+      const v = listener.statsVersion;
+      if (this.#reportedVersion.get(listener) === v) return;
+      this.#reportedVersion.set(listener, v);
+      out.push({ workerId, rank, endpoint: listener.endpoint, stats: listener.stats });
+    };
+    if (refs === undefined) {
+      for (const [workerId, ranks] of this.#workers) for (const [rank, listener] of ranks) visit(workerId, rank, listener);
+    } else {
+      for (const ref of refs) {
+        const listener = this.#workers.get(ref.workerId)?.get(ref.rank);
+        if (listener !== undefined) visit(ref.workerId, ref.rank, listener);
+      }
+    }
+    return out;
   }
 
   stats(): KvRankStats[] {
