@@ -11,6 +11,9 @@
  *   counters that move without one (malformed, stale, lost), within STATS_SCAN_INTERVAL_MS.
  * - replayEndpointOf(): from the thread's reply to the last upsert.
  *
+ * Reports are handled in the thread's order, in slices (DEFAULT_INGEST_APPLY_SLICE_MS) so that
+ * HTTP callbacks run between them however far the thread runs ahead.
+ *
  * If the thread dies (a bug: nothing a publisher sends can throw out of a listener) the error is
  * logged and the ingest stops: ranks stop updating, counted nowhere else. It is not restarted.
  */
