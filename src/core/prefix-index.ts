@@ -245,8 +245,6 @@ export class PrefixIndex {
 
   // ---- findMatches scratch ----
   #path = new Int32Array(256);
-  /** applyRemoved's nodes, reused. */
-  #removing = new Int32Array(64);
   readonly #scratchA = new Int32Array(1);
   readonly #scratchB = new Int32Array(1);
   readonly #result: MutableMatchResult = {
@@ -486,21 +484,12 @@ export class PrefixIndex {
     const table = rank < this.#rankCap ? this.#lookups[rank] : undefined;
     if (table === undefined) return 0;
     const n = hashCount(blockHashes);
-    // Claims are dropped deepest first whatever the event's order: dropping a chain's root first
-    // detaches every block below it (a walk and an aux set each) only for the next hashes to drop
-    // them again, which made a root-first 32-block removal ~3x a tail-first one. The end state does
-    // not depend on the order (attached = held with the whole chain held, in any order of drops).
-    if (n > this.#removing.length) this.#removing = new Int32Array(Math.max(n, 2 * this.#removing.length));
-    const nodes = this.#removing;
-    let found = 0;
-    for (let i = 0; i < n; i++) {
-      const node = table.take(t, blockHashes[2 * i] as number, blockHashes[2 * i + 1] as number);
-      if (node >= 0) nodes[found++] = node;
-    }
-    if (found > 1 && (this.#depth[nodes[0] as number] as number) < (this.#depth[nodes[found - 1] as number] as number)) nodes.subarray(0, found).reverse();
     let removed = 0;
-    for (let i = 0; i < found; i++) {
-      const node = nodes[i] as number;
+    for (let i = 0; i < n; i++) {
+      const bh = blockHashes[2 * i] as number;
+      const bl = blockHashes[2 * i + 1] as number;
+      const node = table.take(t, bh, bl);
+      if (node < 0) continue;
       this.#pairs--;
       if (t !== DEVICE) this.#lowerPairs--;
       this.#removeMembership(rank, t, node);

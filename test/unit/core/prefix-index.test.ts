@@ -564,35 +564,3 @@ describe("PrefixIndex: randomized comparison with a naive model", () => {
     expect(failures).toEqual([]);
   });
 });
-
-describe("PrefixIndex: a removal's order does not change the outcome", () => {
-  it("one applyRemoved of a list leaves what one call per hash in the list's order leaves, on random chains", () => {
-    const random: Random = seededRandom(11);
-    const int = (n: number): number => Math.floor(random.next() * n);
-    const batched = new PrefixIndex();
-    const single = new PrefixIndex();
-    const paths: number[][] = [];
-    for (let step = 0; step < 600; step++) {
-      const rank = int(3);
-      const tier = STORAGE_TIERS[int(4) === 0 ? 1 : 0] as StorageTier;
-      if (paths.length === 0 || int(2) === 0) {
-        // A chain, sometimes continuing one stored before (shared prefixes, deep trees).
-        const base = paths.length > 0 && int(2) === 0 ? (paths[int(paths.length)] as number[]).slice(0, 1 + int(4)) : [];
-        const path = [...base, ...Array.from({ length: 1 + int(8) }, () => int(6))];
-        paths.push(path);
-        expect(store(batched, rank, tier, path, base.length)).toBe(store(single, rank, tier, path, base.length));
-      } else {
-        const path = paths[int(paths.length)] as number[];
-        const depths = Array.from({ length: 1 + int(path.length) }, () => 1 + int(path.length));
-        if (int(2) === 0) depths.sort((a, b) => a - b);
-        let one = 0;
-        for (const d of depths) one += remove(single, rank, tier, path, [d]);
-        expect(remove(batched, rank, tier, path, depths)).toBe(one);
-      }
-      expect(batched.size).toBe(single.size);
-      expect(batched.nodeCount).toBe(single.nodeCount);
-    }
-    for (const path of paths) expect(scores(batched.findMatches(locals(path)))).toEqual(scores(single.findMatches(locals(path))));
-    for (let r = 0; r < 3; r++) expect(batched.dumpRank(r)).toEqual(single.dumpRank(r));
-  });
-});
