@@ -26,6 +26,9 @@ import { Publisher } from "zeromq";
 import { SelectionService, seededRandom } from "../src/core/index.js";
 import { decodeKvEventBatchCapped } from "../src/ingest/kv-event-decoder.js";
 import { CacheSaltChain } from "../src/ingest/cache-salt-chain.js";
+import { readPreparedKvBatch } from "../src/ingest/kv-batch-reader.js";
+import { prepareKvBatch } from "../src/ingest/prepare-kv-batch.js";
+import { decodePreparedBatch, encodePreparedBatch, type PreparedKvBatch } from "../src/ingest/prepared-batch-codec.js";
 import { mapLimited } from "../src/bench/bounded.js";
 import { RouterClient, metricSum } from "../src/bench/router-client.js";
 import { killOnExit, spawnServe, stopServe, type ServeProcess } from "../src/bench/serve-process.js";
@@ -105,14 +108,50 @@ function inProcess(shape: KvBenchShape): void {
     }
     return performance.now() - t0;
   };
+  // The ingest thread's two paths to the prepared form: the general one (decode, prepare, encode)
+  // and the fast reader (kv-batch-reader.ts); then the main thread's share (apply a prepared batch).
+  const prepare = (iters: number, fast: boolean): number => {
+    const t0 = performance.now();
+    for (let i = 0; i < iters; i++) {
+      const r = i % ranks;
+      const payload = (cycles[r] as Buffer[])[Math.floor(i / ranks) % (cycles[r] as Buffer[]).length] as Buffer;
+      if (fast) {
+        if (readPreparedKvBatch(payload) === null) throw new Error("bench batch not taken by the fast reader");
+      } else {
+        const batch = decodeKvEventBatchCapped(payload).batch;
+        prepareKvBatch(batch);
+        encodePreparedBatch(batch);
+      }
+    }
+    return performance.now() - t0;
+  };
+  const applyPrepared = (iters: number): number => {
+    const prepared = cycles.map((c) => c.map((b) => readPreparedKvBatch(b) as PreparedKvBatch));
+    const t0 = performance.now();
+    for (let i = 0; i < iters; i++) {
+      const r = i % ranks;
+      const cycle = prepared[r] as PreparedKvBatch[];
+      const p = cycle[Math.floor(i / ranks) % cycle.length] as PreparedKvBatch;
+      svc.applyKvEvents(BigInt(r + 1), 0, decodePreparedBatch(p.ts, p.dpRank, p.words, p.strings));
+    }
+    return performance.now() - t0;
+  };
   run(Math.min(opts.iters, 2_000), true); // warm: JIT, and every rank at its steady state
+  prepare(Math.min(opts.iters, 2_000), false);
+  prepare(Math.min(opts.iters, 2_000), true);
   const decodeMs = run(opts.iters, false);
   const totalMs = run(opts.iters, true);
+  const generalMs = prepare(opts.iters, false);
+  const fastMs = prepare(opts.iters, true);
+  const applyMs = applyPrepared(opts.iters);
   const ops = opts.iters * opsPerBatch(shape);
+  const rate = (ms: number): string => `${fmtM((ops / ms) * 1000)} ops/s (${((ms * 1e6) / ops).toFixed(0)} ns/op)`;
   console.log(
     `${label(shape)}: decode ${fmtM((ops / decodeMs) * 1000)} ops/s, decode + apply ${fmtM((ops / totalMs) * 1000)} ops/s per core ` +
       `(${((totalMs * 1e6) / ops).toFixed(0)} ns/op, decode ${((100 * decodeMs) / totalMs).toFixed(0)}%)`,
   );
+  console.log(`  ingest thread, to the prepared form: general (decode + prepare + encode) ${rate(generalMs)}, fast reader ${rate(fastMs)}`);
+  console.log(`  main thread, applying prepared batches: ${rate(applyMs)}`);
 }
 
 // ---------------------------------------------------------------- daemon

@@ -488,9 +488,8 @@ export class PrefixIndex {
     for (let i = 0; i < n; i++) {
       const bh = blockHashes[2 * i] as number;
       const bl = blockHashes[2 * i + 1] as number;
-      const node = table.get(t, bh, bl);
+      const node = table.take(t, bh, bl);
       if (node < 0) continue;
-      table.delete(t, bh, bl);
       this.#pairs--;
       if (t !== DEVICE) this.#lowerPairs--;
       this.#removeMembership(rank, t, node);

@@ -129,6 +129,14 @@ export class U64Table {
 
   /** Removes the key; returns whether it was present. */
   delete(tag: number, hi: number, lo: number): boolean {
+    return this.take(tag, hi, lo) !== -1;
+  }
+
+  /**
+   * Removes the key and returns its value, or -1 when it is absent: one probe where get then
+   * delete took two (the index's applyRemoved does this for every evicted block).
+   */
+  take(tag: number, hi: number, lo: number): number {
     const s = this.#slots;
     const mask = this.#mask;
     const t = tag | 0;
@@ -137,10 +145,11 @@ export class U64Table {
     let i = mix(t, h, l) & mask;
     for (;;) {
       const b = i * SLOT_STRIDE;
-      if (s[b + 3] === EMPTY) return false;
+      if (s[b + 3] === EMPTY) return -1;
       if (s[b + 2] === l && s[b + 1] === h && s[b] === t) break;
       i = (i + 1) & mask;
     }
+    const taken = s[i * SLOT_STRIDE + 3] as number;
     // Backward shift: pull later members of the probe run into the hole unless their home slot
     // lies cyclically in (hole, j], where moving them would put them before their home.
     let j = i;
@@ -160,7 +169,7 @@ export class U64Table {
     }
     s[i * SLOT_STRIDE + 3] = EMPTY;
     this.#size--;
-    return true;
+    return taken;
   }
 
   /**

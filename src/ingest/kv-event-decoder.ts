@@ -391,7 +391,7 @@ function toTokenIds(value: unknown, ev: number, at: string): { tokenIds: number[
   return { tokenIds, eagle: true };
 }
 
-function toTier(value: unknown, ev: number, at: string): StorageTier {
+export function toTier(value: unknown, ev: number, at: string): StorageTier {
   if (value === undefined || value === null) return "device";
   if (typeof value !== "string") throw fail(loc(ev, at), `expected a string or null, got ${describe(value)}`);
   // Engines send upper case; the case-folding fallback only runs for anything else.

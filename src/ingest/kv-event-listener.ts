@@ -18,6 +18,7 @@ import { observe, retireObserver, watchEvents, type IteratedObserver } from "../
 import { CacheSaltChain } from "./cache-salt-chain.js";
 import { decodeKvEventBatchCapped, MAX_KV_EVENTS_PER_MESSAGE, MAX_KV_HASHES_PER_MESSAGE, type KvEventBatch } from "./kv-event-decoder.js";
 import { ResetDamper } from "./reset-damper.js";
+import type { PreparedKvBatch } from "./prepared-batch-codec.js";
 
 export const DEFAULT_REPLAY_TIMEOUT_MS = 2_000;
 /**
@@ -56,6 +57,18 @@ export interface KvEventListenerOptions {
   readonly logger?: Logger;
   /** Idle limit for each replay reply; on expiry the rest of the gap is counted as lost. */
   readonly replayTimeoutMs?: number;
+  /** A batch read straight into the prepared form (the ingest thread's kv-batch-reader.ts), instead of decoding it and calling onBatch. */
+  readonly fastPath?: KvFastPath<(batch: PreparedKvBatch, seq: bigint, replayed: boolean, digest: bigint | null) => void>;
+}
+
+/**
+ * `read` returns the batch prepared, or null for what only the general decoder handles (which then
+ * runs as without a fast path); it is tried only while no cache salt is inherited on the stream
+ * (it takes no salted batch, so the salt chain has nothing to follow).
+ */
+export interface KvFastPath<OnPrepared> {
+  readonly read: (payload: Uint8Array) => PreparedKvBatch | null;
+  readonly onPrepared: OnPrepared;
 }
 
 export interface KvEventListenerStats {
@@ -94,6 +107,7 @@ export class KvEventListener {
   readonly #endpoint: string;
   readonly #replayEndpoint: string | null;
   readonly #onBatch: KvEventListenerOptions["onBatch"];
+  readonly #fastPath: NonNullable<KvEventListenerOptions["fastPath"]> | null;
   readonly #onReset: (() => void) | undefined;
   readonly #log: Logger;
   readonly #replayTimeoutMs: number;
@@ -133,6 +147,7 @@ export class KvEventListener {
     this.#endpoint = options.endpoint;
     this.#replayEndpoint = options.replayEndpoint ?? null;
     this.#onBatch = options.onBatch;
+    this.#fastPath = options.fastPath ?? null;
     this.#onReset = options.onReset;
     this.#log = (options.logger ?? pino({ enabled: false })).child({ kvEndpoint: options.endpoint });
     this.#replayTimeoutMs = options.replayTimeoutMs ?? DEFAULT_REPLAY_TIMEOUT_MS;
@@ -159,6 +174,16 @@ export class KvEventListener {
 
   get stats(): KvEventListenerStats {
     return { ...this.#stats, lastSeq: this.#lastSeq };
+  }
+
+  /**
+   * A number that changes whenever `stats` does: the sum of its counters, which only grow (lastSeq
+   * moves only with one of them). The ingest thread compares it instead of building every rank's
+   * stats to find the changed ones: that scan was ~20% of the thread at 1,024 ranks.
+   */
+  get statsVersion(): number {
+    const s = this.#stats;
+    return s.received + s.applied + s.replayed + s.malformed + s.stale + s.implausible + s.lost + s.resets + s.oversized + s.eventsShed + s.resetsDamped;
   }
 
   /** Connects and starts the receive loop; the publisher need not be up yet (libzmq reconnects). */
@@ -354,6 +379,19 @@ export class KvEventListener {
     if (payload.length > MAX_KV_MESSAGE_BYTES) {
       this.#oversized(seq, `payload of ${payload.length} bytes is over ${MAX_KV_MESSAGE_BYTES}: refused`, 0);
       return;
+    }
+    if (this.#fastPath !== null && this.#salts.size === 0) {
+      const prepared = this.#fastPath.read(payload);
+      if (prepared !== null) {
+        this.#stats.applied++;
+        if (replayed) this.#stats.replayed++;
+        try {
+          this.#fastPath.onPrepared(prepared, seq, replayed, digest);
+        } catch (err) {
+          this.#log.error({ err, seq }, "onBatch handler threw");
+        }
+        return;
+      }
     }
     let batch: KvEventBatch;
     try {

@@ -19,7 +19,8 @@ import { OBSERVER_CLOSE_GRACE_MS } from "../util/zmq-observers.js";
 import { KvEndpointError, KvIngest, type KvRankRef, type KvRankStats } from "./kv-ingest.js";
 import type { KvIngestCommand, KvIngestFailure, KvIngestReport, KvIngestThreadData, KvOpenRank } from "./kv-ingest-protocol.js";
 import { prepareKvBatch } from "./prepare-kv-batch.js";
-import { encodePreparedBatch } from "./prepared-batch-codec.js";
+import { readPreparedKvBatch } from "./kv-batch-reader.js";
+import { encodePreparedBatch, type PreparedKvBatch } from "./prepared-batch-codec.js";
 
 /**
  * Stats of ranks with no batch (malformed, stale, lost messages) reach the main thread this often,
@@ -70,28 +71,11 @@ function forwardingLogger(bindings: Record<string, unknown>): Logger {
 }
 
 const key = (ref: KvRankRef): string => `${ref.workerId}\u0000${String(ref.rank)}`;
-/** Per rank, the counters last posted: only changed ranks are posted again. */
-const postedSignature = new Map<string, string>();
 /** Ranks with a batch since the last flush. */
 const dirty = new Map<string, KvRankRef>();
 let flushScheduled = false;
 let lastFlushAt = 0;
 let postedRefusals = 0;
-
-const signature = (s: KvRankStats["stats"]): string =>
-  `${s.received},${s.applied},${s.replayed},${s.malformed},${s.stale},${s.implausible},${s.lost},${s.resets},${s.oversized},${s.eventsShed},${s.resetsDamped},${String(s.lastSeq)}`;
-
-function changed(all: readonly KvRankStats[]): KvRankStats[] {
-  const out: KvRankStats[] = [];
-  for (const r of all) {
-    const k = key(r);
-    const sig = signature(r.stats);
-    if (postedSignature.get(k) === sig) continue;
-    postedSignature.set(k, sig);
-    out.push(r);
-  }
-  return out;
-}
 
 function postStats(ranks: KvRankStats[]): void {
   if (ranks.length === 0 && ingest.budgetRefusals === postedRefusals) return;
@@ -102,13 +86,24 @@ function postStats(ranks: KvRankStats[]): void {
 function flushDirty(): void {
   flushScheduled = false;
   lastFlushAt = performance.now();
-  const ranks: KvRankStats[] = [];
-  for (const ref of dirty.values()) {
-    const s = ingest.rankStats(ref.workerId, ref.rank);
-    if (s !== null) ranks.push(s);
-  }
+  const ranks = ingest.changedStats(dirty.values());
   dirty.clear();
-  postStats(changed(ranks));
+  postStats(ranks);
+}
+
+/** Hands a prepared batch to the main thread, its buffer transferred, and marks its rank's stats for the next flush. */
+const postPrepared = (ref: KvRankRef, prepared: PreparedKvBatch, seq: bigint, replayed: boolean, digest: bigint | null): void => {
+  port.postMessage({ t: "batch", ref, seq, replayed, digest, encoded: prepared, batch: null } satisfies KvIngestReport, [prepared.words.buffer as ArrayBuffer]);
+  markDirty(ref);
+};
+
+function markDirty(ref: KvRankRef): void {
+  dirty.set(key(ref), ref);
+  if (performance.now() - lastFlushAt >= STATS_FLUSH_MS) flushDirty();
+  else if (!flushScheduled) {
+    flushScheduled = true;
+    setImmediate(flushDirty);
+  }
 }
 
 const ingest = new KvIngest({
@@ -119,21 +114,17 @@ const ingest = new KvIngest({
     prepareKvBatch(batch);
     const enc = encodePreparedBatch(batch);
     if (enc === null) post({ t: "batch", ref, seq, replayed, digest, encoded: null, batch });
-    else port.postMessage({ t: "batch", ref, seq, replayed, digest, encoded: { ts: batch.ts, dpRank: batch.dpRank, ...enc }, batch: null } satisfies KvIngestReport, [enc.words.buffer as ArrayBuffer]);
-    dirty.set(key(ref), ref);
-    if (performance.now() - lastFlushAt >= STATS_FLUSH_MS) flushDirty();
-    else if (!flushScheduled) {
-      flushScheduled = true;
-      setImmediate(flushDirty);
-    }
+    else postPrepared(ref, { ts: batch.ts, dpRank: batch.dpRank, ...enc }, seq, replayed, digest);
   },
+  // The common shape read straight from the bytes (kv-batch-reader.ts); the rest takes onBatch's path.
+  fastPath: { read: readPreparedKvBatch, onPrepared: postPrepared },
   onReset: (ref) => {
     post({ t: "reset", ref });
   },
 });
 
 const scan = setInterval(() => {
-  postStats(changed(ingest.stats()));
+  postStats(ingest.changedStats());
 }, STATS_SCAN_INTERVAL_MS);
 
 function failure(err: unknown): KvIngestFailure {
@@ -151,9 +142,10 @@ function openRanks(workerId: string): KvOpenRank[] {
   const out: KvOpenRank[] = [];
   for (const r of ingest.stats()) {
     if (r.workerId !== workerId) continue;
-    postedSignature.set(key(r), signature(r.stats));
     out.push({ stats: r, replayEndpoint: ingest.replayEndpointOf(workerId, r.rank) });
   }
+  // Their stats as of now travel in the reply: posted again from here on only when they change.
+  ingest.changedStats(out.map((o) => o.stats));
   return out;
 }
 

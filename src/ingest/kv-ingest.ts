@@ -8,7 +8,8 @@ import type { Logger } from "pino";
 
 import { FDS_PER_KV_RANK, kvRankBudget, processFdLimit } from "../util/fd-budget.js";
 import type { KvEventBatch } from "./kv-event-decoder.js";
-import { KvEventListener, type KvEventListenerStats } from "./kv-event-listener.js";
+import { KvEventListener, type KvEventListenerStats, type KvFastPath } from "./kv-event-listener.js";
+import type { PreparedKvBatch } from "./prepared-batch-codec.js";
 
 export interface KvRankRef {
   readonly workerId: string;
@@ -30,6 +31,8 @@ export interface KvIngestOptions {
   readonly replayTimeoutMs?: number;
   /** Ranks open at once, at most (fd-budget.ts). Default: derived from the process's fd limit; null: none. */
   readonly maxRanks?: number | null;
+  /** Batches read straight into the prepared form where they can be (the ingest thread's; kv-event-listener.ts). */
+  readonly fastPath?: KvFastPath<(ref: KvRankRef, batch: PreparedKvBatch, seq: bigint, replayed: boolean, digest: bigint | null) => void>;
 }
 
 export interface KvRankStats extends KvRankRef {
@@ -81,6 +84,8 @@ export class KvIngest {
   #budgetRefusals = 0;
   /** workerId -> rank -> listener */
   readonly #workers = new Map<string, Map<number, KvEventListener>>();
+  /** Per listener, its statsVersion when changedStats last returned it. */
+  readonly #reportedVersion = new WeakMap<KvEventListener, number>();
   /** Registration changes run one at a time so two upserts of one worker cannot interleave. */
   #tail: Promise<void> = Promise.resolve();
   #closed = false;
@@ -164,6 +169,29 @@ export class KvIngest {
     return listener === undefined ? null : { workerId, rank, endpoint: listener.endpoint, stats: listener.stats };
   }
 
+  /**
+   * The stats of ranks whose counters changed since the last call that returned them (every rank
+   * on the first call), optionally only among `refs`.
+   */
+  changedStats(refs?: Iterable<KvRankRef>): KvRankStats[] {
+    const out: KvRankStats[] = [];
+    const visit = (workerId: string, rank: number, listener: KvEventListener): void => {
+      const v = listener.statsVersion;
+      if (this.#reportedVersion.get(listener) === v) return;
+      this.#reportedVersion.set(listener, v);
+      out.push({ workerId, rank, endpoint: listener.endpoint, stats: listener.stats });
+    };
+    if (refs === undefined) {
+      for (const [workerId, ranks] of this.#workers) for (const [rank, listener] of ranks) visit(workerId, rank, listener);
+    } else {
+      for (const ref of refs) {
+        const listener = this.#workers.get(ref.workerId)?.get(ref.rank);
+        if (listener !== undefined) visit(ref.workerId, ref.rank, listener);
+      }
+    }
+    return out;
+  }
+
   stats(): KvRankStats[] {
     const out: KvRankStats[] = [];
     for (const [workerId, ranks] of this.#workers) {
@@ -182,7 +210,7 @@ export class KvIngest {
   }
 
   #create(ref: KvRankRef, r: KvRankEndpoints): KvEventListener {
-    const { onBatch, logger, replayTimeoutMs } = this.#options;
+    const { onBatch, logger, replayTimeoutMs, fastPath } = this.#options;
     return new KvEventListener({
       endpoint: r.endpoint,
       replayEndpoint: r.replayEndpoint ?? null,
@@ -194,6 +222,16 @@ export class KvIngest {
       },
       ...(logger === undefined ? {} : { logger: logger.child({ workerId: ref.workerId, rank: ref.rank }) }),
       ...(replayTimeoutMs === undefined ? {} : { replayTimeoutMs }),
+      ...(fastPath === undefined
+        ? {}
+        : {
+            fastPath: {
+              read: fastPath.read,
+              onPrepared: (batch: PreparedKvBatch, seq: bigint, replayed: boolean, digest: bigint | null) => {
+                fastPath.onPrepared(ref, batch, seq, replayed, digest);
+              },
+            },
+          }),
     });
   }
 

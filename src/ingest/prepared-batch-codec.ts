@@ -16,18 +16,32 @@
  */
 import type { KvEvent, KvEventBatch, StorageTier } from "../core/index.js";
 
-const STORED = 0;
-const REMOVED = 1;
-const CLEARED = 2;
-const HAS_PARENT = 1;
+export const PREPARED_STORED = 0;
+export const PREPARED_REMOVED = 1;
+export const PREPARED_CLEARED = 2;
+export const PREPARED_HAS_PARENT = 1;
 const EAGLE = 2;
-const NO_STRING = 0xffff_ffff;
+export const PREPARED_NO_STRING = 0xffff_ffff;
+const STORED = PREPARED_STORED;
+const REMOVED = PREPARED_REMOVED;
+const CLEARED = PREPARED_CLEARED;
+const HAS_PARENT = PREPARED_HAS_PARENT;
+const NO_STRING = PREPARED_NO_STRING;
 const TIERS: readonly StorageTier[] = ["device", "host", "disk"];
 const MASK32 = 0xffff_ffffn;
+
+/** A tier's code in the prepared form. */
+export const tierCode = (tier: StorageTier): number => TIERS.indexOf(tier);
 
 export interface EncodedBatch {
   readonly words: Uint32Array;
   readonly strings: string[];
+}
+
+/** A whole batch in the prepared form: what the ingest thread hands to the main thread. */
+export interface PreparedKvBatch extends EncodedBatch {
+  readonly ts: number;
+  readonly dpRank: number | null;
 }
 
 export function encodePreparedBatch(batch: KvEventBatch): EncodedBatch | null {

@@ -3,6 +3,7 @@ import { afterEach, describe, expect, it } from "vitest";
 
 import { DEFAULT_DAEMON_CONFIG, startDaemon } from "../../../src/app/daemon.js";
 import { parseJson, stringifyJson } from "../../../src/http/json.js";
+import { readPreparedKvBatch } from "../../../src/ingest/kv-batch-reader.js";
 import { KvEndpointError, KvIngest, type KvRankRef } from "../../../src/ingest/kv-ingest.js";
 import { MockKvPublisher } from "../../helpers/kv-publisher.js";
 import { waitFor } from "../../helpers/wait.js";
@@ -19,6 +20,34 @@ async function publisher(): Promise<MockKvPublisher> {
 }
 
 describe("KvIngest", () => {
+  it("hands the fast path's prepared batches to onPrepared, the rest to onBatch; changedStats reports each change once", async () => {
+    const pub = await publisher();
+    const prepared: string[] = [];
+    const decoded: string[] = [];
+    const ingest = new KvIngest({
+      onBatch: (ref, batch, seq) => decoded.push(`${ref.workerId}/${ref.rank}#${seq}:${batch.events.length}`),
+      onReset: () => undefined,
+      fastPath: {
+        read: readPreparedKvBatch,
+        onPrepared: (ref, batch, seq) => prepared.push(`${ref.workerId}/${ref.rank}#${seq}:${batch.words[0] ?? -1}`),
+      },
+    });
+    cleanups.push(() => ingest.close());
+    await ingest.upsert("w1", [{ rank: 0, endpoint: pub.endpoint, replayEndpoint: pub.replayEndpoint }]);
+    await pub.waitForSubscribers(1);
+    expect(ingest.changedStats().map((s) => s.stats.received)).toEqual([0]);
+    expect(ingest.changedStats()).toEqual([]);
+    await pub.publish([{ type: "stored", blockHashes: [1n, 2n], parentHash: null, tokenIds: Array.from({ length: 32 }, (_, i) => i), blockSize: 16 }, { type: "removed", blockHashes: [7n] }]);
+    // Eagle pairs: only the general decoder takes them.
+    await pub.publish([{ type: "stored", blockHashes: [3n], parentHash: 2n, tokenIds: Array.from({ length: 16 }, (_, i) => [i, i + 1] as [number, number]), blockSize: 16 }]);
+    await waitFor(() => prepared.length + decoded.length === 2);
+    expect(prepared).toEqual(["w1/0#0:2"]);
+    expect(decoded).toEqual(["w1/0#1:1"]);
+    const changed = ingest.changedStats();
+    expect(changed.map((s) => [s.stats.received, s.stats.applied, s.stats.lastSeq])).toEqual([[2, 2, 1n]]);
+    expect(ingest.changedStats([{ workerId: "w1", rank: 0 }])).toEqual([]);
+  });
+
   it("runs one listener per rank, keeps unchanged ones and replaces changed ones", async () => {
     const [p0, p1, p1b] = await Promise.all([publisher(), publisher(), publisher()]);
     const batches: string[] = [];

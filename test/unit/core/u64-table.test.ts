@@ -58,6 +58,15 @@ describe("U64Table", () => {
     expect(t.get(0, 0, 2)).toBe(-1);
   });
 
+  it("take returns the removed value (-1 when absent) and keeps colliding keys reachable", () => {
+    const t = new U64Table(8);
+    for (let i = 0; i < 5; i++) t.set(0, 0, i, 10 + i);
+    expect(t.take(0, 0, 1)).toBe(11);
+    expect(t.take(0, 0, 1)).toBe(-1);
+    expect(t.size).toBe(4);
+    for (const i of [0, 2, 3, 4]) expect(t.get(0, 0, i)).toBe(10 + i);
+  });
+
   it("grows past 0.7 load and clear() returns to the initial size", () => {
     const t = new U64Table(16);
     const initialBytes = t.byteSize;
