@@ -13,6 +13,7 @@ import { ExtProcStream, type StreamContext } from "./ext-proc-stream.js";
 import type { RejectReason } from "./ext-proc-stats.js";
 import type { LogThrottle } from "../util/log-throttle.js";
 import { PickerHealth } from "./health.js";
+import { applyHttp2Windows, EXT_PROC_CONNECTION_WINDOW_BYTES, EXT_PROC_STREAM_WINDOW_BYTES } from "./http2-windows.js";
 import { extProcServiceDefinition, HEALTH_SERVICE, serviceDefinition, type HealthCheckRequest, type HealthCheckResponse, type ProcessingRequest, type ProcessingResponse } from "./protos.js";
 
 /** How long close() lets open streams finish before cancelling them, ms. */
@@ -135,6 +136,7 @@ export async function startExtProcServer(options: ExtProcServerOptions): Promise
   server.addService(serviceDefinition(HEALTH_SERVICE), healthHandlers(options.health, watchers));
   const credentials = options.tls === undefined ? ServerCredentials.createInsecure() : ServerCredentials.createSsl(null, [{ cert_chain: options.tls.certChain, private_key: options.tls.privateKey }], false);
   const port = await bind(server, bindAddress(options.host, options.port), credentials);
+  applyHttp2Windows(server, { streamBytes: EXT_PROC_STREAM_WINDOW_BYTES, connectionBytes: EXT_PROC_CONNECTION_WINDOW_BYTES }, logger);
 
   let healthServer: Server | undefined;
   let healthPort: number | undefined;
