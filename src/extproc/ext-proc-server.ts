@@ -14,7 +14,8 @@ import type { RejectReason } from "./ext-proc-stats.js";
 import type { LogThrottle } from "../util/log-throttle.js";
 import { PickerHealth } from "./health.js";
 import { applyHttp2Windows, EXT_PROC_CONNECTION_WINDOW_BYTES, EXT_PROC_STREAM_WINDOW_BYTES } from "./http2-windows.js";
-import { extProcServiceDefinition, HEALTH_SERVICE, serviceDefinition, type HealthCheckRequest, type HealthCheckResponse, type ProcessingRequest, type ProcessingResponse } from "./protos.js";
+import { extProcServiceDefinition } from "./ext-proc-service.js";
+import { HEALTH_SERVICE, serviceDefinition, type HealthCheckRequest, type HealthCheckResponse, type ProcessingRequest, type ProcessingResponse } from "./protos.js";
 
 /** How long close() lets open streams finish before cancelling them, ms. */
 export const EXT_PROC_CLOSE_GRACE_MS = 2_000;

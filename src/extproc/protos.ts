@@ -9,8 +9,6 @@ import { fileURLToPath } from "node:url";
 import type { ServiceDefinition } from "@grpc/grpc-js";
 import { loadSync, type Options, type PackageDefinition } from "@grpc/proto-loader";
 
-import { decodeProcessingRequest, decodeProcessingResponse, encodeProcessingRequest, encodeProcessingResponse } from "./ext-proc-codec.js";
-
 /** Where the .proto files live, relative to this module in src/ and in dist/. */
 export const PROTO_DIR = fileURLToPath(new URL("./proto", import.meta.url));
 
@@ -32,26 +30,6 @@ export function packageDefinition(): PackageDefinition {
 /** A service's method table as proto-loader defines it (the shape grpc-js's addService and clients take). */
 export function serviceDefinition(name: string): ServiceDefinition {
   return packageDefinition()[name] as unknown as ServiceDefinition;
-}
-
-/**
- * ExternalProcessor with Process's messages on the hand-written codec (ext-proc-codec.ts) rather
- * than protobufjs: the same objects, without copying bodies. Health stays on proto-loader's.
- */
-export function extProcServiceDefinition(): ServiceDefinition {
-  const base = serviceDefinition(EXT_PROC_SERVICE);
-  const process = base["Process"];
-  if (process === undefined) throw new Error(`${EXT_PROC_PROTO} defines no Process method`);
-  return {
-    ...base,
-    Process: {
-      ...process,
-      requestSerialize: encodeProcessingRequest,
-      requestDeserialize: decodeProcessingRequest,
-      responseSerialize: encodeProcessingResponse,
-      responseDeserialize: decodeProcessingResponse,
-    },
-  };
 }
 
 // ---------------------------------------------------------------- google.protobuf.Struct

@@ -7,7 +7,8 @@
  */
 import { ChannelCredentials, makeGenericClientConstructor, type ChannelOptions, type Client, type ClientDuplexStream, type ServiceDefinition } from "@grpc/grpc-js";
 
-import { EXT_PROC_SERVICE, extProcServiceDefinition, HEALTH_SERVICE, serviceDefinition, type BodySendMode, type HealthCheckResponse, type ProcessingRequest, type ProcessingResponse, type Struct } from "../../src/extproc/protos.js";
+import { extProcServiceDefinition } from "../../src/extproc/ext-proc-service.js";
+import { EXT_PROC_SERVICE, HEALTH_SERVICE, serviceDefinition, type BodySendMode, type HealthCheckResponse, type ProcessingRequest, type ProcessingResponse, type Struct } from "../../src/extproc/protos.js";
 import { toStruct, type Plain } from "../../src/extproc/struct.js";
 
 type Process = () => ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
