@@ -13,7 +13,6 @@ import { ExtProcStream, type StreamContext } from "./ext-proc-stream.js";
 import type { RejectReason } from "./ext-proc-stats.js";
 import type { LogThrottle } from "../util/log-throttle.js";
 import { PickerHealth } from "./health.js";
-import { applyHttp2Windows, EXT_PROC_CONNECTION_WINDOW_BYTES, EXT_PROC_STREAM_WINDOW_BYTES } from "./http2-windows.js";
 import { extProcServiceDefinition } from "./ext-proc-service.js";
 import { HEALTH_SERVICE, serviceDefinition, type HealthCheckRequest, type HealthCheckResponse, type ProcessingRequest, type ProcessingResponse } from "./protos.js";
 
@@ -137,7 +136,6 @@ export async function startExtProcServer(options: ExtProcServerOptions): Promise
   server.addService(serviceDefinition(HEALTH_SERVICE), healthHandlers(options.health, watchers));
   const credentials = options.tls === undefined ? ServerCredentials.createInsecure() : ServerCredentials.createSsl(null, [{ cert_chain: options.tls.certChain, private_key: options.tls.privateKey }], false);
   const port = await bind(server, bindAddress(options.host, options.port), credentials);
-  applyHttp2Windows(server, { streamBytes: EXT_PROC_STREAM_WINDOW_BYTES, connectionBytes: EXT_PROC_CONNECTION_WINDOW_BYTES }, logger);
 
   let healthServer: Server | undefined;
   let healthPort: number | undefined;

@@ -4,11 +4,9 @@
  * response path (served endpoint, prefill_complete, free), cancellation, and every error as an
  * ImmediateResponse with its status.
  */
-import { connect, type Settings } from "node:http2";
 
 import { afterEach, describe, expect, it } from "vitest";
 
-import { EXT_PROC_CONNECTION_WINDOW_BYTES, EXT_PROC_STREAM_WINDOW_BYTES } from "../../../src/extproc/http2-windows.js";
 
 import type { ProcessingResponse } from "../../../src/extproc/protos.js";
 import { fromStruct } from "../../../src/extproc/struct.js";
@@ -365,23 +363,5 @@ describe("ext_proc endpoint picker: response path", () => {
     expect(h.svc.reservationCount).toBe(1);
     await h.picker.close();
     expect(h.svc.reservationCount).toBe(0);
-  });
-});
-
-describe("ext_proc endpoint picker: HTTP/2 flow control", () => {
-  it("offers a gateway a whole large body's window per stream and a large connection window, so a body does not wait for the picker's window updates", async () => {
-    h = await startHarness();
-    const session = connect(`http://127.0.0.1:${H().picker.port}`);
-    try {
-      const settings = await new Promise<Settings>((resolve, reject) => {
-        session.once("remoteSettings", resolve);
-        session.once("error", reject);
-      });
-      expect(settings.initialWindowSize).toBe(EXT_PROC_STREAM_WINDOW_BYTES);
-      // The connection window grows by a WINDOW_UPDATE on stream 0, sent right after the settings.
-      await waitFor(() => (session.state.remoteWindowSize ?? 0) >= EXT_PROC_CONNECTION_WINDOW_BYTES);
-    } finally {
-      session.destroy();
-    }
   });
 });
