@@ -6,14 +6,15 @@
  * Each Process call is one ExtProcStream; its messages are handled one at a time, in order, and
  * the stream's end, cancellation or error frees its booking.
  */
-import { Server, ServerCredentials, status as GrpcStatus, type sendUnaryData, type ServerDuplexStream, type ServerUnaryCall, type ServerWritableStream, type ServiceDefinition, type UntypedServiceImplementation } from "@grpc/grpc-js";
+import { Server, ServerCredentials, status as GrpcStatus, type sendUnaryData, type ServerDuplexStream, type ServerUnaryCall, type ServerWritableStream, type UntypedServiceImplementation } from "@grpc/grpc-js";
 import type { Logger } from "pino";
 
 import { ExtProcStream, type StreamContext } from "./ext-proc-stream.js";
 import type { RejectReason } from "./ext-proc-stats.js";
 import type { LogThrottle } from "../util/log-throttle.js";
 import { PickerHealth } from "./health.js";
-import { EXT_PROC_SERVICE, HEALTH_SERVICE, packageDefinition, type HealthCheckRequest, type HealthCheckResponse, type ProcessingRequest, type ProcessingResponse } from "./protos.js";
+import { extProcServiceDefinition } from "./ext-proc-service.js";
+import { HEALTH_SERVICE, serviceDefinition, type HealthCheckRequest, type HealthCheckResponse, type ProcessingRequest, type ProcessingResponse } from "./protos.js";
 
 /** How long close() lets open streams finish before cancelling them, ms. */
 export const EXT_PROC_CLOSE_GRACE_MS = 2_000;
@@ -51,11 +52,6 @@ function bind(server: Server, address: string, credentials: ServerCredentials): 
       else resolve(port);
     });
   });
-}
-
-function serviceDefinition(name: string): ServiceDefinition {
-  // proto-loader hands a service as its method table: the shape grpc-js's addService takes.
-  return packageDefinition()[name] as unknown as ServiceDefinition;
 }
 
 function healthHandlers(health: PickerHealth, watchers: Set<() => void>): UntypedServiceImplementation {
@@ -101,7 +97,7 @@ export async function startExtProcServer(options: ExtProcServerOptions): Promise
   const streams = new Set<ExtProcStream>();
   const watchers = new Set<() => void>();
   const server = new Server();
-  server.addService(serviceDefinition(EXT_PROC_SERVICE), {
+  server.addService(extProcServiceDefinition(), {
     Process(call: ServerDuplexStream<ProcessingRequest, ProcessingResponse>): void {
       const stream = new ExtProcStream(context);
       streams.add(stream);

@@ -6,6 +6,7 @@
  */
 import { fileURLToPath } from "node:url";
 
+import type { ServiceDefinition } from "@grpc/grpc-js";
 import { loadSync, type Options, type PackageDefinition } from "@grpc/proto-loader";
 
 /** Where the .proto files live, relative to this module in src/ and in dist/. */
@@ -24,6 +25,11 @@ let loaded: PackageDefinition | undefined;
 export function packageDefinition(): PackageDefinition {
   loaded ??= loadSync([EXT_PROC_PROTO, HEALTH_PROTO], LOAD_OPTIONS);
   return loaded;
+}
+
+/** A service's method table as proto-loader defines it (the shape grpc-js's addService and clients take). */
+export function serviceDefinition(name: string): ServiceDefinition {
+  return packageDefinition()[name] as unknown as ServiceDefinition;
 }
 
 // ---------------------------------------------------------------- google.protobuf.Struct

@@ -5,16 +5,31 @@
  * raw_value, protocol_config on the first message, body chunks, metadata_context) and reads the
  * ProcessingResponses in order.
  */
-import { ChannelCredentials, makeGenericClientConstructor, type Client, type ClientDuplexStream, type ServiceDefinition } from "@grpc/grpc-js";
+import { ChannelCredentials, makeGenericClientConstructor, type ChannelOptions, type Client, type ClientDuplexStream, type ServiceDefinition } from "@grpc/grpc-js";
 
-import { EXT_PROC_SERVICE, HEALTH_SERVICE, packageDefinition, type BodySendMode, type HealthCheckResponse, type ProcessingRequest, type ProcessingResponse, type Struct } from "../../src/extproc/protos.js";
+import { extProcServiceDefinition } from "../../src/extproc/ext-proc-service.js";
+import { EXT_PROC_SERVICE, HEALTH_SERVICE, serviceDefinition, type BodySendMode, type HealthCheckResponse, type ProcessingRequest, type ProcessingResponse, type Struct } from "../../src/extproc/protos.js";
 import { toStruct, type Plain } from "../../src/extproc/struct.js";
 
 type Process = () => ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
 
-function clientFor(service: string, address: string, credentials: ChannelCredentials): Client & Record<string, unknown> {
-  const Ctor = makeGenericClientConstructor(packageDefinition()[service] as unknown as ServiceDefinition, service);
-  return new Ctor(address, credentials);
+function clientFor(definition: ServiceDefinition, service: string, address: string, credentials: ChannelCredentials, options: ChannelOptions): Client & Record<string, unknown> {
+  const Ctor = makeGenericClientConstructor(definition, service);
+  return new Ctor(address, credentials, options);
+}
+
+/** Envoy's default HTTP/2 receive windows (initial_stream_window_size, initial_connection_window_size), bytes. */
+export const ENVOY_DEFAULT_WINDOW_BYTES = 256 * 1024 * 1024;
+
+export interface EnvoyClientOptions {
+  /**
+   * `proto-loader` (the default): messages through protobufjs, independent of the picker's own
+   * codec, so tests cross-check it. `hand`: the picker's codec (ext-proc-codec.ts), cheaper: the
+   * benchmark's client shares the cores with the picker it measures.
+   */
+  readonly codec?: "proto-loader" | "hand";
+  /** The client's HTTP/2 receive windows, bytes (grpc-js: 64 KiB; Envoy: ENVOY_DEFAULT_WINDOW_BYTES). */
+  readonly receiveWindowBytes?: number;
 }
 
 export const rawHeaders = (h: Record<string, string>): { headers: { key: string; raw_value: Buffer }[] } => ({ headers: Object.entries(h).map(([key, v]) => ({ key, raw_value: Buffer.from(v) })) });
@@ -96,9 +111,11 @@ export class EnvoyClient {
   readonly #ext: Client & Record<string, unknown>;
   readonly #health: Client & Record<string, unknown>;
 
-  constructor(address: string, credentials: ChannelCredentials = ChannelCredentials.createInsecure()) {
-    this.#ext = clientFor(EXT_PROC_SERVICE, address, credentials);
-    this.#health = clientFor(HEALTH_SERVICE, address, credentials);
+  constructor(address: string, credentials: ChannelCredentials = ChannelCredentials.createInsecure(), options: EnvoyClientOptions = {}) {
+    const channel: ChannelOptions = options.receiveWindowBytes === undefined ? {} : { "grpc-node.flow_control_window": options.receiveWindowBytes };
+    const ext = options.codec === "hand" ? extProcServiceDefinition() : serviceDefinition(EXT_PROC_SERVICE);
+    this.#ext = clientFor(ext, EXT_PROC_SERVICE, address, credentials, channel);
+    this.#health = clientFor(serviceDefinition(HEALTH_SERVICE), HEALTH_SERVICE, address, credentials, channel);
   }
 
   open(): EnvoyStream {

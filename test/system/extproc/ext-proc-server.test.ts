@@ -4,7 +4,9 @@
  * response path (served endpoint, prefill_complete, free), cancellation, and every error as an
  * ImmediateResponse with its status.
  */
+
 import { afterEach, describe, expect, it } from "vitest";
+
 
 import type { ProcessingResponse } from "../../../src/extproc/protos.js";
 import { fromStruct } from "../../../src/extproc/struct.js";

@@ -7,6 +7,7 @@
 import { describe, expect, it } from "vitest";
 
 import { immediateErrorResponse, routedHeadersResponse, streamedBodyResponses } from "../../../src/extproc/gateway-protocol.js";
+import { decodeProcessingRequest, encodeProcessingResponse } from "../../../src/extproc/ext-proc-codec.js";
 import { packageDefinition, type ProcessingRequest } from "../../../src/extproc/protos.js";
 
 // ---------------------------------------------------------------- a minimal protobuf writer/reader
@@ -63,10 +64,22 @@ const sub = (fields: Field[], field: number): Buffer => {
   return f.value;
 };
 
-const type = (name: string): { serialize(v: unknown): Buffer; deserialize(b: Buffer): unknown } =>
-  packageDefinition()[name] as unknown as { serialize(v: unknown): Buffer; deserialize(b: Buffer): unknown };
+interface Codec {
+  serialize(v: unknown): Buffer;
+  deserialize(b: Buffer): unknown;
+}
+const protoLoader = (name: string): Codec => packageDefinition()[name] as unknown as Codec;
+/** The picker's hand-written codec for the Process call's two messages (src/extproc/ext-proc-codec.ts). */
+const handWritten = (name: string): Codec => {
+  if (name === "envoy.service.ext_proc.v3.ProcessingRequest") return { serialize: () => Buffer.alloc(0), deserialize: (b) => decodeProcessingRequest(b) };
+  if (name === "envoy.service.ext_proc.v3.ProcessingResponse") return { serialize: (v) => encodeProcessingResponse(v as never), deserialize: () => ({}) };
+  return protoLoader(name);
+};
 
-describe("ext_proc wire compatibility", () => {
+describe.each([
+  ["proto-loader", protoLoader],
+  ["hand-written codec", handWritten],
+])("ext_proc wire compatibility (%s)", (_label, type) => {
   it("decodes a ProcessingRequest encoded from upstream's field numbers, skipping fields it does not know", () => {
     // HeaderValue{key=1, raw_value=3}; HeaderMap{headers=1}; HttpHeaders{headers=1, end_of_stream=3}
     const header = (k: string, val: string): number[] => len(1, [...str(1, k), ...len(3, [...Buffer.from(val)])]);
