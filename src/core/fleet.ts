@@ -29,6 +29,7 @@ import {
   type WorkerRequest,
 } from "./types.js";
 import { kvEventsEndpointFor, partitionKey, validateWorkerId, WorkerCatalog } from "./worker-catalog.js";
+import type { TtftCostParams } from "./ttft-cost.js";
 
 export interface WorkerChange {
   readonly workerId: WorkerId;
@@ -89,6 +90,8 @@ export interface FleetOptions {
   readonly clock: Clock;
   readonly random: Random;
   readonly expiryMs: number;
+  /** The ttft cost model's engine timing (its prefill estimate decays booked prefill); undefined with the reference's model. */
+  readonly prefillTiming?: TtftCostParams | undefined;
   readonly requireKvEventsEndpoint: boolean;
   /** Most partitions at once (KVMESH_FLEET_LIMIT past it). */
   readonly maxPartitions: number;
@@ -168,7 +171,7 @@ export class Fleet {
         { details: { field: "model_name", limit: "maxPartitions" } },
       );
     }
-    const p = new Partition(model, group, blockSize, isEagle, this.#o.clock, this.#o.random, this.#o.expiryMs);
+    const p = new Partition(model, group, blockSize, isEagle, this.#o.clock, this.#o.random, this.#o.expiryMs, this.#o.prefillTiming);
     p.affinity = this.#o.hooks.createAffinity(p);
     this.#o.hooks.partitionCreated(p);
     this.#partitions.set(p.key, p);

@@ -15,6 +15,7 @@ import type { LoadAggregateRow, PartitionRef } from "./replica-events.js";
 import { createCandidateTable, type CandidateTable } from "./selector.js";
 import type { WorkerCatalogRecord, WorkerId } from "./types.js";
 import { ranksOf } from "./worker-catalog.js";
+import { ttftOwnPrefillMs, type TtftCostParams } from "./ttft-cost.js";
 
 export interface PartitionMember {
   record: WorkerCatalogRecord;
@@ -58,13 +59,18 @@ export class Partition {
   #membersChanged = false;
   readonly #scratch = new SelectionScratch();
 
-  constructor(model: string, group: string, blockSize: number, isEagle: boolean, clock: Clock, random: Random, expiryMs: number) {
+  /** `prefillTiming`: the ttft model's engine timing, whose prefill estimate decays booked prefill (load-ledger.ts); undefined: the reference's decay. */
+  constructor(model: string, group: string, blockSize: number, isEagle: boolean, clock: Clock, random: Random, expiryMs: number, prefillTiming?: TtftCostParams) {
     this.key = `${model}:${group}`;
     this.modelName = model;
     this.routingGroup = group;
     this.blockSize = blockSize;
     this.isEagle = isEagle;
-    this.ledger = new LoadLedger({ clock, random, expiryMs });
+    const prefillMs =
+      prefillTiming === undefined
+        ? undefined
+        : (prefillTokens: number, promptBlocks: number): number => ttftOwnPrefillMs(prefillTokens, Math.max(0, promptBlocks * blockSize - prefillTokens), prefillTiming);
+    this.ledger = new LoadLedger({ clock, random, expiryMs, prefillMs });
   }
 
   /** A rank's prefill tokens still owed, booked here and by peers. */
