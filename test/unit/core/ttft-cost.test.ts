@@ -97,4 +97,14 @@ describe("the ttft cost model", () => {
     expect(validateSelectorConfig(TTFT).costModel).toBe("ttft");
     expect(() => validateSelectorConfig({ ...TTFT, costModel: "fast" as never })).toThrow(/cost_model must be one of reference, ttft/);
   });
+
+  it("takes its engine timing as knobs, refusing a zero prefill rate or batch (the cost divides by one, steps by the other)", () => {
+    expect(validateSelectorConfig({ ...TTFT, ttftPrefillMsPerToken: 0.005 }).ttftPrefillMsPerToken).toBe(0.005);
+    expect(() => validateSelectorConfig({ ...TTFT, ttftPrefillMsPerToken: 0 })).toThrow(/ttft_prefill_ms_per_token must be > 0/);
+    expect(() => validateSelectorConfig({ ...TTFT, ttftBatchTokens: 0 })).toThrow(/ttft_batch_tokens must be >= 1/);
+    expect(() => validateSelectorConfig({ ...TTFT, ttftDecodeStepMs: -1 })).toThrow(/ttft_decode_step_ms must be a finite number >= 0/);
+    // Only the ratios decide: the same timing ten times faster scores every rank the same.
+    const fast = { ...DEFAULT_TTFT_COST, ttftPrefillMsPerToken: 0.005, ttftPrefillMsPerTokenPair: 1.3e-7, ttftDecodeStepMs: 1, ttftDecodeMsPerSequence: 0.005, ttftDecodeMsPerContextToken: 4e-6 };
+    expect(ttftCost(1_024, 4_096, 9_000, 300, 4, 8_000, BS, fast)).toBeCloseTo(ttftCost(1_024, 4_096, 9_000, 300, 4, 8_000, BS, DEFAULT_TTFT_COST), 9);
+  });
 });
