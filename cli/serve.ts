@@ -86,6 +86,12 @@ const SELECTOR_NUMBER_FLAGS = [
   ["--host-cache-hit-weight", "hostCacheHitWeight", "credit per host-memory cached block"],
   ["--disk-cache-hit-weight", "diskCacheHitWeight", "credit per disk cached block"],
   ["--ttft-keep-weight", "ttftKeepWeight", "--cost-model ttft: recomputes of the best cached prefix charged to a worker that lacks it"],
+  ["--ttft-prefill-ms-per-token", "ttftPrefillMsPerToken", "--cost-model ttft: the engines' prefill time per prompt token, wall ms (> 0)"],
+  ["--ttft-prefill-ms-per-token-pair", "ttftPrefillMsPerTokenPair", "--cost-model ttft: the engines' prefill attention time per causal (query, key) pair, wall ms"],
+  ["--ttft-decode-step-ms", "ttftDecodeStepMs", "--cost-model ttft: the engines' fixed time of a step that decodes, wall ms"],
+  ["--ttft-decode-ms-per-sequence", "ttftDecodeMsPerSequence", "--cost-model ttft: the engines' time per decoding request per step, wall ms"],
+  ["--ttft-decode-ms-per-context-token", "ttftDecodeMsPerContextToken", "--cost-model ttft: the engines' time per decoding context token per step, wall ms"],
+  ["--ttft-batch-tokens", "ttftBatchTokens", "--cost-model ttft: the engines' token budget a step (max_num_batched_tokens, >= 1)"],
 ] as const satisfies readonly (readonly [string, keyof SelectorConfig, string])[];
 
 /** Negatable pairs: `--x [bool]` (env KVMESH_X=true|false) and `--no-x`. */

@@ -16,7 +16,8 @@ import { fmtMs, progress } from "./lib/console-report.js";
 import { BENCH_BLOCK_SIZE, BENCH_PROMPT_TOKENS, makeBenchPrompts, warmRank, type BenchPrompt } from "./lib/warm-prompts.js";
 import { summarize } from "../src/bench/stats.js";
 import { positiveInt, positiveIntList, scriptProgram } from "./lib/script-args.js";
-import type { SelectionNote } from "../src/core/index.js";
+import { COST_MODELS, type CostModel, type SelectionNote } from "../src/core/index.js";
+import { Option } from "commander";
 
 const args = scriptProgram("bench:core", "The selection core in process, no sockets: select latency, selections per second, heap per indexed pair.")
   .option("--workers <n>", "worker ranks", positiveInt, 1024)
@@ -26,8 +27,9 @@ const args = scriptProgram("bench:core", "The selection core in process, no sock
   .option("--groups <n>", "shared prompt prefixes", positiveInt, 300)
   .option("--variants <n>", "prompts per prefix", positiveInt, 8)
   .option("--iters <n>", "timed selections", positiveInt, 20000)
+  .addOption(new Option("--cost-model <model>", "the selector's cost model (docs/cost-models.md)").choices(COST_MODELS).default("reference"))
   .parse()
-  .opts<{ workers: number; ranks?: number[]; maxPairs: number; blocksPerWorker: number; groups: number; variants: number; iters: number }>();
+  .opts<{ workers: number; ranks?: number[]; maxPairs: number; blocksPerWorker: number; groups: number; variants: number; iters: number; costModel: CostModel }>();
 const GROUPS = args.groups;
 const VARIANTS = args.variants;
 const ITERS = args.iters;
@@ -55,7 +57,7 @@ function main(): void {
 function run(prompts: BenchPrompt[], WORKERS: number, BLOCKS_PER_WORKER: number): void {
   gc?.();
   const heapBefore = usedBytes();
-  const svc = new SelectionService({ random: seededRandom(1), replicaId: 1n });
+  const svc = new SelectionService({ random: seededRandom(1), replicaId: 1n, selector: { costModel: args.costModel } });
   // Registration: its cost must not grow with the fleet (the last quarter against the first).
   const regSamples: number[] = [];
   for (let w = 0; w < WORKERS; w++) {

@@ -12,6 +12,7 @@ import { KvmeshPolicy, workerKey } from "./routing-policy.js";
 import { ReplicaFleet } from "./replica-fleet.js";
 import { replay, type ReplayProgress } from "./replay-run.js";
 import { benchSvg, benchTable, benchVerdict, withCeilings } from "./report.js";
+import { ttftTimingArgs } from "./ttft-timing-args.js";
 import { ceilingRequestsOf, simulateCeiling, type CeilingCurve, type CeilingFigures } from "./ceiling.js";
 
 export interface BenchIo {
@@ -88,7 +89,7 @@ export async function runBenchMain(cfg: BenchCliConfig, io: BenchIo): Promise<nu
     startEngines: () => startEngines(cfg, maxReplicas),
     tokensOf,
     ...(cfg.sessionIds === undefined ? {} : { routeSessionIds: cfg.sessionIds }),
-    ...(cfg.costModel === undefined ? {} : { serveArgs: ["--cost-model", cfg.costModel] }),
+    ...(cfg.costModel === undefined ? {} : { serveArgs: ["--cost-model", cfg.costModel, ...(cfg.costModel === "ttft" ? ttftTimingArgs(cfg.speedup) : [])] }),
     ...(cfg.clientDelayMs === undefined ? {} : { clientDelayMs: cfg.clientDelayMs }),
     ...(cfg.kvEvents === false ? { kvEvents: false } : {}),
     onProgress: (label, p) => {

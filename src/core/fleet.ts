@@ -30,6 +30,7 @@ import {
   type WorkerRequest,
 } from "./types.js";
 import { kvEventsEndpointFor, partitionKey, validateWorkerId, WorkerCatalog } from "./worker-catalog.js";
+import type { TtftCostParams } from "./ttft-cost.js";
 
 export interface WorkerChange {
   readonly workerId: WorkerId;
@@ -92,6 +93,8 @@ export interface FleetOptions {
   readonly clock: Clock;
   readonly random: Random;
   readonly expiryMs: number;
+  /** The ttft cost model's engine timing (its prefill estimate decays booked prefill); undefined with the reference's model. */
+  readonly prefillTiming?: TtftCostParams | undefined;
   readonly requireKvEventsEndpoint: boolean;
   /** In-flight prefixes / approximate cache of each partition (predicted-cache.ts). */
   readonly predicted: PredictedCacheOptions;
@@ -173,7 +176,7 @@ export class Fleet {
         { details: { field: "model_name", limit: "maxPartitions" } },
       );
     }
-    const p = new Partition(model, group, blockSize, isEagle, this.#o.clock, this.#o.random, this.#o.expiryMs, this.#o.predicted, this.#o.counters);
+    const p = new Partition(model, group, blockSize, isEagle, this.#o.clock, this.#o.random, this.#o.expiryMs, this.#o.predicted, this.#o.counters, this.#o.prefillTiming);
     p.affinity = this.#o.hooks.createAffinity(p);
     this.#o.hooks.partitionCreated(p);
     this.#partitions.set(p.key, p);

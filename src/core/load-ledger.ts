@@ -36,6 +36,16 @@ export interface LoadLedgerOptions {
   clock: Clock;
   expiryMs?: number;
   random: Random;
+  /**
+   * The prefill estimate (the ttft cost model's: ttft-cost.ts ttftOwnPrefillMs): the ms a rank
+   * spends prefilling a booking of `prefillTokens` uncached tokens of a `promptBlocks`-block
+   * prompt. When set, every tracked booking is taken as prefilled once the rank's queue ahead of
+   * it and its own time have passed, even before its `prefill_complete` arrives (issue #27: a
+   * 90 ms late lifecycle call left 900 trace ms of computed prefill on the ledger, and the
+   * estimate moved turns away from their cache). Unset: the reference's decay (only the oldest
+   * booking's, and only with a duration hint).
+   */
+  prefillMs?: ((prefillTokens: number, promptBlocks: number) => number) | undefined;
 }
 
 export interface AddRequestOptions {
@@ -73,6 +83,9 @@ interface ActiveRequest {
   readonly output: number[];
   prefillDone: boolean;
   inPrefillQueue: boolean;
+  /** With the prefill estimate: its own prefill ms, and when the rank is expected to finish it (clock ms). */
+  ownPrefillMs: number;
+  prefillDueMs: number;
 }
 
 interface RankState extends RankBlockTotals {
@@ -108,10 +121,45 @@ const checkOptionalNonNegative = (value: number | null | undefined, field: strin
   return value;
 };
 
+/** The due time of the rank's last booking still in prefill (prefill estimate), or -Infinity. */
+function lastDueMs(st: RankState): number {
+  const queue = st.prefillQueue;
+  for (let i = queue.length - 1; i >= st.prefillHead; i--) {
+    const req = queue[i] as ActiveRequest;
+    if (req.inPrefillQueue) return req.prefillDueMs;
+  }
+  return -Infinity;
+}
+
+/**
+ * The prefill tokens the rank still owes at `now` by the prefill estimate: bookings past their due
+ * time count 0, the one being prefilled its remaining share, the rest whole. Due times rise along
+ * the FIFO (each starts when the one before is due), so the walk stops at the first one not due
+ * and the rest count whole: O(bookings due), a few while prefill_complete calls lag.
+ */
+function estimatedPrefill(st: RankState, now: number): number {
+  const queue = st.prefillQueue;
+  let passed = 0;
+  for (let i = st.prefillHead; i < queue.length; i++) {
+    const req = queue[i] as ActiveRequest;
+    if (!req.inPrefillQueue) continue;
+    if (req.prefillDueMs <= now) {
+      passed += req.prefillTokens;
+      continue;
+    }
+    const left = req.prefillDueMs - now;
+    if (left < req.ownPrefillMs) passed += req.prefillTokens * (1 - left / req.ownPrefillMs);
+    // Rounding of the running sums must not take the value below 0, the scan's floor.
+    return Math.max(0, st.prefillSum - passed);
+  }
+  return 0;
+}
+
 export class LoadLedger {
   readonly #clock: Clock;
   readonly #random: Random;
   readonly #expiryMs: number;
+  readonly #prefillMs: ((prefillTokens: number, promptBlocks: number) => number) | undefined;
   /** Live requests in admission order (Map iteration order), which is also expiry order. */
   readonly #requests = new Map<string, ActiveRequest>();
   /** Indexed by rank key; ranks are dense small integers interned by the caller. */
@@ -149,6 +197,7 @@ export class LoadLedger {
     this.#clock = options.clock;
     this.#random = options.random;
     this.#expiryMs = expiryMs;
+    this.#prefillMs = options.prefillMs;
   }
 
   /** Starts recording which ranks' load changes (for `takeChanged`). */
@@ -174,6 +223,7 @@ export class LoadLedger {
   prefillDecaying(rank: number): boolean {
     const st = this.#ranks[rank];
     if (st === undefined || st.prefillHead >= st.prefillQueue.length) return false;
+    if (this.#prefillMs !== undefined) return this.#clock.now() < lastDueMs(st);
     const duration = (st.prefillQueue[st.prefillHead] as ActiveRequest).expectedPrefillDurationMs;
     return duration !== null && duration > 0 && this.#clock.now() - st.prefillAnchorMs < duration;
   }
@@ -209,7 +259,10 @@ export class LoadLedger {
     if (st.prefillHead < st.prefillQueue.length) {
       const head = st.prefillQueue[st.prefillHead] as ActiveRequest;
       // The same first operation as activePrefillTokens, so rounding keeps floor <= its value.
-      if (head.expectedPrefillDurationMs === null) {
+      // With the prefill estimate every booking runs out with time: the floor is 0.
+      if (this.#prefillMs !== undefined) {
+        decays = 1;
+      } else if (head.expectedPrefillDurationMs === null) {
         floor = st.prefillSum;
       } else {
         floor = st.prefillSum - head.prefillTokens;
@@ -263,7 +316,15 @@ export class LoadLedger {
       output: [],
       prefillDone: !opts.trackPrefill,
       inPrefillQueue: opts.trackPrefill,
+      ownPrefillMs: 0,
+      prefillDueMs: 0,
     };
+    if (opts.trackPrefill && this.#prefillMs !== undefined) {
+      // A FIFO engine: it starts this prompt when the bookings ahead of it are expected done.
+      const own = expectedPrefillDurationMs ?? this.#prefillMs(opts.prefillTokens, seqHashes.length >>> 1);
+      req.ownPrefillMs = Number.isFinite(own) && own > 0 ? own : 0;
+      req.prefillDueMs = Math.max(now, lastDueMs(st)) + req.ownPrefillMs;
+    }
     this.#requests.set(requestId, req);
     st.requests.add(req);
     this.#requestCounts[rank] = st.requests.size;
@@ -360,6 +421,7 @@ export class LoadLedger {
   activePrefillTokens(rank: number): number {
     const st = this.#ranks[rank];
     if (st === undefined || st.prefillHead >= st.prefillQueue.length) return 0;
+    if (this.#prefillMs !== undefined) return estimatedPrefill(st, this.#clock.now());
     const head = st.prefillQueue[st.prefillHead] as ActiveRequest;
     const duration = head.expectedPrefillDurationMs;
     if (duration === null) return st.prefillSum;

@@ -17,6 +17,7 @@ import { createCandidateTable, type CandidateTable } from "./selector.js";
 import { ServiceCounters } from "./service-stats.js";
 import type { WorkerCatalogRecord, WorkerId } from "./types.js";
 import { ranksOf } from "./worker-catalog.js";
+import { ttftOwnPrefillMs, type TtftCostParams } from "./ttft-cost.js";
 
 export interface PartitionMember {
   record: WorkerCatalogRecord;
@@ -64,6 +65,7 @@ export class Partition {
   #membersChanged = false;
   readonly #scratch = new SelectionScratch();
 
+  /** `prefillTiming`: the ttft model's engine timing, whose prefill estimate decays booked prefill (load-ledger.ts); undefined: the reference's decay. */
   constructor(
     model: string,
     group: string,
@@ -74,13 +76,18 @@ export class Partition {
     expiryMs: number,
     predicted: PredictedCacheOptions = PREDICTIONS_OFF,
     counters: ServiceCounters = new ServiceCounters(),
+    prefillTiming?: TtftCostParams,
   ) {
     this.key = `${model}:${group}`;
     this.modelName = model;
     this.routingGroup = group;
     this.blockSize = blockSize;
     this.isEagle = isEagle;
-    this.ledger = new LoadLedger({ clock, random, expiryMs });
+    const prefillMs =
+      prefillTiming === undefined
+        ? undefined
+        : (prefillTokens: number, promptBlocks: number): number => ttftOwnPrefillMs(prefillTokens, Math.max(0, promptBlocks * blockSize - prefillTokens), prefillTiming);
+    this.ledger = new LoadLedger({ clock, random, expiryMs, prefillMs });
     this.predicted = new PredictedCache(clock, counters, predicted);
   }
 

@@ -112,6 +112,7 @@ export class SelectionService {
       clock: o.clock,
       random: o.random,
       expiryMs: o.expiryMs,
+      prefillTiming: o.selector.costModel === "ttft" ? o.selector : undefined,
       requireKvEventsEndpoint: o.requireKvEventsEndpoint,
       predicted: o.predictedCache,
       maxPartitions: o.maxPartitions,

@@ -4,9 +4,10 @@
  * names, because those are what operators and clients type.
  */
 import { badRequest } from "./errors.js";
-import { COST_MODELS, DEFAULT_TTFT_COST, type CostModel } from "./ttft-cost.js";
+import { COST_MODELS, DEFAULT_TTFT_COST, type CostModel, type TtftCostParams } from "./ttft-cost.js";
 
-export interface SelectorConfig {
+/** The ttft model's timing and keep weight (TtftCostParams, ttft-cost.ts) are knobs of it too (`--ttft-*`). */
+export interface SelectorConfig extends TtftCostParams {
   /** c: weight of device-cached blocks as prefill credit. */
   readonly overlapScoreCredit: number;
   /** δ: shrinks the credit on ranks with more queued prefill than the least-loaded one. */
@@ -40,8 +41,6 @@ export interface SelectorConfig {
    * knob: the reference has no such field, so no per-request override sets it.
    */
   readonly costModel: CostModel;
-  /** The ttft model's keepWeight (ttft-cost.ts): recomputes of the best cached prefix a move is charged. */
-  readonly ttftKeepWeight: number;
 }
 
 export const DEFAULT_SELECTOR_CONFIG: SelectorConfig = Object.freeze({
@@ -56,7 +55,7 @@ export const DEFAULT_SELECTOR_CONFIG: SelectorConfig = Object.freeze({
   trackPrefillTokens: true,
   assumeKvReuse: true,
   costModel: "reference",
-  ttftKeepWeight: DEFAULT_TTFT_COST.keepWeight,
+  ...DEFAULT_TTFT_COST,
 });
 
 /** Config field -> the reference's knob name (used in error messages and `details.field`). */
@@ -70,6 +69,12 @@ const NUMERIC_KNOBS = [
   ["sharedCacheMultiplier", "shared_cache_multiplier"],
   ["temperature", "router_temperature"],
   ["ttftKeepWeight", "ttft_keep_weight"],
+  ["ttftPrefillMsPerToken", "ttft_prefill_ms_per_token"],
+  ["ttftPrefillMsPerTokenPair", "ttft_prefill_ms_per_token_pair"],
+  ["ttftDecodeStepMs", "ttft_decode_step_ms"],
+  ["ttftDecodeMsPerSequence", "ttft_decode_ms_per_sequence"],
+  ["ttftDecodeMsPerContextToken", "ttft_decode_ms_per_context_token"],
+  ["ttftBatchTokens", "ttft_batch_tokens"],
 ] as const satisfies readonly (readonly [keyof SelectorConfig, string])[];
 
 const BOOLEAN_KNOBS = [
@@ -92,6 +97,14 @@ export function validateSelectorConfig(config: SelectorConfig): SelectorConfig {
     if (typeof v !== "boolean") {
       throw badRequest(`invalid selector configuration: ${knob} must be a boolean, got ${String(v)}`, knob);
     }
+  }
+  // The cost is in units of one block's prefill time (ttft-cost.ts), and a prefill spans
+  // ceil(tokens / batch) steps: neither may be 0.
+  if (!(config.ttftPrefillMsPerToken > 0)) {
+    throw badRequest(`invalid selector configuration: ttft_prefill_ms_per_token must be > 0, got ${String(config.ttftPrefillMsPerToken)}`, "ttft_prefill_ms_per_token");
+  }
+  if (!(config.ttftBatchTokens >= 1)) {
+    throw badRequest(`invalid selector configuration: ttft_batch_tokens must be >= 1, got ${String(config.ttftBatchTokens)}`, "ttft_batch_tokens");
   }
   if (!(COST_MODELS as readonly unknown[]).includes(config.costModel)) {
     throw badRequest(`invalid selector configuration: cost_model must be one of ${COST_MODELS.join(", ")}, got ${JSON.stringify(config.costModel)}`, "cost_model");

@@ -10,7 +10,7 @@
 import type { Random } from "./random.js";
 import { KvmeshError, badRequest } from "./errors.js";
 import type { SelectorConfig } from "./selector-config.js";
-import { cachedTokensOf, DEFAULT_TTFT_COST, ttftCost } from "./ttft-cost.js";
+import { cachedTokensOf, ttftCost } from "./ttft-cost.js";
 
 export type WorkerType = "decode" | "prefill" | "aggregated";
 
@@ -103,7 +103,7 @@ function costOf(
   if (cfg.costModel === "ttft") {
     const cached = cachedTokensOf(device, host, disk, bs, cfg.hostCacheHitWeight, cfg.diskCacheHitWeight, req.islTokens);
     const best = Math.max(cached, req.bestCachedTokens ?? cached);
-    const t = ttftCost(cached, best, activePrefill, decodeBlocks, activeRequests, req.islTokens, bs, DEFAULT_TTFT_COST, cfg.ttftKeepWeight);
+    const t = ttftCost(cached, best, activePrefill, decodeBlocks, activeRequests, req.islTokens, bs, cfg);
     return taintWeight === 0 ? t : t * Math.exp(-Math.tanh(taintWeight));
   }
   const track = cfg.trackPrefillTokens;

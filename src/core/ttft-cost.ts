@@ -10,14 +10,14 @@
  * waits for on an engine that batches as vLLM's scheduler does (src/mock/step-time.ts,
  * docs/mock-engines.md) is:
  *
- *   queued   = activePrefill x prefillMsPerToken          prompts booked there, not yet prefilled
- *   own      = uncached x prefillMsPerToken               this prompt's tokens the rank lacks
- *            + uncached x (cached + uncached / 2) x prefillMsPerTokenPair   their causal attention
- *   decode   = steps x (decodeStepMs + requests x decodeMsPerSequence
- *                       + decodeBlocks x blockSize x decodeMsPerContextToken)   (0 on an idle rank)
- *              where steps = ceil((activePrefill + uncached) / batchTokens): the steps the prefill
+ *   queued   = activePrefill x ttftPrefillMsPerToken          prompts booked there, not yet prefilled
+ *   own      = uncached x ttftPrefillMsPerToken               this prompt's tokens the rank lacks
+ *            + uncached x (cached + uncached / 2) x ttftPrefillMsPerTokenPair   their causal attention
+ *   decode   = steps x (ttftDecodeStepMs + requests x ttftDecodeMsPerSequence
+ *                       + decodeBlocks x blockSize x ttftDecodeMsPerContextToken)   (0 on an idle rank)
+ *              where steps = ceil((activePrefill + uncached) / ttftBatchTokens): the steps the prefill
  *              spans, each shared with every decoding request (decode interference)
- *   keep     = keepWeight x (bestCached - cached) x prefillMsPerToken
+ *   keep     = ttftKeepWeight x (bestCached - cached) x ttftPrefillMsPerToken
  *
  * `bestCached` is the most of this prompt any candidate holds. `keep` is the value of keeping a
  * conversation's cache together: a rank that lacks part of the best cached prefix would store a
@@ -25,40 +25,54 @@
  * moving must save that much TTFT again to win. Without a session id, this is what keeps a
  * conversation's next turn where its context is, unless that worker is really busier.
  *
- * The cost is the sum in "cold block" units: ms / (blockSize x prefillMsPerToken), so the tie
+ * The cost is the sum in "cold block" units: ms / (blockSize x ttftPrefillMsPerToken), so the tie
  * spreader's near-tie width (DEFAULT_NEAR_TIE_BLOCKS) keeps its meaning, one block of prefill.
  * Every term is non-decreasing in activePrefill, decodeBlocks and activeRequests (IEEE rounding
  * keeps that), so a floor of those loads gives a floor of the cost: the candidate scan's
  * requirement (candidate-scan.ts).
  */
 
-/** The engine timing the estimate assumes (trace ms), and the weight of keeping a cache together. */
+/**
+ * The engine timing the estimate assumes, in the router's clock ms (wall ms: a deployment sets its
+ * engines' speed with the `--ttft-*` flags; `kvmesh bench` passes the mock engines' timing divided
+ * by their speedup), and the weight of keeping a cache together. Only their ratios decide a
+ * choice; their absolute values decide when a booking's queued prefill is taken as computed
+ * (load-ledger.ts, the prefill estimate).
+ */
 export interface TtftCostParams {
   /** 0.05 ms = 20,000 prefill tokens/s: an 8B model in bf16 on one H100-class GPU (as the mock's default). */
-  readonly prefillMsPerToken: number;
+  readonly ttftPrefillMsPerToken: number;
   /** 1.3e-6 ms per causal (query, key) pair: a cold 40k-token prompt spends ~1 s on attention beside 2 s of linear compute. */
-  readonly prefillMsPerTokenPair: number;
+  readonly ttftPrefillMsPerTokenPair: number;
   /** 10 ms: the fixed cost of a step that decodes (weights read once, launches, sampling). */
-  readonly decodeStepMs: number;
+  readonly ttftDecodeStepMs: number;
   /** 0.05 ms per decoding request a step: its token's linear compute. */
-  readonly decodeMsPerSequence: number;
+  readonly ttftDecodeMsPerSequence: number;
   /** 4e-5 ms per context token of every decoding request, every step: reading its KV. */
-  readonly decodeMsPerContextToken: number;
+  readonly ttftDecodeMsPerContextToken: number;
   /** 8,192 tokens a step: vLLM's max_num_batched_tokens (chunked prefill), as Dynamo's mocker. */
-  readonly batchTokens: number;
+  readonly ttftBatchTokens: number;
   /** 1: moving away from the best cached prefix costs its recompute once more (the evicted copy elsewhere); `--ttft-keep-weight` sets it. */
-  readonly keepWeight: number;
+  readonly ttftKeepWeight: number;
 }
 
 export const DEFAULT_TTFT_COST: TtftCostParams = Object.freeze({
-  prefillMsPerToken: 0.05,
-  prefillMsPerTokenPair: 1.3e-6,
-  decodeStepMs: 10,
-  decodeMsPerSequence: 0.05,
-  decodeMsPerContextToken: 4e-5,
-  batchTokens: 8_192,
-  keepWeight: 1,
+  ttftPrefillMsPerToken: 0.05,
+  ttftPrefillMsPerTokenPair: 1.3e-6,
+  ttftDecodeStepMs: 10,
+  ttftDecodeMsPerSequence: 0.05,
+  ttftDecodeMsPerContextToken: 4e-5,
+  ttftBatchTokens: 8_192,
+  ttftKeepWeight: 1,
 });
+
+/**
+ * The estimated time (ms) one rank spends prefilling `uncached` tokens after `cached` ones: their
+ * linear compute plus their causal attention, which still reads the cached prefix.
+ */
+export function ttftOwnPrefillMs(uncached: number, cached: number, k: TtftCostParams): number {
+  return uncached * k.ttftPrefillMsPerToken + uncached * (cached + uncached / 2) * k.ttftPrefillMsPerTokenPair;
+}
 
 /** The cost models a selector can use: the reference's formula (selector.ts costOf) or this one. */
 export const COST_MODELS = ["reference", "ttft"] as const;
@@ -86,15 +100,15 @@ export function ttftCost(
   islTokens: number,
   blockSize: number,
   k: TtftCostParams,
-  keepWeight: number = k.keepWeight,
+  keepWeight: number = k.ttftKeepWeight,
 ): number {
   const uncached = Math.max(0, islTokens - cached);
   const prefillTokens = activePrefill + uncached;
-  let ms = prefillTokens * k.prefillMsPerToken + uncached * (cached + uncached / 2) * k.prefillMsPerTokenPair;
+  let ms = activePrefill * k.ttftPrefillMsPerToken + ttftOwnPrefillMs(uncached, cached, k);
   if (activeRequests > 0) {
-    const steps = Math.max(1, Math.ceil(prefillTokens / k.batchTokens));
-    ms += steps * (k.decodeStepMs + activeRequests * k.decodeMsPerSequence + decodeBlocks * blockSize * k.decodeMsPerContextToken);
+    const steps = Math.max(1, Math.ceil(prefillTokens / k.ttftBatchTokens));
+    ms += steps * (k.ttftDecodeStepMs + activeRequests * k.ttftDecodeMsPerSequence + decodeBlocks * blockSize * k.ttftDecodeMsPerContextToken);
   }
-  ms += keepWeight * Math.max(0, bestCached - cached) * k.prefillMsPerToken;
-  return ms / (blockSize * k.prefillMsPerToken);
+  ms += keepWeight * Math.max(0, bestCached - cached) * k.ttftPrefillMsPerToken;
+  return ms / (blockSize * k.ttftPrefillMsPerToken);
 }

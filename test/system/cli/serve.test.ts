@@ -138,6 +138,12 @@ const ALL_FLAGS: readonly [string, string][] = [
   ["--router-assume-kv-reuse", "false"],
   ["--cost-model", "ttft"],
   ["--ttft-keep-weight", "0.5"],
+  ["--ttft-prefill-ms-per-token", "0.005"],
+  ["--ttft-prefill-ms-per-token-pair", "1.3e-7"],
+  ["--ttft-decode-step-ms", "1"],
+  ["--ttft-decode-ms-per-sequence", "0.005"],
+  ["--ttft-decode-ms-per-context-token", "4e-6"],
+  ["--ttft-batch-tokens", "4096"],
   ["--active-request-expiry-secs", "60"],
   ["--max-reservations", "5000"],
   ["--kv-events", "false"],
@@ -202,6 +208,12 @@ const ALL_FLAGS_CONFIG: DaemonConfig = {
     diskCacheHitWeight: 0.2,
     costModel: "ttft",
     ttftKeepWeight: 0.5,
+    ttftPrefillMsPerToken: 0.005,
+    ttftPrefillMsPerTokenPair: 1.3e-7,
+    ttftDecodeStepMs: 1,
+    ttftDecodeMsPerSequence: 0.005,
+    ttftDecodeMsPerContextToken: 4e-6,
+    ttftBatchTokens: 4096,
     trackPrefillTokens: false,
     assumeKvReuse: false,
   },
@@ -451,10 +463,10 @@ describe("kvmesh serve: the reference's environment names", () => {
   it("reads each reference variable as an alias of its KVMESH_* one", async () => {
     for (const [name, value] of REFERENCE_ENV) vi.stubEnv(name, value);
     const c = await serveConfig();
-    // Every selector knob but --cost-model and --ttft-keep-weight, kvmesh's own (the reference has no variable for it).
-    const referenceKnobs: Record<string, unknown> = { ...ALL_FLAGS_CONFIG.selector };
-    delete referenceKnobs.costModel;
-    delete referenceKnobs.ttftKeepWeight;
+    // Every selector knob but --cost-model and the --ttft-* ones, kvmesh's own (the reference has no variable for them).
+    const referenceKnobs: Record<string, unknown> = Object.fromEntries(
+      Object.entries(ALL_FLAGS_CONFIG.selector).filter(([key]) => key !== "costModel" && !key.startsWith("ttft")),
+    );
     expect(c.selector).toEqual(referenceKnobs);
     expect(c.kvEvents).toBe(false);
     expect(c.activeRequestExpirySecs).toBe(60);

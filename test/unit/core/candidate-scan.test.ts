@@ -16,6 +16,7 @@ import { DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../../../src/core/
 import { ServiceCounters } from "../../../src/core/service-stats.js";
 import { ManualClock } from "../../../src/core/time.js";
 import { TieSpreader } from "../../../src/core/tie-spread.js";
+import { DEFAULT_TTFT_COST } from "../../../src/core/ttft-cost.js";
 import type { WorkerType } from "../../../src/core/selector.js";
 import type { SelectionNote, SelectRequest, WorkerCatalogRecord } from "../../../src/core/types.js";
 
@@ -83,7 +84,10 @@ function buildWorld(seed: number, costModel: SelectorConfig["costModel"] = "refe
   const clock = new ManualClock(1_000);
   // Some worlds predict in-flight prefixes (predicted-cache.ts): an overlap the scan must see too.
   const predicting = seed % 2 === 0;
-  const p = new Partition("m", "g", BS, false, clock, seededRandom(seed + 1), 300_000, { ttlMs: predicting ? 60_000 : 0, maxBlocksPerRank: 64 }, new ServiceCounters());
+  // ttft worlds run the ledger's prefill estimate, at 2 ms a token so bookings (16 or 40 tokens)
+  // are partly run out within the 0-100 ms the clock advances below.
+  const timing = costModel === "ttft" ? { ...DEFAULT_TTFT_COST, ttftPrefillMsPerToken: 2 } : undefined;
+  const p = new Partition("m", "g", BS, false, clock, seededRandom(seed + 1), 300_000, { ttlMs: predicting ? 60_000 : 0, maxBlocksPerRank: 64 }, new ServiceCounters(), timing);
   const nWorkers = 20 + Math.floor(g.next() * 120);
   const workers: number[] = [];
   for (let w = 1; w <= nWorkers; w++) {
@@ -152,6 +156,7 @@ function buildWorld(seed: number, costModel: SelectorConfig["costModel"] = "refe
     overlapScoreCreditDecay: g.next() < 0.15 ? 0.5 : 0,
     temperature: g.next() < 0.1 ? 0.5 : 0,
     costModel,
+    ...timing,
   };
   const workerType = pick(g, ["aggregated", "aggregated", "decode", "prefill"] as const);
   const spread = g.next() < 0.4 ? { index: Math.floor(g.next() * 3), count: 3 } : undefined;

@@ -300,6 +300,12 @@ describe("selector config", () => {
       assumeKvReuse: true,
       costModel: "reference",
       ttftKeepWeight: 1,
+      ttftPrefillMsPerToken: 0.05,
+      ttftPrefillMsPerTokenPair: 1.3e-6,
+      ttftDecodeStepMs: 10,
+      ttftDecodeMsPerSequence: 0.05,
+      ttftDecodeMsPerContextToken: 4e-5,
+      ttftBatchTokens: 8_192,
     });
     expect(validateSelectorConfig(DEFAULT_SELECTOR_CONFIG)).toEqual(DEFAULT_SELECTOR_CONFIG);
   });

@@ -43,9 +43,9 @@ describe("the ttft cost model", () => {
   });
 
   it("moves it when the caching worker is really busier: more queued prefill than the recompute and the keep term", () => {
-    const recomputeMs = ttftCost(0, 28_000, 0, newBlocks, 0, isl, BS, DEFAULT_TTFT_COST) * BS * DEFAULT_TTFT_COST.prefillMsPerToken;
+    const recomputeMs = ttftCost(0, 28_000, 0, newBlocks, 0, isl, BS, DEFAULT_TTFT_COST) * BS * DEFAULT_TTFT_COST.ttftPrefillMsPerToken;
     // Queued prefill worth well more than recomputing the history (twice, with the keep term).
-    const queued = Math.ceil((2 * recomputeMs) / DEFAULT_TTFT_COST.prefillMsPerToken);
+    const queued = Math.ceil((2 * recomputeMs) / DEFAULT_TTFT_COST.ttftPrefillMsPerToken);
     const busy = [
       { device: cachedBlocks, activePrefillTokens: queued, potentialDecodeBlocks: newBlocks, activeRequests: 3 },
       { device: 0, activePrefillTokens: 0, potentialDecodeBlocks: newBlocks, activeRequests: 0 },
@@ -70,10 +70,10 @@ describe("the ttft cost model", () => {
     // Alone (best = its own cache): no keep term.
     const alone = computeCost({ device: 10, activePrefillTokens: 0, potentialDecodeBlocks: 0 }, { islTokens: 1_000, blockSize: BS }, TTFT);
     const uncached = 1_000 - 640;
-    expect(alone).toBeCloseTo((uncached * k.prefillMsPerToken + uncached * (640 + uncached / 2) * k.prefillMsPerTokenPair) / (BS * k.prefillMsPerToken), 9);
+    expect(alone).toBeCloseTo((uncached * k.ttftPrefillMsPerToken + uncached * (640 + uncached / 2) * k.ttftPrefillMsPerTokenPair) / (BS * k.ttftPrefillMsPerToken), 9);
     // Beside a candidate caching everything but the last token: the 640 tokens it lacks count again.
     const beside = computeCost({ device: 10, activePrefillTokens: 0, potentialDecodeBlocks: 0 }, { islTokens: 1_000, blockSize: BS, bestCachedTokens: 960 }, TTFT);
-    expect(beside - alone).toBeCloseTo((k.keepWeight * 320) / BS, 9);
+    expect(beside - alone).toBeCloseTo((k.ttftKeepWeight * 320) / BS, 9);
   });
 
   it("is non-decreasing in every load (the candidate scan's floors rely on it)", () => {
@@ -96,5 +96,15 @@ describe("the ttft cost model", () => {
     expect(DEFAULT_SELECTOR_CONFIG.costModel).toBe("reference");
     expect(validateSelectorConfig(TTFT).costModel).toBe("ttft");
     expect(() => validateSelectorConfig({ ...TTFT, costModel: "fast" as never })).toThrow(/cost_model must be one of reference, ttft/);
+  });
+
+  it("takes its engine timing as knobs, refusing a zero prefill rate or batch (the cost divides by one, steps by the other)", () => {
+    expect(validateSelectorConfig({ ...TTFT, ttftPrefillMsPerToken: 0.005 }).ttftPrefillMsPerToken).toBe(0.005);
+    expect(() => validateSelectorConfig({ ...TTFT, ttftPrefillMsPerToken: 0 })).toThrow(/ttft_prefill_ms_per_token must be > 0/);
+    expect(() => validateSelectorConfig({ ...TTFT, ttftBatchTokens: 0 })).toThrow(/ttft_batch_tokens must be >= 1/);
+    expect(() => validateSelectorConfig({ ...TTFT, ttftDecodeStepMs: -1 })).toThrow(/ttft_decode_step_ms must be a finite number >= 0/);
+    // Only the ratios decide: the same timing ten times faster scores every rank the same.
+    const fast = { ...DEFAULT_TTFT_COST, ttftPrefillMsPerToken: 0.005, ttftPrefillMsPerTokenPair: 1.3e-7, ttftDecodeStepMs: 1, ttftDecodeMsPerSequence: 0.005, ttftDecodeMsPerContextToken: 4e-6 };
+    expect(ttftCost(1_024, 4_096, 9_000, 300, 4, 8_000, BS, fast)).toBeCloseTo(ttftCost(1_024, 4_096, 9_000, 300, 4, 8_000, BS, DEFAULT_TTFT_COST), 9);
   });
 });
