@@ -57,11 +57,12 @@ export const DEFAULT_APPROX_TTL_SECS = 120;
  */
 export const DEFAULT_MAX_PREDICTED_BLOCKS_PER_RANK = 65_536;
 /**
- * A prediction younger than this is taken as in flight (its prefill running on the rank), ms: the
- * predicted TTL's default. With KV events every unconfirmed prediction is (the TTL is at most this
- * by default); without, the approximate cache's older entries are cache, not work in progress.
+ * A prediction younger than this is taken as in flight (its prefill running on the rank), ms: 10 s,
+ * well past a 32k-token prefill on current GPUs, and the TTL `--predicted-ttl-secs 10` suggests.
+ * With KV events every unconfirmed prediction within it is; without, the approximate cache's older
+ * entries are cache, not work in progress.
  */
-const INFLIGHT_WINDOW_MS = DEFAULT_PREDICTED_TTL_SECS * 1_000;
+const INFLIGHT_WINDOW_MS = 10_000;
 /** Expired predictions are swept at most this often, ms (lookups ignore expired ones meanwhile). */
 const SWEEP_INTERVAL_MS = 1_000;
 const MAX_PREDICTED_TTL_SECS = 86_400;
