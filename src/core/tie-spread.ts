@@ -29,15 +29,20 @@ export interface ReplicaSlot {
 /** Costs within this many blocks of the minimum count as tied: less than one block of work. */
 export const DEFAULT_NEAR_TIE_BLOCKS = 0.5;
 
-/** A 32-bit avalanche (murmur3 fmix32): consecutive worker ids land in unrelated classes. */
-export function spreadKey(workerId: bigint, dpRank: number): number {
-  let h = Number(BigInt.asUintN(32, workerId)) ^ Math.imul(Number(BigInt.asUintN(32, workerId >> 32n)), 0x85ebca6b) ^ Math.imul(dpRank + 1, 0x9e3779b1);
+/** murmur3's 32-bit finalizer (fmix32): a 32-bit avalanche. */
+function fmix32(x: number): number {
+  let h = x;
   h ^= h >>> 16;
   h = Math.imul(h, 0x85ebca6b);
   h ^= h >>> 13;
   h = Math.imul(h, 0xc2b2ae35);
   h ^= h >>> 16;
   return h >>> 0;
+}
+
+/** A rank's key: consecutive worker ids land in unrelated classes. */
+export function spreadKey(workerId: bigint, dpRank: number): number {
+  return fmix32(Number(BigInt.asUintN(32, workerId)) ^ Math.imul(Number(BigInt.asUintN(32, workerId >> 32n)), 0x85ebca6b) ^ Math.imul(dpRank + 1, 0x9e3779b1));
 }
 
 /**
@@ -119,13 +124,7 @@ export class TieSpreader {
   }
 }
 
-/** Highest-random-weight hashing of (worker rank, prompt): murmur3's fmix32 of the two keys mixed. */
+/** Highest-random-weight hashing of (worker rank, prompt): fmix32 of the two keys mixed. */
 function rendezvous(rankKey: number, prefixKey: number): number {
-  let h = (rankKey ^ Math.imul(prefixKey, 0x85ebca6b)) >>> 0;
-  h ^= h >>> 16;
-  h = Math.imul(h, 0x85ebca6b);
-  h ^= h >>> 13;
-  h = Math.imul(h, 0xc2b2ae35);
-  h ^= h >>> 16;
-  return h >>> 0;
+  return fmix32((rankKey ^ Math.imul(prefixKey, 0x85ebca6b)) >>> 0);
 }
