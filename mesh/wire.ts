@@ -47,7 +47,9 @@
  *              exact load replication and from older replicas), ct [catalog map], ws [status
  *              map] (optional: absent from older replicas), dn draining (optional: only when true),
  *              bc binding cursor (u64, optional: more bindings than bn follow in pages),
- *              dg [u64] other origins the sender holds as leaving (optional: absent when none)
+ *              dg [u64] other origins the sender holds as leaving (optional: absent when none),
+ *              pr [{wk worker_id(u64), dp dp_rank, tt ms left, h checkpoint hashes(bin)}] the
+ *              predicted cache (optional: absent when none; src/core/predicted-snapshot.ts)
  *   control    v, ty "snapshot"|"peer"|"unpeer", f from(u64), pe publishEndpoint, bp page size
  *              (snapshot, optional: the requester takes its bindings in pages of at most this
  *              many); ty "bindings", f, c cursor(u64), n page size
@@ -60,6 +62,7 @@ import { MAX_WORKER_STATUS_REASONS } from "../src/core/index.js";
 import { KvmeshError } from "../src/core/index.js";
 import { MAX_HASHES_PER_BOOKING, MAX_WORKER_FIELD_ENTRIES } from "../src/core/index.js";
 import { MAX_ID_BYTES } from "../src/core/index.js";
+import { MAX_SNAPSHOT_PREDICTED_PAIRS, type PredictionSnapshotRow } from "../src/core/index.js";
 import type { HashList } from "../src/core/index.js";
 import type { AddedBooking, BindingEvent, CatalogEvent, LoadAddEvent, LoadAggregateRow, LoadAggregates, LoadMarkEvent, PartitionRef, WorkerStatusEvent } from "../src/core/index.js";
 import type { Lifecycle, WorkerRequest } from "../src/core/index.js";
@@ -93,6 +96,10 @@ export const MAX_SNAPSHOT_WORKER_STATUSES = 1_048_576;
 export { MAX_WORKER_FIELD_ENTRIES };
 /** Other origins whose totals a snapshot carries (the mesh's tracked-origin bound is far below). */
 export const MAX_SNAPSHOT_ORIGINS = 4_096;
+/** Predicted checkpoint pairs in a snapshot, all rows together: the sender's own bound (a row past it is skipped). */
+export { MAX_SNAPSHOT_PREDICTED_PAIRS };
+/** A prediction's time left, ms: at most a day (the TTL flags' bound, predicted-cache.ts). */
+const MAX_PREDICTION_TTL_MS = 86_400_000;
 /** request_id, session_id, model_name, routing_group, UTF-8 bytes: the core's own bound. */
 export { MAX_ID_BYTES };
 export const MAX_ENDPOINT_BYTES = 1_024;
@@ -249,6 +256,7 @@ function snapshotToWire(s: Snapshot): WireMap {
   if (s.draining === true) out.dn = true;
   if (s.drainingOrigins !== undefined && s.drainingOrigins.length > 0) out.dg = s.drainingOrigins;
   if (s.bindingCursor !== undefined) out.bc = s.bindingCursor;
+  if (s.predictions !== undefined && s.predictions.length > 0) out.pr = s.predictions.map((r) => ({ wk: r.worker_id, dp: r.dp_rank, tt: r.ttl_ms, h: hashBytes(r.hashes) }));
   return out;
 }
 
@@ -260,6 +268,8 @@ function estimateSnapshotBytes(s: Snapshot): number {
   for (const m of s.mirrored ?? []) for (const a of m.aggregates) n += 16 + estimateEventBytes({ kind: "loads", event: a });
   for (const e of s.catalog ?? []) n += estimateEventBytes({ kind: "catalog", event: e });
   for (const e of s.statuses ?? []) n += estimateEventBytes({ kind: "worker_status", event: e });
+  // A row: its map, worker id, dp rank and ttl (~32 bytes) and its hashes' bin.
+  for (const r of s.predictions ?? []) n += 32 + r.hashes.byteLength;
   return n;
 }
 
@@ -769,7 +779,26 @@ function decodeSnapshotFields(m: Fields, at: string, skip: SkipSink | undefined)
     ...(m.dn === undefined ? {} : { draining: bool(m.dn, `${p}draining`) }),
     ...(m.dg === undefined ? {} : { drainingOrigins: entries(array(m.dg, `${p}drainingOrigins`, MAX_SNAPSHOT_ORIGINS), skip, (raw, i) => nonZeroU64(raw, `${p}drainingOrigins[${i}]`)) }),
     ...(m.bc === undefined ? {} : { bindingCursor: u64(m.bc, `${p}bindingCursor`) }),
+    ...(m.pr === undefined ? {} : { predictions: decodePredictions(m.pr, `${p}predictions`, skip) }),
   };
+}
+
+/** A snapshot's predicted cache: each row is one entry; a row past the pairs' bound is skipped as over it. */
+function decodePredictions(raw: unknown, at: string, skip: SkipSink | undefined): PredictionSnapshotRow[] {
+  let pairs = 0;
+  return entries(array(raw, at, MAX_SNAPSHOT_PREDICTED_PAIRS), skip, (item, i): PredictionSnapshotRow => {
+    const rat = `${at}[${i}]`;
+    const r = map(item, rat);
+    const worker_id = u64(r.wk, `${rat}.worker_id`);
+    const dp_rank = uint(r.dp, `${rat}.dp_rank`, U32_MAX);
+    const ttl_ms = uint(r.tt, `${rat}.ttl_ms`, MAX_PREDICTION_TTL_MS);
+    if (ttl_ms === 0) throw new MeshWireError(`${rat}.ttl_ms`, "must be at least 1");
+    const hashes = hashList(r.h, `${rat}.hashes`);
+    if (hashes.length === 0) throw new MeshWireError(`${rat}.hashes`, "must not be empty");
+    pairs += hashes.length / 2;
+    if (pairs > MAX_SNAPSHOT_PREDICTED_PAIRS) throw new MeshWireError(`${rat}.hashes`, `more than ${MAX_SNAPSHOT_PREDICTED_PAIRS} predicted hashes in one snapshot`, OVER_BOUND);
+    return { worker_id, dp_rank, ttl_ms, hashes };
+  });
 }
 
 /** `skip`: where bad events go (the rest of the batch is kept); without it, one refuses the batch. */

@@ -46,5 +46,6 @@ export { DEFAULT_MODEL_NAME, DEFAULT_ROUTING_GROUP } from "./types.js";
 export type { BlockExtraInfo, BlockMmObjectInfo, Lifecycle, MmRoutingInfo, ModelLoadResponse, PromptFields, RankLoad, ReservationRequest, RouterConfigOverrideWire, SelectAndReserveRequest, SelectionNote, SelectRequest, SessionContext, WorkerCatalogRecord, WorkerId, WorkerPatchRequest, WorkerRankRef, WorkerRequest } from "./types.js";
 export { U64Table } from "./u64-table.js";
 export { DEFAULT_APPROX_TTL_SECS, DEFAULT_MAX_PREDICTED_BLOCKS_PER_RANK, DEFAULT_PREDICTED_TTL_SECS, PREDICTED_STRIDE_BLOCKS, predictedTtlMs, predictionOf } from "./predicted-cache.js";
+export { MAX_SNAPSHOT_PREDICTED_PAIRS, type PredictionSnapshotRow } from "./predicted-snapshot.js";
 export { hasUnusableKvEndpoint, kvEventsEndpointRefused, recordToRequest, replayEndpointFor, workerDraft } from "./worker-catalog.js";
 export type * from "./types.js";

@@ -98,6 +98,13 @@ export function predictionOf(seqHashes: HashList): HashList {
   return out;
 }
 
+/** One live record as exportRecords gives it: the rank key, the pairs, and the time left, ms. */
+export interface PredictionExport {
+  readonly rank: number;
+  readonly hashes: HashList;
+  readonly ttlMs: number;
+}
+
 /** One booking's prediction on one rank, in its rank's FIFO. */
 interface PredictionRecord {
   readonly hashes: HashList;
@@ -180,17 +187,24 @@ export class PredictedCache {
     this.add(rank, predictionOf(seqHashes));
   }
 
-  /** A booking's checkpoint hashes (predictionOf) on `rank`: a local booking or a peer's, as sent. */
-  add(rank: number, hashes: HashList): void {
-    if (this.ttlMs <= 0 || hashes.length === 0) return;
+  /**
+   * A booking's checkpoint hashes (predictionOf) on `rank`: a local booking or a peer's, as sent.
+   * `ttlMs` is the time the prediction has left (a peer's snapshot sends what is left of each; at
+   * most this cache's TTL). A pair already held longer keeps its expiry. Returns whether anything
+   * was added or held longer (a record that changes nothing is not kept: a snapshot installed twice
+   * holds no more than once).
+   */
+  add(rank: number, hashes: HashList, ttlMs = this.ttlMs): boolean {
+    if (this.ttlMs <= 0 || hashes.length === 0 || !(ttlMs > 0)) return false;
     const now = this.#clock.now();
     this.#maybeSweep(now);
-    const expiresAt = now + this.ttlMs;
+    const expiresAt = now + Math.min(ttlMs, this.ttlMs);
     let q = this.#queues.get(rank);
     if (q === undefined) {
       q = { records: [], head: 0, pairs: 0 };
       this.#queues.set(rank, q);
     }
+    let changed = false;
     const n = hashCount(hashes);
     for (let i = 0; i < n; i++) {
       const hi = hashes[2 * i] as number;
@@ -205,22 +219,109 @@ export class PredictedCache {
         this.#table.set(0, hi, lo, e);
       }
       const holders = this.#holders[e] as number[];
+      const expiry = this.#expiry[e] as number[];
       const k = holders.indexOf(rank);
       if (k >= 0) {
-        (this.#expiry[e] as number[])[k] = expiresAt;
+        if ((expiry[k] as number) < expiresAt) {
+          expiry[k] = expiresAt;
+          changed = true;
+        }
       } else {
         holders.push(rank);
-        (this.#expiry[e] as number[]).push(expiresAt);
+        expiry.push(expiresAt);
         q.pairs++;
         this.#pairs++;
         this.#counters.predictedBlocksAdded++;
+        changed = true;
       }
     }
-    q.records.push({ hashes, expiresAt });
+    if (!changed) {
+      // Every pair is held at least as long by other records; an entry made above for nothing
+      // cannot exist (a new entry gets this rank as holder, which is a change).
+      if (q.head === q.records.length) this.#queues.delete(rank);
+      return false;
+    }
+    this.#enqueue(q, { hashes, expiresAt });
     while (q.pairs > this.#maxPerRank && q.head < q.records.length) {
       this.#counters.predictedBlocksShed += this.#popRecord(rank, q);
     }
     this.#compact(q);
+    return true;
+  }
+
+  /**
+   * Keeps `q` ordered by expiry (the sweep pops from its head, and #popRecord's ownership rule reads
+   * a later record as a later expiry): a local booking always goes last; a snapshot's prediction
+   * with less time left goes where its expiry puts it.
+   */
+  #enqueue(q: RankQueue, r: PredictionRecord): void {
+    const records = q.records;
+    if (q.head === records.length || (records[records.length - 1] as PredictionRecord).expiresAt <= r.expiresAt) {
+      records.push(r);
+      return;
+    }
+    let lo = q.head;
+    let hi = records.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if ((records[mid] as PredictionRecord).expiresAt <= r.expiresAt) lo = mid + 1;
+      else hi = mid;
+    }
+    records.splice(lo, 0, r);
+  }
+
+  /**
+   * What this cache holds, for a peer's snapshot: each live record's pairs it still owns (not
+   * confirmed, not held longer by a later booking) with the time it has left, newest first, at most
+   * `maxPairs` hashes in all. Returns the rows and how many pairs the bound left out.
+   */
+  exportRecords(maxPairs: number): { rows: PredictionExport[]; left: number } {
+    const now = this.#clock.now();
+    const live: { rank: number; r: PredictionRecord }[] = [];
+    for (const [rank, q] of this.#queues) {
+      for (let i = q.head; i < q.records.length; i++) {
+        const r = q.records[i] as PredictionRecord;
+        if (r.expiresAt > now) live.push({ rank, r });
+      }
+    }
+    live.sort((a, b) => b.r.expiresAt - a.r.expiresAt);
+    const rows: PredictionExport[] = [];
+    let budget = maxPairs;
+    let left = 0;
+    for (const { rank, r } of live) {
+      const owned = this.#ownedPairs(rank, r);
+      const n = hashCount(owned);
+      if (n === 0) continue;
+      if (n > budget) {
+        left += n;
+        continue;
+      }
+      budget -= n;
+      rows.push({ rank, hashes: owned, ttlMs: r.expiresAt - now });
+    }
+    return { rows, left };
+  }
+
+  /** The pairs of `r` on `rank` that `r` still owns (see #popRecord): all of them, or a copy of those. */
+  #ownedPairs(rank: number, r: PredictionRecord): HashList {
+    const n = hashCount(r.hashes);
+    const keep: number[] = [];
+    for (let i = 0; i < n; i++) {
+      const hi = r.hashes[2 * i] as number;
+      const lo = r.hashes[2 * i + 1] as number;
+      const e = this.#table.get(0, hi, lo);
+      if (e < 0) continue;
+      const k = (this.#holders[e] as number[]).indexOf(rank);
+      if (k >= 0 && (this.#expiry[e] as number[])[k] === r.expiresAt) keep.push(i);
+    }
+    if (keep.length === n) return r.hashes;
+    const out = new Uint32Array(2 * keep.length);
+    for (let j = 0; j < keep.length; j++) {
+      const i = keep[j] as number;
+      out[2 * j] = r.hashes[2 * i] as number;
+      out[2 * j + 1] = r.hashes[2 * i + 1] as number;
+    }
+    return out;
   }
 
   /**

@@ -23,6 +23,7 @@ import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
 import { Fleet, type DumpEvent, type DumpFilter, type WorkerChange } from "./fleet.js";
 import { hashCount } from "./hash64.js";
+import { exportPredictions, installPredictions } from "./predicted-snapshot.js";
 import type { IndexRankSnapshot, IndexSnapshotSource } from "./index-snapshot.js";
 import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
 import { LOAD_STRATEGIES } from "./replication/load-strategies.js";
@@ -200,7 +201,16 @@ export class SelectionService {
     this.#replication = new Replication({
       replicaId: o.replicaId,
       load: this.#load,
-      parts: { bindings: this.#bindings, catalog: this.#catalog },
+      parts: {
+        bindings: this.#bindings,
+        catalog: this.#catalog,
+        predictions: {
+          snapshot: () => exportPredictions(this.#fleet, counters),
+          install: (rows) => {
+            installPredictions(this.#fleet, counters, rows);
+          },
+        },
+      },
       local: {
         get draining() {
           return isDraining();

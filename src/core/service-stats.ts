@@ -69,6 +69,10 @@ export interface ServiceStats {
   readonly predictedBlocksExpired: number;
   /** Of those, shed at the per-rank bound (oldest bookings first). */
   readonly predictedBlocksShed: number;
+  /** Predicted pairs left out of a snapshot this replica sent, at MAX_SNAPSHOT_PREDICTED_PAIRS (predicted-snapshot.ts). */
+  readonly predictedSnapshotLeft: number;
+  /** Predicted rows in a peer's snapshot whose worker is not known here (skipped). */
+  readonly predictedSnapshotUnplaced: number;
 }
 
 type Mutable<T> = { -readonly [K in keyof T]: T[K] };
@@ -112,6 +116,8 @@ export class ServiceCounters implements Mutable<ServiceStats> {
   predictedBlocksConfirmed = 0;
   predictedBlocksExpired = 0;
   predictedBlocksShed = 0;
+  predictedSnapshotLeft = 0;
+  predictedSnapshotUnplaced = 0;
 
   /** Live, read-only: each property is a getter over the counter (enumerable, so JSON shows it). */
   readonly view: ServiceStats;

@@ -59,6 +59,8 @@ const STAT_COUNTERS: readonly (readonly [name: string, help: string, key: keyof 
   ["kvmesh_predicted_blocks_confirmed_total", "Predicted pairs dropped because the prefix index held them when looked up (the engine's BlockStored arrived).", "predictedBlocksConfirmed"],
   ["kvmesh_predicted_blocks_expired_total", "Predicted pairs dropped at their TTL (--predicted-ttl-secs, or --approx-ttl-secs without KV events).", "predictedBlocksExpired"],
   ["kvmesh_predicted_blocks_shed_total", "Predicted pairs shed at the per-rank bound (--predicted-max-blocks-per-rank), oldest bookings first.", "predictedBlocksShed"],
+  ["kvmesh_predicted_blocks_snapshot_left_total", "Predicted pairs left out of a snapshot sent to a peer, past its bound (262,144 pairs, newest kept).", "predictedSnapshotLeft"],
+  ["kvmesh_predicted_snapshot_rows_unplaced_total", "Predicted rows in a peer's snapshot skipped because their worker is not registered here.", "predictedSnapshotUnplaced"],
   ["kvmesh_worker_statuses_ignored_total", "Peers' per-worker statuses ignored (taken before the worker's deletion, or over the bound).", "workerStatusesIgnored"],
 ];
 

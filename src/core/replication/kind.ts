@@ -7,6 +7,7 @@
  */
 import type { SessionBindings } from "../bindings.js";
 import type { CatalogReplication } from "../catalog-replication.js";
+import type { PredictionSnapshotRow } from "../predicted-snapshot.js";
 import type { LoadStrategy } from "./load-strategy.js";
 
 /** What a kind is built from: the core's parts it replicates, and this replica's own state. */
@@ -16,8 +17,16 @@ export interface ReplicaParts {
   readonly load: LoadStrategy;
   readonly bindings: SessionBindings;
   readonly catalog: CatalogReplication;
+  /** The predicted cache of every partition, as snapshots carry it (predicted-snapshot.ts). */
+  readonly predictions: PredictionSnapshots;
   /** This replica's own lifecycle as its peers may need it. */
   readonly local: LocalLifecycle;
+}
+
+/** The predicted cache's side of a snapshot. */
+export interface PredictionSnapshots {
+  snapshot(): PredictionSnapshotRow[];
+  install(rows: readonly PredictionSnapshotRow[]): void;
 }
 
 /** This replica's own lifecycle: draining means it is leaving (`POST /drain`, a shutdown's drain window). */

@@ -1,7 +1,7 @@
 /**
  * The replicated kinds, in the order a snapshot installs them: the catalogue first (a joiner's
- * bookings and bindings then find their workers), the origin's worker statuses, its load, then
- * its bindings. A new kind is one file here, a line in each list below, and its codec entry in
+ * bookings, bindings and predictions then find their workers), the origin's worker statuses, its
+ * load, its bindings, its drain flag, then its predicted cache. A new kind is one file here, a line in each list below, and its codec entry in
  * mesh/wire.ts.
  */
 import { bindingKind, type BindingKindEvent, type BindingSnapshotPart } from "./binding-kind.js";
@@ -10,13 +10,14 @@ import { drainKind, type DrainFacts, type DrainKindEvent, type DrainSnapshotPart
 import type { ReplicaKind, ReplicaKindFactory } from "./kind.js";
 import { loadKind, type LoadFacts, type LoadKindEvent } from "./load-kind.js";
 import type { LoadSnapshotPart } from "./load-strategy.js";
+import { predictedKind, type PredictedSnapshotPart } from "./predicted-kind.js";
 import { workerStatusKind, type WorkerStatusKindEvent, type WorkerStatusSnapshotPart } from "./worker-status-kind.js";
 
 /** One replicated change, keyed by `kind`: what a replica tells its peers, and what it is told. */
 export type ReplicaEvent = LoadKindEvent | BindingKindEvent | CatalogKindEvent | WorkerStatusKindEvent | DrainKindEvent;
 
 /** What a snapshot of one replica carries (the mesh adds its envelope: origin, epoch, seq). */
-export type ReplicaSnapshot = LoadSnapshotPart & BindingSnapshotPart & CatalogSnapshotPart & WorkerStatusSnapshotPart & DrainSnapshotPart;
+export type ReplicaSnapshot = LoadSnapshotPart & BindingSnapshotPart & CatalogSnapshotPart & WorkerStatusSnapshotPart & DrainSnapshotPart & PredictedSnapshotPart;
 
 /** What this replica holds of one origin. */
 export type OriginFacts = LoadFacts & DrainFacts;
@@ -25,6 +26,6 @@ export type OriginFacts = LoadFacts & DrainFacts;
 type AnyKindFactory = ReplicaKindFactory<any, any, any>;
 
 /** Install order. */
-export const REPLICA_KINDS: readonly AnyKindFactory[] = [catalogKind, workerStatusKind, loadKind, bindingKind, drainKind];
+export const REPLICA_KINDS: readonly AnyKindFactory[] = [catalogKind, workerStatusKind, loadKind, bindingKind, drainKind, predictedKind];
 
 export type AnyReplicaKind = ReplicaKind<ReplicaEvent, ReplicaSnapshot, Partial<OriginFacts>>;

@@ -126,4 +126,71 @@ describe("PredictedCache", () => {
     expect(off.size).toBe(0);
     expect(off.merge(NO_MATCH, prompt)).toBe(NO_MATCH);
   });
+
+  it("exports each live record with the time it has left, newest first, and only the pairs it still owns", () => {
+    const { cache, clock } = setup(10_000);
+    const a = computeSequenceHashes(chain(32, 11));
+    const b = computeSequenceHashes(chain(16, 12));
+    cache.recordBooking(1, a);
+    clock.advance(3_000);
+    cache.recordBooking(2, b);
+    // A later booking on rank 1 of a prompt sharing a's first 16 blocks takes that checkpoint over.
+    cache.recordBooking(1, computeSequenceHashes(chain(4, 13, chain(32, 11).slice(0, 2 * 16))));
+    clock.advance(1_000);
+    const { rows, left } = cache.exportRecords(1_000);
+    expect(left).toBe(0);
+    expect(rows.map((r) => [r.rank, r.ttlMs, r.hashes.length / 2])).toEqual([
+      [1, 9_000, 2],
+      [2, 9_000, 1],
+      [1, 6_000, 1],
+    ]);
+    // a's remaining pair is its 32-block checkpoint (the 16-block one went to the later booking).
+    const aPred = predictionOf(a);
+    expect(Array.from(rows[2]?.hashes ?? [])).toEqual(Array.from(aPred.subarray(2, 4)));
+    // The bound keeps the newest and counts the rest.
+    expect(cache.exportRecords(2).rows.map((r) => [r.rank, r.ttlMs])).toEqual([[1, 9_000]]);
+    expect(cache.exportRecords(2).left).toBe(2);
+  });
+
+  it("imports a peer's records with the time they have left: they expire when the peer's do, never shorten what is held, and a second install changes nothing", () => {
+    const peer = setup(10_000);
+    const here = setup(10_000);
+    const a = computeSequenceHashes(chain(40, 21));
+    const b = computeSequenceHashes(chain(20, 22));
+    peer.cache.recordBooking(5, a);
+    peer.clock.advance(6_000);
+    peer.cache.recordBooking(5, b);
+    peer.clock.advance(2_000);
+    // This replica booked b itself (9,000 ms left once the peer's copy, with 8,000, arrives).
+    here.cache.recordBooking(5, b);
+    here.clock.advance(1_000);
+    const { rows } = peer.cache.exportRecords(1_000);
+    for (const r of rows) here.cache.add(r.rank, r.hashes, r.ttlMs);
+    const added = here.counters.predictedBlocksAdded;
+    expect(depths(here.cache.merge(NO_MATCH, a))).toEqual({ 5: 40 });
+    // Installing the same snapshot again holds nothing more.
+    for (const r of rows) expect(here.cache.add(r.rank, r.hashes, r.ttlMs)).toBe(false);
+    expect(here.counters.predictedBlocksAdded).toBe(added);
+    // a had 2,000 ms left on the peer: gone after that here too; b keeps this replica's own 9,000.
+    here.clock.advance(2_001);
+    expect(here.cache.merge(NO_MATCH, a)).toBe(NO_MATCH);
+    expect(depths(here.cache.merge(NO_MATCH, b))).toEqual({ 5: 20 });
+    expect(here.counters.predictedBlocksExpired).toBe(predictionOf(a).length / 2);
+    here.clock.advance(7_000);
+    expect(here.cache.merge(NO_MATCH, b)).toBe(NO_MATCH);
+    expect(here.cache.size).toBe(0);
+  });
+
+  it("an imported record with less time left is swept in expiry order, not after the longer ones", () => {
+    const { cache, clock, counters } = setup(10_000);
+    const long = computeSequenceHashes(chain(16, 31));
+    const short = computeSequenceHashes(chain(16, 32));
+    cache.recordBooking(1, long);
+    cache.add(1, predictionOf(short), 2_000);
+    clock.advance(2_500);
+    // The sweep (at most once a second) runs on the next add or lookup.
+    expect(cache.merge(NO_MATCH, short)).toBe(NO_MATCH);
+    expect(counters.predictedBlocksExpired).toBe(1);
+    expect(cache.size).toBe(1);
+  });
 });

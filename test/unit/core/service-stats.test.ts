@@ -38,6 +38,6 @@ describe("service counters", () => {
     }).toThrow(TypeError);
     expect(svc.stats.selections).toBe(1);
     expect(JSON.parse(JSON.stringify(stats))).toMatchObject({ selections: 1, selectionErrors: 0, reservationsRefused: 0 });
-    expect(Object.keys(stats)).toHaveLength(37);
+    expect(Object.keys(stats)).toHaveLength(39);
   });
 });

@@ -1,13 +1,15 @@
 /**
  * Aggregate loads events carry each new booking's predicted checkpoints (column `ah`, optional):
  * they round-trip, are absent when no booking carries any, and a malformed column is refused.
+ * A snapshot's predicted cache (key `pr`, optional; src/core/predicted-snapshot.ts) likewise, each
+ * row an entry of its own.
  */
 import { Packr, Unpackr } from "msgpackr";
 import { describe, expect, it } from "vitest";
 
 import type { LoadAggregates } from "../../../src/core/index.js";
-import type { MeshBatch } from "../../../mesh/types.js";
-import { decodeBatch, encodeBatch, estimateEventBytes } from "../../../mesh/wire.js";
+import type { MeshBatch, Snapshot } from "../../../mesh/types.js";
+import { decodeBatch, decodeSnapshot, encodeBatch, encodeSnapshot, estimateEventBytes, MAX_SNAPSHOT_PREDICTED_PAIRS, type SkippedEntry } from "../../../mesh/wire.js";
 
 const loads = (predicted: (Uint32Array | undefined)[]): LoadAggregates => ({
   partition: { model_name: "m", routing_group: "" },
@@ -50,5 +52,43 @@ describe("loads events' predicted checkpoints", () => {
     })();
     const text = decoded instanceof Error ? decoded.message : JSON.stringify(decoded, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v));
     expect(text).toContain("predicted");
+  });
+});
+
+describe("a snapshot's predicted cache (key pr)", () => {
+  const snap = { v: 1 as const, origin: 5n, epoch: 9n, seq: 3, bookings: [], bindings: [] };
+  const row = (worker_id: bigint, ttl_ms: number, hashes: number[]) => ({ worker_id, dp_rank: 1, ttl_ms, hashes: Uint32Array.from(hashes) });
+  const plain = (s: Snapshot) => (s.predictions ?? []).map((r) => [r.worker_id, r.dp_rank, r.ttl_ms, Array.from(r.hashes)]);
+
+  it("round-trips, and is absent when there is none", () => {
+    const got = decodeSnapshot(encodeSnapshot({ ...snap, predictions: [row(7n, 90_000, [1, 2, 3, 4]), row(2n ** 63n, 1, [5, 6])] }));
+    expect(plain(got)).toEqual([
+      [7n, 1, 90_000, [1, 2, 3, 4]],
+      [2n ** 63n, 1, 1, [5, 6]],
+    ]);
+    const raw = rawUnpackr.unpack(encodeSnapshot(snap)) as Record<string, unknown>;
+    expect(raw).not.toHaveProperty("pr");
+    expect(decodeSnapshot(encodeSnapshot(snap))).toEqual(snap);
+  });
+
+  it("a bad row is skipped and reported, naming its field; the rest installs", () => {
+    const raw = rawUnpackr.unpack(encodeSnapshot({ ...snap, predictions: [row(7n, 1_000, [1, 2]), row(8n, 1_000, [3, 4]), row(9n, 1_000, [5, 6])] })) as { pr: Record<string, unknown>[] };
+    (raw.pr[0] as Record<string, unknown>).tt = 0;
+    (raw.pr[2] as Record<string, unknown>).h = Buffer.alloc(0);
+    const skipped: SkippedEntry[] = [];
+    const got = decodeSnapshot(rawPackr.pack(raw), (s) => skipped.push(s));
+    expect(plain(got)).toEqual([[8n, 1, 1_000, [3, 4]]]);
+    expect(skipped.map((s) => s.message).join(" ")).toMatch(/predictions\[0\]\.ttl_ms.*predictions\[2\]\.hashes/);
+  });
+
+  it("rows past MAX_SNAPSHOT_PREDICTED_PAIRS hashes in all are skipped as over the bound", () => {
+    const half = MAX_SNAPSHOT_PREDICTED_PAIRS / 2;
+    const big = (w: bigint) => ({ worker_id: w, dp_rank: 0, ttl_ms: 5, hashes: new Uint32Array(2 * Math.min(half, 131_072)) });
+    const rows = Array.from({ length: Math.ceil(MAX_SNAPSHOT_PREDICTED_PAIRS / Math.min(half, 131_072)) + 1 }, (_, i) => big(BigInt(i + 1)));
+    const skipped: SkippedEntry[] = [];
+    const got = decodeSnapshot(encodeSnapshot({ ...snap, predictions: rows }), (s) => skipped.push(s));
+    expect(got.predictions?.length).toBe(rows.length - 1);
+    expect(skipped).toHaveLength(1);
+    expect(skipped[0]?.message).toContain(`more than ${MAX_SNAPSHOT_PREDICTED_PAIRS}`);
   });
 });
