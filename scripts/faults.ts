@@ -71,10 +71,11 @@ const args = scriptProgram("faults", "The mesh fault scenarios, long versions, w
   .option("--soak-minutes <m>", "also (or, without --only, only) a soak of this many minutes (>= 10 for the real one)", positiveNumber)
   .option("--soak-rate <n>", "soak load, requests/s", positiveNumber, 40)
   .option("--json <file>", "JSON report", "reports/faults.json")
+  .option("--no-kv-events", "scenarios 10 and 11: the replicas run --no-kv-events (their cache is the approximate one built from routing decisions)")
   .option("--trace <file>", "scenarios 10 and 11: a Mooncake-format JSONL trace instead of generated sessions (e.g. ../shared/traces/mooncake-synthetic.jsonl)")
   .parse()
-  .opts<{ short: boolean; only?: number[]; soakMinutes?: number; soakRate: number; json: string; trace?: string }>();
-const withTrace = (o: KvChangeOptions): KvChangeOptions => (args.trace === undefined ? o : { ...o, tracePath: args.trace });
+  .opts<{ short: boolean; only?: number[]; soakMinutes?: number; soakRate: number; json: string; trace?: string; kvEvents: boolean }>();
+const withTrace = (o: KvChangeOptions): KvChangeOptions => ({ ...o, ...(args.trace === undefined ? {} : { tracePath: args.trace }), ...(args.kvEvents ? {} : { kvEvents: false }) });
 
 /** A scenario that runs longer than this is reported as failed (and the run goes on). */
 const SCENARIO_TIMEOUT_MS = 5 * 60_000;

@@ -52,6 +52,11 @@ export interface KvChangeOptions {
   readonly seed: number;
   /** A Mooncake-format JSONL trace instead of generated sessions (read at run time, never committed). */
   readonly tracePath?: string | undefined;
+  /**
+   * false: the replicas run `--no-kv-events`, so their only cache is the approximate one built from
+   * routing decisions (predicted-cache.md), which a restarted replica takes from its peers' snapshots.
+   */
+  readonly kvEvents?: boolean | undefined;
 }
 
 const BASE: Omit<KvChangeOptions, "change" | "replicas"> = {
@@ -187,12 +192,16 @@ interface RunResult {
   readonly wallMs: number;
 }
 
-async function indexBlocks(c: RouterClient): Promise<number> {
-  return metricSum(await c.ok("GET", "/metrics"), "kvmesh_index_blocks");
+/** What a replica caches: its prefix index, or without KV events its approximate (predicted) cache. */
+const cacheMetric = (o: KvChangeOptions): string => (o.kvEvents === false ? "kvmesh_predicted_blocks" : "kvmesh_index_blocks");
+
+async function indexBlocks(c: RouterClient, metric: string): Promise<number> {
+  return metricSum(await c.ok("GET", "/metrics"), metric);
 }
 
-async function startOne(name: string, syncPort: number, peers: readonly number[], drainSecs: number): Promise<Slot> {
+async function startOne(name: string, syncPort: number, peers: readonly number[], drainSecs: number, kvEvents: boolean): Promise<Slot> {
   const args = [
+    ...(kvEvents ? [] : ["--no-kv-events"]),
     "--replica-sync-port",
     String(syncPort),
     "--drain-secs",
@@ -245,7 +254,7 @@ async function runOnce(o: KvChangeOptions, records: readonly TraceRecord[], with
   const indexes: RunResult["indexes"] = [];
   try {
     for (let i = 0; i < o.replicas; i++) {
-      slots.push(await startOne(`replica ${String(i)}`, ports[i] as number, ports.slice(0, o.replicas).filter((_, k) => k !== i), o.drainSecs));
+      slots.push(await startOne(`replica ${String(i)}`, ports[i] as number, ports.slice(0, o.replicas).filter((_, k) => k !== i), o.drainSecs, o.kvEvents !== false));
     }
     await waitForMesh(slots.map((s) => s.client), MESH_TIMEOUT_MS);
     for (const s of slots) await register(s, bodies);
@@ -253,7 +262,7 @@ async function runOnce(o: KvChangeOptions, records: readonly TraceRecord[], with
       await untilReady(s, bodies.length);
       s.ready = true;
     }
-    await engines.waitForSubscribers(o.replicas, MESH_TIMEOUT_MS);
+    if (o.kvEvents !== false) await engines.waitForSubscribers(o.replicas, MESH_TIMEOUT_MS);
     const index = new Map(engines.descriptors.map((d, k) => [workerKey(d.workerId, d.dpRank), k]));
     const policy = new RotationPolicy(slots, index);
     const completions: Completion[] = [];
@@ -269,9 +278,9 @@ async function runOnce(o: KvChangeOptions, records: readonly TraceRecord[], with
     let lastChangeMs: number | null = null;
     const record = async (s: Slot, startedAt: number): Promise<void> => {
       const peers = slots.filter((p) => p !== s && p.ready);
-      const mine = await indexBlocks(s.client);
+      const mine = await indexBlocks(s.client, cacheMetric(o));
       let sum = 0;
-      for (const p of peers) sum += await indexBlocks(p.client);
+      for (const p of peers) sum += await indexBlocks(p.client, cacheMetric(o));
       indexes.push({ replica: s.name, readyAfterMs: Math.round(performance.now() - startedAt), atReady: mine, peersAtReady: peers.length === 0 ? 0 : Math.round(sum / peers.length), atEnd: -1, peersAtEnd: -1 });
     };
     if (withChange) {
@@ -287,7 +296,7 @@ async function runOnce(o: KvChangeOptions, records: readonly TraceRecord[], with
           policy.retire(s.client);
           s.client.close();
           const started = performance.now();
-          const fresh = await startOne(s.name, s.syncPort, slots.filter((p) => p !== s).map((p) => p.syncPort), o.drainSecs);
+          const fresh = await startOne(s.name, s.syncPort, slots.filter((p) => p !== s).map((p) => p.syncPort), o.drainSecs, o.kvEvents !== false);
           slots[i] = fresh;
           // The catalogue also comes from the peers' snapshots; an operator registers the workers too.
           await register(fresh, bodies);
@@ -299,7 +308,7 @@ async function runOnce(o: KvChangeOptions, records: readonly TraceRecord[], with
         }
       } else {
         const started = performance.now();
-        const fresh = await startOne(`replica ${String(o.replicas)}`, ports[o.replicas] as number, slots.map((p) => p.syncPort), o.drainSecs);
+        const fresh = await startOne(`replica ${String(o.replicas)}`, ports[o.replicas] as number, slots.map((p) => p.syncPort), o.drainSecs, o.kvEvents !== false);
         slots.push(fresh);
         await register(fresh, bodies);
         await untilReady(fresh, bodies.length);
@@ -311,10 +320,10 @@ async function runOnce(o: KvChangeOptions, records: readonly TraceRecord[], with
     const r = await run;
     for (const row of indexes) {
       const s = slots.find((p) => p.name === row.replica) as Slot;
-      row.atEnd = await indexBlocks(s.client);
+      row.atEnd = await indexBlocks(s.client, cacheMetric(o));
       const peers = slots.filter((p) => p !== s);
       let sum = 0;
-      for (const p of peers) sum += await indexBlocks(p.client);
+      for (const p of peers) sum += await indexBlocks(p.client, cacheMetric(o));
       row.peersAtEnd = Math.round(sum / peers.length);
     }
     return { completions, failed: r.failed, failureSample: r.failureSample, refusedRetried: policy.refusedRetried, lifecycleLost: policy.lifecycleLost, lastChangeMs, exits, indexes, wallMs: r.wallMs };
@@ -365,13 +374,14 @@ export async function scenarioKvChange(o: KvChangeOptions): Promise<ScenarioRow>
       met: windowPoints.length === 0 || windowPoints.some((p) => !Number.isFinite(p)) ? null : windowPoints.every((p) => p <= WINDOW_MAX_POINTS),
     },
     ...changed.indexes.map((x) => ({
-      name: `${x.replica}'s index blocks when ready (${String(x.readyAfterMs)} ms after its start) / at the end`,
+      name: `${x.replica}'s ${o.kvEvents === false ? "predicted" : "index"} blocks when ready (${String(x.readyAfterMs)} ms after its start) / at the end`,
       value: `${String(x.atReady)} vs its peers' ${String(x.peersAtReady)} / ${String(x.atEnd)} vs ${String(x.peersAtEnd)}`,
       target: "within 1% of its peers'",
       met: x.peersAtReady === 0 ? null : Math.abs(x.atReady - x.peersAtReady) <= 0.01 * x.peersAtReady,
     })),
   ];
-  const title = o.change === "rolling-restart" ? `9. rolling restart of ${String(o.replicas)} with KV events` : `10. scale-up ${String(o.replicas)} -> ${String(o.replicas + 1)} with KV events`;
+  const events = o.kvEvents === false ? "without KV events" : "with KV events";
+  const title = o.change === "rolling-restart" ? `9. rolling restart of ${String(o.replicas)} ${events}` : `10. scale-up ${String(o.replicas)} -> ${String(o.replicas + 1)} ${events}`;
   return {
     scenario: title,
     requests: base.completions.length + changed.completions.length,
@@ -386,7 +396,7 @@ export async function scenarioKvChange(o: KvChangeOptions): Promise<ScenarioRow>
       check("every restarted replica exited 0 after its drain", changed.exits.every((e) => / 0 after /.test(e)), changed.exits),
     ],
     figures,
-    details: { workload: o.tracePath ?? `${String(o.sessions)} generated sessions, no session ids`, whole, windowsChanged: wChanged, windowsBase: wBase, lastChangeMs: changed.lastChangeMs, indexes: changed.indexes, exits: changed.exits, refusedRetried: changed.refusedRetried, lifecycleLost: changed.lifecycleLost },
+    details: { workload: `${o.tracePath ?? `${String(o.sessions)} generated sessions, no session ids`}${o.kvEvents === false ? ", replicas without KV events (approximate cache)" : ""}`, whole, windowsChanged: wChanged, windowsBase: wBase, lastChangeMs: changed.lastChangeMs, indexes: changed.indexes, exits: changed.exits, refusedRetried: changed.refusedRetried, lifecycleLost: changed.lifecycleLost },
   };
 }
 
