@@ -5,7 +5,7 @@
  */
 import { parentPort } from "node:worker_threads";
 
-import { decodeIndexChunk } from "../src/core/index.js";
+import { decodeIndexChunk, withRankLookup } from "../src/core/index.js";
 import type { ThreadReply } from "./index-sync.js";
 
 const port = parentPort;
@@ -16,10 +16,12 @@ port.on("message", (m: { id: number; chunk: Uint8Array }) => {
   let reply: ThreadReply;
   const transfer: ArrayBuffer[] = [];
   try {
-    const ranks = decodeIndexChunk(m.chunk);
+    // Each rank's lookup table is built here too (hashing and probing every entry), so the main
+    // thread only adopts it: that was ~1/3 of its install per pair.
+    const ranks = decodeIndexChunk(m.chunk).map((r) => ({ ...r, entries: withRankLookup(r.entries) }));
     for (const { entries: e } of ranks) {
       // Each array owns its buffer (the decoder copies): transferred, not copied again.
-      for (const a of [e.nodeParent, e.nodeKeys, e.entryTier, e.entryNode, e.entryHashes]) if (a.byteLength > 0) transfer.push(a.buffer as ArrayBuffer);
+      for (const a of [e.nodeParent, e.nodeKeys, e.entryTier, e.entryNode, e.entryHashes, e.lookup?.slots]) if (a !== undefined && a.byteLength > 0) transfer.push(a.buffer as ArrayBuffer);
     }
     reply = { id: m.id, ranks };
   } catch (err) {

@@ -209,6 +209,8 @@ export interface IndexSyncClientOptions {
   readonly from: bigint;
   readonly advertise: string | undefined;
   readonly timeoutMs?: number;
+  /** For the pull's phase times (systemClock). */
+  readonly clock?: Clock;
 }
 
 export interface IndexSyncResult {
@@ -216,6 +218,12 @@ export interface IndexSyncResult {
   readonly chunks: number;
   readonly ranks: number;
   readonly bytes: number;
+  /**
+   * Wall time of the pull's phases on this replica's main thread, ms: waiting for the peer's
+   * replies (its export and the transfer, beyond what overlapped the install), waiting for the
+   * decoding thread, installing. For the join's log line: which one to cut.
+   */
+  readonly phasesMs: { readonly wait: number; readonly decode: number; readonly install: number };
 }
 
 /** Installs one decoded chunk (the ranks in it); may be async (a replay of a gap). */
@@ -253,33 +261,52 @@ export class IndexSyncClient {
   async pull(controlEndpoint: string, install: IndexChunkInstaller): Promise<IndexSyncResult> {
     const decoder = this.#decoder ?? new ChunkDecoder();
     this.#decoder = null;
+    const clock = this.#o.clock ?? systemClock;
     let chunks = 0;
     let ranks = 0;
     let bytes = 0;
-    const ask = (cursor: string | null): Promise<{ next: string | null; chunk: Buffer }> =>
+    let wait = 0;
+    let decode = 0;
+    let installMs = 0;
+    // Each reply goes to the decoding thread as soon as it arrives, so the thread decodes chunk
+    // i + 1 while this thread installs chunk i (one request ahead, no more: at most one chunk
+    // in flight, one decoding and one installing).
+    const ask = (cursor: string | null): Promise<{ next: string | null; ranks: Promise<IndexRankSnapshot[]> }> =>
       this.#o.link
         .request(controlEndpoint, encodeIndexSyncRequest({ from: this.#o.from, publishEndpoint: this.#o.advertise, cursor }), this.#o.timeoutMs ?? DEFAULT_INDEX_CHUNK_TIMEOUT_MS)
-        .then((raw) => decodeIndexSyncReply(controlEndpoint, raw));
+        .then((raw) => {
+          const reply = decodeIndexSyncReply(controlEndpoint, raw);
+          bytes += reply.chunk.length;
+          chunks++;
+          const decoded = decoder.decode(reply.chunk);
+          decoded.catch(() => undefined); // awaited in turn; not unhandled if an earlier step throws first
+          return { next: reply.next, ranks: decoded };
+        });
     let pending = ask(null);
     try {
       for (;;) {
+        let t = clock.now();
         const reply = await pending;
-        bytes += reply.chunk.length;
-        chunks++;
+        wait += clock.now() - t;
         // The peer encodes the next chunk while this one decodes and installs here.
         if (reply.next !== null) {
           pending = ask(reply.next);
           pending.catch(() => undefined); // awaited next turn; not unhandled if the install throws first
         }
-        const got = await decoder.decode(reply.chunk);
+        t = clock.now();
+        const got = await reply.ranks;
+        decode += clock.now() - t;
         ranks += got.length;
+        t = clock.now();
         await install(got);
+        installMs += clock.now() - t;
         if (reply.next === null) break;
       }
     } finally {
       await decoder.close();
     }
-    return { peer: controlEndpoint, chunks, ranks, bytes };
+    const ms = (x: number): number => Math.round(x);
+    return { peer: controlEndpoint, chunks, ranks, bytes, phasesMs: { wait: ms(wait), decode: ms(decode), install: ms(installMs) } };
   }
 }
 

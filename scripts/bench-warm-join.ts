@@ -78,8 +78,9 @@ async function main(): Promise<void> {
   onLines(b.child.stdout, (line) => {
     if (!line.includes("startup sync") && !line.includes("warm join")) return;
     try {
-      const rec = JSON.parse(line) as { time?: string; msg?: string };
-      phases.push(`  joiner +${((Date.parse(rec.time ?? "") - listeningWall) / 1000).toFixed(2)} s  ${rec.msg ?? ""}`);
+      const rec = JSON.parse(line) as { time?: string; msg?: string; phases_ms?: Record<string, number> };
+      const split = rec.phases_ms === undefined ? "" : ` (main thread: ${Object.entries(rec.phases_ms).map(([k, v]) => `${k} ${v} ms`).join(", ")})`;
+      phases.push(`  joiner +${((Date.parse(rec.time ?? "") - listeningWall) / 1000).toFixed(2)} s  ${rec.msg ?? ""}${split}`);
     } catch {
       // not a log record
     }

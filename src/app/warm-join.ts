@@ -69,7 +69,7 @@ export interface WarmJoinMesh {
   startupSyncPending(): string[] | null;
   /** Peers' control endpoints, the likeliest to answer first. */
   peerControlEndpoints(): string[];
-  pull(controlEndpoint: string, install: (ranks: IndexRankSnapshot[]) => Promise<void>): Promise<{ chunks: number; ranks: number; bytes: number }>;
+  pull(controlEndpoint: string, install: (ranks: IndexRankSnapshot[]) => Promise<void>): Promise<{ chunks: number; ranks: number; bytes: number; phasesMs?: Record<string, number> }>;
 }
 
 export interface WarmJoinOptions {
@@ -186,7 +186,7 @@ export class WarmJoin {
         this.stats.chunks += r.chunks;
         this.stats.bytes += r.bytes;
         log.info(
-          { peer, after_ms: Math.round(this.#o.clock.now() - this.#startedAtMs), ...this.stats, index_blocks: this.#o.service.sizes().indexedBlocks },
+          { peer, after_ms: Math.round(this.#o.clock.now() - this.#startedAtMs), phases_ms: r.phasesMs, ...this.stats, index_blocks: this.#o.service.sizes().indexedBlocks },
           "warm join: a peer's prefix index is installed",
         );
         this.#finish("installed");

@@ -113,11 +113,61 @@ export interface RankEntries {
   readonly entryNode: Int32Array;
   /** Per entry: its sequence hash as [hi, lo] u32 words. */
   readonly entryHashes: Uint32Array;
+  /**
+   * The rank's lookup table built ahead (withRankLookup, on the warm join's decoding thread):
+   * U64Table slots keyed (tier, sequence hash) -> the entry's node index among these nodes, with
+   * no repeated key. importRankEntries adopts it instead of inserting entry by entry.
+   */
+  readonly lookup?: { readonly slots: Int32Array; readonly size: number };
 }
 
 export function emptyRankEntries(): RankEntries {
   return { nodeParent: new Int32Array(0), nodeKeys: new Uint32Array(0), entryTier: new Uint8Array(0), entryNode: new Int32Array(0), entryHashes: new Uint32Array(0) };
 }
+
+/**
+ * `e` with its lookup table built (RankEntries.lookup), for a thread other than the importer's:
+ * the hashing and probing of every entry move off the main thread, which then adopts the table
+ * and only rewrites its values to its own node ids. An entry whose (tier, hash) repeats an
+ * earlier one is dropped here (importRankEntries skips it too: the first one counts).
+ */
+export function withRankLookup(e: RankEntries): RankEntries {
+  const n = e.entryNode.length;
+  if (n === 0) return e;
+  const table = new U64Table(importTableSlots(n));
+  let keep: Uint8Array | null = null;
+  for (let i = 0; i < n; i++) {
+    const t = e.entryTier[i] as number;
+    const hi = e.entryHashes[2 * i] as number;
+    const lo = e.entryHashes[2 * i + 1] as number;
+    if (table.get(t, hi, lo) >= 0) {
+      keep ??= new Uint8Array(n).fill(1);
+      keep[i] = 0;
+      continue;
+    }
+    table.set(t, hi, lo, e.entryNode[i] as number);
+  }
+  const lookup = table.handOver();
+  if (keep === null) return { ...e, lookup };
+  // Repeats (only a malformed chunk has them: an export comes from a table): drop them.
+  const m = lookup.size;
+  const entryTier = new Uint8Array(m);
+  const entryNode = new Int32Array(m);
+  const entryHashes = new Uint32Array(2 * m);
+  let k = 0;
+  for (let i = 0; i < n; i++) {
+    if (keep[i] === 0) continue;
+    entryTier[k] = e.entryTier[i] as number;
+    entryNode[k] = e.entryNode[i] as number;
+    entryHashes[2 * k] = e.entryHashes[2 * i] as number;
+    entryHashes[2 * k + 1] = e.entryHashes[2 * i + 1] as number;
+    k++;
+  }
+  return { nodeParent: e.nodeParent, nodeKeys: e.nodeKeys, entryTier, entryNode, entryHashes, lookup };
+}
+
+/** Slots of a rank's lookup table sized for `pairs` entries with no rehash (IMPORT_TABLE_LOAD). */
+const importTableSlots = (pairs: number): number => Math.ceil(pairs / IMPORT_TABLE_LOAD) + 1;
 
 interface MutableMatchResult {
   count: number;
@@ -255,6 +305,10 @@ export class PrefixIndex {
     disk: new Int32Array(16),
   };
 
+  /** importRankEntries' scratch: each snapshot node's id here, and whether the rank holds it attached in device. */
+  #importMine = new Int32Array(0);
+  #importAttached = new Uint8Array(0);
+
   /** exportRankEntries' node -> number map, all zero between calls. */
   #scratchMark = new Int32Array(0);
 
@@ -334,7 +388,9 @@ export class PrefixIndex {
       this.#auxCount * APPROX_AUX_BYTES +
       rankBytes +
       this.#path.byteLength +
-      this.#scratchMark.byteLength
+      this.#scratchMark.byteLength +
+      this.#importMine.byteLength +
+      this.#importAttached.byteLength
     );
   }
 
@@ -829,20 +885,28 @@ export class PrefixIndex {
     const n = e.entryNode.length;
     if (n === 0) return 0;
     if (rank >= this.#rankCap) this.#growRanks(rank + 1);
-    // Sized for the whole import: no rehash while it runs.
-    const table = new U64Table(Math.ceil(Math.min(n, maxRankPairs) / IMPORT_TABLE_LOAD) + 1);
-    this.#lookups[rank] = table;
-    const mine = new Int32Array(nodes);
+    // A table built ahead (withRankLookup) is adopted when the whole rank fits the bound;
+    // otherwise one sized for the whole import is filled here, with no rehash while it runs.
+    const ahead = e.lookup !== undefined && e.lookup.size === n && n <= maxRankPairs ? e.lookup : null;
+    const table = ahead === null ? new U64Table(importTableSlots(Math.min(n, maxRankPairs))) : null;
+    // Scratch kept between imports (a warm join imports ranks back to back: 20 KB of fresh
+    // arrays per 4,096-block rank was ~20 MB of garbage at 1,024 ranks).
+    if (this.#importMine.length < nodes) {
+      this.#importMine = new Int32Array(nodes);
+      this.#importAttached = new Uint8Array(nodes);
+    }
+    const mine = this.#importMine;
     // Whether the rank holds node i in device, attached (prefix-closed): the rank was just
     // cleared and parents come first, so this is its device set's answer without a search.
-    const attached = new Uint8Array(nodes);
+    const attached = this.#importAttached;
+    attached.fill(0, 0, nodes);
     let ei = 0;
     let made = 0;
     for (let i = 0; i < nodes && ei < n; i++) {
       const pr = e.nodeParent[i] as number;
       // Assertion (a programming error, never input): decodeIndexChunk checks parents come first.
       if (pr >= i) throw new RangeError(`importRankEntries: node ${i} has parent ${pr}, not before it`);
-      if (table.size >= maxRankPairs) break;
+      if (table !== null && table.size >= maxRankPairs) break;
       const parent = pr < 0 ? ROOT : (mine[pr] as number);
       const hi = e.nodeKeys[2 * i] as number;
       const lo = e.nodeKeys[2 * i + 1] as number;
@@ -851,12 +915,14 @@ export class PrefixIndex {
       mine[i] = node;
       made = i + 1;
       for (; ei < n && e.entryNode[ei] === i; ei++) {
-        if (table.size >= maxRankPairs) break;
         const t = e.entryTier[ei] as number;
-        const bh = e.entryHashes[2 * ei] as number;
-        const bl = e.entryHashes[2 * ei + 1] as number;
-        if (table.get(t, bh, bl) >= 0) continue;
-        table.set(t, bh, bl, node);
+        if (table !== null) {
+          if (table.size >= maxRankPairs) break;
+          const bh = e.entryHashes[2 * ei] as number;
+          const bl = e.entryHashes[2 * ei + 1] as number;
+          if (table.get(t, bh, bl) >= 0) continue;
+          table.set(t, bh, bl, node);
+        }
         this.#holders[node] = (this.#holders[node] as number) + 1;
         this.#pairs++;
         if (t !== DEVICE) {
@@ -872,10 +938,19 @@ export class PrefixIndex {
         }
       }
     }
-    if (ei < n) this.#shedPairs += n - ei;
+    let held: U64Table;
+    if (ahead !== null) {
+      // Every entry went in (the whole rank fits): the values name the snapshot's nodes, now ours.
+      held = U64Table.adopt(ahead.slots, ahead.size);
+      held.remapValues(mine);
+    } else {
+      held = table as U64Table;
+      if (ei < n) this.#shedPairs += n - ei;
+    }
+    this.#lookups[rank] = held;
     // Nodes left with no holder (every entry of theirs a repeat, or shed) go, children first.
     for (let i = made - 1; i >= 0; i--) if (this.#holders[mine[i] as number] === 0) this.#maybePrune(mine[i] as number);
-    return table.size;
+    return held.size;
   }
 
   #dumpWords(rank: number): { tier: StorageTier; parent: number[] | null; blockHashes: number[]; localHashes: number[] }[] {

@@ -184,6 +184,53 @@ export class U64Table {
     }
   }
 
+  /**
+   * The backing slots and entry count, for another thread to adopt (U64Table.adopt) after a
+   * transfer: the warm join's decoding thread builds a rank's lookup table off the main thread.
+   * The table is left empty at its initial capacity.
+   */
+  handOver(): { slots: Int32Array; size: number } {
+    const out = { slots: this.#slots, size: this.#size };
+    this.clear();
+    return out;
+  }
+
+  /**
+   * A table over slots another table handed over (handOver), in this layout. Checks the shape
+   * (a power-of-two capacity of whole slots under the load bound) and the size against a count
+   * of the occupied slots, so slots from elsewhere cannot leave the table inconsistent.
+   */
+  static adopt(slots: Int32Array, size: number): U64Table {
+    const capacity = slots.length / SLOT_STRIDE;
+    if (!Number.isInteger(capacity) || capacity < 8 || (capacity & (capacity - 1)) !== 0 || capacity > MAX_CAPACITY) {
+      throw badRequest(`adopted slots must be a power-of-two number of ${SLOT_STRIDE}-word slots, got ${slots.length} words`, "slots");
+    }
+    let used = 0;
+    for (let b = 3; b < slots.length; b += SLOT_STRIDE) if ((slots[b] as number) !== EMPTY) used++;
+    if (used !== size || size > Math.floor(capacity * MAX_LOAD_FACTOR)) throw badRequest(`adopted slots hold ${used} entries, said ${size} (capacity ${capacity})`, "size");
+    const t = new U64Table(capacity);
+    t.#slots = slots;
+    t.#size = size;
+    return t;
+  }
+
+  /**
+   * Replaces every value v with map[v] (one pass over the slots, no probe): an adopted table's
+   * values name the snapshot's nodes until the importer knows its own. Every value must index
+   * `map`, and every mapped value must be in [0, 2^31).
+   */
+  remapValues(map: Int32Array): void {
+    const s = this.#slots;
+    for (let b = 3; b < s.length; b += SLOT_STRIDE) {
+      const v = s[b] as number;
+      if (v === EMPTY) continue;
+      const to = map[v];
+      // Assertion (a programming error, never input): the importer maps every node an entry names.
+      if (to === undefined || to < 0) throw new RangeError(`U64Table.remapValues: value ${v} maps to ${to}`);
+      s[b] = to;
+    }
+  }
+
   /** Drops every entry and returns to the initial capacity (releasing the large array). */
   clear(): void {
     this.#slots = U64Table.#allocate(this.#initialCapacity);

@@ -1,5 +1,5 @@
 import { describe, it, expect } from "vitest";
-import { PrefixIndex, STORAGE_TIERS, type StorageTier } from "../../../src/core/prefix-index.js";
+import { PrefixIndex, STORAGE_TIERS, withRankLookup, type RankEntries, type StorageTier } from "../../../src/core/prefix-index.js";
 import { hashListFromBigInts } from "../../../src/core/hash64.js";
 import { localOf, locals, match, scores, seqOf, seqs, type Scores } from "../../helpers/index-paths.js";
 import { seededRandom, type Random } from "../../../src/core/random.js";
@@ -338,6 +338,87 @@ describe("PrefixIndex: exportRankEntries / importRankEntries (the warm join's bu
     expect(copy.importRankEntries(0, dup)).toBe(1);
     expect(copy.nodeCount).toBe(1);
     expect(copy.size).toBe(1);
+  });
+});
+
+describe("PrefixIndex: importRankEntries adopting a lookup built ahead (withRankLookup, the decoding thread's)", () => {
+  /** A random index over `ranks` ranks: chains in every tier sharing prefixes, some evicted. */
+  function randomIndex(seed: number, ranks: number): PrefixIndex {
+    const rnd = seededRandom(seed);
+    const idx = new PrefixIndex();
+    const path = (len: number): number[] => Array.from({ length: len }, () => 1 + Math.floor(rnd.next() * 4));
+    for (let op = 0; op < 600; op++) {
+      const rank = Math.floor(rnd.next() * ranks);
+      const tier = STORAGE_TIERS[rnd.next() < 0.7 ? 0 : rnd.next() < 0.5 ? 1 : 2] as StorageTier;
+      const p = path(1 + Math.floor(rnd.next() * 6));
+      if (rnd.next() < 0.8) store(idx, rank, tier, p);
+      else remove(idx, rank, tier, p, [1 + Math.floor(rnd.next() * p.length)]);
+    }
+    return idx;
+  }
+
+  /** What a copy answers: sizes, each rank's dump, and matches over many paths. */
+  function observe(idx: PrefixIndex, ranks: number, seed: number): unknown {
+    const rnd = seededRandom(seed);
+    const queries = Array.from({ length: 200 }, () => Array.from({ length: 1 + Math.floor(rnd.next() * 7) }, () => 1 + Math.floor(rnd.next() * 4)));
+    return {
+      size: idx.size,
+      nodes: idx.nodeCount,
+      ranks: Array.from({ length: ranks }, (_, r) => [idx.rankSize(r), idx.dumpRank(r)]),
+      matches: queries.map((q) => match(idx, q)),
+    };
+  }
+
+  it.each([1, 2, 3, 4])("gives the same index as entry-by-entry inserts on random data (seed %i)", (seed) => {
+    const RANKS = 12;
+    const src = randomIndex(seed, RANKS);
+    const perEntry = new PrefixIndex();
+    const adopted = new PrefixIndex();
+    // Both start with state of their own that the import replaces (and a rank it keeps).
+    for (const c of [perEntry, adopted]) {
+      store(c, 0, "device", [4, 4, 4]);
+      store(c, RANKS, "host", [1, 2, 3]);
+    }
+    for (let r = 0; r < RANKS; r++) {
+      const e = src.exportRankEntries(r);
+      const ahead = withRankLookup(e);
+      expect(ahead.lookup?.size).toBe(e.entryNode.length);
+      // The export leaves out blocks cut off from the root by a gap: every exported entry goes in.
+      expect(perEntry.importRankEntries(r, e)).toBe(e.entryNode.length);
+      expect(adopted.importRankEntries(r, ahead)).toBe(e.entryNode.length);
+    }
+    expect(observe(adopted, RANKS + 1, seed)).toEqual(observe(perEntry, RANKS + 1, seed));
+    // And the copy keeps working as an index: evict and store on top of an adopted table.
+    for (const c of [perEntry, adopted]) {
+      remove(c, 1, "device", [1, 2, 3], [2]);
+      store(c, 1, "device", [1, 2, 3, 4]);
+    }
+    expect(observe(adopted, RANKS + 1, seed + 100)).toEqual(observe(perEntry, RANKS + 1, seed + 100));
+  });
+
+  it("drops a repeated (tier, hash) ahead, as the per-entry import skips it", () => {
+    const idx = new PrefixIndex();
+    store(idx, 0, "device", [1, 2]);
+    const e = idx.exportRankEntries(0);
+    const dup: RankEntries = { ...e, entryHashes: Uint32Array.from([...e.entryHashes.subarray(0, 2), ...e.entryHashes.subarray(0, 2)]) };
+    const ahead = withRankLookup(dup);
+    expect(ahead.entryNode.length).toBe(1);
+    expect(ahead.lookup?.size).toBe(1);
+    const a = new PrefixIndex();
+    const b = new PrefixIndex();
+    expect(a.importRankEntries(0, dup)).toBe(1);
+    expect(b.importRankEntries(0, ahead)).toBe(1);
+    expect(observe(b, 1, 7)).toEqual(observe(a, 1, 7));
+  });
+
+  it("falls back to entry-by-entry inserts when the rank does not fit its bound, counting the shed", () => {
+    const idx = new PrefixIndex();
+    store(idx, 0, "device", [1, 2, 3, 4, 5]);
+    const copy = new PrefixIndex();
+    expect(copy.importRankEntries(0, withRankLookup(idx.exportRankEntries(0)), 3)).toBe(3);
+    expect(copy.shedPairs).toBe(2);
+    expect(copy.nodeCount).toBe(3);
+    expect(match(copy, [1, 2, 3, 4, 5])).toEqual({ 0: [3, 0, 0] });
   });
 });
 

@@ -127,4 +127,33 @@ describe("U64Table", () => {
       expect(t.get(tag, hi, lo)).toBe(v);
     }
   });
+
+  it("hands its slots over to a table adopting them, which remaps its values in one pass", () => {
+    const t = new U64Table();
+    for (let i = 0; i < 100; i++) t.set(i % 3, i * 7, -i, i);
+    const { slots, size } = t.handOver();
+    expect(t.size).toBe(0);
+    expect(t.get(0, 0, 0)).toBe(-1);
+    const a = U64Table.adopt(slots, size);
+    expect(a.size).toBe(100);
+    for (let i = 0; i < 100; i++) expect(a.get(i % 3, i * 7, -i)).toBe(i);
+    a.remapValues(Int32Array.from({ length: 100 }, (_, i) => 1000 + i));
+    for (let i = 0; i < 100; i++) expect(a.get(i % 3, i * 7, -i)).toBe(1000 + i);
+    a.set(9, 9, 9, 1);
+    expect(a.size).toBe(101);
+    expect(a.take(0, 0, 0)).toBe(1000);
+  });
+
+  it("adopt refuses slots of another shape or a size that does not match them", () => {
+    const t = new U64Table(16);
+    t.set(1, 2, 3, 4);
+    const { slots } = t.handOver();
+    expect(() => U64Table.adopt(slots, 2)).toThrow(/hold 1 entries/);
+    expect(() => U64Table.adopt(slots.subarray(0, 12), 0)).toThrow(/power-of-two/);
+    expect(() => U64Table.adopt(new Int32Array(4 * 24).fill(-1), 0)).toThrow(/power-of-two/);
+    const one = U64Table.adopt(slots, 1);
+    expect(() => {
+      one.remapValues(new Int32Array(2));
+    }).toThrow(RangeError);
+  });
 });

@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
 
-import { decodeIndexSyncReply, decodeIndexSyncRequest, encodeIndexSyncRequest, IndexSyncServer, isIndexSyncRequest } from "../../../mesh/index-sync.js";
+import { decodeIndexSyncReply, decodeIndexSyncRequest, encodeIndexSyncRequest, IndexSyncClient, IndexSyncServer, isIndexSyncRequest } from "../../../mesh/index-sync.js";
 import { MeshRemoteError, MeshWireError } from "../../../mesh/errors.js";
-import { decodeIndexChunk } from "../../../src/core/index.js";
+import { decodeIndexChunk, type IndexRankSnapshot } from "../../../src/core/index.js";
 import { makeService, storedBatch, tokens, worker } from "../../helpers/core-fixtures.js";
 
 function server() {
@@ -52,5 +52,41 @@ describe("index sync over the control channel", () => {
     const bad = (await s.handle(Buffer.from("KVIQ"), allow)) as Buffer;
     expect(() => decodeIndexSyncReply("peer", bad)).toThrow(/overruns/);
     expect(s.stats).toMatchObject({ refused: 1, malformed: 1, chunksServed: 0 });
+  });
+
+  it("a client pulls every chunk through its decoding thread, each rank with its lookup built ahead; a failed request rejects the pull", async () => {
+    const s = server();
+    let asked = 0;
+    const link = (failAt: number) => ({
+      request: async (_endpoint: string, payload: Buffer): Promise<Buffer> => {
+        if (++asked === failAt) throw new MeshRemoteError("peer", "gone");
+        return (await s.handle(payload, allow)) as Buffer;
+      },
+    });
+    const got: IndexRankSnapshot[] = [];
+    const client = new IndexSyncClient({ link: link(0), from: 1n, advertise: undefined });
+    client.prepare();
+    const r = await client.pull("peer", (ranks) => {
+      got.push(...ranks);
+    });
+    expect(r).toMatchObject({ peer: "peer", chunks: 3, ranks: 3 });
+    expect(Object.keys(r.phasesMs).sort()).toEqual(["decode", "install", "wait"]);
+    expect(got.map((x) => x.workerId)).toEqual([1n, 2n, 3n]);
+    for (const x of got) expect(x.entries.lookup?.size).toBe(x.entries.entryNode.length);
+    // The same ranks install into a fresh service as the peer holds them.
+    const { svc } = makeService();
+    for (let w = 1; w <= 3; w++) svc.upsertWorker(worker(w));
+    for (const x of got) expect(svc.importIndexRank(x)).toEqual({ installed: 300 });
+    expect(svc.sizes().indexedBlocks).toBe(900);
+
+    asked = 0;
+    const failing = new IndexSyncClient({ link: link(2), from: 1n, advertise: undefined });
+    const installed: bigint[] = [];
+    await expect(
+      failing.pull("peer", (ranks) => {
+        installed.push(...ranks.map((x) => x.workerId));
+      }),
+    ).rejects.toThrow(/gone/);
+    expect(installed).toEqual([1n]);
   });
 });
