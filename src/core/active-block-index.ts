@@ -80,8 +80,10 @@ function addRun(ranks: Int32Array, off: number, len: number, mult: number, out: 
  * - a hash with one holder at weight 1 (most of them: a prefix lives on the rank its session or
  *   its cache sent it to) keeps that holder inline in its slot, rank and refcount, so a lookup,
  *   a booking and a free touch one line per hash instead of two to three (slot, pool ranks,
- *   pool refcounts): at bench:epp's 150 streams of 2,300-block prompts the index's share of the
- *   picker's main thread fell from 18% (`npm run bench:epp`, --cpu-prof);
+ *   pool refcounts). At bench:epp's shape (`npm run bench:ledger -- --ranks 16 --groups 64
+ *   --group-ranks 1 --affinity 1 --live 150 --blocks 2300 --prefix 2070`) add, free and
+ *   newBlocksFor each fell ~12% (299 -> 264, 279 -> 244, 332 -> 301 us p50, old and new
+ *   alternated, load 1.7): the lines are fewer, the table's misses remain;
  * - other hashes' holders as one contiguous run in pooled typed arrays (ranks, refcounts and
  *   weights at the same offset), sized in powers of two and recycled per size class.
  * The first layout (keys in Uint32Arrays, holders as JS arrays) measured several times slower
