@@ -9,6 +9,12 @@
  * 1. Latency and CPU, per body kind and concurrency (GIE #2928's case: 220 KB bodies, 20 and 150
  *    streams), one mock engine per worker (in an engine host process), KV events off (the prefix index is
  *    empty: the cost is parsing, tokenizing, hashing, scoring and booking). Added latency = last body chunk sent -> routed answer received.
+ *    By default the streams start together and each response lasts exactly --response-ms, so
+ *    they arrive in lockstep waves: a wave of N requests queues behind itself and the added
+ *    latency measures how long the picker takes to drain a burst of N (p50 ~ N/2 picks).
+ *    --response-jitter f spreads the starts over one response time and varies each response
+ *    by +-f, so arrivals are independent, as many clients' are: the added latency then
+ *    measures one pick plus the queueing of a picker at that load.
  *    - ids: /v1/completions bodies of token ids (no tokenization);
  *    - chat: /v1/chat/completions bodies of text, tokenized by the default engine tokenizer (the
  *      mock engines answer /v1/chat/completions/render: their render's CPU is the engine's, not
@@ -46,6 +52,12 @@ const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CP
   .option("--phases <list>", `phases run: ${PHASES.join(", ")}`, listOf(PHASES), [...PHASES])
   .option("--body-kb <n>", "request body size, KB", positiveInt, 220)
   .option("--response-ms <ms>", "how long each stream's response lasts (the generation) between its first and last chunk; the streams' arrival rate is about concurrency / this", nonNegativeInt, 1_000)
+  .option(
+    "--response-jitter <fraction>",
+    "0: every stream's response lasts exactly --response-ms and the streams start together, so they arrive in lockstep waves (each wave's requests queue behind one another). f in (0, 1]: each response lasts --response-ms x a deterministic uniform factor in [1 - f, 1 + f] and the streams' starts are spread over one --response-ms, so arrivals are independent, as many clients' are",
+    fraction,
+    0,
+  )
   .option("--workers <n>", "worker ranks registered (latency phase)", positiveInt, 16)
   .option("--prefixes <n>", "distinct prompt prefixes (latency phase; sessions share one each)", positiveInt, 64)
   .option("--min-streams <n>", "streams run in all before /loads is checked for bookings left", positiveInt, 10_000)
@@ -61,6 +73,7 @@ const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CP
     phases: (typeof PHASES)[number][];
     bodyKb: number;
     responseMs: number;
+    responseJitter: number;
     workers: number;
     prefixes: number;
     minStreams: number;
@@ -69,6 +82,12 @@ const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CP
     turns: number;
     sessionConcurrency: number;
   }>();
+
+function fraction(v: string): number {
+  const n = Number(v);
+  if (!(n >= 0 && n <= 1)) throw new Error(`expected a fraction in [0, 1], got ${v}`);
+  return n;
+}
 
 const WARMUP_MS = 2_000;
 /** How long the client waits for any answer: far past Envoy's usual 10 s message_timeout, so an overloaded run reports its latency instead of failing. */
@@ -117,6 +136,7 @@ const endings = { end: 0, cancel: 0, fallback: 0 };
 
 /** One stream as Envoy runs it, its response lasting `responseMs` (a cancelled one is cut halfway); returns the added latency, ms. */
 async function oneStream(client: EnvoyClient, path: string, b: Buffer, session: string, ending: Ending, responseMs: number): Promise<number> {
+  if (responseMs > 0 && args.responseJitter > 0) responseMs *= 1 - args.responseJitter + 2 * args.responseJitter * jitterUnit();
   const s = client.open();
   client.headers(s, { path, headers: { "x-session-id": session } });
   // All but the last chunk, then time from the last one.
@@ -159,6 +179,13 @@ interface Row {
 
 let streamsRun = 0;
 
+/** Deterministic uniform [0, 1) draws for --response-jitter (an LCG: the same runs draw the same factors). */
+let jitterState = 12_345;
+function jitterUnit(): number {
+  jitterState = (Math.imul(jitterState, 1_103_515_245) + 12_345) >>> 0;
+  return jitterState / 2 ** 32;
+}
+
 /** Drives `concurrency` streams of `bodies` for a warm-up and `seconds`; `extra` more streams (in all) run after the measurement (--min-streams). */
 async function drive(extPort: number, daemon: ServeProcess, path: string, bodies: readonly Buffer[], concurrency: number, seconds: number, responseMs: number, extra = 0): Promise<Row> {
   // One channel per 10 streams: Envoy multiplexes streams over a few HTTP/2 connections.
@@ -169,6 +196,8 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
   const samples: number[] = [];
   const loop = async (k: number): Promise<void> => {
     const client = clients[k % clients.length] as EnvoyClient;
+    // Spread starts (--response-jitter): stream k starts k/concurrency of a response time in.
+    if (args.responseJitter > 0 && responseMs > 0) await sleep((k * responseMs) / concurrency);
     while (!stop || after < extra) {
       if (stop) after++;
       const i = streamsRun++;
@@ -264,7 +293,9 @@ async function latencyPhases(): Promise<void> {
     }
     const kb = (b: readonly Buffer[]): string => `${Math.round((b[0]?.length ?? 0) / 1_000)} KB`;
     console.log(`bench:epp latency: ${args.workers} workers, ${args.seconds} s per row; bodies: ids ${kb(ids)}, chat ${kb(chats)}${chatIds.length > 0 ? `, chat-ids ${kb(chatIds)}` : ""}`);
-    console.log(`Streams hold their response --response-ms ${args.responseMs} ms; "max" rows hold none (closed loop: the most requests/s).`);
+    console.log(
+      `Streams hold their response --response-ms ${args.responseMs} ms${args.responseJitter > 0 ? ` x [${1 - args.responseJitter}, ${1 + args.responseJitter}], starts spread (independent arrivals)` : ", started together (lockstep waves)"}; "max" rows hold none (closed loop: the most requests/s).`,
+    );
     console.log("body      concurrency  requests/s  added p50 ms  added p99 ms  kvmesh CPU/req ms  client CPU/req ms");
     const rows = new Map<string, Row>();
     const last = args.concurrency.at(-1) ?? 150;

@@ -38,7 +38,10 @@ const mix = (hi: number, lo: number): number => {
 /** Non-zero 8-bit tag (0 marks an empty slot). */
 const tagOf = (h: number): number => h >>> 24 || 1;
 
-/** Slot layout (int32 words): hi, lo, holder-run offset, (size class << 24) | holder count. */
+/**
+ * Slot layout (int32 words): hi, lo, then either a holder run (its pool offset, then
+ * (size class << 24) | holder count, >= 1) or one inline holder (its rank, then -refcount, < 0).
+ */
 const SLOT_WORDS = 4;
 const LEN_BITS = 24;
 const LEN_MASK = (1 << LEN_BITS) - 1;
@@ -74,7 +77,14 @@ function addRun(ranks: Int32Array, off: number, len: number, mult: number, out: 
  *   (typically half of a prompt) is rejected by touching 1 byte instead of a 16-byte slot 16x
  *   further apart (4 MB vs 64 MB of table at 1.8 M active hashes);
  * - linear-probing slots of 16 bytes (key and holder-run pointer share a cache line);
- * - each hash's holders as one contiguous run in pooled typed arrays (ranks, refcounts and
+ * - a hash with one holder at weight 1 (most of them: a prefix lives on the rank its session or
+ *   its cache sent it to) keeps that holder inline in its slot, rank and refcount, so a lookup,
+ *   a booking and a free touch one line per hash instead of two to three (slot, pool ranks,
+ *   pool refcounts). At bench:epp's shape (`npm run bench:ledger -- --ranks 16 --groups 64
+ *   --group-ranks 1 --affinity 1 --live 150 --blocks 2300 --prefix 2070`) add, free and
+ *   newBlocksFor each fell ~12% (299 -> 264, 279 -> 244, 332 -> 301 us p50, old and new
+ *   alternated, load 1.7): the lines are fewer, the table's misses remain;
+ * - other hashes' holders as one contiguous run in pooled typed arrays (ranks, refcounts and
  *   weights at the same offset), sized in powers of two and recycled per size class.
  * The first layout (keys in Uint32Arrays, holders as JS arrays) measured several times slower
  * on the same benchmark (`npm run bench:ledger`); BigInt-keyed Maps are slower still per get
@@ -180,11 +190,18 @@ export class ActiveBlockIndex {
         if (t === 0) break;
         const b = s * SLOT_WORDS;
         if (t === tag && slots[b] === hi && slots[b + 1] === lo) {
-          const off = slots[b + 2] as number;
+          const word = slots[b + 2] as number;
+          const meta = slots[b + 3] as number;
           memo[i] = b;
-          pos[i] = off;
-          lens[i] = (slots[b + 3] as number) & LEN_MASK;
-          sink ^= ranks[off] as number;
+          if (meta < 0) {
+            // Inline: one holder, its rank encoded as a negative position.
+            pos[i] = ~word;
+            lens[i] = 1;
+          } else {
+            pos[i] = word;
+            lens[i] = meta & LEN_MASK;
+            sink ^= ranks[word] as number;
+          }
           break;
         }
         s = (s + 1) & mask;
@@ -195,25 +212,52 @@ export class ActiveBlockIndex {
     // all of them at once), so an equal run is verified with a sequential compare (cheap per
     // entry) and applied once with a multiplicity instead of one random increment per hit
     // (dearer): 230 ranks sharing a 110-block prefix cost 230 increments, not 25 k.
+    // A one-holder run (inline, pos = ~rank, or a pool run of one) compares by its rank.
     let runOff = 0;
     let runLen = 0;
+    let runRank = -1;
     let mult = 0;
     for (let i = 0; i < n; i++) {
       const len = lens[i] as number;
       if (len === 0) continue;
       const off = pos[i] as number;
+      if (len === 1) {
+        const rank = off < 0 ? ~off : (ranks[off] as number);
+        if (runLen === 1 && rank === runRank) {
+          mult++;
+          continue;
+        }
+        if (mult > 0) this.#addRun(runOff, runLen, runRank, mult, out, touched);
+        runOff = off;
+        runLen = 1;
+        runRank = rank;
+        mult = 1;
+        continue;
+      }
       if (len === runLen && sameRun(ranks, runOff, off, len)) {
         mult++;
         continue;
       }
-      if (mult > 0) addRun(ranks, runOff, runLen, mult, out, touched);
+      if (mult > 0) this.#addRun(runOff, runLen, runRank, mult, out, touched);
       runOff = off;
       runLen = len;
+      runRank = -1;
       mult = 1;
     }
-    if (mult > 0) addRun(ranks, runOff, runLen, mult, out, touched);
+    if (mult > 0) this.#addRun(runOff, runLen, runRank, mult, out, touched);
     // Kept so the warming reads above are not optimised away.
     this.warmDigest = sink;
+  }
+
+  /** countHolders' run of `len` holders at pool `off` (or the one holder `rank`) counted `mult` times. */
+  #addRun(off: number, len: number, rank: number, mult: number, out: Int32Array, touched: number[]): void {
+    if (len !== 1) {
+      addRun(this.#poolRanks, off, len, mult, out, touched);
+      return;
+    }
+    const prev = out[rank] as number;
+    if (prev === 0) touched.push(rank);
+    out[rank] = prev + mult;
   }
 
   /**
@@ -252,6 +296,19 @@ export class ActiveBlockIndex {
       }
       const off = slots[b + 2] as number;
       const meta = slots[b + 3] as number;
+      if (meta < 0) {
+        // Inline holder (weight 1): the same rank takes one more reference, another makes a run.
+        if (off === rank) {
+          slots[b + 3] = meta - 1;
+        } else {
+          this.#inlineToRun(b, rank);
+          ranks = this.#poolRanks;
+          refs = this.#poolRefs;
+          hint = 1;
+          st.uniqueBlocks++;
+        }
+        continue;
+      }
       const len = meta & LEN_MASK;
       const k = rankPosition(ranks, off, len, hint, rank);
       if (k >= 0) {
@@ -295,6 +352,16 @@ export class ActiveBlockIndex {
       if (b < 0) continue;
       const off = slots[b + 2] as number;
       const meta = slots[b + 3] as number;
+      if (meta < 0) {
+        if (off !== rank) continue;
+        if (meta < -1) {
+          slots[b + 3] = meta + 1;
+        } else {
+          this.#deleteSlot(b / SLOT_WORDS);
+          st.uniqueBlocks--;
+        }
+        continue;
+      }
       const len = meta & LEN_MASK;
       const k = rankPosition(ranks, off, len, hint, rank);
       if (k < 0) continue;
@@ -322,20 +389,25 @@ export class ActiveBlockIndex {
     if (b < 0) {
       if ((this.#size + 1) * 2 > this.#mask + 1) this.#grow();
       b = this.#claimSlot(hi, lo);
-      const off = this.#allocRun(0);
       const slots = this.#slots;
       slots[b] = hi;
       slots[b + 1] = lo;
-      slots[b + 2] = off;
-      slots[b + 3] = 1; // class 0, one holder
+      slots[b + 2] = rank;
+      slots[b + 3] = -1; // inline, one reference
       this.#size++;
-      this.#poolRanks[off] = rank;
-      this.#poolRefs[off] = 1;
       return PAIR_CREATED;
     }
     const slots = this.#slots;
     const off = slots[b + 2] as number;
     const meta = slots[b + 3] as number;
+    if (meta < 0) {
+      if (off === rank) {
+        slots[b + 3] = meta - 1;
+        return 1;
+      }
+      this.#inlineToRun(b, rank);
+      return PAIR_CREATED;
+    }
     const end = off + (meta & LEN_MASK);
     for (let k = off; k < end; k++) {
       if (this.#poolRanks[k] !== rank) continue;
@@ -358,6 +430,20 @@ export class ActiveBlockIndex {
   setWeightIfExclusive(hi: number, lo: number, rank: number, weight: number): number {
     const b = this.#find(hi | 0, lo | 0);
     if (b < 0) return NO_CHANGE;
+    const meta = this.#slots[b + 3] as number;
+    if (meta < 0) {
+      if (this.#slots[b + 2] !== rank || meta !== -1) return NO_CHANGE;
+      if (weight === 1) return 1;
+      // A weight other than 1 lives in the pool: the holder leaves its slot for a run of one.
+      const off = this.#allocRun(0);
+      this.#poolRanks[off] = rank;
+      this.#poolRefs[off] = 1;
+      this.#poolWeights[off] = weight;
+      this.#weightedPairs++;
+      this.#slots[b + 2] = off;
+      this.#slots[b + 3] = 1; // class 0, one holder
+      return 1;
+    }
     const off = this.#slots[b + 2] as number;
     const end = off + ((this.#slots[b + 3] as number) & LEN_MASK);
     for (let k = off; k < end; k++) {
@@ -387,6 +473,21 @@ export class ActiveBlockIndex {
       sink ^= (tags[s] as number) ^ (slots[s * SLOT_WORDS] as number);
     }
     this.warmDigest = sink;
+  }
+
+  /** A second rank joins the inline holder of the slot at word offset `b`: both move to a pool run (class 1). */
+  #inlineToRun(b: number, rank: number): void {
+    const slots = this.#slots;
+    const first = slots[b + 2] as number;
+    const refs = -(slots[b + 3] as number);
+    const off = this.#allocRun(1);
+    // Free pool entries keep weight 1, and an inline holder has weight 1: no weight to copy.
+    this.#poolRanks[off] = first;
+    this.#poolRefs[off] = refs;
+    this.#poolRanks[off + 1] = rank;
+    this.#poolRefs[off + 1] = 1;
+    slots[b + 2] = off;
+    slots[b + 3] = (1 << LEN_BITS) | 2;
   }
 
   /** Appends a holder to the run of the slot at word offset `b`, moving the run up a size class when full. */
@@ -436,6 +537,11 @@ export class ActiveBlockIndex {
     if (len === 1) {
       this.#freeRun(off, meta >>> LEN_BITS);
       this.#deleteSlot(b / SLOT_WORDS);
+    } else if (len === 2 && this.#poolWeights[off] === 1) {
+      // One holder left at weight 1: back inline (its entry keeps weight 1, as free entries do).
+      this.#slots[b + 2] = this.#poolRanks[off] as number;
+      this.#slots[b + 3] = -(this.#poolRefs[off] as number);
+      this.#freeRun(off, meta >>> LEN_BITS);
     } else {
       this.#slots[b + 3] = meta - 1;
     }

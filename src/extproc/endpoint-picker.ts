@@ -43,7 +43,8 @@ export interface PickInput {
   readonly body: Buffer | undefined;
   /** The gateway's subset hint (`ip` or `ip:port` entries), when it sent one. */
   readonly subset: readonly string[] | undefined;
-  readonly signal?: AbortSignal | undefined;
+  /** The stream's abort signal, asked for only when the pick awaits the tokenizer (made lazily). */
+  readonly signal?: (() => AbortSignal) | undefined;
 }
 
 export interface PickResult {
@@ -136,12 +137,12 @@ export class EndpointPicker {
    * The request's prompt: the body's token ids, else the tokenizer's. A failure routes by session
    * and load alone (no blocks, an input length estimated from the body's size), or is 503.
    */
-  async #prompt(req: OpenAIRequest, bodyBytes: number, signal: AbortSignal | undefined): Promise<PromptFields> {
+  async #prompt(req: OpenAIRequest, bodyBytes: number, signal: (() => AbortSignal) | undefined): Promise<PromptFields> {
     if (req.tokenIds !== undefined && req.tokenIds.length > 0) return { token_ids: req.tokenIds };
     const o = this.#o;
     try {
       if (o.tokenizer === undefined) throw new KvmeshError("KVMESH_NOT_READY", "no tokenizer is configured for text prompts");
-      const ids = (await o.tokenizer.tokenize(req, { signal })).tokenIds;
+      const ids = (await o.tokenizer.tokenize(req, { signal: signal?.() })).tokenIds;
       if (ids.length > 0) return { token_ids: ids };
       return { block_hashes: [], sequence_hashes: [], isl_tokens: 1 };
     } catch (err) {

@@ -69,6 +69,13 @@ export interface RankDestination {
   readonly port: number;
 }
 
+/** A parsed catalogue endpoint, and whether its host is already an address. */
+interface ParsedEndpoint {
+  readonly host: string;
+  readonly port: number;
+  readonly isAddress: boolean;
+}
+
 interface CacheEntry {
   address: string | undefined;
   expiresAtMs: number;
@@ -86,6 +93,12 @@ export class WorkerEndpoints {
   readonly #clock: Clock;
   readonly #stride: number;
   readonly #cache = new Map<string, CacheEntry>();
+  /**
+   * Catalogue endpoint -> parsed (null: none usable). Parsing through URL on every pick and
+   * fallback was ~1% of the picker's main thread at bench:epp's 150 streams; a fleet has few
+   * endpoints. Cleared when it passes MAX_CACHED_HOSTS entries (re-parsing is only slower).
+   */
+  readonly #parsed = new Map<string, ParsedEndpoint | null>();
   #unresolved = 0;
 
   constructor(options: WorkerEndpointsOptions) {
@@ -101,9 +114,9 @@ export class WorkerEndpoints {
 
   /** The rank's destination from the cache alone (undefined: not resolved yet, or not resolvable). */
   cached(record: WorkerCatalogRecord, dpRank: number): RankDestination | undefined {
-    const ep = parseWorkerEndpoint(record.endpoint);
+    const ep = this.#endpointOf(record);
     if (ep === undefined) return undefined;
-    const ip = isIP(ep.host) !== 0 ? ep.host : this.#fresh(ep.host)?.address;
+    const ip = ep.isAddress ? ep.host : this.#fresh(ep.host)?.address;
     return ip === undefined ? undefined : this.#rank(record, dpRank, ip, ep.port);
   }
 
@@ -111,12 +124,25 @@ export class WorkerEndpoints {
   async resolve(record: WorkerCatalogRecord, dpRank: number): Promise<RankDestination | undefined> {
     const hit = this.cached(record, dpRank);
     if (hit !== undefined) return hit;
-    const ep = parseWorkerEndpoint(record.endpoint);
-    if (ep === undefined || isIP(ep.host) !== 0) return undefined;
+    const ep = this.#endpointOf(record);
+    if (ep === undefined || ep.isAddress) return undefined;
     const entry = this.#fresh(ep.host);
     if (entry !== undefined && entry.pending === undefined) return undefined; // known unresolvable
     const ip = await this.#lookup(ep.host);
     return ip === undefined ? undefined : this.#rank(record, dpRank, ip, ep.port);
+  }
+
+  #endpointOf(record: WorkerCatalogRecord): ParsedEndpoint | undefined {
+    const key = record.endpoint;
+    if (key === null) return undefined;
+    let ep = this.#parsed.get(key);
+    if (ep === undefined) {
+      const p = parseWorkerEndpoint(key);
+      ep = p === undefined ? null : { ...p, isAddress: isIP(p.host) !== 0 };
+      if (this.#parsed.size >= MAX_CACHED_HOSTS) this.#parsed.clear();
+      this.#parsed.set(key, ep);
+    }
+    return ep ?? undefined;
   }
 
   #rank(record: WorkerCatalogRecord, dpRank: number, ip: string, basePort: number): RankDestination | undefined {
