@@ -9,7 +9,7 @@ import { KvEndpointError, KvIngest, type KvIngestOptions, type KvIngestPort } fr
 import { KvIngestWorker } from "../ingest/kv-ingest-worker.js";
 import { raiseZmqSocketLimit } from "../ingest/zmq-socket-limit.js";
 import { HttpMetrics } from "../http/metrics.js";
-import { registerIngestMetrics } from "../metrics/ingest-metrics.js";
+import { registerIngestMetrics, registerIngestThreadMetrics } from "../metrics/ingest-metrics.js";
 import { createMetricsRegistry } from "../metrics/registry.js";
 import { registerServiceMetrics } from "../metrics/service-metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "../http/server.js";
@@ -312,6 +312,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
     () => ingest.stats(),
     () => ingest.budgetRefusals,
   );
+  if (ingest instanceof KvIngestWorker) registerIngestThreadMetrics(registry, () => ingest);
   let http: RunningHttpServer;
   try {
     http = await startHttpServer({
