@@ -16,7 +16,7 @@ const program = scriptProgram("shutdown-loop", "SIGTERM a busy replica N times; 
 const o = program.opts<{ rounds: number; workers: number; ranks: number; busyMs: number }>();
 
 const report = await runShutdownAbort(o, (r) => {
-  console.log(`round ${String(r.round)}: exit ${String(r.exitCode)}, ${String(r.published)} KV batches published${r.abortLines.length > 0 ? `, ABORT: ${r.abortLines.join(" | ")}` : ""}`);
+  console.log(`round ${String(r.round)}: exit ${String(r.exitCode)}, ${String(r.published)} KV batches published${r.abortLines.length > 0 ? `, ABORT: ${r.abortLines.join(" | ")}` : ""}${r.terminatedLines.length > 0 ? `, TERMINATED: ${r.terminatedLines.join(" | ")}` : ""}`);
 });
 console.log(`${String(report.rounds.length)} rounds, ${String(report.failures)} failed`);
 process.exitCode = report.failures > 0 ? 1 : 0;

@@ -34,12 +34,16 @@ export const SHUTDOWN_ABORT_LONG: ShutdownAbortOptions = { rounds: 30, workers: 
 
 /** What a native abort leaves on stderr (libstdc++'s terminate handler, node-addon-api's error). */
 export const NATIVE_ABORT_PATTERN = /terminate called|Napi::Error|Napi|FATAL ERROR|Aborted|core dumped/;
+/** What a daemon logs when a thread had to be terminated (the last resort that risks the abort). */
+export const THREAD_TERMINATED_PATTERN = /did not end by itself/;
 
 export interface ShutdownRound {
   readonly round: number;
   readonly exitCode: number | string;
   /** Native-abort lines found in the stopped replica's stderr. */
   readonly abortLines: string[];
+  /** Log lines saying a socket-owning thread had to be terminated (it did not end by itself). */
+  readonly terminatedLines: string[];
   /** KV batches published during the round (across publishers). */
   readonly published: number;
 }
@@ -157,7 +161,8 @@ export async function runShutdownAbort(o: ShutdownAbortOptions, onRound: (r: Shu
       // The last chunk of stderr can trail the exit event.
       await sleep(50);
       const abortLines = lines.filter((l) => NATIVE_ABORT_PATTERN.test(l));
-      const round: ShutdownRound = { round: i, exitCode: exitCode ?? "unknown", abortLines, published };
+      const terminatedLines = lines.filter((l) => THREAD_TERMINATED_PATTERN.test(l));
+      const round: ShutdownRound = { round: i, exitCode: exitCode ?? "unknown", abortLines, terminatedLines, published };
       rounds.push(round);
       onRound(round);
       stopping = undefined;
@@ -167,5 +172,5 @@ export async function runShutdownAbort(o: ShutdownAbortOptions, onRound: (r: Shu
     await stopReplica(peer);
     await Promise.all(pubs.flat().map((p) => p.close()));
   }
-  return { rounds, failures: rounds.filter((r) => r.exitCode !== 0 || r.abortLines.length > 0).length };
+  return { rounds, failures: rounds.filter((r) => r.exitCode !== 0 || r.abortLines.length > 0 || r.terminatedLines.length > 0).length };
 }

@@ -8,6 +8,7 @@ import { connectionLimitsOf, isLoopbackHost, replicaSyncEndpoints, resolveDaemon
 import { KvEndpointError, KvIngest, type KvIngestOptions, type KvIngestPort } from "../ingest/kv-ingest.js";
 import { KvIngestWorker } from "../ingest/kv-ingest-worker.js";
 import { raiseZmqSocketLimit } from "../ingest/zmq-socket-limit.js";
+import { closeAll } from "./close-all.js";
 import { HttpMetrics } from "../http/metrics.js";
 import { registerIngestMetrics, registerIngestThreadMetrics } from "../metrics/ingest-metrics.js";
 import { createMetricsRegistry } from "../metrics/registry.js";
@@ -434,19 +435,4 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       return closing;
     },
   };
-}
-
-/** Runs every close, even after one fails, and rethrows the first failure once all have run. */
-async function closeAll(closes: readonly (() => Promise<void> | undefined)[]): Promise<void> {
-  let first: unknown;
-  let failed = false;
-  for (const close of closes) {
-    try {
-      await close();
-    } catch (err) {
-      if (!failed) first = err;
-      failed = true;
-    }
-  }
-  if (failed) throw first;
 }
