@@ -210,7 +210,8 @@ port.on("message", (cmd: KvIngestCommand) => {
         await end({ t: "done", id: cmd.id });
         break;
       case "crash":
-        // From a fresh task, so it is uncaught as a bug's throw would be.
+        // Assertion (a programming error on purpose): the test hook's throw, from a fresh task so
+        // that it is uncaught as a bug's would be.
         setImmediate(() => {
           throw new Error("kv ingest thread: crash requested (test hook)");
         });

@@ -322,6 +322,7 @@ export class KvIngestWorker {
     if (this.#pending++ === 0) this.#thread.worker.ref();
     try {
       await this.#ready;
+      // Assertion (a programming error): the daemon makes no call after close().
       if (this.#closed !== null && this.#thread.dead) throw new Error("the kv ingest is closed");
       const id = this.#nextId++;
       const cmd = make(id);
