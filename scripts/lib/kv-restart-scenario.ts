@@ -2,9 +2,9 @@
  * Fault scenarios 10 and 11 (issue 25): a fleet change with KV events on, measured where it
  * happens, in the engines.
  *
- *  9. a rolling restart: each replica in turn leaves the client's rotation, gets SIGTERM with a
+ *  10. a rolling restart: each replica in turn leaves the client's rotation, gets SIGTERM with a
  *     drain window, exits, starts again at the same mesh port and rejoins once `/ready` is 200;
- *  10. a scale-up: a replica added mid-run, in the rotation once `/ready` is 200.
+ *  11. a scale-up: a replica added mid-run, in the rotation once `/ready` is 200.
  *
  * Mock engines publish vLLM-format KV events with a short replay history (`historySize`
  * batches), so a replica that (re)starts cannot rebuild its index from the engines' replays
@@ -371,7 +371,7 @@ export async function scenarioKvChange(o: KvChangeOptions): Promise<ScenarioRow>
       met: x.peersAtReady === 0 ? null : Math.abs(x.atReady - x.peersAtReady) <= 0.01 * x.peersAtReady,
     })),
   ];
-  const title = o.change === "rolling-restart" ? `9. rolling restart of ${String(o.replicas)} with KV events` : `10. scale-up ${String(o.replicas)} -> ${String(o.replicas + 1)} with KV events`;
+  const title = o.change === "rolling-restart" ? `10. rolling restart of ${String(o.replicas)} with KV events` : `11. scale-up ${String(o.replicas)} -> ${String(o.replicas + 1)} with KV events`;
   return {
     scenario: title,
     requests: base.completions.length + changed.completions.length,
