@@ -18,6 +18,7 @@ import { serialize } from "node:v8";
 import { parentPort, workerData } from "node:worker_threads";
 import { Context, Subscriber } from "zeromq";
 
+import { closeRetiredObservers } from "../src/util/zmq-observers.js";
 import { CurvePeerSockets } from "./curve-sockets.js";
 import { HandoffRing } from "./handoff-ring.js";
 import { ReceiveCoalescer, type DecodeFailure } from "./receive-coalescer.js";
@@ -95,17 +96,37 @@ function receive(frames: Buffer[]): void {
 }
 
 /**
- * A socket's read loop failed: the main thread starts the thread again (receive-worker.ts). The
- * sockets are closed first: terminating a thread with a receive pending on a zeromq socket or
- * observer aborts the whole process (zeromq 6.8 throws a Napi::Error during teardown).
+ * A socket's read loop failed, or the thread hit an uncaught error: the main thread starts the
+ * thread again (receive-worker.ts). The sockets are closed first and the thread then ends by
+ * itself: a thread ended (terminated, or killed by an uncaught error) with a receive pending on a
+ * zeromq socket or observer aborts the whole process (zeromq 6.8 throws a Napi::Error during
+ * teardown; `terminate called after throwing an instance of 'Napi::Error'`, #29).
  */
 function fatal(err: unknown): void {
   if (closed) return;
   closed = true;
   const message = err instanceof Error ? err.message : String(err);
-  void peers.close().then(() => {
+  void closePeers().then(() => {
     post({ t: "fatal", message });
+    port?.close();
   });
+}
+process.on("uncaughtException", fatal);
+process.on("unhandledRejection", fatal);
+
+/**
+ * Closes every socket, then any observer still open after its socket's close grace, and stops the
+ * hand-over timer: nothing is left to keep the thread alive or to abort it when it ends.
+ */
+async function closePeers(): Promise<void> {
+  try {
+    await peers.close();
+  } catch {
+    // Best effort: the sweep below closes what is left of the observers.
+  }
+  if (timer !== undefined) clearTimeout(timer);
+  timer = undefined;
+  closeRetiredObservers();
 }
 
 type ConnectCommand = Extract<ThreadCommand, { op: "connect" }>;
@@ -191,8 +212,8 @@ port.on("message", (cmd: ThreadCommand) => {
       case "close":
         closed = true;
         handOver(true);
-        // Closed before answering: the main thread terminates the thread on "closed" (see fatal).
-        void peers.close().then(() => {
+        // Closed before answering; the thread then ends by itself (see fatal).
+        void closePeers().then(() => {
           post({ t: "closed", stats: statsNow() });
           port.close();
         });

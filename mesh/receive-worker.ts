@@ -50,8 +50,13 @@ export const RECEIVE_THREAD_RESTART_MAX_MS = 5_000;
 export const RECEIVE_THREAD_HEALTHY_MS = 10_000;
 /** How long flush() waits for the thread's answer before giving up (it resolves anyway), ms. */
 export const RECEIVE_THREAD_FLUSH_TIMEOUT_MS = 1_000;
-/** How long close() waits for the thread to hand over and close its socket before terminating it, ms. */
-export const RECEIVE_THREAD_CLOSE_TIMEOUT_MS = 2_000;
+/**
+ * How long close() waits for the thread to hand over, close its sockets and end by itself, ms
+ * (with CURVE its observers' close grace, ~350 ms, is in it). It is then terminated, counted and
+ * logged: a last resort, since a thread ended with a socket still receiving aborts the process
+ * (receive-thread.ts, fatal).
+ */
+export const RECEIVE_THREAD_CLOSE_TIMEOUT_MS = 5_000;
 
 export interface ReceiveWorkerOptions extends Omit<ThreadData, "handoff" | "ring"> {
   readonly logger: Logger;
@@ -63,6 +68,8 @@ export interface ReceiveWorkerOptions extends Omit<ThreadData, "handoff" | "ring
 export interface ReceiveWorkerStats extends CoalescerStats {
   /** Threads started again after one died. */
   restarts: number;
+  /** Threads terminated because they did not end by themselves in time (each risks a native abort). */
+  terminations: number;
 }
 
 const zero = (): CoalescerStats => ({ received: 0, malformed: 0, decodeErrors: 0, merged: 0, handovers: 0, skipped: zeroSkipCounts() });
@@ -87,6 +94,7 @@ export class ReceiveWorker {
   #base: CoalescerStats = zero();
   #live: CoalescerStats = zero();
   #restarts = 0;
+  #terminations = 0;
   #backoffMs = RECEIVE_THREAD_RESTART_MIN_MS;
   #restartTimer: NodeJS.Timeout | undefined;
   #closing: Promise<void> | undefined;
@@ -153,6 +161,7 @@ export class ReceiveWorker {
       handovers: s.handovers + l.handovers,
       skipped: addSkipCounts(s.skipped, l.skipped),
       restarts: this.#restarts,
+      terminations: this.#terminations,
     };
   }
 
@@ -199,19 +208,30 @@ export class ReceiveWorker {
     clearTimeout(this.#restartTimer);
     const w = this.#worker;
     const exited = this.#workerExited;
-    const closed = new Promise<void>((resolve) => {
-      w.on("message", (r: ThreadReport) => {
-        if (r.t === "closed") resolve();
-      });
-    });
     this.#send({ op: "close" });
-    const timer = setTimeout(() => void w.terminate(), RECEIVE_THREAD_CLOSE_TIMEOUT_MS);
-    await Promise.race([closed.then(() => w.terminate()), exited]);
-    clearTimeout(timer);
-    await exited;
+    // It ends by itself once "closed" is posted (its sockets closed); terminated only if it does not.
+    await this.#awaitExit(w, exited, "close");
     // The thread's last hand-over was posted before "closed".
     this.applyReceived();
     this.#handoff.close();
+  }
+
+  /** Waits up to RECEIVE_THREAD_CLOSE_TIMEOUT_MS for `w` to end by itself, then terminates it (counted, logged). */
+  async #awaitExit(w: Worker, exited: Promise<void>, why: string): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<boolean>((resolve) => {
+      timer = setTimeout(() => {
+        resolve(true);
+      }, RECEIVE_THREAD_CLOSE_TIMEOUT_MS);
+    });
+    const timedOut = await Promise.race([exited.then(() => false), late]);
+    clearTimeout(timer);
+    if (timedOut) {
+      this.#terminations++;
+      this.#log.error({ why, wait_ms: RECEIVE_THREAD_CLOSE_TIMEOUT_MS, terminations: this.#terminations }, "mesh receive thread did not end by itself: terminating it (its sockets may still be open)");
+      await w.terminate();
+    }
+    await exited;
   }
 
   #send(cmd: ThreadCommand): void {
@@ -250,7 +270,8 @@ export class ReceiveWorker {
     const delayMs = this.#backoffMs;
     this.#backoffMs = Math.min(this.#backoffMs * 2, RECEIVE_THREAD_RESTART_MAX_MS);
     this.#log.error({ reason, restarts: this.#restarts, peers: this.#peers.size, restart_in_ms: delayMs }, "mesh receive thread died: starting it again (peers re-snapshot on the seq gap)");
-    void this.#worker.terminate();
+    // A thread that reported "fatal" closed its sockets and ends by itself; one that exited is gone.
+    void this.#awaitExit(this.#worker, this.#workerExited, "died");
     this.#restartTimer = setTimeout(() => {
       this.#restartTimer = undefined;
       if (this.#closing !== undefined) return;

@@ -2,9 +2,9 @@
  * Fault scenarios 10 and 11 (issue 25): a fleet change with KV events on, measured where it
  * happens, in the engines.
  *
- *  9. a rolling restart: each replica in turn leaves the client's rotation, gets SIGTERM with a
+ *  10. a rolling restart: each replica in turn leaves the client's rotation, gets SIGTERM with a
  *     drain window, exits, starts again at the same mesh port and rejoins once `/ready` is 200;
- *  10. a scale-up: a replica added mid-run, in the rotation once `/ready` is 200.
+ *  11. a scale-up: a replica added mid-run, in the rotation once `/ready` is 200.
  *
  * Mock engines publish vLLM-format KV events with a short replay history (`historySize`
  * batches), so a replica that (re)starts cannot rebuild its index from the engines' replays
@@ -381,7 +381,7 @@ export async function scenarioKvChange(o: KvChangeOptions): Promise<ScenarioRow>
     })),
   ];
   const events = o.kvEvents === false ? "without KV events" : "with KV events";
-  const title = o.change === "rolling-restart" ? `9. rolling restart of ${String(o.replicas)} ${events}` : `10. scale-up ${String(o.replicas)} -> ${String(o.replicas + 1)} ${events}`;
+  const title = o.change === "rolling-restart" ? `10. rolling restart of ${String(o.replicas)} ${events}` : `11. scale-up ${String(o.replicas)} -> ${String(o.replicas + 1)} ${events}`;
   return {
     scenario: title,
     requests: base.completions.length + changed.completions.length,

@@ -91,7 +91,7 @@ export async function scenarioNewPrefixBurst(o: BurstOptions): Promise<ScenarioR
     figureMs("scenario wall time", performance.now() - started, 5 * 60_000),
   ];
   return {
-    scenario: "new-prefix burst",
+    scenario: "12. new-prefix burst",
     requests: on.requests + off.requests,
     failures: failures.length,
     convergeMs: null,

@@ -8,8 +8,9 @@ import { connectionLimitsOf, isLoopbackHost, replicaSyncEndpoints, resolveDaemon
 import { KvEndpointError, KvIngest, type KvIngestOptions, type KvIngestPort } from "../ingest/kv-ingest.js";
 import { KvIngestWorker } from "../ingest/kv-ingest-worker.js";
 import { raiseZmqSocketLimit } from "../ingest/zmq-socket-limit.js";
+import { closeAll } from "./close-all.js";
 import { HttpMetrics } from "../http/metrics.js";
-import { registerIngestMetrics } from "../metrics/ingest-metrics.js";
+import { registerIngestMetrics, registerIngestThreadMetrics } from "../metrics/ingest-metrics.js";
 import { createMetricsRegistry } from "../metrics/registry.js";
 import { registerServiceMetrics } from "../metrics/service-metrics.js";
 import { startHttpServer, type MeshControl, type RunningHttpServer } from "../http/server.js";
@@ -312,6 +313,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
     () => ingest.stats(),
     () => ingest.budgetRefusals,
   );
+  if (ingest instanceof KvIngestWorker) registerIngestThreadMetrics(registry, () => ingest);
   let http: RunningHttpServer;
   try {
     http = await startHttpServer({
@@ -406,23 +408,29 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
     close(): Promise<void> {
       endDrain?.();
       closing ??= (async () => {
-        workersFile?.close();
-        // ext_proc streams end with the process: each frees its booking (no booking outlives its stream).
-        await extProc?.close();
-        await tokenizer?.close();
-        // Bookings are handed over, not freed: peers keep mirroring them, and a frontend's
-        // prefill_complete or free for one at any replica counts it out there, so the load stays
-        // accounted while the requests run (freeing them here instead made 10 lifecycle calls
-        // answer 404 at live replicas in test/system/faults/shutdown-under-load.test.ts).
-        service.shutdown();
-        clearInterval(timer);
-        await http.close();
-        // Exports the spans still queued (the last requests') before the process goes.
-        await tracer?.shutdown().catch((err: unknown) => {
-          logger.warn({ err }, "trace export at shutdown failed");
-        });
-        await mesh?.close();
-        await ingest.close();
+        try {
+          workersFile?.close();
+          // ext_proc streams end with the process: each frees its booking (no booking outlives its stream).
+          await extProc?.close();
+          await tokenizer?.close();
+          // Bookings are handed over, not freed: peers keep mirroring them, and a frontend's
+          // prefill_complete or free for one at any replica counts it out there, so the load stays
+          // accounted while the requests run (freeing them here instead made 10 lifecycle calls
+          // answer 404 at live replicas in test/system/faults/shutdown-under-load.test.ts).
+          service.shutdown();
+          clearInterval(timer);
+          await http.close();
+          // Exports the spans still queued (the last requests') before the process goes.
+          await tracer?.shutdown().catch((err: unknown) => {
+            logger.warn({ err }, "trace export at shutdown failed");
+          });
+        } finally {
+          // Whatever failed above, the threads that own ZeroMQ sockets (the mesh's receive thread,
+          // the KV ingest thread) close them and end before the process exits: one still running
+          // at exit is torn down with its sockets open, which aborts the process (#29, zeromq 6.8:
+          // "terminate called after throwing an instance of 'Napi::Error'").
+          await closeAll([() => mesh?.close(), () => ingest.close()]);
+        }
       })();
       return closing;
     },

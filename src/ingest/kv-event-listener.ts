@@ -57,6 +57,13 @@ export interface KvEventListenerOptions {
   readonly logger?: Logger;
   /** Idle limit for each replay reply; on expiry the rest of the gap is counted as lost. */
   readonly replayTimeoutMs?: number;
+  /**
+   * Where the stream was left by a listener of the same rank that is gone (a restarted ingest
+   * thread, kv-ingest-worker.ts): the last seq applied and its payload's digest. The first live
+   * message is then handled as after a reconnect: a gap is replayed, a publisher that restarted
+   * meanwhile resets the rank. Without it the listener starts fresh (replays from seq 0).
+   */
+  readonly resumeAt?: { readonly seq: bigint; readonly digest: bigint | null } | null;
   /** A batch read straight into the prepared form (the ingest thread's kv-batch-reader.ts), instead of decoding it and calling onBatch. */
   readonly fastPath?: KvFastPath<(batch: PreparedKvBatch, seq: bigint, replayed: boolean, digest: bigint | null) => void>;
 }
@@ -151,6 +158,12 @@ export class KvEventListener {
     this.#onReset = options.onReset;
     this.#log = (options.logger ?? pino({ enabled: false })).child({ kvEndpoint: options.endpoint });
     this.#replayTimeoutMs = options.replayTimeoutMs ?? DEFAULT_REPLAY_TIMEOUT_MS;
+    const resume = options.resumeAt ?? null;
+    if (resume !== null) {
+      this.#lastSeq = resume.seq;
+      this.#lastDigest = resume.digest;
+      this.#reconnected = true;
+    }
     if (!Number.isInteger(this.#replayTimeoutMs) || this.#replayTimeoutMs <= 0) {
       throw badRequest(`replayTimeoutMs must be a positive integer, got ${this.#replayTimeoutMs}`, "replayTimeoutMs");
     }

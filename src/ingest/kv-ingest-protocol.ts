@@ -19,7 +19,9 @@ export interface KvIngestThreadData {
 export type KvIngestCommand =
   | { readonly t: "upsert"; readonly id: number; readonly workerId: string; readonly ranks: readonly KvRankEndpoints[] }
   | { readonly t: "remove"; readonly id: number; readonly workerId: string }
-  | { readonly t: "close"; readonly id: number };
+  | { readonly t: "close"; readonly id: number }
+  /** Test hook: the thread throws an uncaught error, as a bug would (kv-ingest-worker.ts, crashThreadForTest). */
+  | { readonly t: "crash" };
 
 /** Why a command failed, rebuilt as the error KvIngest itself would have thrown. */
 export type KvIngestFailure =
@@ -36,6 +38,11 @@ export interface KvOpenRank {
 /** thread -> main */
 export type KvIngestReport =
   | { readonly t: "ready" }
+  /**
+   * The thread hit an uncaught error: it has closed its sockets and observers and ends by itself
+   * (a zeromq object still open when a thread's environment goes away aborts the whole process).
+   */
+  | { readonly t: "fatal"; readonly message: string }
   | { readonly t: "done"; readonly id: number; readonly workerId?: string; readonly open?: readonly KvOpenRank[]; readonly result?: boolean; readonly failure?: KvIngestFailure }
   | {
       readonly t: "batch";

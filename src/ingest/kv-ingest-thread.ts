@@ -14,7 +14,7 @@ import type { Logger } from "pino";
 import { setTimeout as sleep } from "node:timers/promises";
 import { parentPort, workerData } from "node:worker_threads";
 
-import { OBSERVER_CLOSE_GRACE_MS } from "../util/zmq-observers.js";
+import { closeRetiredObservers, OBSERVER_CLOSE_GRACE_MS } from "../util/zmq-observers.js";
 
 import { KvEndpointError, KvIngest, type KvRankRef, type KvRankStats } from "./kv-ingest.js";
 import type { KvIngestCommand, KvIngestFailure, KvIngestReport, KvIngestThreadData, KvOpenRank } from "./kv-ingest-protocol.js";
@@ -149,7 +149,45 @@ function openRanks(workerId: string): KvOpenRank[] {
   return out;
 }
 
+/**
+ * Closes every socket and observer, then lets the thread end by itself: nothing is left on its
+ * event loop once the port is closed. A thread ended (terminated, or killed by an uncaught error)
+ * with a zeromq socket or observer still receiving aborts the whole process: zeromq 6.8's reaper
+ * closes it during the environment's teardown and the pending receive's rejection throws a
+ * Napi::Error no JavaScript frame can catch (#29: 3 of 3 in an isolated worker).
+ */
+let ending: Promise<void> | null = null;
+const end = (last: KvIngestReport): Promise<void> => {
+  ending ??= (async () => {
+    clearInterval(scan);
+    try {
+      await ingest.close();
+    } catch {
+      // Closing is best effort: what it could not close, the observers' sweep below still does.
+    }
+    flushDirty();
+    // Closed sockets' observers are closed OBSERVER_CLOSE_GRACE_MS later (zmq-observers.ts); the
+    // thread waits them out, then closes any left (a timer that fired late).
+    await sleep(OBSERVER_CLOSE_GRACE_MS + OBSERVER_CLOSE_MARGIN_MS);
+    closeRetiredObservers();
+    post(last);
+    port.close();
+  })();
+  return ending;
+};
+
+/**
+ * An uncaught error (a bug: nothing a publisher sends can throw out of a listener) ends the thread
+ * cleanly instead of killing it with its sockets open; the main thread restarts it.
+ */
+function fatal(err: unknown): void {
+  void end({ t: "fatal", message: err instanceof Error ? `${err.name}: ${err.message}` : String(err) });
+}
+process.on("uncaughtException", fatal);
+process.on("unhandledRejection", fatal);
+
 port.on("message", (cmd: KvIngestCommand) => {
+  if (ending !== null) return;
   void (async () => {
     switch (cmd.t) {
       case "upsert":
@@ -169,15 +207,14 @@ port.on("message", (cmd: KvIngestCommand) => {
         }
         break;
       case "close":
-        clearInterval(scan);
-        await ingest.close();
-        flushDirty();
-        // Closed sockets' observers are closed OBSERVER_CLOSE_GRACE_MS later (zmq-observers.ts);
-        // a thread ended with one still receiving aborts the process (zeromq 6.8 throws a
-        // Napi::Error in teardown), so the thread waits them out and then ends by itself.
-        await sleep(OBSERVER_CLOSE_GRACE_MS + OBSERVER_CLOSE_MARGIN_MS);
-        post({ t: "done", id: cmd.id });
-        port.close();
+        await end({ t: "done", id: cmd.id });
+        break;
+      case "crash":
+        // Assertion (a programming error on purpose): the test hook's throw, from a fresh task so
+        // that it is uncaught as a bug's would be.
+        setImmediate(() => {
+          throw new Error("kv ingest thread: crash requested (test hook)");
+        });
         break;
     }
   })();

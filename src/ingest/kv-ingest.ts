@@ -20,6 +20,8 @@ export interface KvRankEndpoints {
   readonly rank: number;
   readonly endpoint: string;
   readonly replayEndpoint?: string | null;
+  /** Resume a stream a previous listener of this rank left here (kv-event-listener.ts, resumeAt); used when a new listener starts. */
+  readonly resumeAt?: { readonly seq: bigint; readonly digest: bigint | null } | null;
 }
 
 export interface KvIngestOptions {
@@ -214,6 +216,7 @@ export class KvIngest {
     return new KvEventListener({
       endpoint: r.endpoint,
       replayEndpoint: r.replayEndpoint ?? null,
+      resumeAt: r.resumeAt ?? null,
       onBatch: (batch, seq, replayed, digest) => {
         onBatch(ref, batch, seq, replayed, digest);
       },

@@ -5,7 +5,7 @@
 import type { Registry } from "prom-client";
 
 import type { KvRankStats } from "../ingest/kv-ingest.js";
-import { collectedCounter, collectedLabelledCounter, type LabelledSample } from "./collected.js";
+import { collectedCounter, collectedGauge, collectedLabelledCounter, type LabelledSample } from "./collected.js";
 
 type RankCounters = KvRankStats["stats"];
 type RankLabel = "worker_id" | "dp_rank";
@@ -31,4 +31,17 @@ export function registerIngestMetrics(registry: Registry, ingestStats: () => rea
       for (const r of ingestStats()) yield [{ worker_id: r.workerId, dp_rank: String(r.rank) }, pick(r.stats)];
     });
   }
+}
+
+/** What the ingest thread says of its own life (kv-ingest-worker.ts); absent with --no-kv-ingest-thread. */
+export interface IngestThreadHealth {
+  readonly restarts: number;
+  readonly terminations: number;
+  readonly up: boolean;
+}
+
+export function registerIngestThreadMetrics(registry: Registry, read: () => IngestThreadHealth): void {
+  collectedCounter(registry, { name: "kvmesh_ingest_thread_restarts_total", help: "KV ingest threads started again after one died (its ranks resume from the index's position)." }, () => read().restarts);
+  collectedCounter(registry, { name: "kvmesh_ingest_thread_terminations_total", help: "KV ingest threads terminated because they did not end by themselves within 5 s of closing (a last resort)." }, () => read().terminations);
+  collectedGauge(registry, { name: "kvmesh_ingest_thread_up", help: "1 while a KV ingest thread reads the KV-event streams, 0 while a dead one waits for its restart." }, () => (read().up ? 1 : 0));
 }

@@ -124,6 +124,17 @@ export async function watchEvents(observer: IteratedObserver, onEvent: (event: E
   }
 }
 
+/**
+ * Closes, now, every retired observer still open: for a thread about to end, after its sockets'
+ * close grace. A zeromq object left open when a worker thread's environment is torn down is closed
+ * by zeromq.js's reaper, and one with a receive pending then throws a Napi::Error with no
+ * JavaScript frame to catch it, which aborts the whole process (#29; `terminate called after
+ * throwing an instance of 'Napi::Error'`, 3 of 3 in a worker with a SUB and its observer).
+ */
+export function closeRetiredObservers(): void {
+  for (const r of retired) closeQuietly(r.observer);
+}
+
 /** Retired observers whose close threw (their sockets were already gone). */
 export function observerCloseFailures(): number {
   return closeFailures;
