@@ -36,7 +36,7 @@ import type { Random } from "./random.js";
 import type { Partition, SelectionScratch } from "./partition.js";
 import type { MatchResult } from "./prefix-index.js";
 import { fillCandidateRows } from "./candidate-rows.js";
-import { loadOnlyCost, scoreCandidates, selectCandidate, type SelectionRequest } from "./selector.js";
+import { loadOnlyCost, pickArgmin, scoreCandidates, type SelectionRequest } from "./selector.js";
 import type { SelectorConfig } from "./selector-config.js";
 import type { TieSpreader } from "./tie-spread.js";
 import { cachedTokensOf } from "./ttft-cost.js";
@@ -99,7 +99,7 @@ class ScanScratch {
 
 const scratchOf = new WeakMap<Partition, ScanScratch>();
 
-/** What the scan decided: the chosen row of `p.scratch.table` (its rank at `candidates[row]`). */
+/** What the scan decided: the chosen row of `p.scratch.table` (its rank at `candidates[row]`, its cost at `costs[row]`). */
 export interface ScanPick {
   readonly row: number;
   /** Ranks whose exact cost was computed. */
@@ -213,13 +213,23 @@ export function scanChoose(
     }
     for (let i = 0; i < draws; i++) random.next();
 
-    // 5. The unchanged argmin and tie spreader over the scored ranks from the first low one on.
+    // 5. The unchanged argmin and tie spreader over the scored ranks from the first low one on,
+    // on the exact costs step 1 and 3 computed (scoreCandidates over the same rows: the costs
+    // selectCandidate would compute again; scanApplies means temperature 0, so it is the argmin).
     const rows = count - start;
-    for (let i = 0; i < rows; i++) s.candidates[i] = sched[ordered[start + i] as number] as number;
-    fillCandidateRows(p, s, rows, promptBlocks);
-    let row = selectCandidate(s.table, info, config, random, s.costs);
-    if (spreader !== undefined) row = spreader.pick(s.costs, rows, row, s.candidates, p.ranks.spreadKeys, n);
-    return { row, scored: count + exact };
+    const costs = s.costs;
+    for (let i = 0; i < rows; i++) {
+      const pos = ordered[start + i] as number;
+      s.candidates[i] = sched[pos] as number;
+      costs[i] = cost[pos] as number;
+    }
+    let row = pickArgmin(costs, rows, random);
+    if (spreader !== undefined) row = spreader.pick(costs, rows, row, s.candidates, p.ranks.spreadKeys, n);
+    // The chosen rank's table row, as row 0 (what the caller reads of the pick).
+    s.candidates[0] = s.candidates[row] as number;
+    costs[0] = costs[row] as number;
+    fillCandidateRows(p, s, 1, promptBlocks);
+    return { row: 0, scored: count + exact };
   } finally {
     for (let i = 0; i < count; i++) scored[list[i] as number] = 0;
     for (let i = 0; i < sc.loadedCount; i++) sc.loaded[sc.loadedList[i] as number] = 0;
