@@ -36,10 +36,16 @@ import type { Random } from "./random.js";
 import type { Partition, SelectionScratch } from "./partition.js";
 import type { MatchResult } from "./prefix-index.js";
 import { fillCandidateRows } from "./candidate-rows.js";
-import { loadOnlyCost, scoreCandidates, selectCandidate, type SelectionRequest } from "./selector.js";
+import { loadOnlyCost, pickArgmin, scoreCandidates, type SelectionRequest } from "./selector.js";
 import type { SelectorConfig } from "./selector-config.js";
 import type { TieSpreader } from "./tie-spread.js";
 import { cachedTokensOf } from "./ttft-cost.js";
+
+/**
+ * The busy ranks' floors alone are read (sparseFloors) while fewer than 1 / this share of the
+ * partition's ranks carry load: past it, one pass over every rank (denseFloors) is as cheap.
+ */
+const SPARSE_BUSY_SHARE = 4;
 
 /** Below this many schedulable ranks the scan saves nothing worth its bookkeeping: score them all. */
 export const MIN_RANKS_FOR_SCAN = 32;
@@ -67,6 +73,11 @@ class ScanScratch {
   list = new Int32Array(0);
   /** Positions whose floor is within reach of the prompt-dependent ranks' best. */
   near = new Int32Array(0);
+  /** Per position: 1 when a busy rank's floor is in cost[] (the sparse pass). Reset after each use. */
+  loaded = new Uint8Array(0);
+  /** Positions with loaded[] set: loadedList[0, loadedCount). */
+  loadedList = new Int32Array(0);
+  loadedCount = 0;
 
   prepare(p: Partition, sched: readonly number[]): void {
     if (this.schedFor === sched && this.posOf.length >= p.ranks.capacity) return;
@@ -80,13 +91,15 @@ class ScanScratch {
       this.exactFloor = new Uint8Array(n);
       this.list = new Int32Array(n);
       this.near = new Int32Array(n);
+      this.loaded = new Uint8Array(n);
+      this.loadedList = new Int32Array(n);
     }
   }
 }
 
 const scratchOf = new WeakMap<Partition, ScanScratch>();
 
-/** What the scan decided: the chosen row of `p.scratch.table` (its rank at `candidates[row]`). */
+/** What the scan decided: the chosen row of `p.scratch.table` (its rank at `candidates[row]`, its cost at `costs[row]`). */
 export interface ScanPick {
   readonly row: number;
   /** Ranks whose exact cost was computed. */
@@ -121,6 +134,8 @@ export function scanChoose(
   // The ttft model's bestCached over every candidate, which the scored rows alone do not show.
   if (config.costModel === "ttft" && info.bestCachedTokens === undefined) info = { ...info, bestCachedTokens: bestCachedOf(match, posOf, info, config) };
   let count = 0;
+  // Step 2 read only the busy ranks' floors: an idle rank's cost is then `idle`, not in cost[].
+  let sparse = false;
   try {
     // 1. The prompt-dependent ranks: cached blocks of it, or some of its blocks in flight.
     for (let i = 0; i < match.count; i++) count = mark(match.ranks[i] as number, posOf, scored, list, count);
@@ -129,62 +144,27 @@ export function scanChoose(
     let upper = Infinity;
     for (let i = 0; i < count; i++) upper = Math.min(upper, cost[list[i] as number] as number);
 
-    // 2. Every other rank's cost floor; the rank with the lowest floor; and aside, the ranks whose
-    // floor is within the margin of the prompt-dependent ranks' best (no others can be low).
+    // 2. Every other rank's cost floor; the rank with the lowest floor (the first in canonical
+    // order among equal ones); and aside, the ranks whose floor is within the margin of the best
+    // exact cost known (no others can be low).
     const margin = spreader === undefined ? 0 : spreader.nearTieBlocks;
-    // Lowered as exact floors are met: the best exact cost known bounds the minimum.
-    let reach = upper + margin;
+    // An upper bound of the minimum plus the margin (sparseFloors and denseFloors lower their own copy).
+    const reach = upper + margin;
     const idle = loadOnlyCost(0, promptBlocks, 0, info, config);
     const ledger = p.ledger;
-    const requests = ledger.flatRequests;
-    const floorPrefill = ledger.flatPrefillFloor;
-    const blocks = ledger.flatBlocks;
-    const decays = ledger.flatPrefillDecays;
     const mirrored = p.mirrored;
-    const peers = mirrored.loadedRanks > 0;
-    const near = sc.near;
-    let nearCount = 0;
-    let lowest = -1;
-    let lowestFloor = Infinity;
-    for (let pos = 0; pos < n; pos++) {
-      if (scored[pos] === 1) continue;
-      const rank = sched[pos] as number;
-      const own = rank < requests.length && requests[rank] !== 0;
-      let c: number;
-      // The floor is the exact cost, computed the same way, unless the prefill decays.
-      exactFloor[pos] = own && decays[rank] !== 0 ? 0 : 1;
-      if (!own && !peers) {
-        c = idle;
-      } else {
-        // As LoadLedger.fillCandidateLoads then Partition.fillCandidateLoads compute the row
-        // (same operations, same order), with the floor of the ledger's prefill.
-        let prefill = own ? (floorPrefill[rank] as number) : 0;
-        let decode = own ? (blocks[rank] as number) + promptBlocks : promptBlocks;
-        let reqs = own ? (requests[rank] as number) : 0;
-        if (peers) {
-          prefill += mirrored.prefillTokens(rank);
-          decode += mirrored.blocks(rank);
-          reqs += mirrored.requests(rank);
-        }
-        c = loadOnlyCost(prefill, decode, reqs, info, config);
-      }
-      cost[pos] = c;
-      if (c < lowestFloor) {
-        lowestFloor = c;
-        lowest = pos;
-        if (exactFloor[pos] === 1 && c + margin < reach) reach = c + margin;
-      }
-      if (!(c > reach)) {
-        if (nearCount * 2 >= n) {
-          nearCount = keepWithin(near, nearCount, cost, reach);
-          // More than half the ranks within reach: scoring them all is as cheap (an idle fleet).
-          if (nearCount * 2 >= n) return undefined;
-        }
-        near[nearCount++] = pos;
-      }
+    let floors: Floors;
+    if (mirrored.loadedRanks === 0 && ledger.busyCount * SPARSE_BUSY_SHARE < n) {
+      sparse = true;
+      floors = sparseFloors(p, sc, n, count, promptBlocks, info, config, idle, reach, margin);
+    } else {
+      floors = denseFloors(p, sc, n, promptBlocks, info, config, idle, reach, margin);
     }
+    if (floors.nearCount < 0) return undefined;
+    const { lowest, lowestFloor, lowestExact, nearCount } = floors;
+    const near = sc.near;
     // An upper bound of the minimum: the lowest floor's exact cost.
-    if (lowest >= 0 && exactFloor[lowest] === 1) {
+    if (lowest >= 0 && lowestExact) {
       upper = Math.min(upper, lowestFloor);
     } else if (lowest >= 0) {
       list[count] = lowest;
@@ -219,10 +199,12 @@ export function scanChoose(
     let best = Infinity;
     let draws = 0;
     let exact = 0;
+    const loaded = sc.loaded;
     for (let pos = 0; pos < firstLow; pos++) {
-      let c = cost[pos] as number;
+      // The sparse pass left an idle rank's cost out of cost[]: it is `idle`, exactly.
+      let c = sparse && scored[pos] === 0 && loaded[pos] === 0 ? idle : (cost[pos] as number);
       if (c > best) continue;
-      if (scored[pos] === 0 && exactFloor[pos] === 0) {
+      if (scored[pos] === 0 && exactFloor[pos] === 0 && !(sparse && loaded[pos] === 0)) {
         c = exactCost(p, s, sched[pos] as number, promptBlocks, info, config);
         exact++;
       }
@@ -231,16 +213,166 @@ export function scanChoose(
     }
     for (let i = 0; i < draws; i++) random.next();
 
-    // 5. The unchanged argmin and tie spreader over the scored ranks from the first low one on.
+    // 5. The unchanged argmin and tie spreader over the scored ranks from the first low one on,
+    // on the exact costs step 1 and 3 computed (scoreCandidates over the same rows: the costs
+    // selectCandidate would compute again; scanApplies means temperature 0, so it is the argmin).
     const rows = count - start;
-    for (let i = 0; i < rows; i++) s.candidates[i] = sched[ordered[start + i] as number] as number;
-    fillCandidateRows(p, s, rows, promptBlocks);
-    let row = selectCandidate(s.table, info, config, random, s.costs);
-    if (spreader !== undefined) row = spreader.pick(s.costs, rows, row, s.candidates, p.ranks.spreadKeys, n);
-    return { row, scored: count + exact };
+    const costs = s.costs;
+    for (let i = 0; i < rows; i++) {
+      const pos = ordered[start + i] as number;
+      s.candidates[i] = sched[pos] as number;
+      costs[i] = cost[pos] as number;
+    }
+    let row = pickArgmin(costs, rows, random);
+    if (spreader !== undefined) row = spreader.pick(costs, rows, row, s.candidates, p.ranks.spreadKeys, n);
+    // The chosen rank's table row, as row 0 (what the caller reads of the pick).
+    s.candidates[0] = s.candidates[row] as number;
+    costs[0] = costs[row] as number;
+    fillCandidateRows(p, s, 1, promptBlocks);
+    return { row: 0, scored: count + exact };
   } finally {
     for (let i = 0; i < count; i++) scored[list[i] as number] = 0;
+    for (let i = 0; i < sc.loadedCount; i++) sc.loaded[sc.loadedList[i] as number] = 0;
+    sc.loadedCount = 0;
   }
+}
+
+/** What step 2 found: nearCount -1 means more than half the ranks are within reach (score them all). */
+interface Floors {
+  readonly lowest: number;
+  readonly lowestFloor: number;
+  readonly lowestExact: boolean;
+  readonly nearCount: number;
+}
+
+const FALL_BACK: Floors = { lowest: -1, lowestFloor: Infinity, lowestExact: false, nearCount: -1 };
+
+/**
+ * Step 2 over every schedulable rank not scored: its floor into cost[] (exactFloor[] says whether
+ * it is the cost), the lowest, and the ranks within reach into near[].
+ */
+function denseFloors(p: Partition, sc: ScanScratch, n: number, promptBlocks: number, info: SelectionRequest, config: SelectorConfig, idle: number, reach: number, margin: number): Floors {
+  const sched = p.schedulable;
+  const { cost, scored, exactFloor, near } = sc;
+  const ledger = p.ledger;
+  const requests = ledger.flatRequests;
+  const floorPrefill = ledger.flatPrefillFloor;
+  const blocks = ledger.flatBlocks;
+  const decays = ledger.flatPrefillDecays;
+  const mirrored = p.mirrored;
+  const peers = mirrored.loadedRanks > 0;
+  let nearCount = 0;
+  let lowest = -1;
+  let lowestFloor = Infinity;
+  for (let pos = 0; pos < n; pos++) {
+    if (scored[pos] === 1) continue;
+    const rank = sched[pos] as number;
+    const own = rank < requests.length && requests[rank] !== 0;
+    let c: number;
+    // The floor is the exact cost, computed the same way, unless the prefill decays.
+    exactFloor[pos] = own && decays[rank] !== 0 ? 0 : 1;
+    if (!own && !peers) {
+      c = idle;
+    } else {
+      // As LoadLedger.fillCandidateLoads then Partition.fillCandidateLoads compute the row
+      // (same operations, same order), with the floor of the ledger's prefill.
+      let prefill = own ? (floorPrefill[rank] as number) : 0;
+      let decode = own ? (blocks[rank] as number) + promptBlocks : promptBlocks;
+      let reqs = own ? (requests[rank] as number) : 0;
+      if (peers) {
+        prefill += mirrored.prefillTokens(rank);
+        decode += mirrored.blocks(rank);
+        reqs += mirrored.requests(rank);
+      }
+      c = loadOnlyCost(prefill, decode, reqs, info, config);
+    }
+    cost[pos] = c;
+    if (c < lowestFloor) {
+      lowestFloor = c;
+      lowest = pos;
+      if (exactFloor[pos] === 1 && c + margin < reach) reach = c + margin;
+    }
+    if (!(c > reach)) {
+      if (nearCount * 2 >= n) {
+        nearCount = keepWithin(near, nearCount, cost, reach);
+        // More than half the ranks within reach: scoring them all is as cheap (an idle fleet).
+        if (nearCount * 2 >= n) return FALL_BACK;
+      }
+      near[nearCount++] = pos;
+    }
+  }
+  return { lowest, lowestFloor, lowestExact: lowest >= 0 && exactFloor[lowest] === 1, nearCount };
+}
+
+/**
+ * Step 2 when few ranks carry load (no peer load, busy ranks under 1 / SPARSE_BUSY_SHARE of the
+ * partition): the floors of the busy ranks only, as denseFloors computes them; every other rank
+ * not scored has no load, so its cost is `idle` exactly, and the first of them in canonical order
+ * stands for them all as a lowest; when `idle` is within reach the caller scores every rank.
+ * `scoredCount` ranks are scored already.
+ */
+function sparseFloors(
+  p: Partition,
+  sc: ScanScratch,
+  n: number,
+  scoredCount: number,
+  promptBlocks: number,
+  info: SelectionRequest,
+  config: SelectorConfig,
+  idle: number,
+  reach: number,
+  margin: number,
+): Floors {
+  const { cost, scored, exactFloor, near, posOf, loaded, loadedList } = sc;
+  const ledger = p.ledger;
+  const requests = ledger.flatRequests;
+  const floorPrefill = ledger.flatPrefillFloor;
+  const blocks = ledger.flatBlocks;
+  const decays = ledger.flatPrefillDecays;
+  const busy = ledger.busyRanks;
+  const busyCount = ledger.busyCount;
+  let nearCount = 0;
+  let lowest = -1;
+  let lowestFloor = Infinity;
+  let loadedCount = 0;
+  for (let i = 0; i < busyCount; i++) {
+    const rank = busy[i] as number;
+    const pos = rank < posOf.length ? (posOf[rank] as number) : -1;
+    if (pos < 0 || scored[pos] === 1) continue;
+    loaded[pos] = 1;
+    loadedList[loadedCount++] = pos;
+    const exact = decays[rank] === 0;
+    exactFloor[pos] = exact ? 1 : 0;
+    // denseFloors' expression for a rank with requests and no peer load.
+    const c = loadOnlyCost(floorPrefill[rank] as number, (blocks[rank] as number) + promptBlocks, requests[rank] as number, info, config);
+    cost[pos] = c;
+    if (c < lowestFloor || (c === lowestFloor && pos < lowest)) {
+      lowestFloor = c;
+      lowest = pos;
+    }
+    if (exact && c + margin < reach) reach = c + margin;
+  }
+  sc.loadedCount = loadedCount;
+  const idleCount = n - scoredCount - loadedCount;
+  if (idleCount > 0) {
+    let firstIdle = 0;
+    while (scored[firstIdle] === 1 || loaded[firstIdle] === 1) firstIdle++;
+    if (idle < lowestFloor || (idle === lowestFloor && firstIdle < lowest)) {
+      lowestFloor = idle;
+      lowest = firstIdle;
+    }
+    if (idle + margin < reach) reach = idle + margin;
+  }
+  for (let i = 0; i < loadedCount; i++) {
+    const pos = loadedList[i] as number;
+    if (!((cost[pos] as number) > reach)) near[nearCount++] = pos;
+  }
+  // An idle rank within reach: every idle rank is, over 3/4 of the partition with the scored
+  // ones, and step 3 would score more than half the ranks (a prompt cached nowhere, or no better
+  // than an idle rank): score them all.
+  if (idleCount > 0 && !(idle > reach)) return FALL_BACK;
+  const lowestExact = lowest >= 0 && (loaded[lowest] === 0 || exactFloor[lowest] === 1);
+  return { lowest, lowestFloor, lowestExact, nearCount };
 }
 
 /** The most prompt tokens a schedulable rank of the match holds, as selector.ts bestCachedOver finds over every row. */

@@ -182,6 +182,16 @@ export class LoadLedger {
   /** 1 where the rank's prefill decays with time (its head has a duration): the floor is then below the value. */
   #prefillDecays = new Uint8Array(INITIAL_RANK_SLOTS);
   #blocks = new Float64Array(INITIAL_RANK_SLOTS);
+  /**
+   * The ranks with live requests, dense and unordered (#busyRanks[0, #busyCount)), and per rank
+   * key its place there + 1 (0: not busy). Kept by #refresh, the one step every change ends with.
+   * The candidate scan visits only these (every other rank's load is zero, so its cost is the
+   * same for all of them): with bench:http's 16 flows in flight over 1,024 ranks, 16 loads read
+   * where a pass over the partition read 1,024.
+   */
+  #busyRanks = new Int32Array(INITIAL_RANK_SLOTS);
+  #busySlot = new Int32Array(INITIAL_RANK_SLOTS);
+  #busyCount = 0;
   readonly #index = new ActiveBlockIndex();
   /**
    * Ranks whose load changed since the last `takeChanged` (aggregate replication only: see
@@ -250,9 +260,11 @@ export class LoadLedger {
       this.#prefillFloor[rank] = 0;
       this.#prefillDecays[rank] = 0;
       this.#blocks[rank] = 0;
+      this.#setBusy(rank, false);
       return;
     }
     this.#requestCounts[rank] = st.requests.size;
+    this.#setBusy(rank, st.requests.size > 0);
     this.#blocks[rank] = st.uniqueBlocks - st.fractionalDeficit;
     let floor = 0;
     let decays = 0;
@@ -271,6 +283,31 @@ export class LoadLedger {
     }
     this.#prefillFloor[rank] = floor;
     this.#prefillDecays[rank] = decays;
+  }
+
+  /** Adds the rank to, or takes it from, the busy ranks (swapping the last one into its place). */
+  #setBusy(rank: number, busy: boolean): void {
+    if (rank >= this.#busySlot.length) {
+      if (!busy) return;
+      const n = Math.max(rank + 1, 2 * this.#busySlot.length);
+      const slots = new Int32Array(n);
+      slots.set(this.#busySlot);
+      this.#busySlot = slots;
+      const ranks = new Int32Array(n);
+      ranks.set(this.#busyRanks);
+      this.#busyRanks = ranks;
+    }
+    const slot = this.#busySlot[rank] as number;
+    if (busy === slot > 0) return;
+    if (busy) {
+      this.#busyRanks[this.#busyCount++] = rank;
+      this.#busySlot[rank] = this.#busyCount;
+      return;
+    }
+    const last = this.#busyRanks[--this.#busyCount] as number;
+    this.#busyRanks[slot - 1] = last;
+    this.#busySlot[last] = slot;
+    this.#busySlot[rank] = 0;
   }
 
   /** Number of live requests in the partition. */
@@ -495,6 +532,15 @@ export class LoadLedger {
     return this.#blocks;
   }
 
+  /** The ranks with live requests are busyRanks[0, busyCount), in no order (a view, as the flat arrays). */
+  get busyRanks(): Int32Array {
+    return this.#busyRanks;
+  }
+
+  get busyCount(): number {
+    return this.#busyCount;
+  }
+
   /** Ranks holding at least one live request. */
   loads(): RankLoad[] {
     const out: RankLoad[] = [];
@@ -534,6 +580,9 @@ export class LoadLedger {
    * O(blocks + hits): one probe per hash, then one step per rank holding it.
    */
   newBlocksFor(seqHashes: HashList, out: Int32Array, touched: number[]): void {
+    // Nothing in flight, nothing held: skip the 219 probes of an empty table (5.7 us of a 58 us
+    // select at 1,024 ranks, `npm run bench:core`). A booking that follows finds no memo and probes.
+    if (this.#index.size === 0) return;
     this.#index.countHolders(seqHashes, out, touched);
   }
 

@@ -79,7 +79,11 @@ interface World {
   workers: number[];
 }
 
-function buildWorld(seed: number, costModel: SelectorConfig["costModel"] = "reference"): World {
+/**
+ * `fewBusy`: bookings on under a fifth of the ranks, so most decisions read only the busy ranks'
+ * floors (candidate-scan.ts sparseFloors) and every other rank's cost is the idle one.
+ */
+function buildWorld(seed: number, costModel: SelectorConfig["costModel"] = "reference", fewBusy = false): World {
   const g = seededRandom(seed);
   const clock = new ManualClock(1_000);
   // Some worlds predict in-flight prefixes (predicted-cache.ts): an overlap the scan must see too.
@@ -122,7 +126,7 @@ function buildWorld(seed: number, costModel: SelectorConfig["costModel"] = "refe
   }
   // Loads: bookings from a few shapes (equal loads tie), some of them the prompts' own blocks.
   const shapes = [0, 16, 40].map((prefill) => ({ prefill, blocks: 1 + Math.floor(g.next() * 4) }));
-  const loaded = Math.floor(g.next() * ranks.length * 1.5);
+  const loaded = Math.floor(g.next() * ranks.length * (fewBusy ? 0.2 : 1.5));
   const ids: string[] = [];
   for (let i = 0; i < loaded; i++) {
     const shape = pick(g, shapes);
@@ -216,12 +220,17 @@ function outcome(c: Chooser, req: SelectRequest, note: SelectionNote): unknown {
   }
 }
 
-/** Runs the oracle comparison over 120 random worlds; returns [decisions, decisions that scored fewer ranks]. */
-function compareWithOracle(costModel: SelectorConfig["costModel"]): [number, number] {
+/**
+ * Runs the oracle comparison over 120 random worlds; returns [decisions, decisions that scored
+ * fewer ranks, of those the ones on a partition with few busy ranks and no peer load].
+ */
+function compareWithOracle(costModel: SelectorConfig["costModel"], fewBusy = false): [number, number, number] {
   let scanned = 0;
   let scoredFewer = 0;
+  let sparse = 0;
   for (let trial = 0; trial < 120; trial++) {
-    const world = buildWorld(1_000 + trial, costModel);
+    const world = buildWorld(1_000 + trial, costModel, fewBusy);
+    const fewLoaded = world.p.mirrored.loadedRanks === 0 && world.p.ledger.busyCount * 4 < world.p.schedulable.length;
     const oracle = chooserFor(world, "every-rank", trial);
     const scan = chooserFor(world, "candidates", trial);
     const g = seededRandom(50_000 + trial);
@@ -235,11 +244,14 @@ function compareWithOracle(costModel: SelectorConfig["costModel"]): [number, num
       expect(scanNote.cost).toBe(oracleNote.cost);
       expect(scanNote.candidates).toBe(oracleNote.candidates);
       expect(scanNote.session).toBe(oracleNote.session);
-      if (scanNote.scored !== undefined && scanNote.candidates !== undefined && scanNote.scored < scanNote.candidates) scoredFewer++;
+      if (scanNote.scored !== undefined && scanNote.candidates !== undefined && scanNote.scored < scanNote.candidates) {
+        scoredFewer++;
+        if (fewLoaded) sparse++;
+      }
       scanned++;
     }
   }
-  return [scanned, scoredFewer];
+  return [scanned, scoredFewer, sparse];
 }
 
 describe("the candidate scan", () => {
@@ -252,5 +264,14 @@ describe("the candidate scan", () => {
   it("does so with the ttft cost model too (its floors and its best-cached term from the match)", () => {
     const [scanned, scoredFewer] = compareWithOracle("ttft");
     expect(scoredFewer).toBeGreaterThan(scanned / 4);
+  });
+
+  it("does so where few ranks are busy and only their floors are read, with both cost models", () => {
+    for (const model of ["reference", "ttft"] as const) {
+      const [scanned, scoredFewer, sparse] = compareWithOracle(model, true);
+      expect(scoredFewer).toBeGreaterThan(scanned / 4);
+      // Not vacuous: most of those decisions read the busy ranks alone.
+      expect(sparse).toBeGreaterThan(scoredFewer / 2);
+    }
   });
 });

@@ -48,7 +48,24 @@ describe("hash64", () => {
     expect(u64ToI64(5n)).toBe(5n);
   });
 
+  it("gives the words of toU64, by shift and mask, for random signed and unsigned values, edges included", () => {
+    // The BigUint64Array store must reduce exactly as toU64 does (signed -> two's complement).
+    const rnd = seededRandom(65);
+    const u64 = (): bigint => (BigInt(Math.floor(rnd.next() * 0x1_0000_0000)) << 32n) | BigInt(Math.floor(rnd.next() * 0x1_0000_0000));
+    const edges = [0n, 1n, -1n, (1n << 32n) - 1n, 1n << 32n, (1n << 63n) - 1n, 1n << 63n, -(1n << 63n), (1n << 64n) - 1n, -(1n << 32n)];
+    const values = [...edges, ...Array.from({ length: 500 }, () => (rnd.next() < 0.5 ? u64() : u64ToI64(u64())))];
+    const want = new Uint32Array(2 * values.length);
+    values.forEach((v, i) => {
+      const u = toU64(v);
+      want[2 * i] = Number(u >> 32n);
+      want[2 * i + 1] = Number(u & 0xffffffffn);
+    });
+    expect(hashListFromBigInts(values)).toEqual(want);
+  });
+
   it("rejects values outside the 64-bit range", () => {
+    expect(() => hashListFromBigInts([1n, -(1n << 63n) - 1n])).toThrow(/outside the 64-bit range/);
+    expect(() => hashListFromBigInts([1n << 64n])).toThrow(/outside the 64-bit range/);
     expect(() => toU64(1n << 64n)).toThrow(/outside the 64-bit range/);
     expect(() => toU64(-(1n << 63n) - 1n)).toThrow(/outside the 64-bit range/);
     expect(() => hashListFromBigInts([1n, 1n << 70n])).toThrow(KvmeshError);

@@ -569,7 +569,7 @@ function hashFrom(values: bigint[]): HashList {
 }
 
 describe("LoadLedger flat per-rank loads", () => {
-  it("equal the accessors after any sequence of changes, the prefill floor never above the prefill", () => {
+  it("equal the accessors after any sequence of changes, the prefill floor never above the prefill, the busy set the ranks with requests", () => {
     const clock = new ManualClock(1_000);
     const ledger = newLedger(clock);
     const g = seededRandom(3);
@@ -607,7 +607,10 @@ describe("LoadLedger flat per-rank loads", () => {
       const got = Array.from({ length: RANKS }, (_, r) => [prefill[r], (decode[r] as number) - 3, requests[r]]);
       const flat = Array.from({ length: RANKS }, (_, r) => [ledger.flatBlocks[r] ?? 0, ledger.flatRequests[r] ?? 0]);
       const floorAbove = want.filter((w, r) => (ledger.flatPrefillFloor[r] ?? 0) > (w[0] as number));
-      expect({ step, got, flat, floorAbove }).toEqual({ step, got: want, flat: want.map((w) => [w[1], w[2]]), floorAbove: [] });
+      // The busy set (the candidate scan's sparse pass) is exactly the ranks with live requests.
+      const busy = Array.from(ledger.busyRanks.subarray(0, ledger.busyCount)).sort((a, b) => a - b);
+      const withRequests = want.flatMap((w, r) => ((w[2] as number) > 0 ? [r] : []));
+      expect({ step, got, flat, floorAbove, busy }).toEqual({ step, got: want, flat: want.map((w) => [w[1], w[2]]), floorAbove: [], busy: withRequests });
     }
   });
 });
