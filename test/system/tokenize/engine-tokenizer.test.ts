@@ -81,10 +81,15 @@ describe("engine tokenizer", () => {
     const failing = await rawServer((_q, res) => res.writeHead(500).end("boom"));
     const hanging = await rawServer(() => undefined);
     const garbage = await rawServer((_q, res) => res.writeHead(200, { "content-type": "application/json" }).end('{"token_ids": ["x"]}'));
+    // Valid ids, but not JSON after them: the byte reader's path refuses it too.
+    const trailing = await rawServer((_q, res) => res.writeHead(200, { "content-type": "application/json" }).end('{"token_ids": [1, 2], "model": }'));
+    const empty = await rawServer((_q, res) => res.writeHead(200, { "content-type": "application/json" }).end('{"token_ids": []}'));
     for (const [bad, reason] of [
       [failing, "http"],
       [hanging, "timeout"],
       [garbage, "malformed"],
+      [trailing, "malformed"],
+      [empty, "malformed"],
     ] as const) {
       const tok = new EngineTokenizer({ workerUrls: () => [bad, good.url] }, { timeoutMs: 200 });
       const r = await tok.tokenize(req);
