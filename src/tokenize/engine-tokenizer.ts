@@ -186,7 +186,7 @@ export class EngineTokenizer implements PromptTokenizer {
   }
 
   /** A POST whose signal also fires after the timeout (reading the answer's body included). */
-  #post(url: string, body: string, signal: AbortSignal | undefined): Promise<Response> {
+  #post(url: string, body: string | Uint8Array, signal: AbortSignal | undefined): Promise<Response> {
     const timeout = AbortSignal.timeout(this.#timeoutMs);
     const combined = signal === undefined ? timeout : AbortSignal.any([signal, timeout]);
     return this.#fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body, signal: combined });

@@ -16,14 +16,21 @@
  */
 import { findTopLevelU32Array, withPlaceholder, wireKey } from "../http/token-ids.js";
 import { MAX_TOKEN_ID } from "../openai/limits.js";
+import { rewriteModel } from "../openai/model-rewrite.js";
 import type { OpenAIKind, OpenAIRequest } from "./contract.js";
 
 export const RENDER_PATHS: Readonly<Record<OpenAIKind, string>> = Object.freeze({ chat: "/v1/chat/completions/render", completions: "/v1/completions/render" });
 export const TOKENIZE_PATH = "/tokenize";
 
-/** The render request: the client's body, with the (possibly rewritten) model. */
-export function renderRequestBody(req: OpenAIRequest): string {
-  return JSON.stringify({ ...req.body, model: req.model });
+/**
+ * The render request: the client's body, with the (possibly rewritten) model. The client's own
+ * bytes when the request carries them (contract.ts `bytes`): the same JSON, no re-serialising of
+ * a 220 KB conversation per request, and numbers exactly as the client wrote them.
+ */
+export function renderRequestBody(req: OpenAIRequest): string | Uint8Array {
+  const bytes = req.bytes;
+  if (bytes === undefined) return JSON.stringify({ ...req.body, model: req.model });
+  return req.body.model === req.model ? bytes : rewriteModel(bytes, req.model);
 }
 
 const TOKENIZE_CHAT_FIELDS = ["messages", "tools", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template_kwargs", "chat_template"] as const;
