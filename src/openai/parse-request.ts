@@ -79,7 +79,9 @@ export function parseOpenAIRequest(kind: OpenAIKind, bytes: Uint8Array | string,
     const fast = parseCompletionsWithTokenIds(Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength), options);
     if (fast !== undefined) return fast;
   }
-  return checkOpenAIBody(kind, decodeJsonObject(bytes), options);
+  const req = checkOpenAIBody(kind, decodeJsonObject(bytes), options);
+  // The bytes go along for the engine tokenizer's render call (contract.ts `bytes`); ids given need none.
+  return typeof bytes === "string" || req.tokenIds !== undefined ? req : { ...req, bytes };
 }
 
 const PROMPT_KEY = wireKey("prompt");

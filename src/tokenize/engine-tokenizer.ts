@@ -29,7 +29,7 @@ import { tokenIdsFromBody } from "./body-token-ids.js";
 import { TokenizerCounters, type EngineAttemptFailure } from "./tokenizer-counters.js";
 import { tokenizerUnavailable } from "./tokenizer-errors.js";
 import { workerBaseUrl } from "./worker-base-url.js";
-import { parseRenderResponse, parseTokenizeResponse, RENDER_PATHS, renderRequestBody, TOKENIZE_PATH, tokenizeRequestBody } from "./vllm-wire.js";
+import { RENDER_PATHS, renderAnswerIds, renderRequestBody, TOKENIZE_PATH, tokenizeAnswerIds, tokenizeRequestBody } from "./vllm-wire.js";
 
 import { DEFAULT_ENGINE_TOKENIZE_ATTEMPTS, DEFAULT_ENGINE_TOKENIZE_CONCURRENCY, DEFAULT_ENGINE_TOKENIZE_MAX_QUEUED, DEFAULT_ENGINE_TOKENIZE_TIMEOUT_MS } from "./defaults.js";
 
@@ -175,36 +175,38 @@ export class EngineTokenizer implements PromptTokenizer {
       if (until !== undefined) this.#noRender.delete(base);
       this.counters.engineCalls.render++;
       const res = await this.#post(base + RENDER_PATHS[req.kind], renderRequestBody(req), signal);
-      if (!NO_ENDPOINT_STATUSES.has(res.status)) return this.#ids(res, (j) => parseRenderResponse(req.kind, j));
+      if (!NO_ENDPOINT_STATUSES.has(res.status)) return this.#ids(res, (b) => renderAnswerIds(req.kind, b));
       await res.body?.cancel();
       if (this.#noRender.size >= MAX_REMEMBERED_WORKERS) this.#noRender.delete(this.#noRender.keys().next().value as string);
       this.#noRender.set(base, now + RENDER_RETRY_AFTER_MS);
     }
     this.counters.engineCalls.tokenize++;
     const res = await this.#post(base + TOKENIZE_PATH, tokenizeRequestBody(req), signal);
-    return this.#ids(res, parseTokenizeResponse);
+    return this.#ids(res, tokenizeAnswerIds);
   }
 
   /** A POST whose signal also fires after the timeout (reading the answer's body included). */
-  #post(url: string, body: string, signal: AbortSignal | undefined): Promise<Response> {
+  #post(url: string, body: string | Uint8Array, signal: AbortSignal | undefined): Promise<Response> {
     const timeout = AbortSignal.timeout(this.#timeoutMs);
     const combined = signal === undefined ? timeout : AbortSignal.any([signal, timeout]);
     return this.#fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body, signal: combined });
   }
 
-  async #ids(res: Response, parse: (json: unknown) => Uint32Array | string): Promise<Uint32Array> {
+  /** The answer's ids, read from its bytes (vllm-wire.ts: no res.json(), see idsOfAnswer). */
+  async #ids(res: Response, parse: (bytes: Buffer) => Uint32Array | string): Promise<Uint32Array> {
     if (!res.ok) {
       const text = await res.text().catch(() => "");
       throw new AttemptError("http", `HTTP ${res.status} ${text.slice(0, 200)}`);
     }
-    let json: unknown;
+    let bytes: Buffer;
     try {
-      json = await res.json();
+      bytes = Buffer.from(await res.arrayBuffer());
     } catch (err) {
+      // As res.json() was: a body read cut short by anything but the timeout counts as malformed.
       if (isTimeout(err)) throw err;
       throw new AttemptError("malformed", `answer is not JSON (${err instanceof Error ? err.message : String(err)})`);
     }
-    const ids = parse(json);
+    const ids = parse(bytes);
     if (typeof ids === "string") throw new AttemptError("malformed", ids);
     return ids;
   }

@@ -14,15 +14,23 @@
  *   vLLM without the render endpoints; it renders the template from the fields above only (a
  *   chat body's other template inputs, e.g. `documents`, are not passed).
  */
+import { findTopLevelU32Array, withPlaceholder, wireKey } from "../http/token-ids.js";
 import { MAX_TOKEN_ID } from "../openai/limits.js";
+import { rewriteModel } from "../openai/model-rewrite.js";
 import type { OpenAIKind, OpenAIRequest } from "./contract.js";
 
 export const RENDER_PATHS: Readonly<Record<OpenAIKind, string>> = Object.freeze({ chat: "/v1/chat/completions/render", completions: "/v1/completions/render" });
 export const TOKENIZE_PATH = "/tokenize";
 
-/** The render request: the client's body, with the (possibly rewritten) model. */
-export function renderRequestBody(req: OpenAIRequest): string {
-  return JSON.stringify({ ...req.body, model: req.model });
+/**
+ * The render request: the client's body, with the (possibly rewritten) model. The client's own
+ * bytes when the request carries them (contract.ts `bytes`): the same JSON, no re-serialising of
+ * a 220 KB conversation per request, and numbers exactly as the client wrote them.
+ */
+export function renderRequestBody(req: OpenAIRequest): string | Uint8Array {
+  const bytes = req.bytes;
+  if (bytes === undefined) return JSON.stringify({ ...req.body, model: req.model });
+  return req.body.model === req.model ? bytes : rewriteModel(bytes, req.model);
 }
 
 const TOKENIZE_CHAT_FIELDS = ["messages", "tools", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template_kwargs", "chat_template"] as const;
@@ -65,4 +73,64 @@ export function parseRenderResponse(kind: OpenAIKind, json: unknown): Uint32Arra
 /** The ids in a /tokenize response, or why it is malformed. */
 export function parseTokenizeResponse(json: unknown): Uint32Array | string {
   return idsOf(field(json, "tokens"), "tokens");
+}
+
+/**
+ * fetch's `res.json()` decoding (UTF-8, a BOM dropped, invalid bytes replaced), so an answer read
+ * here decodes to exactly the text `res.json()` would parse.
+ */
+const utf8 = new TextDecoder();
+const TOKEN_IDS_KEY = wireKey("token_ids");
+const TOKENS_KEY = wireKey("tokens");
+
+/**
+ * The ids in an answer's bytes, or why it is malformed: the same result and reason as
+ * JSON.parse followed by `fromJson`, cheaper. Why: a 220 KB chat prompt renders to ~31,000 ids,
+ * ~190 KB of JSON; `res.json()` (UTF-8 decode, JSON.parse into a 31,000-element JS array) and
+ * idsOf's per-element checks were the largest items of the picker's tokenization CPU under
+ * bench:epp (docs/tokenization.md). Here a top-level `key` array of canonical u32 literals is read
+ * straight from the bytes into a Uint32Array (src/http/token-ids.ts, as the picker reads
+ * completions bodies), and only the rest of the answer, the array replaced by `null`, is
+ * JSON-parsed, to refuse an answer that is not JSON. Anything else (an escaped key, `1.0`, a
+ * completions render's list, a BOM, malformed JSON) takes the generic path, whose reasons are
+ * unchanged.
+ */
+function idsOfAnswer(bytes: Buffer, key: Buffer | undefined, what: string, fromJson: (json: unknown) => Uint32Array | string): Uint32Array | string {
+  const span = key === undefined ? undefined : findTopLevelU32Array(bytes, key);
+  if (span !== undefined && parsesAsJson(withPlaceholder(bytes, span))) {
+    const ids = span.tokens;
+    if (MAX_TOKEN_ID < 0xffff_ffff) {
+      const over = ids.findIndex((t) => t > MAX_TOKEN_ID);
+      if (over >= 0) return `${what}[${over}] is not a token id`;
+    }
+    return ids.length === 0 ? `${what} is empty` : ids;
+  }
+  let json: unknown;
+  try {
+    json = JSON.parse(utf8.decode(bytes));
+  } catch (err) {
+    return `answer is not JSON (${err instanceof Error ? err.message : String(err)})`;
+  }
+  return fromJson(json);
+}
+
+function parsesAsJson(bytes: Buffer): boolean {
+  try {
+    JSON.parse(utf8.decode(bytes));
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** parseRenderResponse over an answer's bytes (idsOfAnswer). */
+export function renderAnswerIds(kind: OpenAIKind, bytes: Buffer): Uint32Array | string {
+  const fromJson = (json: unknown): Uint32Array | string => parseRenderResponse(kind, json);
+  // A completions render answers a list of one GenerateRequest: the generic path (an object there is malformed).
+  return idsOfAnswer(bytes, kind === "chat" ? TOKEN_IDS_KEY : undefined, "token_ids", fromJson);
+}
+
+/** parseTokenizeResponse over an answer's bytes (idsOfAnswer). */
+export function tokenizeAnswerIds(bytes: Buffer): Uint32Array | string {
+  return idsOfAnswer(bytes, TOKENS_KEY, "tokens", parseTokenizeResponse);
 }

@@ -10,7 +10,7 @@ import { createMetricsRegistry } from "../../../src/metrics/registry.js";
 import { MockEngine } from "../../../src/mock/mock-engine.js";
 import { mockTokenize, renderMockChat } from "../../../src/mock/mock-tokenizer.js";
 import { MockOpenAIServer } from "../../../src/mock/openai-server.js";
-import { checkOpenAIBody } from "../../../src/openai/parse-request.js";
+import { checkOpenAIBody, parseOpenAIRequest } from "../../../src/openai/parse-request.js";
 import { createTokenizer } from "../../../src/tokenize/create-tokenizer.js";
 import { EngineTokenizer } from "../../../src/tokenize/engine-tokenizer.js";
 import { isTokenizerUnavailable } from "../../../src/tokenize/tokenizer-errors.js";
@@ -67,6 +67,28 @@ describe("engine tokenizer", () => {
     expect(w.counts.completionsRender).toBe(1);
   });
 
+  it("sends render the client's own bytes (the model rewritten when the gateway rewrote it), numbers as the client wrote them", async () => {
+    const seen: string[] = [];
+    const server = createServer((q, res) => {
+      const chunks: Buffer[] = [];
+      q.on("data", (c: Buffer) => chunks.push(c));
+      q.on("end", () => {
+        seen.push(Buffer.concat(chunks).toString());
+        res.writeHead(200, { "content-type": "application/json" }).end('{"token_ids": [7, 8, 9], "model": "m"}');
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    cleanups.push(() => new Promise<void>((r) => server.close(() => { r(); })));
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    const tok = new EngineTokenizer({ workerUrls: () => [url] });
+    const text = '{"model":"m","messages":[{"role":"user","content":"hi"}],"seed":18446744073709551615,"temperature":1.0}';
+    expect(Array.from((await tok.tokenize(parseOpenAIRequest("chat", Buffer.from(text)))).tokenIds)).toEqual([7, 8, 9]);
+    expect(Array.from((await tok.tokenize(parseOpenAIRequest("chat", Buffer.from(text), { modelOverride: "big" }))).tokenIds)).toEqual([7, 8, 9]);
+    // A request without bytes (checked from a decoded body) is serialised, as before.
+    await tok.tokenize(checkOpenAIBody("chat", { model: "m", messages: [{ role: "user", content: "hi" }] }, { modelOverride: "big" }));
+    expect(seen).toEqual([text, text.replace('"model":"m"', '"model":"big"'), '{"model":"big","messages":[{"role":"user","content":"hi"}]}']);
+  });
+
   it("falls back to /tokenize when render answers 404, and remembers the worker lacks it", async () => {
     const w = await mockWorker(false);
     const tok = new EngineTokenizer({ workerUrls: () => [w.url] });
@@ -81,10 +103,15 @@ describe("engine tokenizer", () => {
     const failing = await rawServer((_q, res) => res.writeHead(500).end("boom"));
     const hanging = await rawServer(() => undefined);
     const garbage = await rawServer((_q, res) => res.writeHead(200, { "content-type": "application/json" }).end('{"token_ids": ["x"]}'));
+    // Valid ids, but not JSON after them: the byte reader's path refuses it too.
+    const trailing = await rawServer((_q, res) => res.writeHead(200, { "content-type": "application/json" }).end('{"token_ids": [1, 2], "model": }'));
+    const empty = await rawServer((_q, res) => res.writeHead(200, { "content-type": "application/json" }).end('{"token_ids": []}'));
     for (const [bad, reason] of [
       [failing, "http"],
       [hanging, "timeout"],
       [garbage, "malformed"],
+      [trailing, "malformed"],
+      [empty, "malformed"],
     ] as const) {
       const tok = new EngineTokenizer({ workerUrls: () => [bad, good.url] }, { timeoutMs: 200 });
       const r = await tok.tokenize(req);

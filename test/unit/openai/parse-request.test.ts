@@ -36,8 +36,10 @@ describe("OpenAI body parser", () => {
       ],
       { tools: [{ type: "function", function: { name: "f", parameters: {} } }], stream: true },
     );
-    const req = parseOpenAIRequest("chat", new TextEncoder().encode(JSON.stringify(body)));
-    expect(req).toEqual({ kind: "chat", model: "m", body });
+    const bytes = new TextEncoder().encode(JSON.stringify(body));
+    const req = parseOpenAIRequest("chat", bytes);
+    // The bytes ride along for the engine tokenizer's render call.
+    expect(req).toEqual({ kind: "chat", model: "m", body, bytes });
   });
 
   it("takes a completions prompt as text, or as token ids that skip tokenization", () => {
