@@ -13,6 +13,7 @@
  * that O(blocks x ranks) (219 x 1,024 = 224 k probes), the reverse index makes it
  * O(blocks + hits).
  */
+import { grownTo } from "./typed-growth.js";
 import type { Clock } from "./time.js";
 import type { Random } from "./random.js";
 import { KvmeshError, badRequest } from "./errors.js";
@@ -289,13 +290,8 @@ export class LoadLedger {
   #setBusy(rank: number, busy: boolean): void {
     if (rank >= this.#busySlot.length) {
       if (!busy) return;
-      const n = Math.max(rank + 1, 2 * this.#busySlot.length);
-      const slots = new Int32Array(n);
-      slots.set(this.#busySlot);
-      this.#busySlot = slots;
-      const ranks = new Int32Array(n);
-      ranks.set(this.#busyRanks);
-      this.#busyRanks = ranks;
+      this.#busySlot = grownTo(this.#busySlot, rank + 1);
+      this.#busyRanks = grownTo(this.#busyRanks, this.#busySlot.length);
     }
     const slot = this.#busySlot[rank] as number;
     if (busy === slot > 0) return;
@@ -593,19 +589,11 @@ export class LoadLedger {
       st = newRankState();
       this.#ranks[rank] = st;
       if (rank >= this.#requestCounts.length) {
-        const n = Math.max(rank + 1, 2 * this.#requestCounts.length);
-        const grown = new Int32Array(n);
-        grown.set(this.#requestCounts);
-        this.#requestCounts = grown;
-        const floor = new Float64Array(n);
-        floor.set(this.#prefillFloor);
-        this.#prefillFloor = floor;
-        const decays = new Uint8Array(n);
-        decays.set(this.#prefillDecays);
-        this.#prefillDecays = decays;
-        const blocks = new Float64Array(n);
-        blocks.set(this.#blocks);
-        this.#blocks = blocks;
+        this.#requestCounts = grownTo(this.#requestCounts, rank + 1);
+        const n = this.#requestCounts.length;
+        this.#prefillFloor = grownTo(this.#prefillFloor, n);
+        this.#prefillDecays = grownTo(this.#prefillDecays, n);
+        this.#blocks = grownTo(this.#blocks, n);
       }
     }
     return st;

@@ -29,6 +29,7 @@ import { hashCount, type HashList } from "./hash64.js";
 import type { MatchResult } from "./prefix-index.js";
 import type { ServiceCounters } from "./service-stats.js";
 import type { Clock } from "./time.js";
+import { grownTo } from "./typed-growth.js";
 import { U64Table } from "./u64-table.js";
 
 /** Checkpoint spacing, blocks: 16 blocks (256 tokens at block size 16) is the depth a lookup may fall short by. */
@@ -499,13 +500,8 @@ export class PredictedCache {
       live = true;
       const rank = holders[k] as number;
       if (rank >= this.#depth.length) {
-        const cap = Math.max(rank + 1, this.#depth.length * 2);
-        const grown = new Int32Array(cap);
-        grown.set(this.#depth);
-        this.#depth = grown;
-        const grownInflight = new Int32Array(cap);
-        grownInflight.set(this.#inflightDepth);
-        this.#inflightDepth = grownInflight;
+        this.#depth = grownTo(this.#depth, rank + 1);
+        this.#inflightDepth = grownTo(this.#inflightDepth, this.#depth.length);
       }
       const prev = this.#depth[rank] as number;
       if (prev === 0) this.#touched.push(rank);
