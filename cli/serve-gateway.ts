@@ -6,7 +6,7 @@
 import { InvalidArgumentError, Option, type Command } from "commander";
 
 import { DEFAULT_DAEMON_CONFIG } from "../src/app/config.js";
-import { TOKENIZER_FAILURE_MODES } from "../src/extproc/defaults.js";
+import { HTTP2_MAX_WINDOW_BYTES, HTTP2_MIN_WINDOW_BYTES, TOKENIZER_FAILURE_MODES } from "../src/extproc/defaults.js";
 import { TOKENIZER_MODES, TOKENIZER_OPTION_DEFINITIONS, type TokenizerOptions } from "../src/tokenize/tokenizer-options.js";
 import { envNameFor, integerInRange, parseNonEmpty, parseNonZeroPort, parsePort } from "./parsers.js";
 
@@ -65,6 +65,15 @@ export function addServeGatewayOptions(cmd: Command): Command {
     .addOption(valueOption("--ext-proc-tls-key-file <file>", "PEM private key of --ext-proc-tls-cert-file", parseNonEmpty))
     .addOption(valueOption("--ext-proc-health-port <port>", "also serve gRPC Health alone, cleartext, on this port (GIE's EPPs use 9003); needs --ext-proc-port [default: ext_proc port only]", parseNonZeroPort))
     .addOption(valueOption("--ext-proc-max-body-bytes <bytes>", "largest request body the picker buffers (413 beyond)", integerInRange(1, MAX_EXT_PROC_BODY_BYTES), d.extProcMaxBodyBytes))
+    .addOption(valueOption("--ext-proc-stream-window-bytes <bytes>", "the ext_proc port's HTTP/2 receive window per stream (Node's default: 65535)", integerInRange(HTTP2_MIN_WINDOW_BYTES, HTTP2_MAX_WINDOW_BYTES), d.extProcStreamWindowBytes))
+    .addOption(
+      valueOption(
+        "--ext-proc-connection-window-bytes <bytes>",
+        "the ext_proc port's HTTP/2 receive window per connection, shared by its streams (Node's default: 65535; docs/gateway.md#transport on raising it)",
+        integerInRange(HTTP2_MIN_WINDOW_BYTES, HTTP2_MAX_WINDOW_BYTES),
+        d.extProcConnectionWindowBytes,
+      ),
+    )
     .addOption(valueOption("--session-header <name>", "request header carrying the session id (absent: routed by cache and load alone)", parseHeaderName, d.sessionHeader))
     .addOption(valueOption("--routing-group-header <name>", "request header carrying the routing group (absent: the default group)", parseHeaderName, d.routingGroupHeader))
     .addOption(

@@ -35,7 +35,7 @@ import { EngineHostClient } from "../src/mock/engine-host-client.js";
 import { cpuMs } from "../src/bench/process-usage.js";
 import { freePortPair } from "../src/bench/ports.js";
 import { spawnServe, stopServe, type ServeProcess } from "../src/bench/serve-process.js";
-import { summarize } from "../src/bench/stats.js";
+import { histogramGrowth, histogramQuantile, scrapeHistogram, summarize, type Histogram } from "../src/bench/stats.js";
 import { checkOpenAIBody } from "../src/openai/parse-request.js";
 import { EngineTokenizer } from "../src/tokenize/engine-tokenizer.js";
 import { destinationOf, EnvoyClient, ENVOY_DEFAULT_WINDOW_BYTES, type EnvoyClientOptions } from "../test/helpers/envoy-client.js";
@@ -175,6 +175,9 @@ interface Row {
   readonly p99: number;
   readonly cpuPerRequest: number;
   readonly clientCpuPerRequest: number;
+  /** The picker's own share (kvmesh_extproc_pick_duration_seconds over the window): body end received -> answer, ms. */
+  readonly pickP50: number;
+  readonly pickP99: number;
 }
 
 let streamsRun = 0;
@@ -206,27 +209,46 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
     }
   };
   const loops = Array.from({ length: concurrency }, (_, k) => loop(k));
-  const { wallMs, cpu, own } = await measureWindow(daemon, seconds, (on) => (measuring = on));
+  const { wallMs, cpu, own, picks } = await measureWindow(daemon, seconds, (on) => (measuring = on));
   const done = samples.length;
   stop = true;
   await Promise.all(loops);
   for (const c of clients) c.close();
   const s = summarize(samples);
-  return { rps: done / (wallMs / 1_000), p50: s.p50, p99: s.p99, cpuPerRequest: cpu / Math.max(1, done), clientCpuPerRequest: (own.user + own.system) / 1_000 / Math.max(1, done) };
+  return {
+    rps: done / (wallMs / 1_000),
+    p50: s.p50,
+    p99: s.p99,
+    cpuPerRequest: cpu / Math.max(1, done),
+    clientCpuPerRequest: (own.user + own.system) / 1_000 / Math.max(1, done),
+    pickP50: histogramQuantile(picks.leMs, picks.cum, 0.5),
+    pickP99: histogramQuantile(picks.leMs, picks.cum, 0.99),
+  };
 }
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
-/** After the warm-up, `seconds` measured: wall ms, the daemon's CPU ms (all its threads) and this process's CPU usage. */
-async function measureWindow(daemon: ServeProcess, seconds: number, measuring: (on: boolean) => void): Promise<{ wallMs: number; cpu: number; own: NodeJS.CpuUsage }> {
+/**
+ * After the warm-up, `seconds` measured: wall ms, the daemon's CPU ms (all its threads), this
+ * process's CPU usage, and what the daemon's pick-duration histogram gained.
+ */
+async function measureWindow(daemon: ServeProcess, seconds: number, measuring: (on: boolean) => void): Promise<{ wallMs: number; cpu: number; own: NodeJS.CpuUsage; picks: Histogram }> {
   await sleep(WARMUP_MS);
+  const picks0 = await pickHistogram(daemon);
   const cpu0 = cpuMs(daemon.pid);
   const own0 = process.cpuUsage();
   const t0 = performance.now();
   measuring(true);
   await sleep(seconds * 1_000);
   measuring(false);
-  return { wallMs: performance.now() - t0, cpu: cpuMs(daemon.pid) - cpu0, own: process.cpuUsage(own0) };
+  const wallMs = performance.now() - t0;
+  const cpu = cpuMs(daemon.pid) - cpu0;
+  const own = process.cpuUsage(own0);
+  return { wallMs, cpu, own, picks: histogramGrowth([picks0], [await pickHistogram(daemon)]) };
+}
+
+async function pickHistogram(daemon: ServeProcess): Promise<Histogram> {
+  return scrapeHistogram(await (await fetch(`http://127.0.0.1:${daemon.port}/metrics`)).text(), "kvmesh_extproc_pick_duration_seconds");
 }
 
 async function postJson(port: number, path: string, body: unknown): Promise<Response> {
@@ -296,12 +318,12 @@ async function latencyPhases(): Promise<void> {
     console.log(
       `Streams hold their response --response-ms ${args.responseMs} ms${args.responseJitter > 0 ? ` x [${1 - args.responseJitter}, ${1 + args.responseJitter}], starts spread (independent arrivals)` : ", started together (lockstep waves)"}; "max" rows hold none (closed loop: the most requests/s).`,
     );
-    console.log("body      concurrency  requests/s  added p50 ms  added p99 ms  kvmesh CPU/req ms  client CPU/req ms");
+    console.log("body      concurrency  requests/s  added p50 ms  added p99 ms  pick p50 ms  pick p99 ms  kvmesh CPU/req ms  client CPU/req ms");
     const rows = new Map<string, Row>();
     const last = args.concurrency.at(-1) ?? 150;
     const bodiesOf = (kind: BodyKind): [string, Buffer[]] => (kind === "chat" ? [CHAT, chats] : kind === "chat-ids" ? [COMPLETIONS, chatIds] : [COMPLETIONS, ids]);
     const print = (label: string, concurrency: number | string, r: Row): void => {
-      console.log(`${label.padEnd(8)}  ${String(concurrency).padStart(11)}  ${fmt(r.rps, 10, 0)}  ${fmt(r.p50, 12)}  ${fmt(r.p99, 12)}  ${fmt(r.cpuPerRequest, 17)}  ${fmt(r.clientCpuPerRequest, 17)}`);
+      console.log(`${label.padEnd(8)}  ${String(concurrency).padStart(11)}  ${fmt(r.rps, 10, 0)}  ${fmt(r.p50, 12)}  ${fmt(r.p99, 12)}  ${fmt(r.pickP50, 11)}  ${fmt(r.pickP99, 11)}  ${fmt(r.cpuPerRequest, 17)}  ${fmt(r.clientCpuPerRequest, 17)}`);
     };
     for (const kind of args.bodies) {
       const [path, bodies] = bodiesOf(kind);

@@ -29,7 +29,7 @@ import { DEFAULT_BODY_LIMIT_BYTES } from "../http/server.js";
 import { defaultMaxConnections, processFdLimit } from "../util/fd-budget.js";
 import { DEFAULT_TRACES_SERVICE_NAME, tracesEndpointProblem } from "../http/tracing.js";
 import { DEFAULT_REPLAY_TIMEOUT_MS } from "../ingest/kv-event-listener.js";
-import { DEFAULT_DP_RANK_PORT_STRIDE, DEFAULT_EXT_PROC_MAX_BODY_BYTES, DEFAULT_ROUTING_GROUP_HEADER, DEFAULT_SESSION_HEADER, type TokenizerFailure } from "../extproc/defaults.js";
+import { DEFAULT_DP_RANK_PORT_STRIDE, DEFAULT_EXT_PROC_CONNECTION_WINDOW_BYTES, DEFAULT_EXT_PROC_MAX_BODY_BYTES, DEFAULT_EXT_PROC_STREAM_WINDOW_BYTES, DEFAULT_ROUTING_GROUP_HEADER, DEFAULT_SESSION_HEADER, type TokenizerFailure } from "../extproc/defaults.js";
 import { DEFAULT_TOKENIZER_OPTIONS, resolveTokenizerOptions, TOKENIZER_OPTION_DEFINITIONS, type TokenizerOptions } from "../tokenize/tokenizer-options.js";
 
 export type LogLevel = "trace" | "debug" | "info" | "warn" | "error" | "fatal" | "silent";
@@ -170,6 +170,10 @@ export interface DaemonConfig extends TokenizerOptions {
   readonly extProcHealthPort?: number | undefined;
   /** Largest request body the picker buffers, bytes (413 beyond). */
   readonly extProcMaxBodyBytes: number;
+  /** The ext_proc port's HTTP/2 receive window per stream, bytes (Node's default: 64 KiB). */
+  readonly extProcStreamWindowBytes: number;
+  /** The ext_proc port's HTTP/2 receive window per connection, shared by its streams, bytes. */
+  readonly extProcConnectionWindowBytes: number;
   /** The request header carrying the session id (absent: routed by cache and load alone). */
   readonly sessionHeader: string;
   /** The request header carrying the routing group (absent: the default group). */
@@ -233,6 +237,8 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   extProcTlsKeyFile: undefined,
   extProcHealthPort: undefined,
   extProcMaxBodyBytes: DEFAULT_EXT_PROC_MAX_BODY_BYTES,
+  extProcStreamWindowBytes: DEFAULT_EXT_PROC_STREAM_WINDOW_BYTES,
+  extProcConnectionWindowBytes: DEFAULT_EXT_PROC_CONNECTION_WINDOW_BYTES,
   sessionHeader: DEFAULT_SESSION_HEADER,
   routingGroupHeader: DEFAULT_ROUTING_GROUP_HEADER,
   tokenizerFailure: "route",

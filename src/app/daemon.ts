@@ -356,6 +356,8 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
           tlsKeyFile: config.extProcTlsKeyFile,
           healthPort: config.extProcHealthPort,
           maxBodyBytes: config.extProcMaxBodyBytes,
+          streamWindowBytes: config.extProcStreamWindowBytes,
+          connectionWindowBytes: config.extProcConnectionWindowBytes,
           sessionHeader: config.sessionHeader,
           routingGroupHeader: config.routingGroupHeader,
           tokenizerFailure: config.tokenizerFailure,

@@ -14,6 +14,7 @@ import type { RejectReason } from "./ext-proc-stats.js";
 import type { LogThrottle } from "../util/log-throttle.js";
 import { PickerHealth } from "./health.js";
 import { extProcServiceDefinition } from "./ext-proc-service.js";
+import { applyReceiveWindows, type ReceiveWindows } from "./http2-windows.js";
 import { HEALTH_SERVICE, serviceDefinition, type HealthCheckRequest, type HealthCheckResponse, type ProcessingRequest, type ProcessingResponse } from "./protos.js";
 
 /** How long close() lets open streams finish before cancelling them, ms. */
@@ -30,6 +31,8 @@ export interface ExtProcServerOptions {
   readonly tls?: ExtProcTls | undefined;
   /** Also serve Health alone, cleartext, on this port (0: ephemeral). */
   readonly healthPort?: number | undefined;
+  /** HTTP/2 receive windows of the ext_proc port (http2-windows.ts); unset: Node's 64 KiB. */
+  readonly receiveWindows?: ReceiveWindows | undefined;
   readonly context: Omit<StreamContext, "rejectLogs">;
   readonly health: PickerHealth;
   readonly logger: Logger;
@@ -136,6 +139,16 @@ export async function startExtProcServer(options: ExtProcServerOptions): Promise
   server.addService(serviceDefinition(HEALTH_SERVICE), healthHandlers(options.health, watchers));
   const credentials = options.tls === undefined ? ServerCredentials.createInsecure() : ServerCredentials.createSsl(null, [{ cert_chain: options.tls.certChain, private_key: options.tls.privateKey }], false);
   const port = await bind(server, bindAddress(options.host, options.port), credentials);
+  if (options.receiveWindows !== undefined) {
+    try {
+      applyReceiveWindows(server, options.receiveWindows, (err) => {
+        logger.warn({ err }, "an ext_proc connection refused the connection receive window: it keeps Node's 64 KiB");
+      });
+    } catch (err) {
+      server.forceShutdown();
+      throw err;
+    }
+  }
 
   let healthServer: Server | undefined;
   let healthPort: number | undefined;
@@ -149,7 +162,10 @@ export async function startExtProcServer(options: ExtProcServerOptions): Promise
       throw err;
     }
   }
-  logger.info({ port, tls: options.tls !== undefined, health_port: healthPort ?? null }, "ext_proc endpoint picker listening");
+  logger.info(
+    { port, tls: options.tls !== undefined, health_port: healthPort ?? null, stream_window_bytes: options.receiveWindows?.streamBytes ?? null, connection_window_bytes: options.receiveWindows?.connectionBytes ?? null },
+    "ext_proc endpoint picker listening",
+  );
 
   const shutdown = (s: Server): Promise<void> =>
     new Promise((resolve) => {

@@ -28,6 +28,12 @@ export class ExtProcStats {
   lifecycleErrors = 0;
   readonly rejected = new Map<string, number>();
   readonly bookingEnds = new Map<BookingEnd, number>();
+  /** Hears each routed pick's duration, ms: from the message that ends the request to its answer (a histogram's observe, when metrics are on). */
+  onPick: ((ms: number) => void) | undefined;
+
+  observePick(ms: number): void {
+    this.onPick?.(ms);
+  }
 
   reject(reason: RejectReason, status: number): void {
     const key = `${reason}\u0000${status}`;

@@ -12,7 +12,7 @@
 import type { Logger } from "pino";
 
 import { isKvmeshError, KvmeshError } from "../core/index.js";
-import type { SelectionService } from "../core/index.js";
+import type { Clock, SelectionService } from "../core/index.js";
 import { openAIKindOfPath } from "../openai/parse-request.js";
 import { LogThrottle } from "../util/log-throttle.js";
 import type { EndpointPicker, PickResult, RankRef } from "./endpoint-picker.js";
@@ -37,6 +37,8 @@ export interface StreamContext {
   readonly stats: ExtProcStats;
   readonly logger: Logger;
   readonly maxBodyBytes: number;
+  /** Monotonic ms: how long each pick takes (kvmesh_extproc_pick_duration_seconds). */
+  readonly clock: Clock;
   /** One throttle per reason, shared by every stream of the server. */
   readonly rejectLogs: Map<RejectReason, LogThrottle>;
 }
@@ -171,13 +173,15 @@ export class ExtProcStream {
   }
 
   async #route(bodyEnded: boolean): Promise<ProcessingResponse[]> {
+    const t0 = this.#c.clock.now();
     const body = Buffer.concat(this.#chunks, this.#bodyBytes);
     this.#chunks = [];
     this.#phase = "response";
     const pick = await this.#pickNow(body);
     const forwarded = pick.body ?? body;
-    if (this.#requestBodyMode === "FULL_DUPLEX_STREAMED") return [routedHeadersResponse(pick), ...streamedBodyResponses("request_body", forwarded, bodyEnded)];
-    return [routedBufferedBodyResponse(pick)];
+    const out = this.#requestBodyMode === "FULL_DUPLEX_STREAMED" ? [routedHeadersResponse(pick), ...streamedBodyResponses("request_body", forwarded, bodyEnded)] : [routedBufferedBodyResponse(pick)];
+    this.#c.stats.observePick(this.#c.clock.now() - t0);
+    return out;
   }
 
   async #pickNow(body: Buffer | undefined): Promise<PickResult> {

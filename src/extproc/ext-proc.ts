@@ -15,7 +15,7 @@ import type { PromptTokenizer } from "../tokenize/contract.js";
 import { EndpointPicker, parseOpenAIBody, type OpenAIBodyParser } from "./endpoint-picker.js";
 import { startExtProcServer, type RunningExtProcServer } from "./ext-proc-server.js";
 import { ExtProcStats } from "./ext-proc-stats.js";
-import { DEFAULT_DP_RANK_PORT_STRIDE, DEFAULT_EXT_PROC_MAX_BODY_BYTES, DEFAULT_ROUTING_GROUP_HEADER, DEFAULT_SESSION_HEADER, type TokenizerFailure } from "./defaults.js";
+import { DEFAULT_DP_RANK_PORT_STRIDE, DEFAULT_EXT_PROC_CONNECTION_WINDOW_BYTES, DEFAULT_EXT_PROC_MAX_BODY_BYTES, DEFAULT_EXT_PROC_STREAM_WINDOW_BYTES, DEFAULT_ROUTING_GROUP_HEADER, DEFAULT_SESSION_HEADER, type TokenizerFailure } from "./defaults.js";
 import { PickerHealth, type HealthSource } from "./health.js";
 import { systemResolver, WorkerEndpoints, type HostResolver } from "./worker-endpoints.js";
 
@@ -31,6 +31,9 @@ export interface EndpointPickerConfig {
   readonly tlsKeyFile?: string | undefined;
   readonly healthPort?: number | undefined;
   readonly maxBodyBytes?: number | undefined;
+  /** HTTP/2 receive windows, bytes (defaults.ts). */
+  readonly streamWindowBytes?: number | undefined;
+  readonly connectionWindowBytes?: number | undefined;
   readonly sessionHeader?: string | undefined;
   readonly routingGroupHeader?: string | undefined;
   readonly tokenizerFailure?: TokenizerFailure | undefined;
@@ -78,7 +81,8 @@ export async function startEndpointPicker(config: EndpointPickerConfig, deps: En
     port: config.port,
     tls,
     healthPort: config.healthPort,
-    context: { picker, service: deps.service, stats, logger, maxBodyBytes: config.maxBodyBytes ?? DEFAULT_EXT_PROC_MAX_BODY_BYTES },
+    receiveWindows: { streamBytes: config.streamWindowBytes ?? DEFAULT_EXT_PROC_STREAM_WINDOW_BYTES, connectionBytes: config.connectionWindowBytes ?? DEFAULT_EXT_PROC_CONNECTION_WINDOW_BYTES },
+    context: { picker, service: deps.service, stats, logger, clock: deps.clock ?? systemClock, maxBodyBytes: config.maxBodyBytes ?? DEFAULT_EXT_PROC_MAX_BODY_BYTES },
     health: new PickerHealth(deps.health, deps.healthWatchIntervalMs),
     logger,
   });

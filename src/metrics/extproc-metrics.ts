@@ -1,5 +1,5 @@
 /** The endpoint picker's series (src/extproc/), read at scrape time from its plain counters. */
-import type { Registry } from "prom-client";
+import { Histogram, type Registry } from "prom-client";
 
 import { BOOKING_ENDS, type ExtProcStats } from "../extproc/ext-proc-stats.js";
 import { collectedCounter, collectedGauge, collectedLabelledCounter, type LabelledSample } from "./collected.js";
@@ -15,7 +15,22 @@ const COUNTERS: readonly (readonly [name: string, help: string, key: "streams" |
   ["kvmesh_extproc_lifecycle_errors_total", "prefill_complete, free or move calls from a stream that found the booking gone (expired, worker removed).", "lifecycleErrors"],
 ];
 
+/**
+ * Pick duration buckets, seconds: 250 us (a token-id body of a few KB) .. 5 s (an engine
+ * tokenizer's call near its 2 s timeout, retried once).
+ */
+export const EXT_PROC_PICK_BUCKETS_SECONDS = [0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5] as const;
+
 export function registerExtProcMetrics(registry: Registry, stats: ExtProcStats): void {
+  const picks = new Histogram({
+    name: "kvmesh_extproc_pick_duration_seconds",
+    help: "Routed picks: from the message that ends the request (its body's end) to the picker's answer, tokenization included.",
+    buckets: [...EXT_PROC_PICK_BUCKETS_SECONDS],
+    registers: [registry],
+  });
+  stats.onPick = (ms) => {
+    picks.observe(ms / 1_000);
+  };
   for (const [name, help, key] of COUNTERS) collectedCounter(registry, { name, help }, () => stats[key]);
   collectedGauge(registry, { name: "kvmesh_extproc_active_streams", help: "ext_proc streams open now." }, () => stats.activeStreams);
   collectedLabelledCounter(registry, { name: "kvmesh_extproc_rejected_total", help: "Requests answered with an ImmediateResponse, by reason and HTTP status." }, ["reason", "status"] as const, () => {

@@ -72,6 +72,12 @@ describe("ext_proc endpoint picker: request path", () => {
     expect(echoed.equals(body)).toBe(true);
     expect(h.svc.reservationCount).toBe(1);
     s.end();
+    // The pick is timed (kvmesh_extproc_pick_duration_seconds): one observation, of a plausible length.
+    const metrics = await h.registry.metrics();
+    expect(metrics).toMatch(/^kvmesh_extproc_pick_duration_seconds_count 1$/m);
+    const sum = Number(/^kvmesh_extproc_pick_duration_seconds_sum (\S+)$/m.exec(metrics)?.[1]);
+    expect(sum).toBeGreaterThan(0);
+    expect(sum).toBeLessThan(60);
   });
 
   it("BUFFERED: headers are continued at once and the body's answer carries the route", async () => {
@@ -245,6 +251,8 @@ describe("ext_proc endpoint picker: errors are ImmediateResponses", () => {
     }
     const metrics = await h.registry.metrics();
     expect(metrics).toMatch(/kvmesh_extproc_rejected_total\{reason="bad_body",status="400"\} 3/);
+    // A refused request is no pick.
+    expect(metrics).toMatch(/^kvmesh_extproc_pick_duration_seconds_count 0$/m);
   });
 
   it("a body past --ext-proc-max-body-bytes is 413, and nothing is booked", async () => {
