@@ -15,6 +15,8 @@ import type { Http2Server, Http2SecureServer, ServerHttp2Session } from "node:ht
 
 import type { Server } from "@grpc/grpc-js";
 
+import { KvmeshError } from "../core/index.js";
+
 export interface ReceiveWindows {
   /** Per stream, bytes: SETTINGS_INITIAL_WINDOW_SIZE. */
   readonly streamBytes: number;
@@ -26,14 +28,14 @@ type Http2Like = Http2Server | Http2SecureServer;
 
 function boundHttp2Servers(server: Server): Http2Like[] {
   const held = (server as unknown as { http2Servers?: unknown }).http2Servers;
-  if (!(held instanceof Map)) throw new Error("@grpc/grpc-js keeps no http2Servers map: the ext_proc receive windows cannot be set (is @grpc/grpc-js newer than 1.14?)");
+  if (!(held instanceof Map)) throw new KvmeshError("KVMESH_INTERNAL", "@grpc/grpc-js keeps no http2Servers map: the ext_proc receive windows cannot be set (is @grpc/grpc-js newer than 1.14?)");
   const out: Http2Like[] = [];
   for (const h2 of held.keys() as IterableIterator<unknown>) {
     const candidate = h2 as Partial<Http2Like>;
-    if (typeof candidate.updateSettings !== "function" || typeof candidate.on !== "function") throw new Error("@grpc/grpc-js's http2Servers holds something other than node:http2 servers");
+    if (typeof candidate.updateSettings !== "function" || typeof candidate.on !== "function") throw new KvmeshError("KVMESH_INTERNAL", "@grpc/grpc-js's http2Servers holds something other than node:http2 servers");
     out.push(h2 as Http2Like);
   }
-  if (out.length === 0) throw new Error("@grpc/grpc-js holds no bound http2 server: set the receive windows after bindAsync");
+  if (out.length === 0) throw new KvmeshError("KVMESH_INTERNAL", "@grpc/grpc-js holds no bound http2 server: set the receive windows after bindAsync");
   return out;
 }
 
