@@ -185,7 +185,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       warmJoin.onReset(ref);
     },
   };
-  const ingest: KvIngestPort = config.kvEvents && config.kvIngestThread ? new KvIngestWorker(ingestOptions) : new KvIngest(ingestOptions);
+  const ingest: KvIngestPort = config.kvEvents && config.kvIngestThread ? new KvIngestWorker({ ...ingestOptions, window: { maxBatches: config.kvIngestWindowBatches, maxBytes: config.kvIngestWindowBytes } }) : new KvIngest(ingestOptions);
   if (config.kvEvents) {
     // Listeners follow the catalog. KvIngest serialises its own changes, so a burst of
     // upserts applies in order; failures are logged, never unhandled. A worker whose endpoint
