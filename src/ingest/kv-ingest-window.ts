@@ -24,10 +24,13 @@ import { badRequest } from "../core/index.js";
 
 /**
  * Batches posted and not yet applied, at most (one more can be in flight: the check comes before
- * a message is read). 4,096 batches of the bench's 128 block ops are ~0.5 s of the main thread's
- * work at ~1 us a block op and ~9.4 MB; an engine's batches (one scheduler step) are smaller.
+ * a message is read). 16,384 batches of the bench's 128 block ops (~1.9 KB each) are ~31 MB and
+ * ~2 s of the main thread's work at ~1 us a block op; an engine's batches (one scheduler step) are
+ * smaller, so the bytes bound below comes first for large ones. Not less: with 4,096, a loaded
+ * machine (load 7, the main thread at 38% of a core) shed 1,223 batches of a 3 s step at 0.8M
+ * block ops/s that it had applied within 0.8 s of the step's end without a window.
  */
-export const DEFAULT_INGEST_WINDOW_BATCHES = 4_096;
+export const DEFAULT_INGEST_WINDOW_BATCHES = 16_384;
 /** The same window in bytes of posted batches (their prepared words, strings and a message's overhead): one at the per-message caps is ~3 MB. */
 export const DEFAULT_INGEST_WINDOW_BYTES = 32 * 1024 * 1024;
 /** The largest windows a flag may set: the counters are int32 and wrap (see above). */
