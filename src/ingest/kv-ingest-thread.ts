@@ -133,7 +133,13 @@ const ingest = new KvIngest({
     if (enc === null) postCloned(ref, batch, seq, replayed, digest);
     else postPrepared(ref, { ts: batch.ts, dpRank: batch.dpRank, ...enc }, seq, replayed, digest);
   },
-  admit: () => handover.hasRoom(),
+  admit: (ref) => {
+    if (handover.hasRoom()) return true;
+    // Its shed counter moved with no batch: posted within STATS_FLUSH_MS even while a backlog of
+    // messages runs as microtasks ahead of the stats scan's timer.
+    markDirty(ref);
+    return false;
+  },
   room: () => handover.waitForRoom(),
   // The common shape read straight from the bytes (kv-batch-reader.ts); the rest takes onBatch's path.
   fastPath: { read: readPreparedKvBatch, onPrepared: postPrepared },
