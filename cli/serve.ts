@@ -24,6 +24,7 @@ import { COST_MODELS, DEFAULT_SELECTOR_CONFIG, type SelectorConfig } from "../sr
 import { LOAD_REPLICATION_MODES } from "../src/core/index.js";
 import { CONTROL_PORT_OFFSET, MAX_TCP_PORT } from "../mesh/endpoints.js";
 import { otelEnvTracing, tracesEndpointProblem } from "../src/http/tracing.js";
+import { MAX_INGEST_WINDOW_BATCHES, MAX_INGEST_WINDOW_BYTES } from "../src/ingest/kv-ingest-window.js";
 import { addServeGatewayOptions } from "./serve-gateway.js";
 import { addServeSecurityOptions, LOG_REDACT_PATHS, SECURITY_FLAG_FIELDS } from "./serve-security.js";
 import {
@@ -252,6 +253,10 @@ export function addServeCommand(program: Command, deps: ServeDeps): Command {
   cmd
     .addOption(valueOption("--active-request-expiry-secs <secs>", "force-free a booking older than this", integerInRange(1, SECS_PER_YEAR), d.activeRequestExpirySecs))
     .addOption(valueOption("--max-reservations <n>", "most live bookings this replica makes (429 beyond)", integerInRange(1, MAX_RESERVATIONS_FLAG), d.maxReservations))
+    .addOption(
+      valueOption("--kv-ingest-window-batches <n>", "KV batches the ingest thread hands over and the main thread has not applied yet, at most: past it the thread sheds what it reads (counted) and the gap is replayed", integerInRange(1, MAX_INGEST_WINDOW_BATCHES), d.kvIngestWindowBatches),
+    )
+    .addOption(valueOption("--kv-ingest-window-bytes <bytes>", "the same window in bytes of prepared batches", integerInRange(1, MAX_INGEST_WINDOW_BYTES), d.kvIngestWindowBytes))
     .addOption(valueOption("--replay-timeout-ms <ms>", "how long to wait for a worker's KV-event replay", integerInRange(1, MAX_REPLAY_TIMEOUT_MS), d.replayTimeoutMs))
     .addOption(valueOption("--selection-cache-ttl-secs <secs>", "how long a /select answer can be reserved", integerInRange(1, SECS_PER_YEAR), d.selectionCacheTtlSecs))
     .addOption(valueOption("--selection-cache-max-entries <n>", "most cached selections", integerInRange(1, MAX_SELECTION_CACHE_ENTRIES), d.selectionCacheMaxEntries))

@@ -37,6 +37,7 @@ import { benchChainTokens, opsPerBatch, rankBatches, type KvBenchFormat, type Kv
 import { REGISTER_CONCURRENCY } from "./lib/bench-workers.js";
 import { listOf, positiveInt, positiveIntList, scriptProgram } from "./lib/script-args.js";
 import { threadCpu, threadCpuDelta, type ThreadCpu } from "./lib/thread-cpu.js";
+import { procStatusBytes } from "./lib/replica-cluster.js";
 
 const FORMATS = ["map", "array"] as const;
 /** ZeroMQ's I/O thread's name in /proc (libzmq names it "ZMQbg/IO/<n>"). */
@@ -65,6 +66,8 @@ const opts = scriptProgram("bench:ingest", "KV-event block operations per second
   .option("--select-rate <n>", "/select calls a second, one at a time, during each step", positiveInt, 100)
   .option("--prompt-tokens <n>", "tokens of each probed prompt", positiveInt, 2_048)
   .option("--iters <n>", "in-process: batches decoded and applied per case", positiveInt, 20_000)
+  .option("--kv-ingest-window-batches <n>", "the daemon's hand-over window, batches (its flag; unset: the daemon's default)", positiveInt)
+  .option("--kv-ingest-window-bytes <n>", "the same window, bytes (its flag; unset: the daemon's default)", positiveInt)
   .parse()
   .opts<{
     inProcess: boolean;
@@ -82,11 +85,14 @@ const opts = scriptProgram("bench:ingest", "KV-event block operations per second
     selectRate: number;
     promptTokens: number;
     iters: number;
+    kvIngestWindowBatches?: number;
+    kvIngestWindowBytes?: number;
   }>();
 
 const shapeOf = (format: KvBenchFormat, blockSize: number): KvBenchShape => ({ format, blockSize, blocksPerEvent: opts.blocksPerEvent, eventsPerBatch: opts.eventsPerBatch, chains: opts.chains });
 const label = (s: KvBenchShape): string => `${s.format}, block ${s.blockSize}, ${s.eventsPerBatch} x ${s.blocksPerEvent}-block events/batch`;
 const fmtM = (opsPerS: number): string => `${(opsPerS / 1e6).toFixed(2)}M`;
+const mb = (bytes: number): string => (bytes / (1024 * 1024)).toFixed(0);
 const us = (ms: number): string => (Number.isFinite(ms) ? (ms * 1000).toFixed(0) : "n/a");
 
 // ---------------------------------------------------------------- in process
@@ -191,11 +197,21 @@ interface IngestCounters {
   readonly applied: number;
   readonly lost: number;
   readonly malformed: number;
+  /** Shed by the ingest thread while its hand-over window was full (0 before the window existed). */
+  readonly shed: number;
+  /** The most batches pending between the ingest thread and the main thread at once, since the start. */
+  readonly peakPending: number;
 }
 
 async function counters(client: RouterClient): Promise<IngestCounters> {
   const text = await client.ok("GET", "/metrics");
-  return { applied: metricSum(text, "kvmesh_kv_batches_applied_total"), lost: metricSum(text, "kvmesh_kv_batches_lost_total"), malformed: metricSum(text, "kvmesh_kv_batches_malformed_total") };
+  return {
+    applied: metricSum(text, "kvmesh_kv_batches_applied_total"),
+    lost: metricSum(text, "kvmesh_kv_batches_lost_total"),
+    malformed: metricSum(text, "kvmesh_kv_batches_malformed_total"),
+    shed: metricSum(text, "kvmesh_kv_batches_shed_total"),
+    peakPending: metricSum(text, "kvmesh_kv_ingest_pending_batches_peak"),
+  };
 }
 
 /** /select latencies (ms), one call at a time at `rate` a second, until `stop` resolves. */
@@ -226,6 +242,11 @@ interface Step {
   readonly cpu: ThreadCpu;
   readonly seconds: number;
   readonly select: ReturnType<typeof summarize>;
+  /** The daemon's resident set at the end of publishing, and its peak so far (VmHWM), bytes. */
+  readonly rss: number;
+  readonly hwm: number;
+  readonly shed: number;
+  readonly peakPending: number;
 }
 
 const zmqMs = (c: ThreadCpu): number => Object.entries(c.byName).reduce((a, [n, v]) => a + (n.startsWith(ZMQ_IO_PREFIX) ? v : 0), 0);
@@ -239,6 +260,8 @@ async function measureStep(daemon: ServeProcess, client: RouterClient, pubs: rea
   const latencies = probeSelects(client, body, opts.selectRate, publishing);
   const sent = await publishing;
   const cpu = threadCpuDelta(c0, threadCpu(daemon.pid));
+  // At the end of publishing: where a backlog is largest.
+  const rss = procStatusBytes(daemon.pid, "VmRSS");
   const seconds = (performance.now() - t0) / 1_000;
   const select = summarize(await latencies);
   const d0 = performance.now();
@@ -257,7 +280,8 @@ async function measureStep(daemon: ServeProcess, client: RouterClient, pubs: rea
   else if (applied < sent) why = `${sent - applied} of ${sent} batches not applied ${opts.drainMs} ms after`;
   else if (drainMs > opts.drainMs) why = `lag: applied ${drainMs.toFixed(0)} ms after`;
   else if (offered < OFFERED_SHARE * opsPerS) why = "publisher-bound";
-  return { target: opsPerS, offered, keptUp: why === "" || why === "publisher-bound", why, drainMs, cpu, seconds, select };
+  const hwm = procStatusBytes(daemon.pid, "VmHWM");
+  return { target: opsPerS, offered, keptUp: why === "" || why === "publisher-bound", why, drainMs, cpu, seconds, select, rss, hwm, shed: after.shed - before.shed, peakPending: after.peakPending };
 }
 
 async function daemonRun(shape: KvBenchShape): Promise<void> {
@@ -270,7 +294,11 @@ async function daemonRun(shape: KvBenchShape): Promise<void> {
     if (rank >= opts.publishers) return silent.lastEndpoint as string;
     return (pubs[rank % procs] as PublisherProc).endpoints[Math.floor(rank / procs)] as string;
   };
-  const daemon = await spawnServe({ label: "bench:ingest daemon" });
+  const window = [
+    ...(opts.kvIngestWindowBatches === undefined ? [] : ["--kv-ingest-window-batches", String(opts.kvIngestWindowBatches)]),
+    ...(opts.kvIngestWindowBytes === undefined ? [] : ["--kv-ingest-window-bytes", String(opts.kvIngestWindowBytes)]),
+  ];
+  const daemon = await spawnServe({ label: "bench:ingest daemon", args: window });
   const client = new RouterClient(daemon.port);
   try {
     const ids = Array.from({ length: opts.ranks }, (_, r) => r);
@@ -302,7 +330,7 @@ async function daemonRun(shape: KvBenchShape): Promise<void> {
 
 function report(shape: KvBenchShape, steps: readonly Step[]): void {
   console.log(`\n${label(shape)}; ${opts.ranks} ranks, ${opts.publishers} publishing over ${opts.publisherProcesses} processes; ${opts.seconds} s a step`);
-  const head = ["target ops/s", "offered ops/s", "kept up", "drain ms", "main CPU", "ZMQ I/O", "other threads", "select p50 us", "select p99 us"];
+  const head = ["target ops/s", "offered ops/s", "kept up", "drain ms", "main CPU", "ZMQ I/O", "other threads", "select p50 us", "select p99 us", "shed", "peak pending", "RSS MB", "peak RSS MB"];
   console.log(head.map((h, i) => h.padStart(i === 2 ? 36 : 15)).join(""));
   for (const s of steps) {
     const other = s.cpu.allMs - s.cpu.mainMs - zmqMs(s.cpu);
@@ -316,6 +344,10 @@ function report(shape: KvBenchShape, steps: readonly Step[]): void {
       pct(other, s.seconds),
       us(s.select.p50),
       us(s.select.p99),
+      String(s.shed),
+      String(s.peakPending),
+      mb(s.rss),
+      mb(s.hwm),
     ];
     console.log(cells.map((c, i) => c.padStart(i === 2 ? 36 : 15)).join(""));
   }
@@ -323,6 +355,7 @@ function report(shape: KvBenchShape, steps: readonly Step[]): void {
   console.log(`highest kept up with: ${fmtM(best)} block ops/s (${label(shape)})`);
   console.log("- kept up: every batch sent was applied within --drain-ms of the step's end and none lost (the daemon's kvmesh_kv_batches_* counters)");
   console.log("- CPU: the daemon's utime+stime per thread from /proc/<pid>/task over the step, as a share of one core");
+  console.log("- shed: batches the ingest thread shed in the step, its hand-over window full (kvmesh_kv_batches_shed_total; the bench's publishers replay nothing, so they are also lost); peak pending: the most batches between the ingest thread and the main thread at once so far (kvmesh_kv_ingest_pending_batches_peak); RSS: the daemon's at the end of the step's publishing, and its peak so far (VmHWM)");
 }
 
 for (const format of opts.formats) {

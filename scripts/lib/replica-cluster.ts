@@ -317,8 +317,13 @@ export function counterDelta(after: MeshCounters, before: MeshCounters): MeshCou
 
 /** Resident set size of a process, bytes, from /proc (0 if it is gone). */
 export function rssOf(pid: number): number {
+  return procStatusBytes(pid, "VmRSS");
+}
+
+/** A kB field of /proc/<pid>/status (VmRSS; VmHWM, the peak resident set so far), bytes (0 if it is gone). */
+export function procStatusBytes(pid: number, field: "VmRSS" | "VmHWM"): number {
   try {
-    const m = /^VmRSS:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
+    const m = new RegExp(`^${field}:\\s+(\\d+) kB$`, "m").exec(readFileSync(`/proc/${pid}/status`, "utf8"));
     return m?.[1] === undefined ? 0 : Number(m[1]) * 1024;
   } catch {
     return 0;

@@ -29,6 +29,7 @@ import { DEFAULT_BODY_LIMIT_BYTES } from "../http/server.js";
 import { defaultMaxConnections, processFdLimit } from "../util/fd-budget.js";
 import { DEFAULT_TRACES_SERVICE_NAME, tracesEndpointProblem } from "../http/tracing.js";
 import { DEFAULT_REPLAY_TIMEOUT_MS } from "../ingest/kv-event-listener.js";
+import { DEFAULT_INGEST_WINDOW_BATCHES, DEFAULT_INGEST_WINDOW_BYTES } from "../ingest/kv-ingest-window.js";
 import { DEFAULT_DP_RANK_PORT_STRIDE, DEFAULT_EXT_PROC_CONNECTION_WINDOW_BYTES, DEFAULT_EXT_PROC_MAX_BODY_BYTES, DEFAULT_EXT_PROC_STREAM_WINDOW_BYTES, DEFAULT_ROUTING_GROUP_HEADER, DEFAULT_SESSION_HEADER, type TokenizerFailure } from "../extproc/defaults.js";
 import { DEFAULT_TOKENIZER_OPTIONS, resolveTokenizerOptions, TOKENIZER_OPTION_DEFINITIONS, type TokenizerOptions } from "../tokenize/tokenizer-options.js";
 
@@ -84,6 +85,9 @@ export interface DaemonConfig extends TokenizerOptions {
   readonly predictedMaxBlocksPerRank: number;
   /** KV sockets, decoding and block hashing on a worker thread; the main thread only indexes (docs/ingest-thread.md). */
   readonly kvIngestThread: boolean;
+  /** The ingest thread's hand-over window: batches and bytes posted and not applied yet, at most (src/ingest/kv-ingest-window.ts). */
+  readonly kvIngestWindowBatches: number;
+  readonly kvIngestWindowBytes: number;
   readonly replayTimeoutMs: number;
   readonly selectionCacheTtlSecs: number;
   readonly selectionCacheMaxEntries: number;
@@ -201,6 +205,8 @@ export const DEFAULT_DAEMON_CONFIG: DaemonConfig = Object.freeze({
   approxTtlSecs: DEFAULT_APPROX_TTL_SECS,
   predictedMaxBlocksPerRank: DEFAULT_MAX_PREDICTED_BLOCKS_PER_RANK,
   kvIngestThread: true,
+  kvIngestWindowBatches: DEFAULT_INGEST_WINDOW_BATCHES,
+  kvIngestWindowBytes: DEFAULT_INGEST_WINDOW_BYTES,
   replayTimeoutMs: DEFAULT_REPLAY_TIMEOUT_MS,
   selectionCacheTtlSecs: DEFAULT_PENDING_TTL_MS / MS_PER_SEC,
   selectionCacheMaxEntries: DEFAULT_PENDING_MAX_ENTRIES,

@@ -49,6 +49,8 @@ export interface Daemon {
   readonly port: number;
   readonly service: SelectionService;
   readonly mesh: ReplicaMesh | undefined;
+  /** The KV ingest thread's driver (its health, its window; tests crash it), unset without the thread. */
+  readonly ingestThread: KvIngestWorker | undefined;
   /** The endpoint picker's ext_proc port (and its separate health port), when --ext-proc-port is set. */
   readonly extProcPort: number | undefined;
   readonly extProcHealthPort: number | undefined;
@@ -185,7 +187,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       warmJoin.onReset(ref);
     },
   };
-  const ingest: KvIngestPort = config.kvEvents && config.kvIngestThread ? new KvIngestWorker(ingestOptions) : new KvIngest(ingestOptions);
+  const ingest: KvIngestPort = config.kvEvents && config.kvIngestThread ? new KvIngestWorker({ ...ingestOptions, window: { maxBatches: config.kvIngestWindowBatches, maxBytes: config.kvIngestWindowBytes } }) : new KvIngest(ingestOptions);
   if (config.kvEvents) {
     // Listeners follow the catalog. KvIngest serialises its own changes, so a burst of
     // upserts applies in order; failures are logged, never unhandled. A worker whose endpoint
@@ -326,6 +328,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
       mesh: hooks.mesh ?? meshWithWarmJoin(mesh, warmJoin),
       apiToken: config.apiToken,
       meshSelf: meshSelfOf(mesh),
+      kvIngest: ingest instanceof KvIngestWorker ? ingest : undefined,
       tracer,
       connections: connectionLimitsOf(config),
     });
@@ -366,7 +369,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
         {
           service,
           // The same rule as GET /ready (startup sync and drain included).
-          health: { ready: () => readiness(service, meshControl).ready, closing: () => service.shuttingDown },
+          health: { ready: () => readiness(service, meshControl, false, ingest instanceof KvIngestWorker ? ingest : undefined).ready, closing: () => service.shuttingDown },
           logger: logger.child({ subsystem: "extproc" }),
           registry,
           tokenizer,
@@ -395,6 +398,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
     mesh,
     extProcPort: extProc?.port,
     extProcHealthPort: extProc?.healthPort,
+    ingestThread: ingest instanceof KvIngestWorker ? ingest : undefined,
     drain(): Promise<void> {
       if (closing !== undefined || service.draining) return Promise.resolve();
       service.drain();

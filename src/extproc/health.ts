@@ -2,7 +2,8 @@
  * gRPC Health v1 for the endpoint picker (GIE's EPP protocol, "Health Checking"): `liveness` is
  * SERVING while the process serves; `readiness`, `envoy.service.ext_proc.v3.ExternalProcessor`
  * and the server as a whole (`""`) follow the same rule as GET /ready (src/http/readiness.ts:
- * schedulable workers, not draining, the mesh's startup sync done), so a gateway health-checking
+ * schedulable workers, not draining, the mesh's startup sync done; a KV ingest thread waiting for
+ * its restart leaves it SERVING), so a gateway health-checking
  * the picker with either name stops sending to a replica that drains. Any other service name is
  * NOT_FOUND (Check) or SERVICE_UNKNOWN (Watch), as the protocol says.
  */

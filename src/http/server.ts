@@ -24,6 +24,7 @@ import { authFailureOf, checkBearer, requiresApiToken, wwwAuthenticateFor, type 
 import { handleClientErrors } from "./client-error.js";
 import { stringifyJson } from "./json.js";
 import type { MeshControl } from "./mesh-control.js";
+import type { KvIngestHealth } from "./readiness.js";
 import { limitConnections, type ConnectionLimits } from "./connection-limits.js";
 import type { HttpMetrics } from "./metrics.js";
 import { MAX_PIPELINED_WAITING, PipelineGate } from "./pipeline.js";
@@ -77,6 +78,8 @@ export interface HttpServerOptions {
   /** Slow-client bounds (tests shorten them); defaults DEFAULT_*_TIMEOUT_MS. */
   timeouts?: HttpTimeouts;
   mesh?: MeshControl | undefined;
+  /** The KV ingest thread's life, which GET /ready reports (src/http/readiness.ts); unset without one. */
+  kvIngest?: KvIngestHealth | undefined;
   /** Bearer token for state-changing routes (src/http/auth.ts); unset: no authentication. */
   apiToken?: ApiToken | undefined;
   /** What the status page (GET /ui) shows of this replica's mesh; unset without one. */
@@ -106,7 +109,7 @@ function buildRoutes(o: HttpServerOptions, bindings: SessionBindingsHttp, page: 
     ...reservationRoutes(svc, o.mesh),
     ...peerRoutes(o.mesh),
     ...bindingRoutes(bindings),
-    ...opsRoutes(svc, o.mesh, o.metrics, page),
+    ...opsRoutes(svc, o.mesh, o.metrics, page, o.kvIngest),
   ];
 }
 

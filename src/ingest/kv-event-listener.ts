@@ -64,6 +64,22 @@ export interface KvEventListenerOptions {
    * meanwhile resets the rank. Without it the listener starts fresh (replays from seq 0).
    */
   readonly resumeAt?: { readonly seq: bigint; readonly digest: bigint | null } | null;
+  /**
+   * Whether a message's batch may be handed on now (the ingest thread's hand-over window,
+   * kv-ingest-window.ts). False sheds the live message unread, counted (`shed`) and its seq not
+   * consumed, so the rank's next message after the window opens is a gap: replayed, or counted
+   * lost. A replay stops where it turns false and leaves the rest of the gap for the next message.
+   * Absent: always.
+   */
+  readonly admit?: () => boolean;
+  /**
+   * With `admit`: resolves true once a replay that closed the window may go on (the ingest
+   * thread's window has drained to its low-water mark), false after a bounded wait. A gap is then
+   * replayed whole, paced by the window, before the live message that revealed it. Absent: the
+   * replay stops where the window closed, that live message is shed, and the rest of the gap waits
+   * for the rank's next message.
+   */
+  readonly room?: () => Promise<boolean>;
   /** A batch read straight into the prepared form (the ingest thread's kv-batch-reader.ts), instead of decoding it and calling onBatch. */
   readonly fastPath?: KvFastPath<(batch: PreparedKvBatch, seq: bigint, replayed: boolean, digest: bigint | null) => void>;
 }
@@ -101,6 +117,8 @@ export interface KvEventListenerStats {
   eventsShed: number;
   /** Of `resets`, those past MAX_RESETS_PER_WINDOW in a window: numbering restarted, rank blocks kept (reset-damper.ts). */
   resetsDamped: number;
+  /** Live messages shed unread because the main thread's hand-over window was full (`admit`); repaired as a gap by replay, or then counted in `lost`. */
+  shed: number;
   lastSeq: bigint | null;
 }
 
@@ -115,6 +133,8 @@ export class KvEventListener {
   readonly #replayEndpoint: string | null;
   readonly #onBatch: KvEventListenerOptions["onBatch"];
   readonly #fastPath: NonNullable<KvEventListenerOptions["fastPath"]> | null;
+  readonly #admit: () => boolean;
+  readonly #room: (() => Promise<boolean>) | null;
   readonly #onReset: (() => void) | undefined;
   readonly #log: Logger;
   readonly #replayTimeoutMs: number;
@@ -135,7 +155,7 @@ export class KvEventListener {
   #closed = false;
   /** Last applied (or skipped-as-malformed) seq; null until the first message. */
   #lastSeq: bigint | null = null;
-  readonly #stats = { received: 0, applied: 0, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0, oversized: 0, eventsShed: 0, resetsDamped: 0 };
+  readonly #stats = { received: 0, applied: 0, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0, oversized: 0, eventsShed: 0, resetsDamped: 0, shed: 0 };
   /** The seq of the last implausible jump: the stream continuing from it is a real renumbering. */
   #jumpedTo: bigint | null = null;
   /** Warnings a flapping or garbage-sending publisher would repeat thousands of times (#17 F10). */
@@ -144,6 +164,7 @@ export class KvEventListener {
   readonly #jumpLog = new LogThrottle();
   readonly #flapLog = new LogThrottle();
   readonly #oversizedLog = new LogThrottle();
+  readonly #shedLog = new LogThrottle();
   readonly #damper = new ResetDamper();
   /** xxh64 of the last applied payload: a reconnected publisher that still holds it is the same process. */
   #lastDigest: bigint | null = null;
@@ -155,6 +176,8 @@ export class KvEventListener {
     this.#replayEndpoint = options.replayEndpoint ?? null;
     this.#onBatch = options.onBatch;
     this.#fastPath = options.fastPath ?? null;
+    this.#admit = options.admit ?? (() => true);
+    this.#room = options.room ?? null;
     this.#onReset = options.onReset;
     this.#log = (options.logger ?? pino({ enabled: false })).child({ kvEndpoint: options.endpoint });
     this.#replayTimeoutMs = options.replayTimeoutMs ?? DEFAULT_REPLAY_TIMEOUT_MS;
@@ -196,7 +219,7 @@ export class KvEventListener {
    */
   get statsVersion(): number {
     const s = this.#stats;
-    return s.received + s.applied + s.replayed + s.malformed + s.stale + s.implausible + s.lost + s.resets + s.oversized + s.eventsShed + s.resetsDamped;
+    return s.received + s.applied + s.replayed + s.malformed + s.stale + s.implausible + s.lost + s.resets + s.oversized + s.eventsShed + s.resetsDamped + s.shed;
   }
 
   /** Connects and starts the receive loop; the publisher need not be up yet (libzmq reconnects). */
@@ -305,7 +328,10 @@ export class KvEventListener {
     }
     this.#jumpedTo = null;
     const expected = this.#lastSeq === null ? 0n : this.#lastSeq + 1n;
-    if (seq > expected) await this.#repair(expected, seq);
+    if (!this.#admit() || (seq > expected && !(await this.#repair(expected, seq)))) {
+      this.#shed(seq, expected);
+      return;
+    }
     if (this.#closed) return;
     this.#apply(seq, payload, false);
   }
@@ -333,27 +359,43 @@ export class KvEventListener {
     }
   }
 
-  /** Fills [from, to) before the live message `to` is applied. */
-  async #repair(from: bigint, to: bigint): Promise<void> {
+  /**
+   * Fills [from, to) before the live message `to` is applied. False when the hand-over window
+   * closed during the replay: the rest of the gap is left for the next message, and `to` is shed.
+   */
+  async #repair(from: bigint, to: bigint): Promise<boolean> {
     if (this.#replayEndpoint === null) {
       this.#stats.lost += Number(to - from);
       this.#log.warn({ from, to, missing: to - from }, "kv event gap and no replay endpoint: batches lost");
-      return;
+      return true;
     }
-    const next = await this.#replay(this.#replayEndpoint, from, to);
+    let { next, deferred } = await this.#replay(this.#replayEndpoint, from, to);
+    while (deferred && this.#room !== null && !this.#closed) {
+      // The window closed mid-replay: the rest of the gap is asked for again once it has drained.
+      let room = await this.#room();
+      while (!room && !this.#closed) room = await this.#room();
+      if (this.#closed) return true;
+      ({ next, deferred } = await this.#replay(this.#replayEndpoint, next, to));
+    }
+    if (deferred) return false;
     if (next < to && !this.#closed) {
       this.#stats.lost += Number(to - next);
       this.#log.warn({ from: next, to, missing: to - next }, "kv event replay incomplete: batches lost");
     }
+    return true;
   }
 
-  /** Applies replayed batches in [from, to); returns the first seq not recovered. */
-  async #replay(endpoint: string, from: bigint, to: bigint): Promise<bigint> {
+  /**
+   * Applies replayed batches in [from, to); returns the first seq not recovered, and whether the
+   * replay stopped there because the hand-over window closed (nothing lost: the gap is still open).
+   */
+  async #replay(endpoint: string, from: bigint, to: bigint): Promise<{ next: bigint; deferred: boolean }> {
     // A short-lived DEALER per replay: a timed-out replay's late replies die with its socket
     // instead of being mistaken for the next replay's.
     const dealer = new Dealer({ linger: 0, receiveTimeout: this.#replayTimeoutMs, sendTimeout: this.#replayTimeoutMs });
     this.#replaySock = dealer;
     let next = from;
+    let deferred = false;
     try {
       dealer.connect(endpoint);
       await dealer.send(["", encodeSeq(from)]);
@@ -368,6 +410,11 @@ export class KvEventListener {
         if (seq === REPLAY_END_SEQ || payload.length === 0) break;
         if (seq < next) continue;
         if (seq >= to) break;
+        if (!this.#admit()) {
+          // The window closed: the rest of the gap waits for the next message (the engine still holds it).
+          deferred = true;
+          break;
+        }
         if (seq > next) {
           this.#stats.lost += Number(seq - next);
           this.#log.warn({ from: next, to: seq }, "kv event replay skipped batches (engine buffer no longer holds them)");
@@ -381,7 +428,7 @@ export class KvEventListener {
       this.#replaySock = null;
       dealer.close();
     }
-    return next;
+    return { next, deferred };
   }
 
   #apply(seq: bigint, payload: Buffer, replayed: boolean): void {
@@ -429,6 +476,14 @@ export class KvEventListener {
     } catch (err) {
       this.#log.error({ err, seq }, "onBatch handler threw");
     }
+  }
+
+  /** A live message shed for the hand-over window: its seq not consumed, so the next message repairs the gap. */
+  #shed(seq: bigint, expected: bigint): void {
+    this.#stats.shed++;
+    this.#shedLog.hit((suppressed) => {
+      this.#log.warn({ seq, from: expected, suppressed }, "kv event batch shed: the main thread's hand-over window is full (kvmesh_kv_batches_shed_total); the gap is replayed on the rank's next message, or counted lost");
+    });
   }
 
   #oversized(seq: bigint, reason: string, eventsShed: number): void {

@@ -7,12 +7,16 @@
 import type { KvEventBatch } from "../core/index.js";
 
 import type { KvRankEndpoints, KvRankRef, KvRankStats } from "./kv-ingest.js";
+import type { IngestWindowLimits } from "./kv-ingest-window.js";
 
 export interface KvIngestThreadData {
   readonly replayTimeoutMs?: number;
   readonly maxRanks?: number | null;
   /** The main thread's ingest logger's level: the thread forwards only what it would print. */
   readonly logLevel: string;
+  /** The hand-over window's shared counters (kv-ingest-window.ts), new for each thread, and its limits. */
+  readonly window: SharedArrayBuffer;
+  readonly windowLimits: IngestWindowLimits;
 }
 
 /** main -> thread */
@@ -50,6 +54,8 @@ export type KvIngestReport =
       readonly seq: bigint;
       readonly replayed: boolean;
       readonly digest: bigint | null;
+      /** What the batch counts in the hand-over window, bytes (kv-ingest-window.ts): the main thread gives it back once applied. */
+      readonly bytes: number;
       /** The batch as prepared-batch-codec.ts encodes it (its buffer transferred), or, when it cannot, as it is (cloned). */
       readonly encoded: { readonly ts: number; readonly dpRank: number | null; readonly words: Uint32Array; readonly strings: string[] } | null;
       readonly batch: KvEventBatch | null;

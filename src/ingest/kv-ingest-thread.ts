@@ -21,6 +21,8 @@ import type { KvIngestCommand, KvIngestFailure, KvIngestReport, KvIngestThreadDa
 import { prepareKvBatch } from "./prepare-kv-batch.js";
 import { readPreparedKvBatch } from "./kv-batch-reader.js";
 import { encodePreparedBatch, type PreparedKvBatch } from "./prepared-batch-codec.js";
+import { CLONED_BYTES_PER_HASH, IngestWindow, REPORT_OVERHEAD_BYTES } from "./kv-ingest-window.js";
+import type { KvEventBatch } from "../core/index.js";
 
 /**
  * Stats of ranks with no batch (malformed, stale, lost messages) reach the main thread this often,
@@ -41,6 +43,8 @@ const port = parentPort;
 if (port === null) throw new Error("kv-ingest-thread.ts runs as a worker thread only");
 const data = workerData as KvIngestThreadData;
 const post = (m: KvIngestReport): void => { port.postMessage(m); };
+/** Batches posted and not yet applied by the main thread: past its limits, listeners shed what they read (kv-ingest-window.ts). */
+const handover = new IngestWindow(data.window, data.windowLimits);
 
 const LEVELS = { trace: 10, debug: 20, info: 30, warn: 40, error: 50, fatal: 60, silent: Infinity } as const;
 type Level = keyof typeof LEVELS;
@@ -93,9 +97,22 @@ function flushDirty(): void {
 
 /** Hands a prepared batch to the main thread, its buffer transferred, and marks its rank's stats for the next flush. */
 const postPrepared = (ref: KvRankRef, prepared: PreparedKvBatch, seq: bigint, replayed: boolean, digest: bigint | null): void => {
-  port.postMessage({ t: "batch", ref, seq, replayed, digest, encoded: prepared, batch: null } satisfies KvIngestReport, [prepared.words.buffer as ArrayBuffer]);
+  let bytes = REPORT_OVERHEAD_BYTES + prepared.words.byteLength;
+  for (const s of prepared.strings) bytes += 2 * s.length;
+  handover.posted(bytes);
+  port.postMessage({ t: "batch", ref, seq, replayed, digest, bytes, encoded: prepared, batch: null } satisfies KvIngestReport, [prepared.words.buffer as ArrayBuffer]);
   markDirty(ref);
 };
+
+/** A batch the prepared form cannot hold, posted as objects (cloned). */
+function postCloned(ref: KvRankRef, batch: KvEventBatch, seq: bigint, replayed: boolean, digest: bigint | null): void {
+  let hashes = 0;
+  for (const ev of batch.events) if (ev.type !== "cleared") hashes += ev.blockHashes.length;
+  const bytes = REPORT_OVERHEAD_BYTES + CLONED_BYTES_PER_HASH * hashes;
+  handover.posted(bytes);
+  post({ t: "batch", ref, seq, replayed, digest, bytes, encoded: null, batch });
+  markDirty(ref);
+}
 
 function markDirty(ref: KvRankRef): void {
   dirty.set(key(ref), ref);
@@ -113,9 +130,17 @@ const ingest = new KvIngest({
   onBatch: (ref, batch, seq, replayed, digest) => {
     prepareKvBatch(batch);
     const enc = encodePreparedBatch(batch);
-    if (enc === null) post({ t: "batch", ref, seq, replayed, digest, encoded: null, batch });
+    if (enc === null) postCloned(ref, batch, seq, replayed, digest);
     else postPrepared(ref, { ts: batch.ts, dpRank: batch.dpRank, ...enc }, seq, replayed, digest);
   },
+  admit: (ref) => {
+    if (handover.hasRoom()) return true;
+    // Its shed counter moved with no batch: posted within STATS_FLUSH_MS even while a backlog of
+    // messages runs as microtasks ahead of the stats scan's timer.
+    markDirty(ref);
+    return false;
+  },
+  room: () => handover.waitForRoom(),
   // The common shape read straight from the bytes (kv-batch-reader.ts); the rest takes onBatch's path.
   fastPath: { read: readPreparedKvBatch, onPrepared: postPrepared },
   onReset: (ref) => {

@@ -34,6 +34,7 @@ import { KvEndpointError, type KvIngestOptions, type KvRankEndpoints, type KvRan
 import type { KvEventBatch } from "../core/index.js";
 
 import { decodePreparedBatch } from "./prepared-batch-codec.js";
+import { checkIngestWindowLimits, createIngestWindowBuffer, DEFAULT_INGEST_WINDOW_BATCHES, DEFAULT_INGEST_WINDOW_BYTES, IngestWindow, type IngestWindowLimits } from "./kv-ingest-window.js";
 import type { KvIngestCommand, KvIngestFailure, KvIngestReport, KvIngestThreadData, KvOpenRank } from "./kv-ingest-protocol.js";
 
 /**
@@ -80,7 +81,7 @@ function toError(f: KvIngestFailure): Error {
   }
 }
 
-const ZERO_STATS: Omit<KvEventListenerStats, "lastSeq"> = { received: 0, applied: 0, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0, oversized: 0, eventsShed: 0, resetsDamped: 0 };
+const ZERO_STATS: Omit<KvEventListenerStats, "lastSeq"> = { received: 0, applied: 0, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0, oversized: 0, eventsShed: 0, resetsDamped: 0, shed: 0 };
 
 /** `a` + `b`, counter by counter; lastSeq is `b`'s (the live thread's) when it has one. */
 function addStats(a: KvEventListenerStats, b: KvEventListenerStats): KvEventListenerStats {
@@ -92,6 +93,8 @@ function addStats(a: KvEventListenerStats, b: KvEventListenerStats): KvEventList
 /** One started thread: its worker and when it said it was ready and when it exited. */
 interface Thread {
   readonly worker: Worker;
+  /** Its hand-over window (kv-ingest-window.ts): what it posted and the main thread has not applied. */
+  readonly window: IngestWindow;
   readonly exited: Promise<void>;
   readonly startedAtMs: number;
   dead: boolean;
@@ -100,7 +103,9 @@ interface Thread {
 export class KvIngestWorker {
   readonly #o: KvIngestOptions;
   readonly #log: Logger;
-  readonly #data: KvIngestThreadData;
+  readonly #data: Omit<KvIngestThreadData, "window">;
+  /** The highest pending batches and bytes of the threads that died (the live one's are in its window). */
+  #peakBase = { batches: 0, bytes: 0 };
   #thread: Thread;
   /** Resolves once the current (or, while one restarts, the next) thread is ready. */
   #ready!: Promise<void>;
@@ -132,14 +137,16 @@ export class KvIngestWorker {
   #backoffMs = INGEST_THREAD_RESTART_MIN_MS;
   #restartTimer: TimerHandle | undefined;
 
-  constructor(options: KvIngestOptions & { readonly clock?: Clock; readonly timers?: Timers; readonly applySliceMs?: number }) {
+  constructor(options: KvIngestOptions & { readonly clock?: Clock; readonly timers?: Timers; readonly applySliceMs?: number; readonly window?: Partial<IngestWindowLimits> }) {
     this.#o = options;
     this.#clock = options.clock ?? systemClock;
     this.#timers = options.timers ?? systemTimers;
     this.#sliceMs = options.applySliceMs ?? DEFAULT_INGEST_APPLY_SLICE_MS;
     this.#log = options.logger ?? pino({ enabled: false });
+    const windowLimits = checkIngestWindowLimits({ maxBatches: options.window?.maxBatches ?? DEFAULT_INGEST_WINDOW_BATCHES, maxBytes: options.window?.maxBytes ?? DEFAULT_INGEST_WINDOW_BYTES });
     this.#data = {
       logLevel: this.#log.level,
+      windowLimits,
       ...(options.replayTimeoutMs === undefined ? {} : { replayTimeoutMs: options.replayTimeoutMs }),
       ...(options.maxRanks === undefined ? {} : { maxRanks: options.maxRanks }),
     };
@@ -160,6 +167,21 @@ export class KvIngestWorker {
   /** Whether a live thread is reading the KV streams (false while a dead one waits for its restart). */
   get up(): boolean {
     return !this.#thread.dead;
+  }
+
+  /**
+   * The hand-over window (kv-ingest-window.ts): batches and bytes the live thread posted and the
+   * main thread has not applied yet, and the most ever pending at once.
+   */
+  get window(): { readonly pendingBatches: number; readonly pendingBytes: number; readonly peakBatches: number; readonly peakBytes: number; readonly limits: IngestWindowLimits } {
+    const w = this.#thread.window;
+    return {
+      pendingBatches: this.#thread.dead ? 0 : w.pendingBatches,
+      pendingBytes: this.#thread.dead ? 0 : w.pendingBytes,
+      peakBatches: Math.max(this.#peakBase.batches, w.peakBatches),
+      peakBytes: Math.max(this.#peakBase.bytes, w.peakBytes),
+      limits: w.limits,
+    };
   }
 
   /** Test hook: the thread throws an uncaught error, as a bug would; it is restarted as for one. */
@@ -227,8 +249,10 @@ export class KvIngestWorker {
   }
 
   #spawn(): Thread {
-    const worker = startWorkerThread(siblingFile(import.meta.url, "kv-ingest-thread"), this.#data);
-    const t: Thread = { worker, exited: new Promise<void>((resolve) => worker.once("exit", () => { resolve(); })), startedAtMs: this.#clock.now(), dead: false };
+    const sab = createIngestWindowBuffer();
+    const handover = new IngestWindow(sab, this.#data.windowLimits);
+    const worker = startWorkerThread(siblingFile(import.meta.url, "kv-ingest-thread"), { ...this.#data, window: sab } satisfies KvIngestThreadData);
+    const t: Thread = { worker, window: handover, exited: new Promise<void>((resolve) => worker.once("exit", () => { resolve(); })), startedAtMs: this.#clock.now(), dead: false };
     worker.on("message", (m: KvIngestReport) => {
       if (t !== this.#thread) return;
       if (m.t === "ready") this.#onThreadReady();
@@ -311,6 +335,10 @@ export class KvIngestWorker {
       this.#restartTimer = this.#timers.setTimeout(() => {
         this.#restartTimer = undefined;
         if (this.#closed !== null) return;
+        // The dead thread's last reports, before a new thread (and its window) takes their place.
+        this.#drainAll();
+        const dead = this.#thread.window;
+        this.#peakBase = { batches: Math.max(this.#peakBase.batches, dead.peakBatches), bytes: Math.max(this.#peakBase.bytes, dead.peakBytes) };
         this.#thread = this.#spawn();
       }, delayMs);
     });
@@ -395,6 +423,8 @@ export class KvIngestWorker {
         } catch (err) {
           this.#log.child({ workerId: m.ref.workerId, rank: m.ref.rank }).error({ err, seq: m.seq }, "onBatch handler threw");
         }
+        // Its room in the window goes back to the thread (reports of a dead thread are all handled before the next starts).
+        this.#thread.window.applied(m.bytes);
         break;
       }
       case "reset":

@@ -33,6 +33,10 @@ export interface KvIngestOptions {
   readonly replayTimeoutMs?: number;
   /** Ranks open at once, at most (fd-budget.ts). Default: derived from the process's fd limit; null: none. */
   readonly maxRanks?: number | null;
+  /** Whether a message's batch of `ref` may be handed on now (the ingest thread's hand-over window; kv-event-listener.ts). */
+  readonly admit?: (ref: KvRankRef) => boolean;
+  /** With admit: resolves once a replay that filled the window may go on (kv-event-listener.ts). */
+  readonly room?: () => Promise<boolean>;
   /** Batches read straight into the prepared form where they can be (the ingest thread's; kv-event-listener.ts). */
   readonly fastPath?: KvFastPath<(ref: KvRankRef, batch: PreparedKvBatch, seq: bigint, replayed: boolean, digest: bigint | null) => void>;
 }
@@ -212,7 +216,7 @@ export class KvIngest {
   }
 
   #create(ref: KvRankRef, r: KvRankEndpoints): KvEventListener {
-    const { onBatch, logger, replayTimeoutMs, fastPath } = this.#options;
+    const { onBatch, logger, replayTimeoutMs, fastPath, admit, room } = this.#options;
     return new KvEventListener({
       endpoint: r.endpoint,
       replayEndpoint: r.replayEndpoint ?? null,
@@ -225,6 +229,8 @@ export class KvIngest {
       },
       ...(logger === undefined ? {} : { logger: logger.child({ workerId: ref.workerId, rank: ref.rank }) }),
       ...(replayTimeoutMs === undefined ? {} : { replayTimeoutMs }),
+      ...(admit === undefined ? {} : { admit: () => admit(ref) }),
+      ...(room === undefined ? {} : { room }),
       ...(fastPath === undefined
         ? {}
         : {

@@ -3,12 +3,12 @@ import { badRequest } from "../../core/index.js";
 import type { SelectionService } from "../../core/index.js";
 import type { MeshControl } from "../mesh-control.js";
 import type { HttpMetrics } from "../metrics.js";
-import { readiness } from "../readiness.js";
+import { readiness, type KvIngestHealth } from "../readiness.js";
 import { OK, queryParam, reply, type Route } from "../route.js";
 import { parseWorkerIdParam } from "../schemas.js";
 import type { StatusPage } from "../ui/ui-routes.js";
 
-export function opsRoutes(svc: SelectionService, mesh: MeshControl | undefined, metrics: HttpMetrics, page: StatusPage): Route[] {
+export function opsRoutes(svc: SelectionService, mesh: MeshControl | undefined, metrics: HttpMetrics, page: StatusPage, kvIngest?: KvIngestHealth): Route[] {
   return [
     { method: "GET", pattern: "/health", body: "none", handle: () => reply(200, OK) },
     {
@@ -18,7 +18,7 @@ export function opsRoutes(svc: SelectionService, mesh: MeshControl | undefined, 
       handle: (c) => {
         const workers = queryParam(c.query, "workers");
         if (workers !== undefined && workers !== "all") throw badRequest(`workers must be "all" when given, got ${JSON.stringify(workers)}`, "workers");
-        const r = readiness(svc, mesh, workers === "all");
+        const r = readiness(svc, mesh, workers === "all", kvIngest);
         return reply(r.ready ? 200 : 503, r);
       },
     },

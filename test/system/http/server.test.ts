@@ -795,7 +795,7 @@ describe("HTTP API: bad input", () => {
 describe("HTTP API: metrics and lifecycle", () => {
   it("exposes request, selection and ingest counters in Prometheus text", async () => {
     const ingestStats = () => [
-      { workerId: "1", rank: 0, endpoint: "tcp://w1", stats: { received: 5, applied: 4, replayed: 1, malformed: 1, stale: 0, implausible: 3, lost: 2, resets: 1, oversized: 0, eventsShed: 0, resetsDamped: 0, lastSeq: 9n } },
+      { workerId: "1", rank: 0, endpoint: "tcp://w1", stats: { received: 5, applied: 4, replayed: 1, malformed: 1, stale: 0, implausible: 3, lost: 2, resets: 1, oversized: 0, eventsShed: 0, resetsDamped: 0, shed: 0, lastSeq: 9n } },
     ];
     const t = await serveWithWorkers({ ingestStats });
     await t.call("POST", "/select", { token_ids: tokens(2) });

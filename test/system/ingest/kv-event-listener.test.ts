@@ -60,7 +60,7 @@ describe("KvEventListener", () => {
     expect(got.map((r) => r.seq)).toEqual([0n, 1n, 2n, 3n]);
     expect(got.map(firstHash)).toEqual(hashes);
     expect(got.every((r) => !r.replayed)).toBe(true);
-    expect(listener.stats).toEqual({ received: 4, applied: 4, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0, oversized: 0, eventsShed: 0, resetsDamped: 0, lastSeq: 3n });
+    expect(listener.stats).toEqual({ received: 4, applied: 4, replayed: 0, malformed: 0, stale: 0, implausible: 0, lost: 0, resets: 0, oversized: 0, eventsShed: 0, resetsDamped: 0, shed: 0, lastSeq: 3n });
   });
 
   it.each([3, 4] as const)("repairs a gap through replay (%s-frame replies) before applying the live message", async (replayFrames) => {
@@ -119,6 +119,107 @@ describe("KvEventListener", () => {
     await waitFor(() => got.length === 2);
     expect(got.map((r) => r.seq)).toEqual([0n, 3n]);
     expect(listener.stats).toMatchObject({ applied: 2, replayed: 0, lost: 2, lastSeq: 3n });
+  });
+
+  describe("with a hand-over window (admit)", () => {
+    it("sheds live messages while the window is closed, counted, and replays them on the next message once it opens", async () => {
+      let open = true;
+      const { pub, listener, got } = await setup({}, { admit: () => open });
+      await pub.publish(stored(0n));
+      await waitFor(() => got.length === 1);
+      open = false;
+      for (let i = 1n; i <= 3n; i++) await pub.publish(stored(i));
+      await waitFor(() => listener.stats.shed === 3, 5_000, () => `3 shed, got ${listener.stats.shed}`);
+      // Shed, not consumed: the cursor is where the index is.
+      expect(listener.stats.lastSeq).toBe(0n);
+      expect(got).toHaveLength(1);
+      open = true;
+      await pub.publish(stored(4n));
+      await waitFor(() => listener.stats.lastSeq === 4n, 5_000, () => `seq 4, got ${got.map((r) => r.seq).join(",")}`);
+      expect(got.map((r) => [r.seq, r.replayed, firstHash(r)])).toEqual([
+        [0n, false, 0n],
+        [1n, true, 1n],
+        [2n, true, 2n],
+        [3n, true, 3n],
+        [4n, false, 4n],
+      ]);
+      expect(pub.replayRequests).toEqual([1n]);
+      expect(listener.stats).toMatchObject({ received: 5, applied: 5, replayed: 3, shed: 3, lost: 0 });
+    });
+
+    it("stops a replay where the window closes and takes the rest of the gap up on a later message, nothing lost or applied twice", async () => {
+      let room = Infinity;
+      const { pub, listener, got } = await setup({}, { admit: () => room > 0, onBatch: (batch, seq, replayed) => { room--; got.push({ seq, replayed, batch }); } });
+      await pub.publish(stored(0n));
+      await waitFor(() => got.length === 1);
+      for (let i = 1n; i <= 5n; i++) await pub.publish(stored(i), { deliver: false });
+      // Room for two: the replay of 1-5 applies 1 and 2, then seq 6 is shed with the gap still open.
+      room = 2;
+      await pub.publish(stored(6n));
+      await waitFor(() => listener.stats.shed === 1, 5_000, () => `seq 6 shed, got ${got.map((r) => r.seq).join(",")}`);
+      expect(got.map((r) => r.seq)).toEqual([0n, 1n, 2n]);
+      expect(listener.stats.lost).toBe(0);
+      room = Infinity;
+      await pub.publish(stored(7n));
+      await waitFor(() => listener.stats.lastSeq === 7n, 5_000, () => `seq 7, got ${got.map((r) => r.seq).join(",")}`);
+      expect(got.map((r) => r.seq)).toEqual([0n, 1n, 2n, 3n, 4n, 5n, 6n, 7n]);
+      expect(pub.replayRequests).toEqual([1n, 3n]);
+      expect(listener.stats).toMatchObject({ applied: 8, replayed: 6, shed: 1, lost: 0 });
+    });
+
+    it("with room to wait on, replays a gap whole before its live message, asking again for the rest each time the window drains", async () => {
+      let room = Infinity;
+      const waits: number[] = [];
+      const { pub, listener, got } = await setup(
+        {},
+        {
+          admit: () => room > 0,
+          room: () => {
+            waits.push(got.length);
+            room = 2;
+            return Promise.resolve(true);
+          },
+          onBatch: (batch, seq, replayed) => {
+            room--;
+            got.push({ seq, replayed, batch });
+          },
+        },
+      );
+      await pub.publish(stored(0n));
+      await waitFor(() => got.length === 1);
+      for (let i = 1n; i <= 5n; i++) await pub.publish(stored(i), { deliver: false });
+      room = 2;
+      await pub.publish(stored(6n));
+      await waitFor(() => listener.stats.lastSeq === 6n, 5_000, () => `seq 6, got ${got.map((r) => r.seq).join(",")}`);
+      expect(got.map((r) => [r.seq, r.replayed])).toEqual([
+        [0n, false],
+        [1n, true],
+        [2n, true],
+        [3n, true],
+        [4n, true],
+        [5n, true],
+        [6n, false],
+      ]);
+      expect(pub.replayRequests).toEqual([1n, 3n, 5n]);
+      expect(waits).toEqual([3, 5]);
+      expect(listener.stats).toMatchObject({ applied: 7, replayed: 5, shed: 0, lost: 0 });
+    });
+
+    it("counts the shed gap lost when there is no replay endpoint", async () => {
+      let open = true;
+      const { pub, listener, got } = await setup({ replay: "none" }, { useReplay: false, admit: () => open });
+      await pub.publish(stored(0n));
+      await waitFor(() => got.length === 1);
+      open = false;
+      await pub.publish(stored(1n));
+      await pub.publish(stored(2n));
+      await waitFor(() => listener.stats.shed === 2);
+      open = true;
+      await pub.publish(stored(3n));
+      await waitFor(() => listener.stats.lastSeq === 3n);
+      expect(got.map((r) => r.seq)).toEqual([0n, 3n]);
+      expect(listener.stats).toMatchObject({ applied: 2, shed: 2, lost: 2 });
+    });
   });
 
   it("counts the loss and continues when a replay times out", async () => {
