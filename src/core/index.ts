@@ -21,6 +21,8 @@ export { MAX_HASHES_PER_BOOKING, MAX_WORKER_FIELD_ENTRIES } from "./limits.js";
 export { LoadLedger } from "./load-ledger.js";
 export { DEFAULT_PENDING_MAX_BYTES, DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "./pending-selections.js";
 export { withRankLookup } from "./prefix-index.js";
+export { PrefixTreeBuilder, prefixTreeBuffers } from "./prefix-tree-builder.js";
+export type { PrefixTreeImage } from "./prefix-tree-builder.js";
 export type { MatchResult, PrefixIndex } from "./prefix-index.js";
 export { mathRandom, seededRandom } from "./random.js";
 export type { Random } from "./random.js";
