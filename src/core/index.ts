@@ -13,6 +13,7 @@ export { hashCount, hashListFromBigInts, hashListToBigInts, hashListToSignedBigI
 export type { HashList } from "./hash64.js";
 export { computeBlockHashes, computePromptHashes, computeSequenceHashes, saltSeed, XXH3_SEED } from "./hashing.js";
 export { IndexJoinJournal } from "./index-join-journal.js";
+export type { JoinPlan } from "./index-join-journal.js";
 export { decodeIndexChunk, DEFAULT_INDEX_CHUNK_BYTES, indexChunkSteps } from "./index-snapshot.js";
 export type { IndexRankSnapshot, IndexSnapshotSource, KvStreamPosition } from "./index-snapshot.js";
 export { storedContentHashes } from "./kv-events.js";
@@ -23,6 +24,8 @@ export { DEFAULT_PENDING_MAX_BYTES, DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING
 export { withRankLookup } from "./prefix-index.js";
 export { PrefixTreeBuilder, prefixTreeBuffers } from "./prefix-tree-builder.js";
 export type { PrefixTreeImage } from "./prefix-tree-builder.js";
+export { IndexTreeMerger } from "./index-tree-merge.js";
+export type { IndexPartitionTree, IndexRankTarget, MergedRank } from "./index-tree-merge.js";
 export type { MatchResult, PrefixIndex } from "./prefix-index.js";
 export { mathRandom, seededRandom } from "./random.js";
 export type { Random } from "./random.js";

@@ -108,14 +108,15 @@ export class PrefixTreeBuilder {
    * Adds rank `rank`'s blocks (a peer's export, checked by decodeIndexChunk; with or without its
    * lookup built ahead by withRankLookup), at most `maxRankPairs` of them (the rest counted in
    * shedPairs). A rank added twice is refused (badRequest): a chunk names each rank once.
+   * Returns the pairs the rank holds in the tree.
    */
-  add(rank: number, e: RankEntries, maxRankPairs = Infinity): void {
+  add(rank: number, e: RankEntries, maxRankPairs = Infinity): number {
     if (this.#built) throw new Error("Assertion: PrefixTreeBuilder.add after build()");
     if (this.#seen.has(rank)) throw badRequest(`rank ${rank} is in the index snapshot twice`, "rank");
     this.#seen.add(rank);
     const nodes = e.nodeParent.length;
     const n = e.entryNode.length;
-    if (n === 0) return;
+    if (n === 0) return 0;
     const ahead = e.lookup !== undefined && e.lookup.size === n && n <= maxRankPairs ? e.lookup : null;
     const table = ahead === null ? new U64Table(Math.ceil(Math.min(n, maxRankPairs) / TABLE_LOAD) + 1) : null;
     if (this.#mine.length < nodes) {
@@ -171,8 +172,8 @@ export class PrefixTreeBuilder {
       t.remapValues(mine);
       lookup = t.handOver();
     } else lookup = (table as U64Table).handOver();
-    if (lookup.size === 0) return;
-    this.#ranks.push({ rank, lookup, devNodes: devNodes.subarray(0, devCount) });
+    if (lookup.size > 0) this.#ranks.push({ rank, lookup, devNodes: devNodes.subarray(0, devCount) });
+    return lookup.size;
   }
 
   /** The tree as PrefixIndex adopts it. The builder is spent afterwards. */
