@@ -147,8 +147,7 @@ export class PrefixTreeBuilder {
           if (kept >= maxRankPairs) break;
           const bh = e.entryHashes[2 * ei] as number;
           const bl = e.entryHashes[2 * ei + 1] as number;
-          if (table.get(t, bh, bl) >= 0) continue;
-          table.set(t, bh, bl, node);
+          if (table.setIfAbsent(t, bh, bl, node) >= 0) continue;
         }
         kept++;
         this.#holders[node] = (this.#holders[node] as number) + 1;
@@ -199,7 +198,10 @@ export class PrefixTreeBuilder {
     const cap = this.#cap;
     const devSize = new Int32Array(cap);
     const ranks = [...this.#ranks].sort((a, b) => a.rank - b.rank);
-    for (const r of ranks) for (const node of r.devNodes) devSize[node] = (devSize[node] as number) + 1;
+    for (const r of ranks) {
+      const nodes = r.devNodes;
+      for (let j = 0; j < nodes.length; j++) devSize[nodes[j] as number] = (devSize[nodes[j] as number] as number) + 1;
+    }
     const devStart = new Int32Array(cap);
     let members = 0;
     for (let id = 1; id < this.#next; id++) {
@@ -212,7 +214,9 @@ export class PrefixTreeBuilder {
     const devInline = new Int32Array(cap);
     const filled = new Int32Array(cap);
     for (const r of ranks) {
-      for (const node of r.devNodes) {
+      const nodes = r.devNodes;
+      for (let j = 0; j < nodes.length; j++) {
+        const node = nodes[j] as number;
         if (devSize[node] === 1) devInline[node] = r.rank;
         else {
           const f = filled[node] as number;
