@@ -377,13 +377,16 @@ export class Fleet {
 
   /** The prefix index as a peer exports it, rank by rank (index-snapshot.ts). */
   readonly indexSnapshotSource: IndexSnapshotSource = {
-    rankKeys: (): IndexRankKey[] => {
+    rankKeys: (after?: string | null): IndexRankKey[] => {
       const out: IndexRankKey[] = [];
       for (const p of this.#partitions.values()) {
         for (const [workerId, m] of p.members) {
           for (const rank of m.ranks) {
             const dpRank = p.ranks.dpRankOf(rank);
-            if (p.index.rankSize(rank) > 0) out.push({ key: rankCursorKey(p.key, workerId, dpRank), workerId, dpRank });
+            if (p.index.rankSize(rank) === 0) continue;
+            const key = rankCursorKey(p.key, workerId, dpRank);
+            // The ranks a joiner has already pulled are not sorted again for each of its requests.
+            if (after === undefined || after === null || key > after) out.push({ key, workerId, dpRank });
           }
         }
       }
