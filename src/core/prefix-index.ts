@@ -1004,7 +1004,14 @@ export class PrefixIndex {
     this.#devSize = img.devSize;
     this.#devInline = img.devInline;
     // A set of 2+ is a view into the image's one array, full: the next add grows it into its own.
-    const devArr = new Array<Int32Array | undefined>(cap).fill(undefined);
+    // Filled by push, as #growNodes does: `new Array(n)` past ~100 K elements makes a dictionary-
+    // mode array in V8, slow on every later read of a node's set.
+    const devArr: (Int32Array | undefined)[] = [];
+    const auxSets: (NodeAux | undefined)[] = [];
+    for (let i = 0; i < cap; i++) {
+      devArr.push(undefined);
+      auxSets.push(undefined);
+    }
     let devArrBytes = 0;
     const members = img.devMembers;
     for (let id = 1; id < img.nextNode; id++) {
@@ -1017,16 +1024,18 @@ export class PrefixIndex {
     }
     this.#devArr = devArr;
     this.#devArrBytes = devArrBytes;
-    this.#aux = new Array<NodeAux | undefined>(cap).fill(undefined);
+    this.#aux = auxSets;
     this.#auxCount = 0;
-    this.#children = U64Table.adopt(img.children.slots, img.children.size);
+    // The tables were built by U64Table on the decoding thread (PrefixTreeBuilder), never read
+    // from the wire: adopted without counting their slots.
+    this.#children = U64Table.adopt(img.children.slots, img.children.size, false);
     let maxRank = -1;
     for (const r of img.ranks) maxRank = Math.max(maxRank, r);
     if (maxRank >= 0) checkRank(maxRank);
     if (maxRank >= this.#rankCap) this.#growRanks(maxRank + 1);
     img.ranks.forEach((r, i) => {
       const l = img.lookups[i] as { slots: Int32Array; size: number };
-      this.#lookups[r] = U64Table.adopt(l.slots, l.size);
+      this.#lookups[r] = U64Table.adopt(l.slots, l.size, false);
     });
     const aux = img.aux;
     for (let i = 0; i + 2 < aux.length; i += 3) {
