@@ -2,6 +2,8 @@ import { describe, expect, it } from "vitest";
 
 import { PrefixIndex, STORAGE_TIERS, withRankLookup, type RankEntries, type StorageTier } from "../../../src/core/prefix-index.js";
 import { PrefixTreeBuilder } from "../../../src/core/prefix-tree-builder.js";
+import { IndexTreeMerger, type IndexPartitionTree, type IndexRankTarget } from "../../../src/core/index-tree-merge.js";
+import type { IndexRankSnapshot } from "../../../src/core/index-snapshot.js";
 import { hashListFromBigInts } from "../../../src/core/hash64.js";
 import { isKvmeshError } from "../../../src/core/errors.js";
 import { seededRandom } from "../../../src/core/random.js";
@@ -174,5 +176,40 @@ describe("PrefixTreeBuilder + PrefixIndex.adoptTree (the warm join's whole-tree 
     const before = observe(idx, 2, 1);
     idx.adoptTree(new PrefixTreeBuilder().build());
     expect(observe(idx, 2, 1)).toEqual(before);
+  });
+});
+
+describe("IndexTreeMerger (the decoding thread's side of the whole-tree install)", () => {
+  const snapshot = (workerId: bigint, blockSize: number, entries: RankEntries): IndexRankSnapshot => ({ modelName: "m", routingGroup: "g", blockSize, workerId, dpRank: 0, position: { seq: 3n, digest: null }, entries });
+  const target = (workerId: bigint, rank: number, bound = Infinity): IndexRankTarget => ({ modelName: "m", routingGroup: "g", blockSize: 16, workerId, dpRank: 0, rank, bound });
+
+  it("merges the ranks it has a target for (at their rank key and bound), hands the others back whole, and builds one tree per partition", () => {
+    const src = new PrefixIndex();
+    store(src, 0, "device", [1, 2, 3]);
+    store(src, 1, "device", [1, 2, 4, 5]);
+    const m = new IndexTreeMerger([target(1n, 7), target(2n, 3, 2)]);
+    const { merged, rest } = m.take([snapshot(1n, 16, src.exportRankEntries(0)), snapshot(2n, 16, src.exportRankEntries(1)), snapshot(3n, 16, src.exportRankEntries(1)), snapshot(1n, 32, src.exportRankEntries(0))]);
+    expect(merged.map((x) => [x.workerId, x.rank, x.blocks, x.position?.seq])).toEqual([
+      [1n, 7, 3, 3n],
+      [2n, 3, 2, 3n],
+    ]);
+    // No target (worker 3) or another block size: installed rank by rank instead.
+    expect(rest.map((x) => [x.workerId, x.blockSize])).toEqual([
+      [3n, 16],
+      [1n, 32],
+    ]);
+    const trees = m.build();
+    expect(trees.map((t) => [t.modelName, t.routingGroup])).toEqual([["m", "g"]]);
+    const idx = new PrefixIndex();
+    idx.adoptTree((trees[0] as IndexPartitionTree).image);
+    expect(match(idx, [1, 2, 4, 5])).toEqual({ 3: [2, 0, 0], 7: [2, 0, 0] });
+    expect(idx.shedPairs).toBe(2);
+  });
+
+  it("refuses a snapshot naming a rank twice (the pull fails and the joiner tries another peer)", () => {
+    const src = new PrefixIndex();
+    store(src, 0, "device", [1, 2]);
+    const m = new IndexTreeMerger([target(1n, 0)]);
+    expect(() => m.take([snapshot(1n, 16, src.exportRankEntries(0)), snapshot(1n, 16, src.exportRankEntries(0))])).toThrow(/twice/);
   });
 });
