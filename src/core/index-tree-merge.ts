@@ -10,7 +10,8 @@
  * whole, to be installed rank by rank as before. Pure: no I/O, no thread of its own.
  */
 import type { IndexRankSnapshot, KvStreamPosition } from "./index-snapshot.js";
-import { PrefixTreeBuilder, type PrefixTreeImage } from "./prefix-tree-builder.js";
+import { PrefixTreeBuilder } from "./prefix-tree-builder.js";
+import type { PrefixTreeImage } from "./prefix-tree-image.js";
 import type { WorkerId } from "./types.js";
 
 /** A rank of this replica the thread may merge: where it lives here and how many pairs it may hold. */

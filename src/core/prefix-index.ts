@@ -26,7 +26,7 @@
  */
 import { DEFAULT_MAX_DETACHED_BLOCKS, DetachedChains, type DetachedChainStats } from "./detached-chains.js";
 import { MAX_RANK_KEYS } from "./rank-registry.js";
-import type { PrefixTreeImage } from "./prefix-tree-builder.js";
+import type { PrefixTreeImage } from "./prefix-tree-image.js";
 import { U64Table } from "./u64-table.js";
 import { bigIntHi, bigIntLo, hashCount, pairToBigInt, toU64, type HashList } from "./hash64.js";
 
