@@ -10,9 +10,11 @@
  *    with its KV stream position taken in the same synchronous step, as flat typed arrays
  *    (PrefixIndex.exportRankEntries), in slices of its event loop of EXPORT_SLICE_MS, so its
  *    /select keeps its latency while a joiner pulls;
- *  - decoded off the main thread: each chunk goes to a worker thread (index-sync-thread.ts),
- *    which hands back typed arrays (transferred, not copied); only the install runs on the main
- *    thread, one chunk per turn of the event loop.
+ *  - decoded off the main thread: each chunk goes to a worker thread (index-sync-thread.ts).
+ *    Given this replica's ranks (IndexTreeSink.targets), the thread merges them into whole
+ *    partition trees, handed over at the end for the main thread to adopt in one step per
+ *    partition; other ranks come back at once as typed arrays (transferred, not copied) and
+ *    are installed rank by rank on the main thread, one chunk per turn of the event loop.
  *
  * Wire (raw, beside the control channel's msgpack: a msgpack map never starts with "K"):
  *   request: "KVIQ" u32 LE, version u8, from u64 LE, publish endpoint (u16 + utf8),
@@ -25,7 +27,7 @@ import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
 import { Worker } from "node:worker_threads";
 
-import { DEFAULT_INDEX_CHUNK_BYTES, indexChunkSteps, systemClock, systemTimers, type IndexRankSnapshot, type IndexSnapshotSource, type KvStreamPosition } from "../src/core/index.js";
+import { DEFAULT_INDEX_CHUNK_BYTES, indexChunkSteps, systemClock, systemTimers, type IndexPartitionTree, type IndexRankSnapshot, type IndexRankTarget, type IndexSnapshotSource, type KvStreamPosition, type MergedRank } from "../src/core/index.js";
 import type { Clock, Timers, WorkerId } from "../src/core/index.js";
 import type { ControlLink } from "./control.js";
 import { MeshOptionError, MeshRemoteError, MeshWireError } from "./errors.js";
@@ -35,8 +37,15 @@ export const INDEX_SYNC_REQUEST_MAGIC = 0x5149564b;
 const INDEX_SYNC_VERSION = 1;
 const OK = 0;
 const ERR = 1;
-/** The export yields its event loop once a slice has run this long, ms (a few ranks of 4,096 blocks). */
-const EXPORT_SLICE_MS = 2;
+/**
+ * The export yields its event loop once a slice has run this long, ms (a few ranks of 4,096
+ * blocks). Between two slices a peer serves its waiting requests, so the slice sets the pull's
+ * pace: with the joiner's install off its main thread (whole trees built on its decoding
+ * thread), the peer's export was the join's critical path. bench:warm-join, same code, load
+ * 1.3-3.4: 2 ms -> /ready 6.74 s (peer /select p99 3.98x its baseline), 4 ms -> 4.34 s (2.81x),
+ * 8 ms -> 4.20-4.71 s (4.2-5.1x); the p99 moves more with the host's load than with the slice.
+ */
+const EXPORT_SLICE_MS = 4;
 /** Bound on a cursor or endpoint in a request, bytes. */
 const MAX_REQUEST_STRING_BYTES = 4096;
 
@@ -223,11 +232,21 @@ export interface IndexSyncResult {
    * replies (its export and the transfer, beyond what overlapped the install), waiting for the
    * decoding thread, installing. For the join's log line: which one to cut.
    */
-  readonly phasesMs: { readonly wait: number; readonly decode: number; readonly install: number };
+  readonly phasesMs: { readonly wait: number; readonly decode: number; readonly install: number; readonly build: number; readonly adopt: number };
 }
 
 /** Installs one decoded chunk (the ranks in it); may be async (a replay of a gap). */
 export type IndexChunkInstaller = (ranks: IndexRankSnapshot[]) => Promise<void> | void;
+
+/** The whole-tree install: which ranks the decoding thread merges, and what becomes of them. */
+export interface IndexTreeSink {
+  /** This replica's ranks when the pull starts (SelectionService.indexRankTargets). */
+  readonly targets: readonly IndexRankTarget[];
+  /** Each chunk's ranks merged on the thread, in order: their blocks come with the trees. */
+  merged(ranks: MergedRank[]): void;
+  /** The partitions' trees once every chunk is in; may be async (a replay of a gap). */
+  adopt(trees: IndexPartitionTree[]): Promise<void> | void;
+}
 
 export class IndexSyncClient {
   readonly #o: IndexSyncClientOptions;
@@ -257,10 +276,13 @@ export class IndexSyncClient {
   /**
    * Pulls the whole index from `controlEndpoint`, chunk by chunk, each decoded on a worker thread
    * and then installed while the peer encodes the next (one request ahead, no more). Rejects on the first failed request (the caller tries another peer).
+   * With `trees`, the ranks it names are merged into partition trees on the thread instead and
+   * handed to `trees.adopt` once the last chunk is in (nothing of them is installed before).
    */
-  async pull(controlEndpoint: string, install: IndexChunkInstaller): Promise<IndexSyncResult> {
+  async pull(controlEndpoint: string, install: IndexChunkInstaller, trees?: IndexTreeSink): Promise<IndexSyncResult> {
     const decoder = this.#decoder ?? new ChunkDecoder();
     this.#decoder = null;
+    if (trees !== undefined) decoder.target(trees.targets);
     const clock = this.#o.clock ?? systemClock;
     let chunks = 0;
     let ranks = 0;
@@ -268,10 +290,12 @@ export class IndexSyncClient {
     let wait = 0;
     let decode = 0;
     let installMs = 0;
+    let build = 0;
+    let adopt = 0;
     // Each reply goes to the decoding thread as soon as it arrives, so the thread decodes chunk
     // i + 1 while this thread installs chunk i (one request ahead, no more: at most one chunk
     // in flight, one decoding and one installing).
-    const ask = (cursor: string | null): Promise<{ next: string | null; ranks: Promise<IndexRankSnapshot[]> }> =>
+    const ask = (cursor: string | null): Promise<{ next: string | null; ranks: Promise<DecodedChunk> }> =>
       this.#o.link
         .request(controlEndpoint, encodeIndexSyncRequest({ from: this.#o.from, publishEndpoint: this.#o.advertise, cursor }), this.#o.timeoutMs ?? DEFAULT_INDEX_CHUNK_TIMEOUT_MS)
         .then((raw) => {
@@ -296,17 +320,26 @@ export class IndexSyncClient {
         t = clock.now();
         const got = await reply.ranks;
         decode += clock.now() - t;
-        ranks += got.length;
+        ranks += got.ranks.length + got.merged.length;
+        if (got.merged.length > 0) trees?.merged(got.merged);
         t = clock.now();
-        await install(got);
+        await install(got.ranks);
         installMs += clock.now() - t;
         if (reply.next === null) break;
+      }
+      if (trees !== undefined) {
+        let t = clock.now();
+        const built = await decoder.finish();
+        build = clock.now() - t;
+        t = clock.now();
+        await trees.adopt(built);
+        adopt = clock.now() - t;
       }
     } finally {
       await decoder.close();
     }
     const ms = (x: number): number => Math.round(x);
-    return { peer: controlEndpoint, chunks, ranks, bytes, phasesMs: { wait: ms(wait), decode: ms(decode), install: ms(installMs) } };
+    return { peer: controlEndpoint, chunks, ranks, bytes, phasesMs: { wait: ms(wait), decode: ms(decode), install: ms(installMs), build: ms(build), adopt: ms(adopt) } };
   }
 }
 
@@ -324,27 +357,56 @@ function spawnThread(file: URL): Worker {
   return new Worker(`import(${JSON.stringify(tsx)}).then((api) => api.tsImport(${JSON.stringify(file.href)}, ${JSON.stringify(import.meta.url)}))`, { eval: true });
 }
 
+export type ThreadRequest = { readonly t: "targets"; readonly targets: readonly IndexRankTarget[] } | { readonly t: "chunk"; readonly id: number; readonly chunk: Uint8Array } | { readonly t: "finish"; readonly id: number };
+
 export interface ThreadReply {
   readonly id: number;
+  /** A chunk's ranks to install one by one. */
   readonly ranks?: IndexRankSnapshot[];
+  /** A chunk's ranks merged into the trees. */
+  readonly merged?: MergedRank[];
+  /** The trees ("finish"). */
+  readonly trees?: IndexPartitionTree[];
   readonly error?: string;
+}
+
+interface DecodedChunk {
+  readonly ranks: IndexRankSnapshot[];
+  readonly merged: MergedRank[];
 }
 
 /** One worker thread for the duration of a pull; chunks go in transferred, ranks come back transferred. */
 class ChunkDecoder {
   #worker: Worker | null = null;
   #nextId = 1;
-  readonly #waiting = new Map<number, { resolve: (r: IndexRankSnapshot[]) => void; reject: (e: Error) => void }>();
+  readonly #waiting = new Map<number, { resolve: (r: ThreadReply) => void; reject: (e: Error) => void }>();
 
-  decode(chunk: Buffer): Promise<IndexRankSnapshot[]> {
-    const w = this.#start();
-    const id = this.#nextId++;
+  /** The ranks the thread merges into trees from the next chunk on. */
+  target(targets: readonly IndexRankTarget[]): void {
+    const m: ThreadRequest = { t: "targets", targets };
+    this.#start().postMessage(m);
+  }
+
+  async decode(chunk: Buffer): Promise<DecodedChunk> {
     // A copy the thread owns (the reply buffer may be a view into a pooled one).
     const copy = new Uint8Array(chunk.length);
     copy.set(chunk);
+    const r = await this.#ask({ t: "chunk", id: this.#nextId++, chunk: copy }, [copy.buffer]);
+    if (r.ranks === undefined) throw new MeshWireError("index_chunk", "no ranks");
+    return { ranks: r.ranks, merged: r.merged ?? [] };
+  }
+
+  /** The trees merged so far (all of them: called after the last chunk). */
+  async finish(): Promise<IndexPartitionTree[]> {
+    const r = await this.#ask({ t: "finish", id: this.#nextId++ }, []);
+    return r.trees ?? [];
+  }
+
+  #ask(m: ThreadRequest & { readonly id: number }, transfer: ArrayBuffer[]): Promise<ThreadReply> {
+    const w = this.#start();
     return new Promise((resolve, reject) => {
-      this.#waiting.set(id, { resolve, reject });
-      w.postMessage({ id, chunk: copy }, [copy.buffer]);
+      this.#waiting.set(m.id, { resolve, reject });
+      w.postMessage(m, transfer);
     });
   }
 
@@ -366,8 +428,8 @@ class ChunkDecoder {
       const p = this.#waiting.get(m.id);
       if (p === undefined) return;
       this.#waiting.delete(m.id);
-      if (m.error !== undefined || m.ranks === undefined) p.reject(new MeshWireError("index_chunk", m.error ?? "no ranks"));
-      else p.resolve(m.ranks);
+      if (m.error !== undefined) p.reject(new MeshWireError("index_chunk", m.error));
+      else p.resolve(m);
     });
     const fail = (err: Error): void => {
       for (const p of this.#waiting.values()) p.reject(err);

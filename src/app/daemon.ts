@@ -299,7 +299,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
             .listPeers()
             .sort((a, b) => Number(b.sync === "live") - Number(a.sync === "live"))
             .map((p) => controlEndpointFor(p.endpoint)),
-        pull: (endpoint, install) => client.pull(endpoint, install),
+        pull: (endpoint, install, trees) => client.pull(endpoint, install, trees),
       });
     } catch (err) {
       await tracer?.shutdown();

@@ -20,7 +20,8 @@ import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 
 import { IndexJoinJournal } from "../core/index.js";
-import type { IndexRankSnapshot, KvStreamPosition } from "../core/index.js";
+import type { JoinPlan } from "../core/index.js";
+import type { IndexPartitionTree, IndexRankSnapshot, IndexRankTarget, KvStreamPosition, MergedRank } from "../core/index.js";
 import type { KvApplyResult, KvEventBatch } from "../core/index.js";
 import type { SelectionService } from "../core/index.js";
 import type { Clock, Timers } from "../core/index.js";
@@ -69,7 +70,15 @@ export interface WarmJoinMesh {
   startupSyncPending(): string[] | null;
   /** Peers' control endpoints, the likeliest to answer first. */
   peerControlEndpoints(): string[];
-  pull(controlEndpoint: string, install: (ranks: IndexRankSnapshot[]) => Promise<void>): Promise<{ chunks: number; ranks: number; bytes: number; phasesMs?: Record<string, number> }>;
+  /**
+   * Pulls a peer's index: ranks `trees.targets` names are merged into partition trees on the
+   * decoding thread and adopted at the end (`trees.adopt`); the others are installed chunk by chunk.
+   */
+  pull(
+    controlEndpoint: string,
+    install: (ranks: IndexRankSnapshot[]) => Promise<void>,
+    trees: { readonly targets: readonly IndexRankTarget[]; merged(ranks: MergedRank[]): void; adopt(trees: IndexPartitionTree[]): Promise<void> },
+  ): Promise<{ chunks: number; ranks: number; bytes: number; phasesMs?: Record<string, number> }>;
 }
 
 export interface WarmJoinOptions {
@@ -182,7 +191,13 @@ export class WarmJoin {
     if (this.#state === "waiting_mesh") this.#state = "syncing";
     for (const peer of peers) {
       try {
-        const r = await mesh.pull(peer, (ranks) => this.#install(ranks));
+        // Ranks merged on the thread for this pull: nothing of them is installed until the trees come.
+        const merged: MergedRank[] = [];
+        const r = await mesh.pull(peer, (ranks) => this.#install(ranks), {
+          targets: this.#o.service.indexRankTargets(),
+          merged: (ranks) => merged.push(...ranks),
+          adopt: (trees) => this.#adopt(trees, merged),
+        });
         this.stats.chunks += r.chunks;
         this.stats.bytes += r.bytes;
         log.info(
@@ -219,22 +234,11 @@ export class WarmJoin {
       const workerId = s.workerId.toString();
       const key = keyOf(workerId, s.dpRank);
       if (!this.#journal.recording(key)) continue;
-      let plan = this.#journal.plan(key, s.position);
-      const replayed: { seq: bigint; batch: KvEventBatch }[] = [];
-      if (plan.kind === "install" && plan.gap !== null) {
-        const gap = plan.gap;
-        const ep = this.#o.ingest().replayEndpointOf(workerId, s.dpRank);
-        const got = ep === null ? [] : await replayRange(ep, gap.from, gap.to, this.#o.replayTimeoutMs);
-        replayed.push(...got);
-        this.stats.batchesReplayed += got.length;
-        this.stats.seqsUnrepaired += Number(gap.to - gap.from) - got.length;
-        // Batches arrived while the replay ran: plan again with them.
-        plan = this.#journal.plan(key, s.position);
-      }
+      const replayed = await this.#replayGap(key, s);
+      // Batches arrived while a replay ran: plan again with them.
+      const plan = this.#journal.plan(key, s.position);
       if (plan.kind === "stale") {
-        this.stats.ranksStale++;
-        this.#journal.finish(key);
-        this.#o.logger.debug({ worker_id: workerId, dp_rank: s.dpRank, reason: plan.reason }, "warm join: rank snapshot refused");
+        this.#refuseStale(key, s, plan.reason);
         continue;
       }
       const r = svc.importIndexRank(s);
@@ -243,23 +247,95 @@ export class WarmJoin {
         this.#journal.finish(key);
         continue;
       }
-      let last = s.position?.seq ?? -1n;
-      for (const e of replayed) {
-        svc.applyKvEvents(s.workerId, s.dpRank, e.batch);
-        last = e.seq;
-      }
-      for (const e of plan.apply) {
-        if (e.seq <= last) continue;
-        svc.applyKvEvents(s.workerId, s.dpRank, e.batch);
-        this.stats.batchesReapplied++;
-      }
-      if (plan.floor !== null) this.#floors.set(key, plan.floor);
-      this.#journal.finish(key);
-      this.stats.ranksInstalled++;
-      this.stats.blocksInstalled += r.installed;
+      this.#continueFrom(key, s, plan, replayed, r.installed);
     }
     // At least one turn of the event loop per chunk: /select runs between chunks.
     await this.#nextTurn();
+  }
+
+  /**
+   * The whole-tree install (the ranks merged on the decoding thread, `merged` in pull order):
+   * the gaps are replayed first (async), then each partition's tree is adopted in one
+   * synchronous step with its ranks' decisions and their journals applied on top, so no batch
+   * can arrive between a rank's snapshot and its re-applied batches. A rank refused (stale, or
+   * no longer that rank key here) keeps its own blocks.
+   */
+  async #adopt(trees: IndexPartitionTree[], merged: readonly MergedRank[]): Promise<void> {
+    const svc = this.#o.service;
+    const replayedOf = new Map<string, { seq: bigint; batch: KvEventBatch }[]>();
+    for (const m of merged) {
+      const key = keyOf(m.workerId.toString(), m.dpRank);
+      if (this.#journal.recording(key)) replayedOf.set(key, await this.#replayGap(key, m));
+    }
+    const byPartition = new Map<string, MergedRank[]>();
+    for (const m of merged) {
+      const pk = `${m.modelName}\u0000${m.routingGroup}`;
+      const list = byPartition.get(pk);
+      if (list === undefined) byPartition.set(pk, [m]);
+      else list.push(m);
+    }
+    for (const t of trees) {
+      await this.#nextTurn();
+      const accepted: { key: string; m: MergedRank; plan: Extract<JoinPlan, { kind: "install" }> }[] = [];
+      const ranks = byPartition.get(`${t.modelName}\u0000${t.routingGroup}`) ?? [];
+      for (const m of ranks) {
+        const key = keyOf(m.workerId.toString(), m.dpRank);
+        const replayed = replayedOf.get(key);
+        if (replayed === undefined) continue;
+        const plan = this.#journal.plan(key, m.position);
+        if (plan.kind === "stale") this.#refuseStale(key, m, plan.reason);
+        else if (!svc.mergedRankHolds(m)) {
+          this.stats.ranksUnknown++;
+          this.#journal.finish(key);
+        } else accepted.push({ key, m, plan });
+      }
+      const replaced = new Set(accepted.map((a) => a.m.rank));
+      if (!svc.adoptIndexTree(t, (rank) => !replaced.has(rank))) {
+        for (const a of accepted) {
+          this.stats.ranksUnknown++;
+          this.#journal.finish(a.key);
+        }
+        continue;
+      }
+      for (const a of accepted) this.#continueFrom(a.key, a.m, a.plan, replayedOf.get(a.key) ?? [], a.m.blocks);
+    }
+  }
+
+  /** A rank's snapshot was installed at its position: the batches past it on top, then the floor. */
+  #continueFrom(key: string, s: Pick<MergedRank, "workerId" | "dpRank" | "position">, plan: Extract<JoinPlan, { kind: "install" }>, replayed: readonly { seq: bigint; batch: KvEventBatch }[], installed: number): void {
+    const svc = this.#o.service;
+    let last = s.position?.seq ?? -1n;
+    for (const e of replayed) {
+      svc.applyKvEvents(s.workerId, s.dpRank, e.batch);
+      last = e.seq;
+    }
+    for (const e of plan.apply) {
+      if (e.seq <= last) continue;
+      svc.applyKvEvents(s.workerId, s.dpRank, e.batch);
+      this.stats.batchesReapplied++;
+    }
+    if (plan.floor !== null) this.#floors.set(key, plan.floor);
+    this.#journal.finish(key);
+    this.stats.ranksInstalled++;
+    this.stats.blocksInstalled += installed;
+  }
+
+  /** The seqs past the snapshot's position that the journal lacks, replayed from the engine (what it lacks too is counted). */
+  async #replayGap(key: string, s: Pick<MergedRank, "workerId" | "dpRank" | "position">): Promise<{ seq: bigint; batch: KvEventBatch }[]> {
+    const plan = this.#journal.plan(key, s.position);
+    if (plan.kind !== "install" || plan.gap === null) return [];
+    const gap = plan.gap;
+    const ep = this.#o.ingest().replayEndpointOf(s.workerId.toString(), s.dpRank);
+    const got = ep === null ? [] : await replayRange(ep, gap.from, gap.to, this.#o.replayTimeoutMs);
+    this.stats.batchesReplayed += got.length;
+    this.stats.seqsUnrepaired += Number(gap.to - gap.from) - got.length;
+    return got;
+  }
+
+  #refuseStale(key: string, s: Pick<MergedRank, "workerId" | "dpRank">, reason: string): void {
+    this.stats.ranksStale++;
+    this.#journal.finish(key);
+    this.#o.logger.debug({ worker_id: s.workerId.toString(), dp_rank: s.dpRank, reason }, "warm join: rank snapshot refused");
   }
 
   #nextTurn(): Promise<void> {

@@ -14,6 +14,7 @@ import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
 import { hashCount, hashListFromBigInts } from "./hash64.js";
 import { rankCursorKey, type IndexRankKey, type IndexRankSnapshot, type IndexSnapshotSource } from "./index-snapshot.js";
+import type { IndexPartitionTree, IndexRankTarget, MergedRank } from "./index-tree-merge.js";
 import { storedContentHashes, type KvApplyResult, type KvEventBatch } from "./kv-events.js";
 import { Partition } from "./partition.js";
 import type { PredictedCacheOptions } from "./predicted-cache.js";
@@ -376,13 +377,16 @@ export class Fleet {
 
   /** The prefix index as a peer exports it, rank by rank (index-snapshot.ts). */
   readonly indexSnapshotSource: IndexSnapshotSource = {
-    rankKeys: (): IndexRankKey[] => {
+    rankKeys: (after?: string | null): IndexRankKey[] => {
       const out: IndexRankKey[] = [];
       for (const p of this.#partitions.values()) {
         for (const [workerId, m] of p.members) {
           for (const rank of m.ranks) {
             const dpRank = p.ranks.dpRankOf(rank);
-            if (p.index.rankSize(rank) > 0) out.push({ key: rankCursorKey(p.key, workerId, dpRank), workerId, dpRank });
+            if (p.index.rankSize(rank) === 0) continue;
+            const key = rankCursorKey(p.key, workerId, dpRank);
+            // The ranks a joiner has already pulled are not sorted again for each of its requests.
+            if (after === undefined || after === null || key > after) out.push({ key, workerId, dpRank });
           }
         }
       }
@@ -411,6 +415,39 @@ export class Fleet {
     p.index.importRankEntries(rank, s.entries, bound);
     p.index.attachWaiting(rank, bound);
     return { installed: p.index.rankSize(rank) };
+  }
+
+  /**
+   * Every rank this replica knows, where it lives and its index bound now: the warm join's
+   * decoding thread merges a peer's ranks into whole partition trees with them (index-tree-merge.ts).
+   */
+  indexRankTargets(): IndexRankTarget[] {
+    const out: IndexRankTarget[] = [];
+    for (const p of this.#partitions.values()) {
+      for (const [workerId, m] of p.members) {
+        const bound = rankIndexBound(this.#catalog.get(workerId)?.total_kv_blocks);
+        for (const rank of m.ranks) out.push({ modelName: p.modelName, routingGroup: p.routingGroup, blockSize: p.blockSize, workerId, dpRank: p.ranks.dpRankOf(rank), rank, bound });
+      }
+    }
+    return out;
+  }
+
+  /** Whether the snapshot rank `m` merged on the thread is still that rank key here (the worker may have left or re-registered since). */
+  mergedRankHolds(m: MergedRank): boolean {
+    const located = this.locateRank(m.workerId, m.dpRank);
+    return located !== undefined && located.rank === m.rank && located.partition.modelName === m.modelName && located.partition.routingGroup === m.routingGroup && located.partition.blockSize === m.blockSize;
+  }
+
+  /**
+   * Adopts a partition's tree merged on the warm join's decoding thread (PrefixIndex.adoptTree):
+   * its ranks replace their blocks here, except those `keepOwn` names. False (nothing changed)
+   * when the partition is gone.
+   */
+  adoptIndexTree(t: IndexPartitionTree, keepOwn: (rank: number) => boolean): boolean {
+    const p = this.#partitions.get(partitionKey(t.modelName, t.routingGroup));
+    if (p === undefined) return false;
+    p.index.adoptTree(t.image, keepOwn);
+    return true;
   }
 
   /** The partition and rank key of a registered member's dp rank. */

@@ -26,6 +26,7 @@
  */
 import { DEFAULT_MAX_DETACHED_BLOCKS, DetachedChains, type DetachedChainStats } from "./detached-chains.js";
 import { MAX_RANK_KEYS } from "./rank-registry.js";
+import type { PrefixTreeImage } from "./prefix-tree-image.js";
 import { U64Table } from "./u64-table.js";
 import { bigIntHi, bigIntLo, hashCount, pairToBigInt, toU64, type HashList } from "./hash64.js";
 
@@ -276,7 +277,7 @@ export class PrefixIndex {
   #devInline = new Int32Array(0);
   #devArr: (Int32Array | undefined)[] = [];
   #aux: (NodeAux | undefined)[] = [];
-  readonly #children = new U64Table(INITIAL_NODE_CAPACITY * 2);
+  #children = new U64Table(INITIAL_NODE_CAPACITY * 2);
 
   // ---- ranks ----
   #rankCap = 0;
@@ -312,7 +313,7 @@ export class PrefixIndex {
   /** exportRankEntries' node -> number map, all zero between calls. */
   #scratchMark = new Int32Array(0);
 
-  readonly #detached: DetachedChains<StorageTier>;
+  #detached: DetachedChains<StorageTier>;
   /** Parked chains refused when attached (a parent-hash cycle), since the index was made. */
   #detachedRefused = 0;
 
@@ -951,6 +952,131 @@ export class PrefixIndex {
     // Nodes left with no holder (every entry of theirs a repeat, or shed) go, children first.
     for (let i = made - 1; i >= 0; i--) if (this.#holders[mine[i] as number] === 0) this.#maybePrune(mine[i] as number);
     return held.size;
+  }
+
+  /**
+   * Adopts a partition's whole tree built elsewhere (PrefixTreeBuilder, on the warm join's
+   * decoding thread): the warm join's install in one step instead of rank by rank. The image's
+   * ranks replace this index's blocks of those ranks, as importRankEntries would, and their
+   * parked chains go; an image rank for which `keepOwn` answers true (a stale snapshot, a rank
+   * key that moved) is left out and keeps its own blocks, as does every rank not in the image:
+   * those are carried over (exportRankEntries then importRankEntries; blocks cut off from the
+   * root by a gap held in no tier are left out, as in a dump). Counters carry on; the image's
+   * shed pairs are added.
+   *
+   * Cost on this thread: O(nodes) to lay out the device sets' views and O(ranks) tables, plus
+   * the carried-over ranks' pairs (none when the index was empty: the warm join's common case).
+   */
+  adoptTree(img: PrefixTreeImage, keepOwn: (rank: number) => boolean = () => false): void {
+    const fresh = new PrefixIndex();
+    fresh.#load(img);
+    const replaced = new Set<number>();
+    for (const r of img.ranks) {
+      if (keepOwn(r)) fresh.applyCleared(r);
+      else replaced.add(r);
+    }
+    for (let r = 0; r < this.#rankCap; r++) {
+      const t = this.#lookups[r];
+      if (t === undefined || t.size === 0 || replaced.has(r)) continue;
+      fresh.importRankEntries(r, this.exportRankEntries(r));
+    }
+    for (const r of replaced) this.#detached.dropRank(r);
+    fresh.#shedPairs = this.#shedPairs + img.shedPairs;
+    fresh.#cyclesRejected = this.#cyclesRejected;
+    this.#take(fresh);
+  }
+
+  /** An empty index's state from an image (its arrays adopted, not copied). */
+  #load(img: PrefixTreeImage): void {
+    const cap = img.parent.length;
+    this.#nodeCap = cap;
+    this.#nextNode = img.nextNode;
+    this.#free = Array.from(img.free);
+    this.#liveNodes = img.nextNode - 1 - img.free.length;
+    this.#parent = img.parent;
+    this.#keyHi = img.keyHi;
+    this.#keyLo = img.keyLo;
+    this.#firstChild = img.firstChild;
+    this.#nextSib = img.nextSib;
+    this.#prevSib = img.prevSib;
+    this.#holders = img.holders;
+    this.#depth = img.depth;
+    this.#devSize = img.devSize;
+    this.#devInline = img.devInline;
+    // A set of 2+ is a view into the image's one array, full: the next add grows it into its own.
+    // Filled by push, as #growNodes does: `new Array(n)` past ~100 K elements makes a dictionary-
+    // mode array in V8, slow on every later read of a node's set.
+    const devArr: (Int32Array | undefined)[] = [];
+    const auxSets: (NodeAux | undefined)[] = [];
+    for (let i = 0; i < cap; i++) {
+      devArr.push(undefined);
+      auxSets.push(undefined);
+    }
+    let devArrBytes = 0;
+    const members = img.devMembers;
+    for (let id = 1; id < img.nextNode; id++) {
+      const size = img.devSize[id] as number;
+      if (size < 2) continue;
+      const start = img.devStart[id] as number;
+      const a = members.subarray(start, start + size);
+      devArr[id] = a;
+      devArrBytes += a.byteLength;
+    }
+    this.#devArr = devArr;
+    this.#devArrBytes = devArrBytes;
+    this.#aux = auxSets;
+    this.#auxCount = 0;
+    // The tables were built by U64Table on the decoding thread (PrefixTreeBuilder), never read
+    // from the wire: adopted without counting their slots.
+    this.#children = U64Table.adopt(img.children.slots, img.children.size, false);
+    let maxRank = -1;
+    for (const r of img.ranks) maxRank = Math.max(maxRank, r);
+    if (maxRank >= 0) checkRank(maxRank);
+    if (maxRank >= this.#rankCap) this.#growRanks(maxRank + 1);
+    img.ranks.forEach((r, i) => {
+      const l = img.lookups[i] as { slots: Int32Array; size: number };
+      this.#lookups[r] = U64Table.adopt(l.slots, l.size, false);
+    });
+    const aux = img.aux;
+    for (let i = 0; i + 2 < aux.length; i += 3) {
+      const node = aux[i] as number;
+      const t = aux[i + 1] as number;
+      const rank = aux[i + 2] as number;
+      if (this.#auxAdd(node, t, rank) && t === DEVICE) this.#detachedCount[rank] = (this.#detachedCount[rank] as number) + 1;
+    }
+    this.#pairs = img.pairs;
+    this.#lowerPairs = img.lowerPairs;
+  }
+
+  /** Takes `o`'s tree, ranks and counters (adoptTree); the parked chains and scratch stay this index's. */
+  #take(o: PrefixIndex): void {
+    this.#nodeCap = o.#nodeCap;
+    this.#nextNode = o.#nextNode;
+    this.#liveNodes = o.#liveNodes;
+    this.#free = o.#free;
+    this.#parent = o.#parent;
+    this.#keyHi = o.#keyHi;
+    this.#keyLo = o.#keyLo;
+    this.#firstChild = o.#firstChild;
+    this.#nextSib = o.#nextSib;
+    this.#prevSib = o.#prevSib;
+    this.#holders = o.#holders;
+    this.#depth = o.#depth;
+    this.#devSize = o.#devSize;
+    this.#devInline = o.#devInline;
+    this.#devArr = o.#devArr;
+    this.#aux = o.#aux;
+    this.#children = o.#children;
+    this.#rankCap = o.#rankCap;
+    this.#lookups = o.#lookups;
+    this.#detachedCount = o.#detachedCount;
+    this.#slotOf = o.#slotOf;
+    this.#pairs = o.#pairs;
+    this.#lowerPairs = o.#lowerPairs;
+    this.#devArrBytes = o.#devArrBytes;
+    this.#auxCount = o.#auxCount;
+    this.#shedPairs = o.#shedPairs;
+    this.#cyclesRejected = o.#cyclesRejected;
   }
 
   #dumpWords(rank: number): { tier: StorageTier; parent: number[] | null; blockHashes: number[]; localHashes: number[] }[] {

@@ -25,6 +25,7 @@ import { Fleet, type DumpEvent, type DumpFilter, type WorkerChange } from "./fle
 import { hashCount } from "./hash64.js";
 import { exportPredictions, installPredictions } from "./predicted-snapshot.js";
 import type { IndexRankSnapshot, IndexSnapshotSource } from "./index-snapshot.js";
+import type { IndexPartitionTree, IndexRankTarget, MergedRank } from "./index-tree-merge.js";
 import type { KvApplyResult, KvEventBatch } from "./kv-events.js";
 import { LOAD_STRATEGIES } from "./replication/load-strategies.js";
 import type { LoadStrategy } from "./replication/load-strategy.js";
@@ -355,6 +356,21 @@ export class SelectionService {
   /** Installs a peer's snapshot of one rank (the warm join): see Fleet.importIndexRank. */
   importIndexRank(s: IndexRankSnapshot): { installed: number } | { refused: "unknown_rank" | "block_size" } {
     return this.#fleet.importIndexRank(s);
+  }
+
+  /** This replica's ranks for the warm join's decoding thread to merge into trees: see Fleet.indexRankTargets. */
+  indexRankTargets(): IndexRankTarget[] {
+    return this.#fleet.indexRankTargets();
+  }
+
+  /** Whether a rank merged on the thread is still that rank key here: see Fleet.mergedRankHolds. */
+  mergedRankHolds(m: MergedRank): boolean {
+    return this.#fleet.mergedRankHolds(m);
+  }
+
+  /** Adopts a partition's tree merged on the warm join's thread: see Fleet.adoptIndexTree. */
+  adoptIndexTree(t: IndexPartitionTree, keepOwn: (rank: number) => boolean): boolean {
+    return this.#fleet.adoptIndexTree(t, keepOwn);
   }
 
   /** A rank's KV-event publisher restarted: its old blocks are gone, rebuild from new events. */

@@ -58,9 +58,9 @@ export class U64Table {
   static #allocate(capacity: number): Int32Array {
     // Assertion (a programming error, never input): the fleet limits (maxPartitions, maxRanks) and the index bounds keep a table far below it.
     if (capacity > MAX_CAPACITY) throw new RangeError(`U64Table cannot grow beyond ${MAX_CAPACITY} slots`);
-    const slots = new Int32Array(capacity * SLOT_STRIDE);
-    for (let b = 3; b < slots.length; b += SLOT_STRIDE) slots[b] = EMPTY;
-    return slots;
+    // Every word, keys too (an empty slot's keys are never read): one native fill instead of a
+    // strided loop, ~3x less of the warm join's decoding thread, which builds 1,024 tables.
+    return new Int32Array(capacity * SLOT_STRIDE).fill(EMPTY);
   }
 
   get size(): number {
@@ -103,6 +103,36 @@ export class U64Table {
     if ((value | 0) !== value || value < 0) throw new RangeError(`U64Table value must be in [0, 2^31), got ${value}`);
     if (this.#size >= this.#growAt) this.#resize((this.#mask + 1) * 2);
     this.#insert(tag | 0, hi | 0, lo | 0, value);
+  }
+
+  /**
+   * Inserts unless the key is there: returns -1 when it inserted, else the value already held
+   * (left as it is). One probe where get then set take two.
+   */
+  setIfAbsent(tag: number, hi: number, lo: number, value: number): number {
+    // Assertion (a programming error, never input): callers store rank keys and slot indices, all in range.
+    if ((value | 0) !== value || value < 0) throw new RangeError(`U64Table value must be in [0, 2^31), got ${value}`);
+    if (this.#size >= this.#growAt) this.#resize((this.#mask + 1) * 2);
+    const s = this.#slots;
+    const mask = this.#mask;
+    const t = tag | 0;
+    const h = hi | 0;
+    const l = lo | 0;
+    let i = mix(t, h, l) & mask;
+    for (;;) {
+      const b = i * SLOT_STRIDE;
+      const v = s[b + 3] as number;
+      if (v === EMPTY) {
+        s[b] = t;
+        s[b + 1] = h;
+        s[b + 2] = l;
+        s[b + 3] = value;
+        this.#size++;
+        return -1;
+      }
+      if (s[b + 2] === l && s[b + 1] === h && s[b] === t) return v;
+      i = (i + 1) & mask;
+    }
   }
 
   #insert(t: number, h: number, l: number, value: number): void {
@@ -199,17 +229,27 @@ export class U64Table {
    * A table over slots another table handed over (handOver), in this layout. Checks the shape
    * (a power-of-two capacity of whole slots under the load bound) and the size against a count
    * of the occupied slots, so slots from elsewhere cannot leave the table inconsistent.
+   * `countSlots` false skips the count (it reads every slot: ~0.25 s for the warm join's 1,024
+   * tables of 8,192 slots) for slots a U64Table of this process's own code handed over.
    */
-  static adopt(slots: Int32Array, size: number): U64Table {
+  static adopt(slots: Int32Array, size: number, countSlots = true): U64Table {
     const capacity = slots.length / SLOT_STRIDE;
     if (!Number.isInteger(capacity) || capacity < 8 || (capacity & (capacity - 1)) !== 0 || capacity > MAX_CAPACITY) {
       throw badRequest(`adopted slots must be a power-of-two number of ${SLOT_STRIDE}-word slots, got ${slots.length} words`, "slots");
     }
-    let used = 0;
-    for (let b = 3; b < slots.length; b += SLOT_STRIDE) if ((slots[b] as number) !== EMPTY) used++;
-    if (used !== size || size > Math.floor(capacity * MAX_LOAD_FACTOR)) throw badRequest(`adopted slots hold ${used} entries, said ${size} (capacity ${capacity})`, "size");
-    const t = new U64Table(capacity);
+    let used = size;
+    if (countSlots) {
+      used = 0;
+      for (let b = 3; b < slots.length; b += SLOT_STRIDE) if ((slots[b] as number) !== EMPTY) used++;
+    }
+    if (used !== size || size < 0 || size > Math.floor(capacity * MAX_LOAD_FACTOR)) throw badRequest(`adopted slots hold ${used} entries, said ${size} (capacity ${capacity})`, "size");
+    // A table of the smallest capacity, then the adopted slots: sizing it to `capacity` first
+    // allocated and filled a second array as large, only to drop it (~0.15 s of a warm join's
+    // 1,024 ranks, most of it garbage collection).
+    const t = new U64Table(1);
     t.#slots = slots;
+    t.#mask = capacity - 1;
+    t.#growAt = Math.floor(capacity * MAX_LOAD_FACTOR);
     t.#size = size;
     return t;
   }

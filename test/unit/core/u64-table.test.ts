@@ -83,7 +83,7 @@ describe("U64Table", () => {
     expect(t.get(5, 5, 5)).toBe(-1);
   });
 
-  it("matches a reference Map under 60,000 seeded random set/delete/get operations", () => {
+  it("matches a reference Map under 60,000 seeded random set/setIfAbsent/delete/get operations", () => {
     const rnd = seededRandom(12345);
     const t = new U64Table(8);
     const ref = new Map<string, number>();
@@ -104,10 +104,14 @@ describe("U64Table", () => {
       const lo = rnd.next() < 0.5 ? pick() : Math.floor(rnd.next() * 50);
       const k = keyOf(tag, hi, lo);
       const r = rnd.next();
-      if (r < 0.45) {
+      if (r < 0.35) {
         const v = Math.floor(rnd.next() * 2 ** 31);
         t.set(tag, hi, lo, v);
         ref.set(k, v);
+      } else if (r < 0.45) {
+        const v = Math.floor(rnd.next() * 2 ** 31);
+        check(op, `setIfAbsent ${k}`, t.setIfAbsent(tag, hi, lo, v), ref.get(k) ?? -1);
+        if (!ref.has(k)) ref.set(k, v);
       } else if (r < 0.8) {
         check(op, `delete ${k}`, t.delete(tag, hi, lo), ref.delete(k));
       } else {

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 
 import { decodeIndexSyncReply, decodeIndexSyncRequest, encodeIndexSyncRequest, IndexSyncClient, IndexSyncServer, isIndexSyncRequest } from "../../../mesh/index-sync.js";
 import { MeshRemoteError, MeshWireError } from "../../../mesh/errors.js";
-import { decodeIndexChunk, type IndexRankSnapshot } from "../../../src/core/index.js";
+import { decodeIndexChunk, type IndexPartitionTree, type IndexRankSnapshot, type MergedRank } from "../../../src/core/index.js";
 import { makeService, storedBatch, tokens, worker } from "../../helpers/core-fixtures.js";
 
 function server() {
@@ -70,7 +70,7 @@ describe("index sync over the control channel", () => {
       got.push(...ranks);
     });
     expect(r).toMatchObject({ peer: "peer", chunks: 3, ranks: 3 });
-    expect(Object.keys(r.phasesMs).sort()).toEqual(["decode", "install", "wait"]);
+    expect(Object.keys(r.phasesMs).sort()).toEqual(["adopt", "build", "decode", "install", "wait"]);
     expect(got.map((x) => x.workerId)).toEqual([1n, 2n, 3n]);
     for (const x of got) expect(x.entries.lookup?.size).toBe(x.entries.entryNode.length);
     // The same ranks install into a fresh service as the peer holds them.
@@ -88,5 +88,51 @@ describe("index sync over the control channel", () => {
       }),
     ).rejects.toThrow(/gone/);
     expect(installed).toEqual([1n]);
+  });
+
+  it("with targets, the thread merges those ranks into partition trees handed over at the end; the others install at once; a malformed chunk rejects the pull", async () => {
+    const s = server();
+    const link = { request: async (_endpoint: string, payload: Buffer): Promise<Buffer> => (await s.handle(payload, allow)) as Buffer };
+    const { svc } = makeService();
+    for (let w = 1; w <= 3; w++) svc.upsertWorker(worker(w));
+    // Worker 3 is left out of the targets (as one registered after the pull started): installed rank by rank.
+    const targets = svc.indexRankTargets().filter((t) => t.workerId !== 3n);
+    expect(targets).toHaveLength(2);
+    const installed: bigint[] = [];
+    const merged: MergedRank[] = [];
+    let trees: IndexPartitionTree[] = [];
+    const client = new IndexSyncClient({ link, from: 1n, advertise: undefined });
+    const r = await client.pull(
+      "peer",
+      (ranks) => {
+        for (const x of ranks) {
+          installed.push(x.workerId);
+          expect(svc.importIndexRank(x)).toEqual({ installed: 300 });
+        }
+      },
+      {
+        targets,
+        merged: (m) => merged.push(...m),
+        adopt: (t) => {
+          // Nothing of the merged ranks is installed before the trees come.
+          expect(svc.sizes().indexedBlocks).toBe(300);
+          trees = t;
+        },
+      },
+    );
+    expect(r).toMatchObject({ chunks: 3, ranks: 3 });
+    expect(installed).toEqual([3n]);
+    expect(merged.map((m) => [m.workerId, m.blocks, m.position?.seq])).toEqual([
+      [1n, 300, 7n],
+      [2n, 300, 7n],
+    ]);
+    expect(trees).toHaveLength(1);
+    for (const m of merged) expect(svc.mergedRankHolds(m)).toBe(true);
+    expect(svc.adoptIndexTree(trees[0] as IndexPartitionTree, () => false)).toBe(true);
+    // The tree's ranks and the one installed alone (carried over) are all there.
+    expect(svc.sizes().indexedBlocks).toBe(900);
+
+    const garbled = new IndexSyncClient({ link: { request: () => Promise.resolve(Buffer.concat([Buffer.of(0, 0, 0, 0), Buffer.from("KVIX garbage")])) }, from: 1n, advertise: undefined });
+    await expect(garbled.pull("peer", () => undefined, { targets, merged: () => undefined, adopt: () => undefined })).rejects.toThrow(MeshWireError);
   });
 });
