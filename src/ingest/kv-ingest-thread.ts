@@ -165,8 +165,7 @@ function failure(err: unknown): KvIngestFailure {
 /** A worker's ranks after a command, with their stats as of now (posted again from here on only when they change). */
 function openRanks(workerId: string): KvOpenRank[] {
   const out: KvOpenRank[] = [];
-  for (const r of ingest.stats()) {
-    if (r.workerId !== workerId) continue;
+  for (const r of ingest.statsOf(workerId)) {
     out.push({ stats: r, replayEndpoint: ingest.replayEndpointOf(workerId, r.rank) });
   }
   // Their stats as of now travel in the reply: posted again from here on only when they change.

@@ -200,9 +200,18 @@ export class KvIngest {
 
   stats(): KvRankStats[] {
     const out: KvRankStats[] = [];
-    for (const [workerId, ranks] of this.#workers) {
-      for (const [rank, listener] of ranks) out.push({ workerId, rank, endpoint: listener.endpoint, stats: listener.stats });
-    }
+    for (const workerId of this.#workers.keys()) out.push(...this.statsOf(workerId));
+    return out;
+  }
+
+  /**
+   * One worker's ranks. The ingest thread answers each worker command with them: taking them
+   * from stats() built every rank's stats per command, 1,024 x 1,024 for a fleet registered one
+   * worker at a time (1.8 s of the thread's self time in a warm join's profile).
+   */
+  statsOf(workerId: string): KvRankStats[] {
+    const out: KvRankStats[] = [];
+    for (const [rank, listener] of this.#workers.get(workerId) ?? []) out.push({ workerId, rank, endpoint: listener.endpoint, stats: listener.stats });
     return out;
   }
 

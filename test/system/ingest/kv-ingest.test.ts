@@ -114,6 +114,16 @@ describe("KvIngest", () => {
     expect([e.rank, e.endpoint, e.detail]).toEqual([1, "tcp://*:5557", "Invalid argument (EINVAL)"]);
     expect(ingest.stats().map((x) => x.rank)).toEqual([0]);
   });
+
+  it("statsOf gives one worker's ranks, as stats() filtered by worker does; none for an unknown worker", async () => {
+    const ingest = new KvIngest({ onBatch: () => undefined, onReset: () => undefined });
+    cleanups.push(() => ingest.close());
+    await ingest.upsert("w1", [{ rank: 0, endpoint: "tcp://127.0.0.1:1" }, { rank: 1, endpoint: "tcp://127.0.0.1:2" }]);
+    await ingest.upsert("w2", [{ rank: 0, endpoint: "tcp://127.0.0.1:3" }]);
+    for (const w of ["w1", "w2"]) expect(ingest.statsOf(w)).toEqual(ingest.stats().filter((r) => r.workerId === w));
+    expect(ingest.statsOf("w1").map((r) => [r.rank, r.endpoint])).toEqual([[0, "tcp://127.0.0.1:1"], [1, "tcp://127.0.0.1:2"]]);
+    expect(ingest.statsOf("w3")).toEqual([]);
+  });
 });
 
 describe("the daemon and an endpoint ZeroMQ refuses", () => {
