@@ -424,6 +424,24 @@ export class ActiveBlockIndex {
   }
 
   /**
+   * Installs the pair (hash, rank), not held before, with `refs` references at `weight`: the
+   * prefix tree handing its state over (active-prefix-trie.ts).
+   */
+  restore(hi: number, lo: number, rank: number, refs: number, weight: number): void {
+    this.touch(hi, lo, rank);
+    if (weight !== 1) this.setWeightIfExclusive(hi, lo, rank, weight);
+    const b = this.#find(hi | 0, lo | 0);
+    const off = this.#slots[b + 2] as number;
+    const meta = this.#slots[b + 3] as number;
+    if (meta < 0) {
+      this.#slots[b + 3] = -refs;
+      return;
+    }
+    const k = rankPosition(this.#poolRanks, off, meta & LEN_MASK, 0, rank);
+    this.#poolRefs[k] = refs;
+  }
+
+  /**
    * Sets the weight of (hash, rank) when exactly one reference holds it. Returns the previous
    * weight when it was set, NO_CHANGE otherwise.
    */

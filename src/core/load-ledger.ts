@@ -17,7 +17,8 @@ import { grownTo } from "./typed-growth.js";
 import type { Clock } from "./time.js";
 import type { Random } from "./random.js";
 import { KvmeshError, badRequest } from "./errors.js";
-import { ActiveBlockIndex, dropFraction, NO_CHANGE, PAIR_CREATED, type RankBlockTotals } from "./active-block-index.js";
+import type { RankBlockTotals } from "./active-block-index.js";
+import { ActivePrefixTrie } from "./active-prefix-trie.js";
 import type { HashList } from "./hash64.js";
 import { MAX_RANK_KEYS } from "./rank-registry.js";
 
@@ -193,7 +194,7 @@ export class LoadLedger {
   #busyRanks = new Int32Array(INITIAL_RANK_SLOTS);
   #busySlot = new Int32Array(INITIAL_RANK_SLOTS);
   #busyCount = 0;
-  readonly #index = new ActiveBlockIndex();
+  readonly #index = new ActivePrefixTrie();
   /**
    * Ranks whose load changed since the last `takeChanged` (aggregate replication only: see
    * src/core/mirrored-load.ts). A flag per rank plus the list of flagged ranks, so marking costs
@@ -361,8 +362,8 @@ export class LoadLedger {
     this.#requests.set(requestId, req);
     st.requests.add(req);
     this.#requestCounts[rank] = st.requests.size;
-    // The caller's list, not the copy: a selection that just counted it left its slots memoized (active-block-index.ts).
-    this.#index.touchAll(seqHashes, rank, st);
+    // The copy: the prefix tree keeps the list of a booking that adds hashes (active-prefix-trie.ts).
+    this.#index.touchAll(req.hashes, rank, st);
     if (opts.trackPrefill) {
       if (st.prefillHead >= st.prefillQueue.length) st.prefillAnchorMs = now;
       st.prefillQueue.push(req);
@@ -425,10 +426,10 @@ export class LoadLedger {
     const hi = Math.floor(this.#random.next() * TWO_POW_32) >>> 0;
     const lo = Math.floor(this.#random.next() * TWO_POW_32) >>> 0;
     req.output.push(hi, lo);
-    this.#touch(hi, lo, req.rank, st);
+    this.#index.touchOne(hi, lo, req.rank, st);
     if (decayFraction !== undefined) {
-      this.#weighExclusive(req.hashes, req.rank, st, decayFraction);
-      this.#weighExclusive(req.output, req.rank, st, decayFraction);
+      this.#index.weighExclusive(req.hashes, req.rank, st, decayFraction);
+      this.#index.weighExclusiveEach(req.output, req.rank, st, decayFraction);
     }
     this.#refresh(req.rank);
     this.#markChanged(req.rank);
@@ -605,7 +606,7 @@ export class LoadLedger {
     this.#leavePrefill(req, st);
     const { hashes, output, rank } = req;
     this.#index.untouchAll(hashes, rank, st);
-    if (output.length > 0) this.#index.untouchAll(Uint32Array.from(output), rank, st);
+    if (output.length > 0) this.#index.untouchEach(Uint32Array.from(output), rank, st);
   }
 
   #leavePrefill(req: ActiveRequest, st: RankState): void {
@@ -626,24 +627,6 @@ export class LoadLedger {
       queue.copyWithin(0, st.prefillHead);
       queue.length -= st.prefillHead;
       st.prefillHead = 0;
-    }
-  }
-
-  #touch(hi: number, lo: number, rank: number, st: RankState): void {
-    const previous = this.#index.touch(hi, lo, rank);
-    if (previous === PAIR_CREATED) st.uniqueBlocks++;
-    else if (previous < 1) dropFraction(st, previous);
-  }
-
-  #weighExclusive(pairs: ArrayLike<number>, rank: number, st: RankState, weight: number): void {
-    for (let i = 0; i < pairs.length; i += 2) {
-      const old = this.#index.setWeightIfExclusive(pairs[i] as number, pairs[i + 1] as number, rank, weight);
-      if (old === NO_CHANGE) continue;
-      if (old < 1) dropFraction(st, old);
-      if (weight < 1) {
-        st.fractionalCount++;
-        st.fractionalDeficit += 1 - weight;
-      }
     }
   }
 }
