@@ -39,20 +39,27 @@ function roundCapacity(slots: number): number {
 
 export class U64Table {
   readonly #initialCapacity: number;
+  readonly #maxLoad: number;
   #slots: Int32Array;
   #mask: number;
   #size = 0;
   #growAt: number;
 
-  /** `initialCapacity` is in slots, rounded up to a power of two. */
-  constructor(initialCapacity = DEFAULT_U64_TABLE_CAPACITY) {
+  /**
+   * `initialCapacity` is in slots, rounded up to a power of two. `maxLoad` (in (0, 0.7]): grow
+   * past this share of slots used; lower for a table whose keys mostly come and go (shorter probe
+   * runs for inserts, misses and the backward shift of deletes, at more memory).
+   */
+  constructor(initialCapacity = DEFAULT_U64_TABLE_CAPACITY, maxLoad = MAX_LOAD_FACTOR) {
     if (!Number.isInteger(initialCapacity) || initialCapacity < 1) {
       throw badRequest(`initialCapacity must be a positive integer, got ${initialCapacity}`, "initialCapacity");
     }
+    if (!(maxLoad > 0 && maxLoad <= MAX_LOAD_FACTOR)) throw badRequest(`maxLoad must be in (0, ${MAX_LOAD_FACTOR}], got ${maxLoad}`, "maxLoad");
+    this.#maxLoad = maxLoad;
     this.#initialCapacity = roundCapacity(initialCapacity);
     this.#slots = U64Table.#allocate(this.#initialCapacity);
     this.#mask = this.#initialCapacity - 1;
-    this.#growAt = Math.floor(this.#initialCapacity * MAX_LOAD_FACTOR);
+    this.#growAt = Math.floor(this.#initialCapacity * maxLoad);
   }
 
   static #allocate(capacity: number): Int32Array {
@@ -103,6 +110,36 @@ export class U64Table {
     if ((value | 0) !== value || value < 0) throw new RangeError(`U64Table value must be in [0, 2^31), got ${value}`);
     if (this.#size >= this.#growAt) this.#resize((this.#mask + 1) * 2);
     this.#insert(tag | 0, hi | 0, lo | 0, value);
+  }
+
+  /**
+   * Inserts the key with `value` unless it is present: returns -1 when inserted, else the value
+   * it has (left as it is). One probe where get then set took two.
+   */
+  claim(tag: number, hi: number, lo: number, value: number): number {
+    // Assertion (a programming error, never input), as set's.
+    if ((value | 0) !== value || value < 0) throw new RangeError(`U64Table value must be in [0, 2^31), got ${value}`);
+    if (this.#size >= this.#growAt) this.#resize((this.#mask + 1) * 2);
+    const s = this.#slots;
+    const mask = this.#mask;
+    const t = tag | 0;
+    const h = hi | 0;
+    const l = lo | 0;
+    let i = mix(t, h, l) & mask;
+    for (;;) {
+      const b = i * SLOT_STRIDE;
+      const v = s[b + 3] as number;
+      if (v === EMPTY) {
+        s[b] = t;
+        s[b + 1] = h;
+        s[b + 2] = l;
+        s[b + 3] = value;
+        this.#size++;
+        return -1;
+      }
+      if (s[b + 2] === l && s[b + 1] === h && s[b] === t) return v;
+      i = (i + 1) & mask;
+    }
   }
 
   #insert(t: number, h: number, l: number, value: number): void {
@@ -235,7 +272,7 @@ export class U64Table {
   clear(): void {
     this.#slots = U64Table.#allocate(this.#initialCapacity);
     this.#mask = this.#initialCapacity - 1;
-    this.#growAt = Math.floor(this.#initialCapacity * MAX_LOAD_FACTOR);
+    this.#growAt = Math.floor(this.#initialCapacity * this.#maxLoad);
     this.#size = 0;
   }
 
@@ -243,7 +280,7 @@ export class U64Table {
     const old = this.#slots;
     this.#slots = U64Table.#allocate(capacity);
     this.#mask = capacity - 1;
-    this.#growAt = Math.floor(capacity * MAX_LOAD_FACTOR);
+    this.#growAt = Math.floor(capacity * this.#maxLoad);
     this.#size = 0;
     for (let b = 0; b < old.length; b += SLOT_STRIDE) {
       const v = old[b + 3] as number;
