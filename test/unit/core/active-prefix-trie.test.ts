@@ -4,11 +4,11 @@ import { seededRandom, type Random } from "../../../src/core/random.js";
 import { LoadLedger } from "../../../src/core/load-ledger.js";
 import { ActivePrefixTrie } from "../../../src/core/active-prefix-trie.js";
 import type { RankBlockTotals } from "../../../src/core/active-block-index.js";
-import { ReferenceLedgerBlocks } from "../../helpers/reference-ledger-blocks.js";
+import { ReferenceLedgerBlocks } from "./reference-ledger-blocks.js";
 
 /**
  * Oracle: the ledger on the prefix tree against the per-hash index it replaced, driven as the
- * ledger drove it (test/helpers/reference-ledger-blocks.ts), with the same randomised bookings,
+ * ledger drove it (reference-ledger-blocks.ts, beside this file), with the same randomised bookings,
  * frees, output blocks (decayed or not), rank removals and counts. Every count, every set of
  * ranks touched, every rank's active blocks (to the bit) and the distinct hash count must agree.
  */

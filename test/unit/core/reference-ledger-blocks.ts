@@ -3,8 +3,8 @@
  * the per-hash reverse index (ActiveBlockIndex, unchanged) driven exactly as LoadLedger drove
  * it, so an oracle test can feed it the ledger's operations and compare every count and total.
  */
-import { ActiveBlockIndex, dropFraction, NO_CHANGE, PAIR_CREATED, type RankBlockTotals } from "../../src/core/active-block-index.js";
-import type { Random } from "../../src/core/random.js";
+import { ActiveBlockIndex, dropFraction, NO_CHANGE, PAIR_CREATED, type RankBlockTotals } from "../../../src/core/active-block-index.js";
+import type { Random } from "../../../src/core/random.js";
 
 const TWO_POW_32 = 4294967296;
 
