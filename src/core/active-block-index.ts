@@ -1,8 +1,9 @@
 /**
- * The load ledger's partition-wide reverse index of active blocks: sequence hash -> the ranks
- * holding it in flight, each with a refcount and a weight. LoadLedger owns one per partition and
- * is its only user; it lives in its own file because its layout is tuned on its own (see the
- * class comment), apart from the ledger's request bookkeeping.
+ * A partition-wide reverse index of active blocks: sequence hash -> the ranks holding it in
+ * flight, each with a refcount and a weight. It was the load ledger's index; the ledger now keeps
+ * its active blocks in a prefix tree (active-prefix-trie.ts), which hands its state to one of
+ * these, and forwards to it, only while a booking list that breaks the chain rule is in flight.
+ * Its layout is tuned on its own (see the class comment).
  */
 
 /** Slots of a new index (a power of two; grown by doubling). */
