@@ -24,6 +24,7 @@
  */
 import { ActiveBlockIndex, dropFraction, NO_CHANGE, type RankBlockTotals } from "./active-block-index.js";
 import { U64Table } from "./u64-table.js";
+import { PresenceFilter } from "./presence-filter.js";
 
 /**
  * A node with at most this many children is searched by comparing their first hashes; past it
@@ -65,6 +66,8 @@ const startsWith = (node: TrieNode, hi: number, lo: number): boolean =>
 export class ActivePrefixTrie {
   /** Hash -> id of the node holding it. */
   #table = new U64Table(INITIAL_TABLE_SLOTS, TABLE_MAX_LOAD);
+  /** Every key of the table, to reject an absent hash before probing the table. */
+  #filter = new PresenceFilter();
   readonly #nodes: (TrieNode | undefined)[] = [];
   readonly #freeIds: number[] = [];
   /** The per-hash index, while a list that breaks the tree's rule is in flight (see the file comment). */
@@ -121,7 +124,7 @@ export class ActivePrefixTrie {
       }
       if (hit === undefined) {
         // Off the expected path (the root, a branch, or the list left the tree): any node may hold it.
-        const id = this.#table.get(TAG, hi, lo);
+        const id = this.#filter.mayHave(hi, lo) ? this.#table.get(TAG, hi, lo) : -1;
         if (id < 0) {
           node = undefined;
           continue;
@@ -291,7 +294,7 @@ export class ActivePrefixTrie {
       for (const c of node.children) if (startsWith(c, hi, lo)) return c;
       return undefined;
     }
-    const id = this.#table.get(TAG, hi, lo);
+    const id = this.#filter.mayHave(hi, lo) ? this.#table.get(TAG, hi, lo) : -1;
     if (id < 0) return undefined;
     const c = this.#nodes[id] as TrieNode;
     return c.parent === node && startsWith(c, hi, lo) ? c : undefined;
@@ -300,14 +303,20 @@ export class ActivePrefixTrie {
   /** Maps each hash of a new node to it; false (and no key left) if one is already held or repeats. */
   #insertKeys(node: TrieNode): boolean {
     const table = this.#table;
+    const filter = this.#filter;
     const list = node.list;
+    if (!filter.fits(table.size + node.to - node.from)) this.#rebuildFilter(table.size + node.to - node.from, node);
     for (let j = node.from; j < node.to; j++) {
       const hi = list[2 * j] as number;
       const lo = list[2 * j + 1] as number;
       if (table.claim(TAG, hi, lo, node.id) >= 0) {
-        for (let k = node.from; k < j; k++) table.delete(TAG, list[2 * k] as number, list[2 * k + 1] as number);
+        for (let k = node.from; k < j; k++) {
+          table.delete(TAG, list[2 * k] as number, list[2 * k + 1] as number);
+          filter.remove(list[2 * k] as number, list[2 * k + 1] as number);
+        }
         return false;
       }
+      filter.add(hi, lo);
     }
     return true;
   }
@@ -361,7 +370,10 @@ export class ActivePrefixTrie {
   /** Removes a node no booking holds any more: its keys, its place under its parent. */
   #deleteNode(node: TrieNode): void {
     const list = node.list;
-    for (let j = node.from; j < node.to; j++) this.#table.delete(TAG, list[2 * j] as number, list[2 * j + 1] as number);
+    for (let j = node.from; j < node.to; j++) {
+      this.#table.delete(TAG, list[2 * j] as number, list[2 * j + 1] as number);
+      this.#filter.remove(list[2 * j] as number, list[2 * j + 1] as number);
+    }
     const parent = node.parent;
     if (parent !== undefined) {
       const k = parent.children.indexOf(node);
@@ -371,6 +383,19 @@ export class ActivePrefixTrie {
       }
     }
     this.#releaseId(node);
+  }
+
+  /**
+   * Sizes the filter for `keys` keys and adds every key held but `pending`'s (not inserted yet):
+   * the filter doubles as the tree grows, so this is amortised over the inserts that grew it.
+   */
+  #rebuildFilter(keys: number, pending: TrieNode): void {
+    const filter = this.#filter;
+    filter.rebuild(keys);
+    for (const node of this.#nodes) {
+      if (node === undefined || node === pending) continue;
+      for (let j = node.from; j < node.to; j++) filter.add(node.list[2 * j] as number, node.list[2 * j + 1] as number);
+    }
   }
 
   /** Hands every (hash, rank) pair to a per-hash index, which serves from now on; empties the tree. */
@@ -388,6 +413,7 @@ export class ActivePrefixTrie {
     }
     this.#fallback = index;
     this.#table = new U64Table(INITIAL_TABLE_SLOTS, TABLE_MAX_LOAD);
+    this.#filter = new PresenceFilter();
     this.#nodes.length = 0;
     this.#freeIds.length = 0;
   }
