@@ -1,8 +1,9 @@
 /**
- * The load ledger's partition-wide reverse index of active blocks: sequence hash -> the ranks
- * holding it in flight, each with a refcount and a weight. LoadLedger owns one per partition and
- * is its only user; it lives in its own file because its layout is tuned on its own (see the
- * class comment), apart from the ledger's request bookkeeping.
+ * A partition-wide reverse index of active blocks: sequence hash -> the ranks holding it in
+ * flight, each with a refcount and a weight. It was the load ledger's index; the ledger now keeps
+ * its active blocks in a prefix tree (active-prefix-trie.ts), which hands its state to one of
+ * these, and forwards to it, only while a booking list that breaks the chain rule is in flight.
+ * Its layout is tuned on its own (see the class comment).
  */
 
 /** Slots of a new index (a power of two; grown by doubling). */
@@ -421,6 +422,24 @@ export class ActiveBlockIndex {
     }
     this.#appendHolder(b, off, meta, rank);
     return PAIR_CREATED;
+  }
+
+  /**
+   * Installs the pair (hash, rank), not held before, with `refs` references at `weight`: the
+   * prefix tree handing its state over (active-prefix-trie.ts).
+   */
+  restore(hi: number, lo: number, rank: number, refs: number, weight: number): void {
+    this.touch(hi, lo, rank);
+    if (weight !== 1) this.setWeightIfExclusive(hi, lo, rank, weight);
+    const b = this.#find(hi | 0, lo | 0);
+    const off = this.#slots[b + 2] as number;
+    const meta = this.#slots[b + 3] as number;
+    if (meta < 0) {
+      this.#slots[b + 3] = -refs;
+      return;
+    }
+    const k = rankPosition(this.#poolRanks, off, meta & LEN_MASK, 0, rank);
+    this.#poolRefs[k] = refs;
   }
 
   /**

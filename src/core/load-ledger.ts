@@ -8,16 +8,19 @@
  * linearly when a duration hint exists) and the request count.
  *
  * Unlike the reference, which keeps one hash set per rank, the ledger keeps ONE partition-wide
- * reverse index `sequence hash -> [(rank, refcount, weight)]`. Selection has to know, for every
+ * index of which ranks hold each hash (refcount and weight each). Selection has to know, for every
  * candidate rank, how many of the prompt's hashes are already active there; per-rank sets make
- * that O(blocks x ranks) (219 x 1,024 = 224 k probes), the reverse index makes it
- * O(blocks + hits).
+ * that O(blocks x ranks) (219 x 1,024 = 224 k probes). The index is a prefix tree of the bookings
+ * (active-prefix-trie.ts): a list is walked along the nodes it shares with earlier bookings and
+ * holders are applied once per node, so a count or a booking costs O(blocks) sequential compares
+ * plus one probe per new hash, not one probe per hash.
  */
 import { grownTo } from "./typed-growth.js";
 import type { Clock } from "./time.js";
 import type { Random } from "./random.js";
 import { KvmeshError, badRequest } from "./errors.js";
-import { ActiveBlockIndex, dropFraction, NO_CHANGE, PAIR_CREATED, type RankBlockTotals } from "./active-block-index.js";
+import type { RankBlockTotals } from "./active-block-index.js";
+import { ActivePrefixTrie } from "./active-prefix-trie.js";
 import type { HashList } from "./hash64.js";
 import { MAX_RANK_KEYS } from "./rank-registry.js";
 
@@ -193,7 +196,7 @@ export class LoadLedger {
   #busyRanks = new Int32Array(INITIAL_RANK_SLOTS);
   #busySlot = new Int32Array(INITIAL_RANK_SLOTS);
   #busyCount = 0;
-  readonly #index = new ActiveBlockIndex();
+  readonly #index = new ActivePrefixTrie();
   /**
    * Ranks whose load changed since the last `takeChanged` (aggregate replication only: see
    * src/core/mirrored-load.ts). A flag per rank plus the list of flagged ranks, so marking costs
@@ -361,8 +364,8 @@ export class LoadLedger {
     this.#requests.set(requestId, req);
     st.requests.add(req);
     this.#requestCounts[rank] = st.requests.size;
-    // The caller's list, not the copy: a selection that just counted it left its slots memoized (active-block-index.ts).
-    this.#index.touchAll(seqHashes, rank, st);
+    // The copy: the prefix tree keeps the list of a booking that adds hashes (active-prefix-trie.ts).
+    this.#index.touchAll(req.hashes, rank, st);
     if (opts.trackPrefill) {
       if (st.prefillHead >= st.prefillQueue.length) st.prefillAnchorMs = now;
       st.prefillQueue.push(req);
@@ -425,10 +428,10 @@ export class LoadLedger {
     const hi = Math.floor(this.#random.next() * TWO_POW_32) >>> 0;
     const lo = Math.floor(this.#random.next() * TWO_POW_32) >>> 0;
     req.output.push(hi, lo);
-    this.#touch(hi, lo, req.rank, st);
+    this.#index.touchOne(hi, lo, req.rank, st);
     if (decayFraction !== undefined) {
-      this.#weighExclusive(req.hashes, req.rank, st, decayFraction);
-      this.#weighExclusive(req.output, req.rank, st, decayFraction);
+      this.#index.weighExclusive(req.hashes, req.rank, st, decayFraction);
+      this.#index.weighExclusiveEach(req.output, req.rank, st, decayFraction);
     }
     this.#refresh(req.rank);
     this.#markChanged(req.rank);
@@ -573,7 +576,7 @@ export class LoadLedger {
    * `out[rank]` += how many of them it holds (so additional_active_blocks = n - out[rank]) and the
    * rank is appended to `touched` the first time it is written. `out` must be zero at every rank
    * on entry and at least `rankBound` long; the caller resets `out[r]` for r in `touched`.
-   * O(blocks + hits): one probe per hash, then one step per rank holding it.
+   * O(blocks + holders per node): the list is walked along the prefix tree (active-prefix-trie.ts).
    */
   newBlocksFor(seqHashes: HashList, out: Int32Array, touched: number[]): void {
     // Nothing in flight, nothing held: skip the 219 probes of an empty table (5.7 us of a 58 us
@@ -605,7 +608,7 @@ export class LoadLedger {
     this.#leavePrefill(req, st);
     const { hashes, output, rank } = req;
     this.#index.untouchAll(hashes, rank, st);
-    if (output.length > 0) this.#index.untouchAll(Uint32Array.from(output), rank, st);
+    if (output.length > 0) this.#index.untouchEach(Uint32Array.from(output), rank, st);
   }
 
   #leavePrefill(req: ActiveRequest, st: RankState): void {
@@ -626,24 +629,6 @@ export class LoadLedger {
       queue.copyWithin(0, st.prefillHead);
       queue.length -= st.prefillHead;
       st.prefillHead = 0;
-    }
-  }
-
-  #touch(hi: number, lo: number, rank: number, st: RankState): void {
-    const previous = this.#index.touch(hi, lo, rank);
-    if (previous === PAIR_CREATED) st.uniqueBlocks++;
-    else if (previous < 1) dropFraction(st, previous);
-  }
-
-  #weighExclusive(pairs: ArrayLike<number>, rank: number, st: RankState, weight: number): void {
-    for (let i = 0; i < pairs.length; i += 2) {
-      const old = this.#index.setWeightIfExclusive(pairs[i] as number, pairs[i + 1] as number, rank, weight);
-      if (old === NO_CHANGE) continue;
-      if (old < 1) dropFraction(st, old);
-      if (weight < 1) {
-        st.fractionalCount++;
-        st.fractionalDeficit += 1 - weight;
-      }
     }
   }
 }

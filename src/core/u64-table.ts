@@ -39,20 +39,27 @@ function roundCapacity(slots: number): number {
 
 export class U64Table {
   readonly #initialCapacity: number;
+  readonly #maxLoad: number;
   #slots: Int32Array;
   #mask: number;
   #size = 0;
   #growAt: number;
 
-  /** `initialCapacity` is in slots, rounded up to a power of two. */
-  constructor(initialCapacity = DEFAULT_U64_TABLE_CAPACITY) {
+  /**
+   * `initialCapacity` is in slots, rounded up to a power of two. `maxLoad` (in (0, 0.7]): grow
+   * past this share of slots used; lower for a table whose keys mostly come and go (shorter probe
+   * runs for inserts, misses and the backward shift of deletes, at more memory).
+   */
+  constructor(initialCapacity = DEFAULT_U64_TABLE_CAPACITY, maxLoad = MAX_LOAD_FACTOR) {
     if (!Number.isInteger(initialCapacity) || initialCapacity < 1) {
       throw badRequest(`initialCapacity must be a positive integer, got ${initialCapacity}`, "initialCapacity");
     }
+    if (!(maxLoad > 0 && maxLoad <= MAX_LOAD_FACTOR)) throw badRequest(`maxLoad must be in (0, ${MAX_LOAD_FACTOR}], got ${maxLoad}`, "maxLoad");
+    this.#maxLoad = maxLoad;
     this.#initialCapacity = roundCapacity(initialCapacity);
     this.#slots = U64Table.#allocate(this.#initialCapacity);
     this.#mask = this.#initialCapacity - 1;
-    this.#growAt = Math.floor(this.#initialCapacity * MAX_LOAD_FACTOR);
+    this.#growAt = Math.floor(this.#initialCapacity * maxLoad);
   }
 
   static #allocate(capacity: number): Int32Array {
@@ -275,7 +282,7 @@ export class U64Table {
   clear(): void {
     this.#slots = U64Table.#allocate(this.#initialCapacity);
     this.#mask = this.#initialCapacity - 1;
-    this.#growAt = Math.floor(this.#initialCapacity * MAX_LOAD_FACTOR);
+    this.#growAt = Math.floor(this.#initialCapacity * this.#maxLoad);
     this.#size = 0;
   }
 
@@ -283,7 +290,7 @@ export class U64Table {
     const old = this.#slots;
     this.#slots = U64Table.#allocate(capacity);
     this.#mask = capacity - 1;
-    this.#growAt = Math.floor(capacity * MAX_LOAD_FACTOR);
+    this.#growAt = Math.floor(capacity * this.#maxLoad);
     this.#size = 0;
     for (let b = 0; b < old.length; b += SLOT_STRIDE) {
       const v = old[b + 3] as number;

@@ -83,6 +83,31 @@ describe("U64Table", () => {
     expect(t.get(5, 5, 5)).toBe(-1);
   });
 
+  it("setIfAbsent inserts an absent key (-1) and leaves a present one as it is (its value)", () => {
+    const t = new U64Table(8);
+    expect(t.setIfAbsent(0, 1, 2, 5)).toBe(-1);
+    expect(t.setIfAbsent(0, 1, 2, 9)).toBe(5);
+    expect(t.get(0, 1, 2)).toBe(5);
+    expect(t.size).toBe(1);
+    for (let i = 0; i < 100; i++) expect(t.setIfAbsent(0, 7, i, i)).toBe(-1);
+    for (let i = 0; i < 100; i++) expect(t.get(0, 7, i)).toBe(i);
+    expect(() => t.setIfAbsent(0, 0, 0, -1)).toThrow(RangeError);
+  });
+
+  it("grows past a lower maxLoad when given one, and rejects one outside (0, 0.7]", () => {
+    const t = new U64Table(16, 0.5);
+    for (let i = 0; i < 8; i++) t.set(0, 0, i, i);
+    expect(t.capacity).toBe(16);
+    t.set(0, 0, 8, 8);
+    expect(t.capacity).toBe(32); // the 9th past 0.5 * 16
+    for (let i = 0; i < 1000; i++) t.setIfAbsent(0, 1, i, i);
+    expect(t.size / t.capacity).toBeLessThanOrEqual(0.5);
+    t.clear();
+    for (let i = 0; i < 9; i++) t.set(0, 0, i, i);
+    expect(t.capacity).toBe(32);
+    for (const bad of [0, 0.71, Number.NaN]) expect(() => new U64Table(16, bad)).toThrow(KvmeshError);
+  });
+
   it("matches a reference Map under 60,000 seeded random set/setIfAbsent/delete/get operations", () => {
     const rnd = seededRandom(12345);
     const t = new U64Table(8);
