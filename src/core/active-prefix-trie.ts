@@ -11,7 +11,7 @@
  * place (sequential reads of the node's own list), the table is asked only where a node ends
  * with several children, where the list leaves the tree, and for the hashes after that (new
  * ones: a booking inserts them as one new node, a count finds them absent); holders are applied
- * once per node, not per hash. See docs/architecture.md for the figures.
+ * once per node, not per hash. See docs/benchmarks.md ("The booking's active blocks: a prefix tree") for the figures.
  *
  * Exactness: every count and every rank total equals the per-hash index's (the oracle test
  * test/unit/core/active-prefix-trie.test.ts drives both). That holds because each hash lives in
