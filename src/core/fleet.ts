@@ -65,6 +65,8 @@ export interface FleetSizes {
   affinityRebinds: number;
   affinityConflicts: number;
   affinityUnbindsShed: number;
+  /** Counter: booking lists that broke the active blocks' prefix tree (active-prefix-trie.ts), handing its state to the per-hash index. */
+  activeBlockFallbacks: number;
 }
 
 /** What the fleet tells the parts that keep per-partition state of their own. */
@@ -119,6 +121,7 @@ export class Fleet {
   /** The affinity counters of partitions that left the fleet (sizes() keeps its counters monotonic). */
   /** Removed partitions' detached-chain counters (the sizes' counters never go down). */
   readonly #removedDetached = { attached: 0, shed: 0 };
+  #removedActiveBlockFallbacks = 0;
   readonly #removedAffinity = { fallbacks: 0, evictions: 0, rebinds: 0, conflicts: 0, unbindsShed: 0 };
 
   constructor(options: FleetOptions) {
@@ -277,6 +280,7 @@ export class Fleet {
     this.#promptHashCaches.delete(p);
     this.#removedDetached.attached += p.index.detached.attachedBlocks;
     this.#removedDetached.shed += p.index.detached.shedBlocks;
+    this.#removedActiveBlockFallbacks += p.ledger.activeBlockFallbacks;
     const r = this.#removedAffinity;
     r.fallbacks += p.affinity?.fallbacks ?? 0;
     r.evictions += p.affinity?.evictions ?? 0;
@@ -537,6 +541,7 @@ export class Fleet {
     let predictedBlocks = 0;
     let { attached: detachedAttachedBlocks, shed: detachedShedBlocks } = this.#removedDetached;
     let affinityEntries = 0;
+    let activeBlockFallbacks = this.#removedActiveBlockFallbacks;
     // The affinity counters are counters (never go down): removed partitions' counts stay in.
     let {
       fallbacks: affinityFallbacks,
@@ -559,7 +564,8 @@ export class Fleet {
       affinityRebinds += p.affinity?.rebinds ?? 0;
       affinityConflicts += p.affinity?.conflicts ?? 0;
       affinityUnbindsShed += p.affinity?.unbindsShed ?? 0;
+      activeBlockFallbacks += p.ledger.activeBlockFallbacks;
     }
-    return { partitions: this.#partitions.size, indexedBlocks, indexNodes, detachedBlocks, predictedBlocks, detachedAttachedBlocks, detachedShedBlocks, affinityEntries, affinityFallbacks, affinityEvictions, affinityRebinds, affinityConflicts, affinityUnbindsShed };
+    return { partitions: this.#partitions.size, indexedBlocks, indexNodes, detachedBlocks, predictedBlocks, detachedAttachedBlocks, detachedShedBlocks, affinityEntries, affinityFallbacks, affinityEvictions, affinityRebinds, affinityConflicts, affinityUnbindsShed, activeBlockFallbacks };
   }
 }

@@ -314,6 +314,11 @@ export class LoadLedger {
     return this.#requests.size;
   }
 
+  /** Booking lists that broke the active blocks' prefix tree (a repeated hash, or one held elsewhere), each handing its state to the per-hash index. */
+  get activeBlockFallbacks(): number {
+    return this.#index.fallbacks;
+  }
+
   /** Distinct sequence hashes active on at least one rank. */
   get distinctActiveHashes(): number {
     return this.#index.size;

@@ -21,7 +21,7 @@ import { Chooser, effectivePrefill, selectResponse } from "./choose.js";
 import type { Clock } from "./time.js";
 import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
-import { Fleet, type DumpEvent, type DumpFilter, type WorkerChange } from "./fleet.js";
+import { Fleet, type DumpEvent, type DumpFilter, type FleetSizes, type WorkerChange } from "./fleet.js";
 import { hashCount } from "./hash64.js";
 import { exportPredictions, installPredictions } from "./predicted-snapshot.js";
 import type { IndexRankSnapshot, IndexSnapshotSource } from "./index-snapshot.js";
@@ -552,20 +552,7 @@ export class SelectionService {
   }
 
   /** Index and table sizes, for metrics. */
-  sizes(): {
-    partitions: number;
-    indexedBlocks: number;
-    indexNodes: number;
-    detachedBlocks: number;
-    predictedBlocks: number;
-    detachedAttachedBlocks: number;
-    detachedShedBlocks: number;
-    affinityEntries: number;
-    affinityFallbacks: number;
-    affinityEvictions: number;
-    affinityRebinds: number;
-    affinityConflicts: number;
-    affinityUnbindsShed: number;
+  sizes(): FleetSizes & {
     pendingSelections: number;
     pendingEvictions: number;
     pendingLargeEvictions: number;

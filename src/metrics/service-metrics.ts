@@ -86,6 +86,11 @@ const SIZE_COUNTERS: readonly (readonly [name: string, help: string, key: keyof 
   ["kvmesh_pending_selection_large_evictions_total", "Of those, large cached selections (over 1/256 of the byte budget) evicted by newer large ones (their budget is 1/4 of it).", "pendingLargeEvictions"],
   ["kvmesh_index_detached_attached_blocks_total", "Parked KV blocks attached to the prefix index once their parent was known.", "detachedAttachedBlocks"],
   ["kvmesh_index_detached_shed_blocks_total", "Parked KV blocks shed, oldest chains first, at the bound (65,536 per partition).", "detachedShedBlocks"],
+  [
+    "kvmesh_active_blocks_fallbacks_total",
+    "Booking hash lists that broke the active blocks' prefix tree (a repeated hash, or one held under another prefix: only client-supplied sequence_hashes do), each moving its partition to the slower per-hash index until nothing is in flight there.",
+    "activeBlockFallbacks",
+  ],
   ["kvmesh_reorder_state_shed_total", "Tombstones or early prefill marks shed at their bound.", "reorderShed"],
 ];
 
