@@ -24,6 +24,7 @@
  *
  * Not thread-safe; the daemon is single-threaded.
  */
+import { grownTo } from "./typed-growth.js";
 import { DEFAULT_MAX_DETACHED_BLOCKS, DetachedChains, type DetachedChainStats } from "./detached-chains.js";
 import { MAX_RANK_KEYS } from "./rank-registry.js";
 import type { PrefixTreeImage } from "./prefix-tree-image.js";
@@ -1403,26 +1404,16 @@ export class PrefixIndex {
   }
 
   #growNodes(cap: number): void {
-    const grow32 = (a: Int32Array): Int32Array<ArrayBuffer> => {
-      const g = new Int32Array(cap);
-      g.set(a);
-      return g;
-    };
-    const growU32 = (a: Uint32Array): Uint32Array<ArrayBuffer> => {
-      const g = new Uint32Array(cap);
-      g.set(a);
-      return g;
-    };
-    this.#parent = grow32(this.#parent);
-    this.#keyHi = growU32(this.#keyHi);
-    this.#keyLo = growU32(this.#keyLo);
-    this.#firstChild = grow32(this.#firstChild);
-    this.#nextSib = grow32(this.#nextSib);
-    this.#prevSib = grow32(this.#prevSib);
-    this.#holders = grow32(this.#holders);
-    this.#depth = grow32(this.#depth);
-    this.#devSize = grow32(this.#devSize);
-    this.#devInline = grow32(this.#devInline);
+    this.#parent = grownTo(this.#parent, cap);
+    this.#keyHi = grownTo(this.#keyHi, cap);
+    this.#keyLo = grownTo(this.#keyLo, cap);
+    this.#firstChild = grownTo(this.#firstChild, cap);
+    this.#nextSib = grownTo(this.#nextSib, cap);
+    this.#prevSib = grownTo(this.#prevSib, cap);
+    this.#holders = grownTo(this.#holders, cap);
+    this.#depth = grownTo(this.#depth, cap);
+    this.#devSize = grownTo(this.#devSize, cap);
+    this.#devInline = grownTo(this.#devInline, cap);
     for (let i = this.#nodeCap; i < cap; i++) {
       this.#devArr.push(undefined);
       this.#aux.push(undefined);

@@ -15,6 +15,7 @@
  * index (the same bound, the same repeats skipped, the same device attachment below a parent
  * held attached): the unit tests check that adoption and per-rank imports answer alike.
  */
+import { grownTo } from "./typed-growth.js";
 import { badRequest } from "./errors.js";
 import type { RankEntries } from "./prefix-index.js";
 import type { PrefixTreeImage } from "./prefix-tree-image.js";
@@ -239,24 +240,14 @@ export class PrefixTreeBuilder {
   }
 
   #grow(cap: number): void {
-    const i32 = (a: Int32Array): Int32Array<ArrayBuffer> => {
-      const g = new Int32Array(cap);
-      g.set(a);
-      return g;
-    };
-    const u32 = (a: Uint32Array): Uint32Array<ArrayBuffer> => {
-      const g = new Uint32Array(cap);
-      g.set(a);
-      return g;
-    };
-    this.#parent = i32(this.#parent);
-    this.#keyHi = u32(this.#keyHi);
-    this.#keyLo = u32(this.#keyLo);
-    this.#firstChild = i32(this.#firstChild);
-    this.#nextSib = i32(this.#nextSib);
-    this.#prevSib = i32(this.#prevSib);
-    this.#holders = i32(this.#holders);
-    this.#depth = i32(this.#depth);
+    this.#parent = grownTo(this.#parent, cap);
+    this.#keyHi = grownTo(this.#keyHi, cap);
+    this.#keyLo = grownTo(this.#keyLo, cap);
+    this.#firstChild = grownTo(this.#firstChild, cap);
+    this.#nextSib = grownTo(this.#nextSib, cap);
+    this.#prevSib = grownTo(this.#prevSib, cap);
+    this.#holders = grownTo(this.#holders, cap);
+    this.#depth = grownTo(this.#depth, cap);
     this.#cap = cap;
   }
 }
