@@ -106,9 +106,7 @@ export class U64Table {
 
   /** Inserts or overwrites. `value` must be an integer in [0, 2^31). */
   set(tag: number, hi: number, lo: number, value: number): void {
-    // Assertion (a programming error, never input): callers store rank keys and slot indices, all in range.
-    if ((value | 0) !== value || value < 0) throw new RangeError(`U64Table value must be in [0, 2^31), got ${value}`);
-    if (this.#size >= this.#growAt) this.#resize((this.#mask + 1) * 2);
+    this.#makeRoomFor(value);
     this.#insert(tag | 0, hi | 0, lo | 0, value);
   }
 
@@ -117,9 +115,7 @@ export class U64Table {
    * (left as it is). One probe where get then set take two.
    */
   setIfAbsent(tag: number, hi: number, lo: number, value: number): number {
-    // Assertion (a programming error, never input): callers store rank keys and slot indices, all in range.
-    if ((value | 0) !== value || value < 0) throw new RangeError(`U64Table value must be in [0, 2^31), got ${value}`);
-    if (this.#size >= this.#growAt) this.#resize((this.#mask + 1) * 2);
+    this.#makeRoomFor(value);
     const s = this.#slots;
     const mask = this.#mask;
     const t = tag | 0;
@@ -140,6 +136,13 @@ export class U64Table {
       if (s[b + 2] === l && s[b + 1] === h && s[b] === t) return v;
       i = (i + 1) & mask;
     }
+  }
+
+  /** Before an insert: the value checked, and the table grown past its load bound. */
+  #makeRoomFor(value: number): void {
+    // Assertion (a programming error, never input): callers store rank keys and slot indices, all in range.
+    if ((value | 0) !== value || value < 0) throw new RangeError(`U64Table value must be in [0, 2^31), got ${value}`);
+    if (this.#size >= this.#growAt) this.#resize((this.#mask + 1) * 2);
   }
 
   #insert(t: number, h: number, l: number, value: number): void {
