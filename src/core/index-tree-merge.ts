@@ -9,18 +9,13 @@
  * rank with no target (a worker that registered since, or another block size) is handed back
  * whole, to be installed rank by rank as before. Pure: no I/O, no thread of its own.
  */
-import type { IndexRankSnapshot, KvStreamPosition } from "./index-snapshot.js";
+import type { IndexRankSnapshot } from "./index-snapshot.js";
 import { PrefixTreeBuilder } from "./prefix-tree-builder.js";
 import type { PrefixTreeImage } from "./prefix-tree-image.js";
 import type { WorkerId } from "./types.js";
 
 /** A rank of this replica the thread may merge: where it lives here and how many pairs it may hold. */
-export interface IndexRankTarget {
-  readonly modelName: string;
-  readonly routingGroup: string;
-  readonly blockSize: number;
-  readonly workerId: WorkerId;
-  readonly dpRank: number;
+export interface IndexRankTarget extends Omit<IndexRankSnapshot, "entries" | "position"> {
   /** Its rank key in its partition's index. */
   readonly rank: number;
   /** Its index bound (rankIndexBound), pairs. */
@@ -28,13 +23,7 @@ export interface IndexRankTarget {
 }
 
 /** A snapshot rank merged into its partition's tree: what the main thread needs of it until the tree comes. */
-export interface MergedRank {
-  readonly modelName: string;
-  readonly routingGroup: string;
-  readonly blockSize: number;
-  readonly workerId: WorkerId;
-  readonly dpRank: number;
-  readonly position: KvStreamPosition | null;
+export interface MergedRank extends Omit<IndexRankSnapshot, "entries"> {
   readonly rank: number;
   /** Pairs it holds in the tree (past its bound: the rest counted in the tree's shed pairs). */
   readonly blocks: number;
