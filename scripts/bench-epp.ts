@@ -39,7 +39,7 @@ import { histogramGrowth, histogramQuantile, scrapeHistogram, summarize, type Hi
 import { checkOpenAIBody } from "../src/openai/parse-request.js";
 import { EngineTokenizer } from "../src/tokenize/engine-tokenizer.js";
 import { destinationOf, EnvoyClient, ENVOY_DEFAULT_WINDOW_BYTES, type EnvoyClientOptions } from "../test/helpers/envoy-client.js";
-import { listOf, nonNegativeInt, oneOf, positiveInt, positiveIntList, positiveNumber, scriptProgram } from "./lib/script-args.js";
+import { listOf, nonNegativeInt, nonNegativeNumber, oneOf, positiveInt, positiveIntList, positiveNumber, scriptProgram } from "./lib/script-args.js";
 
 const BODY_KINDS = ["ids", "chat", "chat-ids"] as const;
 type BodyKind = (typeof BODY_KINDS)[number];
@@ -56,6 +56,12 @@ const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CP
     "--response-jitter <fraction>",
     "0: every stream's response lasts exactly --response-ms and the streams start together, so they arrive in lockstep waves (each wave's requests queue behind one another). f in (0, 1]: each response lasts --response-ms x a deterministic uniform factor in [1 - f, 1 + f] and the streams' starts are spread over one --response-ms, so arrivals are independent, as many clients' are",
     fraction,
+    0,
+  )
+  .option(
+    "--upload-mbps <n>",
+    "0: each stream writes its whole body at once (the picker then reads all of it between the last chunk and the pick). n > 0: its 64 KiB chunks are paced at n Mbit/s, as a gateway forwards a client's upload as it arrives (FULL_DUPLEX_STREAMED), so the picker has read the body's start before its end",
+    nonNegativeNumber,
     0,
   )
   .option("--workers <n>", "worker ranks registered (latency phase)", positiveInt, 16)
@@ -75,6 +81,7 @@ const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CP
     bodyKb: number;
     responseMs: number;
     responseJitter: number;
+    uploadMbps: number;
     workers: number;
     prefixes: number;
     clientCodec: "proto-loader" | "hand";
@@ -101,7 +108,7 @@ const CHUNK_BYTES = 64 * 1024;
  * hand codec once gave 68 req/s closed loop against 150; with the picker's receive windows raised
  * it gave 320 against 299 (load 2.5): that earlier gap was the windows' (docs/benchmarks.md).
  */
-const CLIENT: EnvoyClientOptions = { receiveWindowBytes: ENVOY_DEFAULT_WINDOW_BYTES, codec: args.clientCodec };
+const CLIENT: EnvoyClientOptions = { receiveWindowBytes: ENVOY_DEFAULT_WINDOW_BYTES, codec: args.clientCodec, flushCallbacks: true };
 const BLOCK_SIZE = 16;
 const MODEL = "m";
 const COMPLETIONS = "/v1/completions";
@@ -137,18 +144,32 @@ const endingOf = (i: number): Ending => (i % 20 === 3 ? "fallback" : i % 10 === 
 
 const endings = { end: 0, cancel: 0, fallback: 0 };
 
-/** One stream as Envoy runs it, its response lasting `responseMs` (a cancelled one is cut halfway); returns the added latency, ms. */
-async function oneStream(client: EnvoyClient, path: string, b: Buffer, session: string, ending: Ending, responseMs: number): Promise<number> {
+/** A stream's added latency, ms: from the client's write of the body's last chunk, and from that chunk leaving for the socket. */
+interface Added {
+  readonly fromWrite: number;
+  readonly fromFlush: number;
+}
+
+/** One stream as Envoy runs it, its response lasting `responseMs` (a cancelled one is cut halfway); returns the added latency. */
+async function oneStream(client: EnvoyClient, path: string, b: Buffer, session: string, ending: Ending, responseMs: number): Promise<Added> {
   if (responseMs > 0 && args.responseJitter > 0) responseMs *= 1 - args.responseJitter + 2 * args.responseJitter * jitterUnit();
   const s = client.open();
   client.headers(s, { path, headers: { "x-session-id": session } });
   // All but the last chunk, then time from the last one.
   const last = Math.floor((b.length - 1) / CHUNK_BYTES) * CHUNK_BYTES;
-  for (let at = 0; at < last; at += CHUNK_BYTES) s.send({ request_body: { body: b.subarray(at, at + CHUNK_BYTES), end_of_stream: false } });
+  const chunkMs = args.uploadMbps > 0 ? (CHUNK_BYTES * 8) / (args.uploadMbps * 1_000) : 0;
+  for (let at = 0; at < last; at += CHUNK_BYTES) {
+    s.send({ request_body: { body: b.subarray(at, at + CHUNK_BYTES), end_of_stream: false } });
+    if (chunkMs > 0) await sleep(chunkMs);
+  }
   const t0 = performance.now();
-  s.send({ request_body: { body: b.subarray(last), end_of_stream: true } });
+  // Flushed: past the HTTP/2 windows, when the picker can first read it. The time between the two
+  // is the body's upload queued behind every other stream's on the connection, which a gateway
+  // streaming a client's upload as it arrives (FULL_DUPLEX_STREAMED) has mostly spent before the end.
+  const flushed = s.sendFlushed({ request_body: { body: b.subarray(last), end_of_stream: true } });
   const answer = await s.next(ANSWER_TIMEOUT_MS);
-  const addedMs = performance.now() - t0;
+  const t1 = performance.now();
+  const addedMs: Added = { fromWrite: t1 - t0, fromFlush: Math.max(0, t1 - (await flushed)) };
   if (answer.immediate_response !== undefined) throw new Error(`picker refused: ${Buffer.from(answer.immediate_response.body ?? Buffer.alloc(0)).toString()}`);
   while ((await s.next(ANSWER_TIMEOUT_MS)).request_body?.response?.body_mutation?.streamed_response?.end_of_stream !== true);
   const fallback = ending === "fallback" ? destinationOf(answer)?.split(",")[1] : undefined;
@@ -176,6 +197,9 @@ interface Row {
   readonly rps: number;
   readonly p50: number;
   readonly p99: number;
+  /** From the last chunk's flush (Added.fromFlush). */
+  readonly flushP50: number;
+  readonly flushP99: number;
   readonly cpuPerRequest: number;
   readonly clientCpuPerRequest: number;
   /** The picker's own share (kvmesh_extproc_pick_duration_seconds over the window): body end received -> answer, ms. */
@@ -200,6 +224,7 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
   let stop = false;
   let after = 0;
   const samples: number[] = [];
+  const flushSamples: number[] = [];
   const loop = async (k: number): Promise<void> => {
     const client = clients[k % clients.length] as EnvoyClient;
     // Spread starts (--response-jitter): stream k starts k/concurrency of a response time in.
@@ -208,7 +233,10 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
       if (stop) after++;
       const i = streamsRun++;
       const ms = await oneStream(client, path, bodies[i % bodies.length] as Buffer, `s${i % args.prefixes}`, endingOf(i), responseMs);
-      if (measuring) samples.push(ms);
+      if (measuring) {
+        samples.push(ms.fromWrite);
+        flushSamples.push(ms.fromFlush);
+      }
     }
   };
   const loops = Array.from({ length: concurrency }, (_, k) => loop(k));
@@ -218,10 +246,13 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
   await Promise.all(loops);
   for (const c of clients) c.close();
   const s = summarize(samples);
+  const f = summarize(flushSamples);
   return {
     rps: done / (wallMs / 1_000),
     p50: s.p50,
     p99: s.p99,
+    flushP50: f.p50,
+    flushP99: f.p99,
     cpuPerRequest: cpu / Math.max(1, done),
     clientCpuPerRequest: (own.user + own.system) / 1_000 / Math.max(1, done),
     pickP50: histogramQuantile(picks.leMs, picks.cum, 0.5),
@@ -321,12 +352,13 @@ async function latencyPhases(): Promise<void> {
     console.log(
       `Streams hold their response --response-ms ${args.responseMs} ms${args.responseJitter > 0 ? ` x [${1 - args.responseJitter}, ${1 + args.responseJitter}], starts spread (independent arrivals)` : ", started together (lockstep waves)"}; "max" rows hold none (closed loop: the most requests/s).`,
     );
-    console.log("body      concurrency  requests/s  added p50 ms  added p99 ms  pick p50 ms  pick p99 ms  kvmesh CPU/req ms  client CPU/req ms");
+    console.log("Added: from the client's write of the last chunk; flushed: from that chunk leaving for the socket (past the HTTP/2 windows); pick: the picker's own (kvmesh_extproc_pick_duration_seconds).");
+    console.log("body      concurrency  requests/s  added p50 ms  added p99 ms  flushed p50 ms  flushed p99 ms  pick p50 ms  pick p99 ms  kvmesh CPU/req ms  client CPU/req ms");
     const rows = new Map<string, Row>();
     const last = args.concurrency.at(-1) ?? 150;
     const bodiesOf = (kind: BodyKind): [string, Buffer[]] => (kind === "chat" ? [CHAT, chats] : kind === "chat-ids" ? [COMPLETIONS, chatIds] : [COMPLETIONS, ids]);
     const print = (label: string, concurrency: number | string, r: Row): void => {
-      console.log(`${label.padEnd(8)}  ${String(concurrency).padStart(11)}  ${fmt(r.rps, 10, 0)}  ${fmt(r.p50, 12)}  ${fmt(r.p99, 12)}  ${fmt(r.pickP50, 11)}  ${fmt(r.pickP99, 11)}  ${fmt(r.cpuPerRequest, 17)}  ${fmt(r.clientCpuPerRequest, 17)}`);
+      console.log(`${label.padEnd(8)}  ${String(concurrency).padStart(11)}  ${fmt(r.rps, 10, 0)}  ${fmt(r.p50, 12)}  ${fmt(r.p99, 12)}  ${fmt(r.flushP50, 14)}  ${fmt(r.flushP99, 14)}  ${fmt(r.pickP50, 11)}  ${fmt(r.pickP99, 11)}  ${fmt(r.cpuPerRequest, 17)}  ${fmt(r.clientCpuPerRequest, 17)}`);
     };
     for (const kind of args.bodies) {
       const [path, bodies] = bodiesOf(kind);

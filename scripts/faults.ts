@@ -29,7 +29,7 @@
  * Exit code 1 when a check failed (a skipped scenario is not a failure, but is shown).
  */
 import { writeJsonReport } from "./lib/bench-report.js";
-import { positiveIntList, positiveNumber, scriptProgram } from "./lib/script-args.js";
+import { positiveInt, positiveIntList, positiveNumber, scriptProgram } from "./lib/script-args.js";
 
 import {
   KILL_LONG,
@@ -73,9 +73,10 @@ const args = scriptProgram("faults", "The mesh fault scenarios, long versions, w
   .option("--json <file>", "JSON report", "reports/faults.json")
   .option("--no-kv-events", "scenarios 10 and 11: the replicas run --no-kv-events (their cache is the approximate one built from routing decisions)")
   .option("--trace <file>", "scenarios 10 and 11: a Mooncake-format JSONL trace instead of generated sessions (e.g. ../shared/traces/mooncake-synthetic.jsonl)")
+  .option("--baseline-runs <n>", "scenarios 10 and 11: runs without the change; from 2, the extra ones print the noise floor (how far two unchanged runs' hit ratios lie apart, whole run and per window)", positiveInt, 1)
   .parse()
-  .opts<{ short: boolean; only?: number[]; soakMinutes?: number; soakRate: number; json: string; trace?: string; kvEvents: boolean }>();
-const withTrace = (o: KvChangeOptions): KvChangeOptions => ({ ...o, ...(args.trace === undefined ? {} : { tracePath: args.trace }), ...(args.kvEvents ? {} : { kvEvents: false }) });
+  .opts<{ short: boolean; only?: number[]; soakMinutes?: number; soakRate: number; json: string; trace?: string; kvEvents: boolean; baselineRuns: number }>();
+const withTrace = (o: KvChangeOptions): KvChangeOptions => ({ ...o, ...(args.trace === undefined ? {} : { tracePath: args.trace }), ...(args.kvEvents ? {} : { kvEvents: false }), baselineRuns: args.baselineRuns });
 
 /**
  * A scenario that runs longer than this is reported as failed (and the run goes on). 10 min:
@@ -163,7 +164,7 @@ function notes(rows: readonly ScenarioRow[]): string[] {
     const failed = r.checks.filter((c) => !c.ok);
     for (const c of failed) out.push(`FAIL ${r.scenario}: ${c.name}: ${c.value}`);
     // Speed figures against their targets: reported, never a failed check (the machine decides them too).
-    for (const f of r.figures ?? []) out.push(`${r.scenario}: ${f.name} ${f.value} (target ${f.target}: ${f.met === null ? "not measured" : f.met ? "met" : "missed"})`);
+    for (const f of r.figures ?? []) out.push(f.target === "" ? `${r.scenario}: ${f.name} ${f.value}` : `${r.scenario}: ${f.name} ${f.value} (target ${f.target}: ${f.met === null ? "not measured" : f.met ? "met" : "missed"})`);
     if (typeof r.details.summary === "string") out.push(`${r.scenario}: ${r.details.summary}`);
     const phases = r.details.phases as PhaseResult[] | undefined;
     if (phases !== undefined) {

@@ -90,7 +90,7 @@ export function check(name: string, ok: boolean, value: unknown): Check {
 export interface Figure {
   readonly name: string;
   readonly value: string;
-  /** The target, e.g. "< 1000 ms". */
+  /** The target, e.g. "< 1000 ms"; "" for a figure that has none (printed alone, `met` null). */
   readonly target: string;
   /** Whether the figure met its target; null when it was not measured. */
   readonly met: boolean | null;

@@ -57,6 +57,12 @@ export interface KvChangeOptions {
    * routing decisions (predicted-cache.md), which a restarted replica takes from its peers' snapshots.
    */
   readonly kvEvents?: boolean | undefined;
+  /**
+   * Runs without the change (1 by default). With 2 or more, the extra runs measure the noise
+   * floor: how far the same workload's windows move between two runs with nothing changed (the
+   * tie spreader's draws and the machine's timing differ), printed beside the targets' figures.
+   */
+  readonly baselineRuns?: number | undefined;
 }
 
 const BASE: Omit<KvChangeOptions, "change" | "replicas"> = {
@@ -351,20 +357,36 @@ function windows(cs: readonly Completion[], fromMs: number, windowMs: number, en
   return out;
 }
 
+interface NoiseFloor {
+  readonly wholePoints: number;
+  readonly windows: readonly number[];
+  readonly maxWindowPoints: number;
+}
+
+/** How far a repeated run without the change lies from the first one, whole run and per window (absolute points). */
+function noiseFloor(whole: number, ws: readonly number[], baseWhole: number, baseWindows: readonly number[]): NoiseFloor {
+  const diffs = ws.map((v, k) => Math.abs(100 * (v - (baseWindows[k] as number)))).filter((d) => Number.isFinite(d));
+  return { wholePoints: Math.abs(100 * (whole - baseWhole)), windows: ws, maxWindowPoints: diffs.length === 0 ? Number.NaN : Math.max(...diffs) };
+}
+
 const pct = (v: number): string => (Number.isNaN(v) ? "-" : `${(100 * v).toFixed(1)}%`);
 
 export async function scenarioKvChange(o: KvChangeOptions): Promise<ScenarioRow> {
   const records = await workloadOf(o);
   const base = await runOnce(o, records, false);
   const changed = await runOnce(o, records, true);
+  const repeats: RunResult[] = [];
+  for (let k = 1; k < (o.baselineRuns ?? 1); k++) repeats.push(await runOnce(o, records, false));
   const from = changed.lastChangeMs ?? 0;
   const lastAt = (cs: readonly Completion[]): number => cs.reduce((m, x) => Math.max(m, x.atMs), 0);
-  const end = Math.min(lastAt(base.completions), lastAt(changed.completions));
-  const wChanged = windows(changed.completions, from, o.windowSecs * 1000, end);
-  const wBase = windows(base.completions, from, o.windowSecs * 1000, end);
+  const end = Math.min(...[base, changed, ...repeats].map((r) => lastAt(r.completions)));
+  const windowsOf = (r: RunResult): number[] => windows(r.completions, from, o.windowSecs * 1000, end);
+  const wChanged = windowsOf(changed);
+  const wBase = windowsOf(base);
   const whole = { base: ratio(base.completions), changed: ratio(changed.completions) };
   const wholePoints = 100 * (whole.base - whole.changed);
   const windowPoints = wChanged.map((v, k) => 100 * ((wBase[k] as number) - v));
+  const noise = repeats.map((r) => noiseFloor(ratio(r.completions), windowsOf(r), whole.base, wBase));
   const figures: Figure[] = [
     { name: "whole-run hit ratio", value: `${pct(whole.changed)} (without the change ${pct(whole.base)}: ${wholePoints.toFixed(1)} points below)`, target: `within ${String(WHOLE_RUN_MAX_POINTS)} point`, met: Number.isFinite(wholePoints) ? wholePoints <= WHOLE_RUN_MAX_POINTS : null },
     {
@@ -373,6 +395,12 @@ export async function scenarioKvChange(o: KvChangeOptions): Promise<ScenarioRow>
       target: `each within ${String(WINDOW_MAX_POINTS)} points`,
       met: windowPoints.length === 0 || windowPoints.some((p) => !Number.isFinite(p)) ? null : windowPoints.every((p) => p <= WINDOW_MAX_POINTS),
     },
+    ...noise.map((n, k) => ({
+      name: `noise floor: run ${String(k + 2)} without the change against run 1 (the same windows)`,
+      value: `whole run ${n.wholePoints.toFixed(1)} points apart; windows ${n.windows.map((v, j) => `${pct(v)} vs ${pct(wBase[j] as number)}`).join(", ") || "none"}; the largest window difference ${n.maxWindowPoints.toFixed(1)} points`,
+      target: "",
+      met: null,
+    })),
     ...changed.indexes.map((x) => ({
       name: `${x.replica}'s ${o.kvEvents === false ? "predicted" : "index"} blocks when ready (${String(x.readyAfterMs)} ms after its start) / at the end`,
       value: `${String(x.atReady)} vs its peers' ${String(x.peersAtReady)} / ${String(x.atEnd)} vs ${String(x.peersAtEnd)}`,
@@ -396,7 +424,7 @@ export async function scenarioKvChange(o: KvChangeOptions): Promise<ScenarioRow>
       check("every restarted replica exited 0 after its drain", changed.exits.every((e) => / 0 after /.test(e)), changed.exits),
     ],
     figures,
-    details: { workload: `${o.tracePath ?? `${String(o.sessions)} generated sessions, no session ids`}${o.kvEvents === false ? ", replicas without KV events (approximate cache)" : ""}`, whole, windowsChanged: wChanged, windowsBase: wBase, lastChangeMs: changed.lastChangeMs, indexes: changed.indexes, exits: changed.exits, refusedRetried: changed.refusedRetried, lifecycleLost: changed.lifecycleLost },
+    details: { noise, workload: `${o.tracePath ?? `${String(o.sessions)} generated sessions, no session ids`}${o.kvEvents === false ? ", replicas without KV events (approximate cache)" : ""}`, whole, windowsChanged: wChanged, windowsBase: wBase, lastChangeMs: changed.lastChangeMs, indexes: changed.indexes, exits: changed.exits, refusedRetried: changed.refusedRetried, lifecycleLost: changed.lifecycleLost },
   };
 }
 

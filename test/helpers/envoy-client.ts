@@ -30,6 +30,13 @@ export interface EnvoyClientOptions {
   readonly codec?: "proto-loader" | "hand";
   /** The client's HTTP/2 receive windows, bytes (grpc-js: 64 KiB; Envoy: ENVOY_DEFAULT_WINDOW_BYTES). */
   readonly receiveWindowBytes?: number;
+  /**
+   * Make sendFlushed() resolve when a message has left for the socket, past HTTP/2 flow control.
+   * grpc-js otherwise copies each message into its retry buffer (256 KiB per call) and calls the
+   * write callback on the next tick, before anything is sent; with that buffer at 0 (and retries
+   * off, as Envoy's ext_proc client has none) the callback waits for the HTTP/2 stream's write.
+   */
+  readonly flushCallbacks?: boolean;
 }
 
 export const rawHeaders = (h: Record<string, string>): { headers: { key: string; raw_value: Buffer }[] } => ({ headers: Object.entries(h).map(([key, v]) => ({ key, raw_value: Buffer.from(v) })) });
@@ -66,6 +73,19 @@ export class EnvoyStream {
 
   send(req: ProcessingRequest): void {
     this.call.write(req);
+  }
+
+  /**
+   * send(), resolving with performance.now() at the message's write callback: once it has been
+   * written out past flow control when the client was made with `flushCallbacks`, else as soon
+   * as grpc-js has buffered it.
+   */
+  sendFlushed(req: ProcessingRequest): Promise<number> {
+    return new Promise((resolve) => {
+      this.call.write(req, () => {
+        resolve(performance.now());
+      });
+    });
   }
 
   next(timeoutMs = 10_000): Promise<ProcessingResponse> {
@@ -112,7 +132,10 @@ export class EnvoyClient {
   readonly #health: Client & Record<string, unknown>;
 
   constructor(address: string, credentials: ChannelCredentials = ChannelCredentials.createInsecure(), options: EnvoyClientOptions = {}) {
-    const channel: ChannelOptions = options.receiveWindowBytes === undefined ? {} : { "grpc-node.flow_control_window": options.receiveWindowBytes };
+    const channel: ChannelOptions = {
+      ...(options.receiveWindowBytes === undefined ? {} : { "grpc-node.flow_control_window": options.receiveWindowBytes }),
+      ...(options.flushCallbacks === true ? { "grpc.enable_retries": 0, "grpc.per_rpc_retry_buffer_size": 0 } : {}),
+    };
     const ext = options.codec === "hand" ? extProcServiceDefinition() : serviceDefinition(EXT_PROC_SERVICE);
     this.#ext = clientFor(ext, EXT_PROC_SERVICE, address, credentials, channel);
     this.#health = clientFor(serviceDefinition(HEALTH_SERVICE), HEALTH_SERVICE, address, credentials, channel);
