@@ -30,6 +30,7 @@ import { Worker } from "node:worker_threads";
 import { DEFAULT_INDEX_CHUNK_BYTES, indexChunkSteps, systemClock, systemTimers, type IndexPartitionTree, type IndexRankSnapshot, type IndexRankTarget, type IndexSnapshotSource, type KvStreamPosition, type MergedRank } from "../src/core/index.js";
 import type { Clock, Timers, WorkerId } from "../src/core/index.js";
 import type { ControlLink } from "./control.js";
+import { ExportSlicer } from "./export-slicer.js";
 import { MeshOptionError, MeshRemoteError, MeshWireError } from "./errors.js";
 
 /** "KVIQ" read as a little-endian u32. */
@@ -156,9 +157,12 @@ export class IndexSyncServer {
   readonly stats: IndexSyncServerStats = { chunksServed: 0, ranksServed: 0, blocksServed: 0, bytesServed: 0, refused: 0, malformed: 0 };
   readonly #o: IndexSyncServerOptions;
   readonly #chunkBytes: number;
+  /** Kept across requests: its predictions are what a joiner's requests have cost so far. */
+  readonly #slicer: ExportSlicer;
 
   constructor(o: IndexSyncServerOptions) {
     this.#o = o;
+    this.#slicer = new ExportSlicer(o.clock ?? systemClock, EXPORT_SLICE_MS);
     this.#chunkBytes = o.chunkBytes ?? DEFAULT_INDEX_CHUNK_BYTES;
     if (!Number.isInteger(this.#chunkBytes) || this.#chunkBytes < 1024) throw new MeshOptionError("chunkBytes", `must be an integer of at least 1024, got ${this.#chunkBytes}`);
   }
@@ -183,20 +187,19 @@ export class IndexSyncServer {
       return encodeError(`index sync refused: ${refused}`);
     }
     // Ranks in slices of the event loop: each rank's export is one synchronous step with its
-    // position (~0.25 ms of CPU at 4,096 blocks), and a slice ends past EXPORT_SLICE_MS, so this
-    // replica's /select waits for one slice at most. A turn per rank would tie the pull's pace to
-    // this replica's request rate (1,024 ranks behind ~10 ms of /selects each: 10 s).
+    // position (~1 ms of CPU at 4,096 blocks), and a slice ends before a step that would carry
+    // it past EXPORT_SLICE_MS (export-slicer.ts), so this replica's /select waits for one slice
+    // at most. A turn per rank would tie the pull's pace to this replica's request rate (1,024
+    // ranks behind ~10 ms of /selects each: 10 s).
     const steps = indexChunkSteps(this.#o.source, req.cursor, this.#chunkBytes, this.#o.positionOf);
     const timers = this.#o.timers ?? systemTimers;
-    const clock = this.#o.clock ?? systemClock;
-    let sliceStart = clock.now();
+    const slicer = this.#slicer;
+    slicer.reset();
     let step = steps.next();
     while (step.done !== true) {
-      if (clock.now() - sliceStart >= EXPORT_SLICE_MS) {
-        await new Promise<void>((resolve) => timers.setImmediate(resolve));
-        sliceStart = clock.now();
-      }
+      while (slicer.yieldBefore(step.value)) await new Promise<void>((resolve) => timers.setImmediate(resolve));
       step = steps.next();
+      slicer.stepDone();
     }
     const c = step.value;
     this.stats.chunksServed++;

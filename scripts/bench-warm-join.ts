@@ -112,7 +112,7 @@ class Peer {
     const script = fileURLToPath(new URL("./lib/warm-join-peer.ts", import.meta.url));
     const [cmd, ...rest] = [...tasksetPrefix(cpuList), process.execPath, ...cliCommand().slice(0, -1), script, JSON.stringify(o)];
     // cliCommand() minus the CLI's path: the node flags (KVMESH_BENCH_NODE_ARGS) and tsx.
-    this.child = spawn(cmd as string, rest, { stdio: ["ignore", "inherit", "inherit", "ipc"] });
+    this.child = spawn(cmd, rest, { stdio: ["ignore", "inherit", "inherit", "ipc"] });
     killOnExit(this.child);
     this.child.on("message", (m: PeerMessage) => {
       this.#messages.push(m);
