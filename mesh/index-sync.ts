@@ -27,7 +27,7 @@ import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
 import { Worker } from "node:worker_threads";
 
-import { DEFAULT_INDEX_CHUNK_BYTES, indexChunkSteps, systemClock, systemTimers, type IndexPartitionTree, type IndexRankSnapshot, type IndexRankTarget, type IndexSnapshotSource, type KvStreamPosition, type MergedRank } from "../src/core/index.js";
+import { DEFAULT_INDEX_CHUNK_BYTES, indexChunkSteps, systemClock, systemTimers, type IndexPartitionTree, type IndexRankSnapshot, type IndexRankTarget, type IndexChunk, type IndexSnapshotSource, type KvStreamPosition, type MergedRank } from "../src/core/index.js";
 import type { Clock, Timers, WorkerId } from "../src/core/index.js";
 import type { ControlLink } from "./control.js";
 import { ExportSlicer } from "./export-slicer.js";
@@ -103,14 +103,15 @@ export function decodeIndexSyncRequest(raw: Buffer): IndexSyncRequest {
   return { from, publishEndpoint: pe === "" ? undefined : pe, cursor: hasCursor ? cursor : null };
 }
 
-function encodeOk(next: string | null, chunk: Buffer): Buffer {
+/** The reply: its head, then the chunk's parts, copied once. */
+function encodeOk(next: string | null, chunk: IndexChunk): Buffer {
   const cur = Buffer.from(next ?? "", "utf8");
   const head = Buffer.alloc(1 + 1 + 2 + cur.length);
   head.writeUInt8(OK, 0);
   head.writeUInt8(next === null ? 0 : 1, 1);
   head.writeUInt16LE(cur.length, 2);
   cur.copy(head, 4);
-  return Buffer.concat([head, chunk]);
+  return Buffer.concat([head, ...chunk.parts], head.length + chunk.bytes);
 }
 
 function encodeError(message: string): Buffer {
@@ -205,8 +206,8 @@ export class IndexSyncServer {
     this.stats.chunksServed++;
     this.stats.ranksServed += c.ranks;
     this.stats.blocksServed += c.blocks;
-    this.stats.bytesServed += c.chunk.length;
-    return encodeOk(c.next, c.chunk);
+    this.stats.bytesServed += c.bytes;
+    return encodeOk(c.next, c);
   }
 }
 

@@ -16,6 +16,7 @@
  * its own and what is left of the ratio is A's own work, not its neighbours' (cpu-pin.ts).
  */
 import { type ChildProcess, spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { cpus, setPriority } from "node:os";
 import { fileURLToPath } from "node:url";
 import { InvalidArgumentError } from "commander";
@@ -23,6 +24,7 @@ import { InvalidArgumentError } from "commander";
 import { parsePinLayout, pinProcess, requireTaskset, tasksetPrefix, type PinLayout } from "../src/bench/cpu-pin.js";
 import { freePortPair } from "../src/bench/ports.js";
 import { cliCommand, killOnExit, spawnServe, stopServe } from "../src/bench/serve-process.js";
+import { CLK_TCK, cpuMs } from "../src/bench/process-usage.js";
 import { percentile } from "../src/bench/stats.js";
 import { seededRandom } from "../src/core/index.js";
 import { stringifyJson } from "../src/http/json.js";
@@ -76,6 +78,37 @@ const SETTLE_MS = 1_000;
 /** /selects sent and not counted before the first run: the peer's code warms up and its warm-up's garbage is collected. */
 const CLIENT_WARMUP_MS = 3_000;
 const rnd = seededRandom(7);
+
+/** The host's busy CPU so far, every CPU, ms (/proc/stat: all but idle and iowait). */
+function hostBusyMs(): number {
+  const f = (readFileSync("/proc/stat", "utf8").split("\n")[0] ?? "").trim().split(/\s+/).slice(1).map(Number);
+  const busy = f.reduce((a, b) => a + b, 0) - (f[3] ?? 0) - (f[4] ?? 0);
+  return (busy * 1000) / CLK_TCK;
+}
+
+/**
+ * The CPU every process but these used over a window, ms per second: other work on the host,
+ * which no pinning keeps off the peer's CPU (a run where it is high is not a clean one).
+ */
+class OthersCpu {
+  readonly #pids: readonly number[];
+  readonly #t0 = performance.now();
+  readonly #host0 = hostBusyMs();
+  readonly #own0: number;
+
+  constructor(pids: readonly number[]) {
+    this.#pids = pids;
+    this.#own0 = this.#own();
+  }
+
+  #own(): number {
+    return this.#pids.reduce((a, pid) => a + cpuMs(pid), 0);
+  }
+
+  perSecond(): number {
+    return (hostBusyMs() - this.#host0 - (this.#own() - this.#own0)) / ((performance.now() - this.#t0) / 1000);
+  }
+}
 
 /** Client-side latency of /select over a window, ms. */
 interface Latency {
@@ -154,17 +187,22 @@ interface RunResult {
   /** The peer's main-thread CPU per second of each window, ms/s. */
   readonly baseCpu: number;
   readonly duringCpu: number;
+  /** Other processes' CPU over each window, ms/s (OthersCpu). */
+  readonly baseOthers: number;
+  readonly duringOthers: number;
 }
 
 async function oneRun(peer: Peer, port: number, syncPort: number, prompts: readonly string[]): Promise<RunResult> {
   await peer.window();
   let cpu0 = threadCpu(peer.child.pid as number);
   let t0 = performance.now();
+  let others = new OthersCpu([process.pid, peer.child.pid as number]);
   const stopAt = t0 + args.baselineSecs * 1000;
   const base = await selectLoop(port, prompts, () => performance.now() >= stopAt);
   const baseEld = await peer.window();
   let cpu1 = threadCpu(peer.child.pid as number);
   const baseCpu = threadCpuDelta(cpu0, cpu1).mainMs / ((performance.now() - t0) / 1000);
+  const baseOthers = others.perSecond();
 
   const b = await spawnServe({
     label: "joiner",
@@ -180,6 +218,7 @@ async function oneRun(peer: Peer, port: number, syncPort: number, prompts: reado
   await peer.window();
   cpu0 = threadCpu(peer.child.pid as number);
   t0 = performance.now();
+  others = new OthersCpu([process.pid, peer.child.pid as number, b.pid]);
   // The joiner's phases, from its own log (pino "time" is an ISO wall-clock time): when the mesh's
   // startup sync ended and when the index was installed, relative to "listening".
   const phases: string[] = [];
@@ -212,10 +251,11 @@ async function oneRun(peer: Peer, port: number, syncPort: number, prompts: reado
   const duringEld = await peer.window();
   cpu1 = threadCpu(peer.child.pid as number);
   const duringCpu = threadCpuDelta(cpu0, cpu1).mainMs / ((performance.now() - t0) / 1000);
+  const duringOthers = others.perSecond();
   await poll;
   await stopServe(b);
   await new Promise((res) => setTimeout(res, SETTLE_MS));
-  return { readyMs, joinerBlocks, phases, base, during, baseEld, duringEld, baseCpu, duringCpu };
+  return { readyMs, joinerBlocks, phases, base, during, baseEld, duringEld, baseCpu, duringCpu, baseOthers, duringOthers };
 }
 
 const fmt = (l: { n: number; p50: number; p99: number; p999: number; max: number }): string =>
@@ -252,6 +292,7 @@ async function main(): Promise<void> {
     console.log(`    peer /select, B syncing     ${fmt(r.during)}  -> p99 ${(r.during.p99 / r.base.p99).toFixed(2)}x (target <= 1.2x)`);
     console.log(`    peer loop delay, no joiner  ${fmt(r.baseEld)}; main thread ${r.baseCpu.toFixed(0)} ms CPU/s`);
     console.log(`    peer loop delay, B syncing  ${fmt(r.duringEld)}; main thread ${r.duringCpu.toFixed(0)} ms CPU/s -> p99 ${(r.duringEld.p99 / r.baseEld.p99).toFixed(2)}x`);
+    console.log(`    other processes' CPU        ${r.baseOthers.toFixed(0)} ms/s with no joiner, ${r.duringOthers.toFixed(0)} ms/s while B syncs (of ${cpus().length * 1000})`);
   }
   console.log(`  /select p99 ratio per run: ${ratios.map((x) => x.toFixed(2)).join(", ")}; loop-delay p99 ratio: ${eldRatios.map((x) => x.toFixed(2)).join(", ")}`);
   peer.send({ t: "stop" });

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 
 import { KvmeshError } from "../../../src/core/errors.js";
-import { decodeIndexChunk, encodeIndexChunk, nextIndexChunk, type IndexRankSnapshot } from "../../../src/core/index-snapshot.js";
+import { chunkBytes, decodeIndexChunk, encodeIndexChunk, nextIndexChunk, type IndexRankSnapshot } from "../../../src/core/index-snapshot.js";
 import { IndexJoinJournal } from "../../../src/core/index-join-journal.js";
 import type { KvEventBatch } from "../../../src/core/kv-events.js";
 import { BLOCK, makeService, storedBatch, tokens, worker } from "../../helpers/core-fixtures.js";
@@ -26,7 +26,7 @@ function pullAll(svc: ReturnType<typeof fleet>, maxBytes: number): { chunks: num
   for (;;) {
     const c = nextIndexChunk(svc.indexSnapshotSource, cursor, maxBytes, positionOf);
     chunks++;
-    ranks.push(...decodeIndexChunk(c.chunk));
+    ranks.push(...decodeIndexChunk(chunkBytes(c)));
     if (c.next === null) return { chunks, ranks };
     cursor = c.next;
   }
