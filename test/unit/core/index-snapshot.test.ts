@@ -49,6 +49,32 @@ describe("index snapshot codec", () => {
     expect(joiner.dump()).toEqual(svc.dump());
   });
 
+  it("stops a chunk before exporting a rank the last one's size says will not fit, and still never passes the bound", () => {
+    const svc = fleet(6, 6);
+    let exported = 0;
+    const src = svc.indexSnapshotSource;
+    const counting = { rankKeys: (after?: string | null) => src.rankKeys(after), exportRank: (k: Parameters<typeof src.exportRank>[0]) => (exported++, src.exportRank(k)) };
+    const CHUNK_HEADER = 9;
+    const perRank = (nextIndexChunk(src, null, 1 << 20, positionOf).bytes - CHUNK_HEADER) / 6;
+    // Two ranks a chunk (ranks of one size): 6 ranks in 3 chunks, each exported once (none dropped).
+    const maxBytes = CHUNK_HEADER + 2 * perRank + 10;
+    let cursor: string | null = null;
+    let chunks = 0;
+    const got: bigint[] = [];
+    for (;;) {
+      const c = nextIndexChunk(counting, cursor, maxBytes, positionOf);
+      chunks++;
+      expect(c.bytes).toBeLessThanOrEqual(maxBytes);
+      expect(chunkBytes(c).length).toBe(c.bytes);
+      got.push(...decodeIndexChunk(chunkBytes(c)).map((r) => r.workerId));
+      if (c.next === null) break;
+      cursor = c.next;
+    }
+    expect(got).toEqual([1n, 2n, 3n, 4n, 5n, 6n]);
+    expect(chunks).toBe(3);
+    expect(exported).toBe(6);
+  });
+
   it("refuses ranks this replica does not know, or knows with another block size", () => {
     const svc = fleet(1, 3);
     const [r] = pullAll(svc, 1 << 20).ranks;
