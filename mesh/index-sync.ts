@@ -39,12 +39,15 @@ const INDEX_SYNC_VERSION = 1;
 const OK = 0;
 const ERR = 1;
 /**
- * The export yields its event loop once a slice has run this long, ms (a few ranks of 4,096
- * blocks). Between two slices a peer serves its waiting requests, so the slice sets the pull's
- * pace: with the joiner's install off its main thread (whole trees built on its decoding
- * thread), the peer's export was the join's critical path. bench:warm-join, same code, load
- * 1.3-3.4: 2 ms -> /ready 6.74 s (peer /select p99 3.98x its baseline), 4 ms -> 4.34 s (2.81x),
- * 8 ms -> 4.20-4.71 s (4.2-5.1x); the p99 moves more with the host's load than with the slice.
+ * The export lets its event loop run before a step would carry a slice past this, ms
+ * (export-slicer.ts; one 4,096-block rank is ~1-1.6 ms of it here). Between two slices a peer
+ * serves its waiting requests, so the slice sets the pull's pace against the /select wait.
+ * bench:warm-join, 3 runs each, load 2.5-3.8: 4 ms -> /ready in 4.20-4.75 s, peer /select p99
+ * 18-27 ms while the joiner syncs (baseline 7-10 ms); 2 ms -> 4.54-5.34 s and the same p99
+ * (17.7-26.9 ms): the p99 is set by stalls longer than any slice (the mesh's startup-sync
+ * snapshots, 60-170 ms), so a shorter slice costs join time and gains no tail. With the peer on
+ * a core of its own (--pin peer-alone), the slicer against slices that ended once past 4 ms
+ * (overrunning by up to a rank): peer loop-delay p99 1.27-2.09x against 1.75-2.63x.
  */
 const EXPORT_SLICE_MS = 4;
 /** Bound on a cursor or endpoint in a request, bytes. */

@@ -135,6 +135,13 @@ async function selectLoop(port: number, bodies: readonly string[], until: () => 
   return { n: s.length, p50: percentile(s, 50), p99: percentile(s, 99), p999: percentile(s, 99.9), max: s[s.length - 1] ?? Number.NaN };
 }
 
+/**
+ * A child inherits the nice value of the thread that starts it: started under `nice -n -N`
+ * (relative), the peer and the joiner run at nice 0 again, so --client-nice raises the client
+ * alone.
+ */
+const childNice = (): string[] => (args.clientNice === 0 ? [] : ["nice", "-n", String(-args.clientNice)]);
+
 /** The peer child and its IPC: one outstanding "window" at a time. */
 class Peer {
   readonly child: ChildProcess;
@@ -143,7 +150,7 @@ class Peer {
 
   constructor(o: PeerOptions, cpuList: string | undefined) {
     const script = fileURLToPath(new URL("./lib/warm-join-peer.ts", import.meta.url));
-    const [cmd, ...rest] = [...tasksetPrefix(cpuList), process.execPath, ...cliCommand().slice(0, -1), script, JSON.stringify(o)];
+    const [cmd, ...rest] = [...childNice(), ...tasksetPrefix(cpuList), process.execPath, ...cliCommand().slice(0, -1), script, JSON.stringify(o)];
     // cliCommand() minus the CLI's path: the node flags (KVMESH_BENCH_NODE_ARGS) and tsx.
     this.child = spawn(cmd, rest, { stdio: ["ignore", "inherit", "inherit", "ipc"] });
     killOnExit(this.child);
@@ -207,7 +214,7 @@ async function oneRun(peer: Peer, port: number, syncPort: number, prompts: reado
   const b = await spawnServe({
     label: "joiner",
     logLevel: "info",
-    prefix: tasksetPrefix(args.pin.get("joiner")),
+    prefix: [...childNice(), ...tasksetPrefix(args.pin.get("joiner"))],
     args: ["--replica-sync-port", String(await freePortPair()), "--peers", `tcp://127.0.0.1:${syncPort}`, "--index-sync-secs", "120", "--max-ranks", String(Math.max(args.workers, 1024))],
     onLine: (line) => {
       process.stderr.write(`joiner: ${line}\n`);
