@@ -42,12 +42,11 @@ const ERR = 1;
  * The export lets its event loop run before a step would carry a slice past this, ms
  * (export-slicer.ts; one 4,096-block rank is ~1-1.6 ms of it here). Between two slices a peer
  * serves its waiting requests, so the slice sets the pull's pace against the /select wait.
- * bench:warm-join, 3 runs each, load 2.5-3.8: 4 ms -> /ready in 4.20-4.75 s, peer /select p99
- * 18-27 ms while the joiner syncs (baseline 7-10 ms); 2 ms -> 4.54-5.34 s and the same p99
- * (17.7-26.9 ms): the p99 is set by stalls longer than any slice (the mesh's startup-sync
- * snapshots, 60-170 ms), so a shorter slice costs join time and gains no tail. With the peer on
- * a core of its own (--pin peer-alone), the slicer against slices that ended once past 4 ms
- * (overrunning by up to a rank): peer loop-delay p99 1.27-2.09x against 1.75-2.63x.
+ * bench:warm-join, 3 runs each, load 2.5-4.5: 4 ms -> /ready in 4.20-4.75 s (unpinned), and
+ * with the peer on a core of its own its event-loop delay p99 while a joiner syncs is 7.9-8.9 ms
+ * (2-5 ms without a joiner; 9.6-11.6 ms when a slice ended only once past 4 ms, overrunning by
+ * up to a rank); 2 ms -> 4.9-6.6 ms, but /ready in 4.54-5.34 s, past the 5 s target in 2 of 3
+ * runs. The tail (p999, max) is set by longer stalls outside the export (docs/warm-join.md).
  */
 const EXPORT_SLICE_MS = 4;
 /** Bound on a cursor or endpoint in a request, bytes. */
