@@ -48,7 +48,7 @@ const args = scriptProgram("bench:warm-join", "A joining replica pulls its peer'
   .option("--baseline-secs <s>", "length of each run's baseline window (no joiner)", positiveNumber, 4)
   .option(
     "--pin <layout>",
-    'CPUs per process (taskset, Linux): "none", "peer-alone" (peer=0,joiner=1,client=1) or role=cpus,... over peer, joiner, client',
+    'CPUs per process (taskset, Linux): "none", "peer-alone" (peer=0,joiner=1,client=1) or role=cpus,... over peer, joiner, client (default: none)',
     (v: string) => {
       try {
         const layout = parsePinLayout(v, ROLES, cpus().length);
@@ -58,7 +58,6 @@ const args = scriptProgram("bench:warm-join", "A joining replica pulls its peer'
         throw new InvalidArgumentError(err instanceof Error ? err.message : String(err));
       }
     },
-    new Map() as PinLayout,
   )
   .option(
     "--client-nice <n>",
@@ -71,7 +70,8 @@ const args = scriptProgram("bench:warm-join", "A joining replica pulls its peer'
     0,
   )
   .parse()
-  .opts<{ workers: number; blocksPerWorker: number; groups: number; variants: number; runs: number; baselineSecs: number; pin: PinLayout; clientNice: number }>();
+  .opts<{ workers: number; blocksPerWorker: number; groups: number; variants: number; runs: number; baselineSecs: number; pin?: PinLayout; clientNice: number }>();
+const pin: PinLayout = args.pin ?? new Map<string, string>();
 const READY_POLL_MS = 20;
 /** Between runs: the previous joiner's sockets close and the peer forgets it. */
 const SETTLE_MS = 1_000;
@@ -214,7 +214,7 @@ async function oneRun(peer: Peer, port: number, syncPort: number, prompts: reado
   const b = await spawnServe({
     label: "joiner",
     logLevel: "info",
-    prefix: [...childNice(), ...tasksetPrefix(args.pin.get("joiner"))],
+    prefix: [...childNice(), ...tasksetPrefix(pin.get("joiner"))],
     args: ["--replica-sync-port", String(await freePortPair()), "--peers", `tcp://127.0.0.1:${syncPort}`, "--index-sync-secs", "120", "--max-ranks", String(Math.max(args.workers, 1024))],
     onLine: (line) => {
       process.stderr.write(`joiner: ${line}\n`);
@@ -269,7 +269,7 @@ const fmt = (l: { n: number; p50: number; p99: number; p999: number; max: number
   `p50 ${l.p50.toFixed(2)}  p99 ${l.p99.toFixed(2)}  p999 ${l.p999.toFixed(2)}  max ${l.max.toFixed(2)} ms  (n=${l.n})`;
 
 async function main(): Promise<void> {
-  const clientCpus = args.pin.get("client");
+  const clientCpus = pin.get("client");
   if (clientCpus !== undefined) pinProcess(process.pid, clientCpus);
   if (args.clientNice !== 0) {
     try {
@@ -278,10 +278,10 @@ async function main(): Promise<void> {
       throw new Error(`--client-nice ${args.clientNice}: ${err instanceof Error ? err.message : String(err)} (a nice value below 0 needs root or CAP_SYS_NICE)`);
     }
   }
-  const peer = new Peer({ workers: args.workers, blocksPerWorker: args.blocksPerWorker, groups: args.groups, variants: args.variants, seed: 42 }, args.pin.get("peer"));
+  const peer = new Peer({ workers: args.workers, blocksPerWorker: args.blocksPerWorker, groups: args.groups, variants: args.variants, seed: 42 }, pin.get("peer"));
   const prompts = selectBodies(makeBenchPrompts(args.groups, args.variants));
   const { port, syncPort, blocks: peerBlocks } = await peer.next("ready");
-  const layout = args.pin.size === 0 ? "unpinned" : [...args.pin].map(([r, c]) => `${r}=${c}`).join(",");
+  const layout = pin.size === 0 ? "unpinned" : [...pin].map(([r, c]) => `${r}=${c}`).join(",");
   console.log(`\nbench:warm-join: ${args.workers} ranks x ${args.blocksPerWorker} blocks, peer A and joiner B child processes, ${layout}, client nice ${args.clientNice}`);
   console.log(`  peer's indexed blocks ${peerBlocks}`);
   const warmEnd = performance.now() + CLIENT_WARMUP_MS;
