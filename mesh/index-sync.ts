@@ -27,9 +27,10 @@ import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
 import { Worker } from "node:worker_threads";
 
-import { DEFAULT_INDEX_CHUNK_BYTES, indexChunkSteps, systemClock, systemTimers, type IndexPartitionTree, type IndexRankSnapshot, type IndexRankTarget, type IndexSnapshotSource, type KvStreamPosition, type MergedRank } from "../src/core/index.js";
+import { DEFAULT_INDEX_CHUNK_BYTES, indexChunkSteps, systemClock, systemTimers, type IndexPartitionTree, type IndexRankSnapshot, type IndexRankTarget, type IndexChunk, type IndexSnapshotSource, type KvStreamPosition, type MergedRank } from "../src/core/index.js";
 import type { Clock, Timers, WorkerId } from "../src/core/index.js";
 import type { ControlLink } from "./control.js";
+import { ExportSlicer } from "./export-slicer.js";
 import { MeshOptionError, MeshRemoteError, MeshWireError } from "./errors.js";
 
 /** "KVIQ" read as a little-endian u32. */
@@ -38,12 +39,14 @@ const INDEX_SYNC_VERSION = 1;
 const OK = 0;
 const ERR = 1;
 /**
- * The export yields its event loop once a slice has run this long, ms (a few ranks of 4,096
- * blocks). Between two slices a peer serves its waiting requests, so the slice sets the pull's
- * pace: with the joiner's install off its main thread (whole trees built on its decoding
- * thread), the peer's export was the join's critical path. bench:warm-join, same code, load
- * 1.3-3.4: 2 ms -> /ready 6.74 s (peer /select p99 3.98x its baseline), 4 ms -> 4.34 s (2.81x),
- * 8 ms -> 4.20-4.71 s (4.2-5.1x); the p99 moves more with the host's load than with the slice.
+ * The export lets its event loop run before a step would carry a slice past this, ms
+ * (export-slicer.ts; one 4,096-block rank is ~1-1.6 ms of it here). Between two slices a peer
+ * serves its waiting requests, so the slice sets the pull's pace against the /select wait.
+ * bench:warm-join, 3 runs each, load 2.5-4.5: 4 ms -> /ready in 4.20-4.75 s (unpinned), and
+ * with the peer on a core of its own its event-loop delay p99 while a joiner syncs is 7.9-8.9 ms
+ * (2-5 ms without a joiner; 9.6-11.6 ms when a slice ended only once past 4 ms, overrunning by
+ * up to a rank); 2 ms -> 4.9-6.6 ms, but /ready in 4.54-5.34 s, past the 5 s target in 2 of 3
+ * runs. The tail (p999, max) is set by longer stalls outside the export (docs/warm-join.md).
  */
 const EXPORT_SLICE_MS = 4;
 /** Bound on a cursor or endpoint in a request, bytes. */
@@ -102,14 +105,15 @@ export function decodeIndexSyncRequest(raw: Buffer): IndexSyncRequest {
   return { from, publishEndpoint: pe === "" ? undefined : pe, cursor: hasCursor ? cursor : null };
 }
 
-function encodeOk(next: string | null, chunk: Buffer): Buffer {
+/** The reply: its head, then the chunk's parts, copied once. */
+function encodeOk(next: string | null, chunk: IndexChunk): Buffer {
   const cur = Buffer.from(next ?? "", "utf8");
   const head = Buffer.alloc(1 + 1 + 2 + cur.length);
   head.writeUInt8(OK, 0);
   head.writeUInt8(next === null ? 0 : 1, 1);
   head.writeUInt16LE(cur.length, 2);
   cur.copy(head, 4);
-  return Buffer.concat([head, chunk]);
+  return Buffer.concat([head, ...chunk.parts], head.length + chunk.bytes);
 }
 
 function encodeError(message: string): Buffer {
@@ -156,9 +160,12 @@ export class IndexSyncServer {
   readonly stats: IndexSyncServerStats = { chunksServed: 0, ranksServed: 0, blocksServed: 0, bytesServed: 0, refused: 0, malformed: 0 };
   readonly #o: IndexSyncServerOptions;
   readonly #chunkBytes: number;
+  /** Kept across requests: its predictions are what a joiner's requests have cost so far. */
+  readonly #slicer: ExportSlicer;
 
   constructor(o: IndexSyncServerOptions) {
     this.#o = o;
+    this.#slicer = new ExportSlicer(o.clock ?? systemClock, EXPORT_SLICE_MS);
     this.#chunkBytes = o.chunkBytes ?? DEFAULT_INDEX_CHUNK_BYTES;
     if (!Number.isInteger(this.#chunkBytes) || this.#chunkBytes < 1024) throw new MeshOptionError("chunkBytes", `must be an integer of at least 1024, got ${this.#chunkBytes}`);
   }
@@ -183,27 +190,26 @@ export class IndexSyncServer {
       return encodeError(`index sync refused: ${refused}`);
     }
     // Ranks in slices of the event loop: each rank's export is one synchronous step with its
-    // position (~0.25 ms of CPU at 4,096 blocks), and a slice ends past EXPORT_SLICE_MS, so this
-    // replica's /select waits for one slice at most. A turn per rank would tie the pull's pace to
-    // this replica's request rate (1,024 ranks behind ~10 ms of /selects each: 10 s).
+    // position (~1 ms of CPU at 4,096 blocks), and a slice ends before a step that would carry
+    // it past EXPORT_SLICE_MS (export-slicer.ts), so this replica's /select waits for one slice
+    // at most. A turn per rank would tie the pull's pace to this replica's request rate (1,024
+    // ranks behind ~10 ms of /selects each: 10 s).
     const steps = indexChunkSteps(this.#o.source, req.cursor, this.#chunkBytes, this.#o.positionOf);
     const timers = this.#o.timers ?? systemTimers;
-    const clock = this.#o.clock ?? systemClock;
-    let sliceStart = clock.now();
+    const slicer = this.#slicer;
+    slicer.reset();
     let step = steps.next();
     while (step.done !== true) {
-      if (clock.now() - sliceStart >= EXPORT_SLICE_MS) {
-        await new Promise<void>((resolve) => timers.setImmediate(resolve));
-        sliceStart = clock.now();
-      }
+      while (slicer.yieldBefore(step.value)) await new Promise<void>((resolve) => timers.setImmediate(resolve));
       step = steps.next();
+      slicer.stepDone();
     }
     const c = step.value;
     this.stats.chunksServed++;
     this.stats.ranksServed += c.ranks;
     this.stats.blocksServed += c.blocks;
-    this.stats.bytesServed += c.chunk.length;
-    return encodeOk(c.next, c.chunk);
+    this.stats.bytesServed += c.bytes;
+    return encodeOk(c.next, c);
   }
 }
 

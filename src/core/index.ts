@@ -15,7 +15,7 @@ export { computeBlockHashes, computePromptHashes, computeSequenceHashes, saltSee
 export { IndexJoinJournal } from "./index-join-journal.js";
 export type { JoinPlan } from "./index-join-journal.js";
 export { decodeIndexChunk, DEFAULT_INDEX_CHUNK_BYTES, indexChunkSteps } from "./index-snapshot.js";
-export type { IndexRankSnapshot, IndexSnapshotSource, KvStreamPosition } from "./index-snapshot.js";
+export type { IndexChunk, IndexRankSnapshot, IndexSnapshotSource, KvStreamPosition } from "./index-snapshot.js";
 export { storedContentHashes } from "./kv-events.js";
 export type { KvApplyResult, KvEvent, KvEventBatch, StorageTier } from "./kv-events.js";
 export { MAX_HASHES_PER_BOOKING, MAX_WORKER_FIELD_ENTRIES } from "./limits.js";

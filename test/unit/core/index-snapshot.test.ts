@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 
 import { KvmeshError } from "../../../src/core/errors.js";
-import { decodeIndexChunk, encodeIndexChunk, nextIndexChunk, type IndexRankSnapshot } from "../../../src/core/index-snapshot.js";
+import { chunkBytes, decodeIndexChunk, encodeIndexChunk, nextIndexChunk, type IndexRankSnapshot } from "../../../src/core/index-snapshot.js";
 import { IndexJoinJournal } from "../../../src/core/index-join-journal.js";
 import type { KvEventBatch } from "../../../src/core/kv-events.js";
 import { BLOCK, makeService, storedBatch, tokens, worker } from "../../helpers/core-fixtures.js";
@@ -26,7 +26,7 @@ function pullAll(svc: ReturnType<typeof fleet>, maxBytes: number): { chunks: num
   for (;;) {
     const c = nextIndexChunk(svc.indexSnapshotSource, cursor, maxBytes, positionOf);
     chunks++;
-    ranks.push(...decodeIndexChunk(c.chunk));
+    ranks.push(...decodeIndexChunk(chunkBytes(c)));
     if (c.next === null) return { chunks, ranks };
     cursor = c.next;
   }
@@ -47,6 +47,32 @@ describe("index snapshot codec", () => {
     for (let w = 1; w <= 5; w++) joiner.upsertWorker(worker(w));
     for (const r of ranks) expect(joiner.importIndexRank(r)).toEqual({ installed: 6 });
     expect(joiner.dump()).toEqual(svc.dump());
+  });
+
+  it("stops a chunk before exporting a rank the last one's size says will not fit, and still never passes the bound", () => {
+    const svc = fleet(6, 6);
+    let exported = 0;
+    const src = svc.indexSnapshotSource;
+    const counting = { rankKeys: (after?: string | null) => src.rankKeys(after), exportRank: (k: Parameters<typeof src.exportRank>[0]) => (exported++, src.exportRank(k)) };
+    const CHUNK_HEADER = 9;
+    const perRank = (nextIndexChunk(src, null, 1 << 20, positionOf).bytes - CHUNK_HEADER) / 6;
+    // Two ranks a chunk (ranks of one size): 6 ranks in 3 chunks, each exported once (none dropped).
+    const maxBytes = CHUNK_HEADER + 2 * perRank + 10;
+    let cursor: string | null = null;
+    let chunks = 0;
+    const got: bigint[] = [];
+    for (;;) {
+      const c = nextIndexChunk(counting, cursor, maxBytes, positionOf);
+      chunks++;
+      expect(c.bytes).toBeLessThanOrEqual(maxBytes);
+      expect(chunkBytes(c).length).toBe(c.bytes);
+      got.push(...decodeIndexChunk(chunkBytes(c)).map((r) => r.workerId));
+      if (c.next === null) break;
+      cursor = c.next;
+    }
+    expect(got).toEqual([1n, 2n, 3n, 4n, 5n, 6n]);
+    expect(chunks).toBe(3);
+    expect(exported).toBe(6);
   });
 
   it("refuses ranks this replica does not know, or knows with another block size", () => {
