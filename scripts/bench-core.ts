@@ -202,12 +202,14 @@ async function run(prompts: BenchPrompt[], WORKERS: number, BLOCKS_PER_WORKER: n
 
   // A long prompt end to end (#26: hash + select_and_reserve <= 1 ms at 128,000 tokens, block
   // size 64): select_and_reserve from token_ids, the bookings above still live. Each prompt
-  // starts with a bench prompt (cached on some ranks), then a tail shared by its group of 8
-  // (so bookings in flight share prefixes) whose last block differs per call (hashed cold).
+  // is one of 8 groups' (a bench prompt as its head, cached on some ranks, then a tail), shared
+  // by the 8 prompts of the group but for its last token, which differs per call: the bookings
+  // in flight share all but their last block (sequence hashes chain, so a prompt whose head
+  // differed would share nothing).
   const LONG_LIVE = 16;
   const longPrompts = Array.from({ length: 64 }, (_, k) => {
     const t = new Uint32Array(args.longTokens);
-    const head = prompts[(k * 37) % prompts.length] as BenchPrompt;
+    const head = prompts[((k >> 3) * 37) % prompts.length] as BenchPrompt;
     t.set(head.tokens.subarray(0, Math.min(head.tokens.length, t.length)));
     for (let i = head.tokens.length; i < t.length; i++) t[i] = ((k >> 3) * 104_729 + i * 17) % 150_000;
     return t;
