@@ -66,9 +66,16 @@ class TimedCalls {
   readonly #start: Float64Array;
   readonly #dur: Float64Array;
   #n = 0;
+  /** The kernel's involuntary context switches of this process before the first call (the machine taking the core away). */
+  readonly #switchesBefore = process.resourceUsage().involuntaryContextSwitches;
+  #switches = 0;
   constructor(capacity: number) {
     this.#start = new Float64Array(capacity);
     this.#dur = new Float64Array(capacity);
+  }
+  /** Call after the loop: the involuntary context switches during it. */
+  end(): void {
+    this.#switches = process.resourceUsage().involuntaryContextSwitches - this.#switchesBefore;
   }
   add(start: number, end: number): void {
     this.#start[this.#n] = start;
@@ -98,7 +105,7 @@ class TimedCalls {
     const ms = inLoop.reduce((a, e) => a + e.duration, 0);
     const major = inLoop.filter((e) => (e as PerformanceEntry & { detail?: { kind?: number } }).detail?.kind !== 1).length;
     const c = summarize(clean);
-    return `${((1000 * inLoop.length) / n).toFixed(1)} pauses (${((1000 * major) / n).toFixed(1)} not scavenges), ${((1000 * ms) / n).toFixed(2)} ms per 1,000 calls; ${hit} calls hit; p50 / p99 without them ${fmtMs(c.p50)} / ${fmtMs(c.p99)}`;
+    return `${((1000 * inLoop.length) / n).toFixed(1)} pauses (${((1000 * major) / n).toFixed(1)} not scavenges), ${((1000 * ms) / n).toFixed(2)} ms per 1,000 calls; ${hit} calls hit; p50 / p99 without them ${fmtMs(c.p50)} / ${fmtMs(c.p99)}; involuntary context switches ${((1000 * this.#switches) / n).toFixed(1)} per 1,000 calls`;
   }
 }
 
@@ -196,6 +203,7 @@ async function run(prompts: BenchPrompt[], WORKERS: number, BLOCKS_PER_WORKER: n
     live.push(id);
     if (live.length > LIVE) svc.freeReservation(live.shift() as string);
   }
+  resCalls.end();
   const resSamples = resCalls.durations;
   await gcSettled();
   const resGc = resCalls.gcReport();
@@ -226,6 +234,7 @@ async function run(prompts: BenchPrompt[], WORKERS: number, BLOCKS_PER_WORKER: n
     longLive.push(id);
     if (longLive.length > LONG_LIVE) svc.freeReservation(longLive.shift() as string);
   }
+  longCalls.end();
   for (const id of longLive) svc.freeReservation(id);
   for (const id of live) svc.freeReservation(id);
   await gcSettled();
