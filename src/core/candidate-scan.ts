@@ -279,9 +279,9 @@ function denseFloors(p: Partition, sc: ScanScratch, n: number, promptBlocks: num
     if (scored[pos] === 1) continue;
     const rank = sched[pos] as number;
     const own = rank < requests.length && requests[rank] !== 0;
+    let c: number;
     // The floor is the exact cost, computed the same way, unless the prefill decays.
     exactFloor[pos] = own && decays[rank] !== 0 ? 0 : 1;
-    let c: number;
     if (!own && !peers) {
       c = idleCost;
     } else {
