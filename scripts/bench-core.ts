@@ -18,6 +18,7 @@ import { summarize } from "../src/bench/stats.js";
 import { positiveInt, positiveIntList, scriptProgram } from "./lib/script-args.js";
 import { COST_MODELS, type CostModel, type SelectionNote } from "../src/core/index.js";
 import { Option } from "commander";
+import { PerformanceObserver, type PerformanceEntry } from "node:perf_hooks";
 
 const args = scriptProgram("bench:core", "The selection core in process, no sockets: select latency, selections per second, heap per indexed pair.")
   .option("--workers <n>", "worker ranks", positiveInt, 1024)
@@ -27,9 +28,11 @@ const args = scriptProgram("bench:core", "The selection core in process, no sock
   .option("--groups <n>", "shared prompt prefixes", positiveInt, 300)
   .option("--variants <n>", "prompts per prefix", positiveInt, 8)
   .option("--iters <n>", "timed selections", positiveInt, 20000)
+  .option("--long-tokens <n>", "tokens of the long-prompt case (hash + select_and_reserve from token_ids, end to end)", positiveInt, 128_000)
+  .option("--long-iters <n>", "timed long-prompt select_and_reserve calls", positiveInt, 1000)
   .addOption(new Option("--cost-model <model>", "the selector's cost model (docs/cost-models.md)").choices(COST_MODELS).default("reference"))
   .parse()
-  .opts<{ workers: number; ranks?: number[]; maxPairs: number; blocksPerWorker: number; groups: number; variants: number; iters: number; costModel: CostModel }>();
+  .opts<{ workers: number; ranks?: number[]; maxPairs: number; blocksPerWorker: number; groups: number; variants: number; iters: number; longTokens: number; longIters: number; costModel: CostModel }>();
 const GROUPS = args.groups;
 const VARIANTS = args.variants;
 const ITERS = args.iters;
@@ -44,17 +47,79 @@ const usedBytes = (): number => {
 };
 const gc = (globalThis as { gc?: () => void }).gc;
 
-function main(): void {
+/**
+ * GC pauses seen by perf_hooks (start and duration, performance.now() ms). The observer's
+ * callback runs after a synchronous loop ends, so a timed loop is followed by `await gcSettled()`
+ * before its samples are matched against the pauses.
+ */
+const gcPauses: PerformanceEntry[] = [];
+new PerformanceObserver((list) => {
+  for (const e of list.getEntries()) gcPauses.push(e);
+}).observe({ entryTypes: ["gc"] });
+const gcSettled = (): Promise<void> => new Promise((r) => setTimeout(r, 20));
+
+/**
+ * A timed loop's samples (start and duration, ms) with the GC pauses that fell inside them:
+ * the p99 of the calls no pause touched is the code's own tail, apart from the collector's.
+ */
+class TimedCalls {
+  readonly #start: Float64Array;
+  readonly #dur: Float64Array;
+  #n = 0;
+  /** The kernel's involuntary context switches of this process before the first call (the machine taking the core away). */
+  readonly #switchesBefore = process.resourceUsage().involuntaryContextSwitches;
+  #switches = 0;
+  constructor(capacity: number) {
+    this.#start = new Float64Array(capacity);
+    this.#dur = new Float64Array(capacity);
+  }
+  /** Call after the loop: the involuntary context switches during it. */
+  end(): void {
+    this.#switches = process.resourceUsage().involuntaryContextSwitches - this.#switchesBefore;
+  }
+  add(start: number, end: number): void {
+    this.#start[this.#n] = start;
+    this.#dur[this.#n++] = end - start;
+  }
+  get durations(): number[] {
+    return Array.from(this.#dur.subarray(0, this.#n));
+  }
+  /** GC pauses (count, ms) per 1,000 calls within the loop's span, and the p99 of the calls no pause overlapped. */
+  gcReport(): string {
+    const n = this.#n;
+    if (n === 0) return "-";
+    const from = this.#start[0] as number;
+    const to = (this.#start[n - 1] as number) + (this.#dur[n - 1] as number);
+    const inLoop = gcPauses.filter((e) => e.startTime >= from && e.startTime < to).sort((a, b) => a.startTime - b.startTime);
+    const clean: number[] = [];
+    let g = 0;
+    let hit = 0;
+    for (let i = 0; i < n; i++) {
+      const s = this.#start[i] as number;
+      const e = s + (this.#dur[i] as number);
+      while (g < inLoop.length && (inLoop[g] as PerformanceEntry).startTime + (inLoop[g] as PerformanceEntry).duration < s) g++;
+      const p = inLoop[g];
+      if (p !== undefined && p.startTime < e) hit++;
+      else clean.push(e - s);
+    }
+    const ms = inLoop.reduce((a, e) => a + e.duration, 0);
+    const major = inLoop.filter((e) => (e as PerformanceEntry & { detail?: { kind?: number } }).detail?.kind !== 1).length;
+    const c = summarize(clean);
+    return `${((1000 * inLoop.length) / n).toFixed(1)} pauses (${((1000 * major) / n).toFixed(1)} not scavenges), ${((1000 * ms) / n).toFixed(2)} ms per 1,000 calls; ${hit} calls hit; p50 / p99 without them ${fmtMs(c.p50)} / ${fmtMs(c.p99)}; involuntary context switches ${((1000 * this.#switches) / n).toFixed(1)} per 1,000 calls`;
+  }
+}
+
+async function main(): Promise<void> {
   const prompts = makeBenchPrompts(GROUPS, VARIANTS, (g) => {
     progress("prompts", g * VARIANTS, GROUPS * VARIANTS);
   });
   for (const ranks of args.ranks ?? [args.workers]) {
-    run(prompts, ranks, Math.max(1, Math.min(args.blocksPerWorker, Math.floor(args.maxPairs / ranks))));
+    await run(prompts, ranks, Math.max(1, Math.min(args.blocksPerWorker, Math.floor(args.maxPairs / ranks))));
     gc?.();
   }
 }
 
-function run(prompts: BenchPrompt[], WORKERS: number, BLOCKS_PER_WORKER: number): void {
+async function run(prompts: BenchPrompt[], WORKERS: number, BLOCKS_PER_WORKER: number): Promise<void> {
   gc?.();
   const heapBefore = usedBytes();
   const svc = new SelectionService({ random: seededRandom(1), replicaId: 1n, selector: { costModel: args.costModel } });
@@ -126,24 +191,61 @@ function run(prompts: BenchPrompt[], WORKERS: number, BLOCKS_PER_WORKER: number)
   // Select-and-reserve with a steady 2,048 bookings in flight (each freed 2,048 requests later).
   const LIVE = 2_048;
   const live: string[] = [];
-  const resSamples: number[] = [];
+  const resCalls = new TimedCalls(ITERS);
   const resScored: number[] = [];
   for (let i = 0; i < ITERS; i++) {
     const q = pick();
     const id = `r${i}`;
     const s = performance.now();
     svc.selectAndReserve({ ...q, selection_id: id }, note);
-    resSamples.push(performance.now() - s);
+    resCalls.add(s, performance.now());
     resScored.push(note.scored ?? WORKERS);
     live.push(id);
     if (live.length > LIVE) svc.freeReservation(live.shift() as string);
   }
+  resCalls.end();
+  const resSamples = resCalls.durations;
+  await gcSettled();
+  const resGc = resCalls.gcReport();
+
+  // A long prompt end to end (#26: hash + select_and_reserve <= 1 ms at 128,000 tokens, block
+  // size 64): select_and_reserve from token_ids, the bookings above still live. Each prompt
+  // is one of 8 groups' (a bench prompt as its head, cached on some ranks, then a tail), shared
+  // by the 8 prompts of the group but for its last token, which differs per call: the bookings
+  // in flight share all but their last block (sequence hashes chain, so a prompt whose head
+  // differed would share nothing).
+  const LONG_LIVE = 16;
+  const longPrompts = Array.from({ length: 64 }, (_, k) => {
+    const t = new Uint32Array(args.longTokens);
+    const head = prompts[((k >> 3) * 37) % prompts.length] as BenchPrompt;
+    t.set(head.tokens.subarray(0, Math.min(head.tokens.length, t.length)));
+    for (let i = head.tokens.length; i < t.length; i++) t[i] = ((k >> 3) * 104_729 + i * 17) % 150_000;
+    return t;
+  });
+  const longLive: string[] = [];
+  const longCalls = new TimedCalls(args.longIters);
+  for (let i = -Math.min(200, args.longIters); i < args.longIters; i++) {
+    const t = longPrompts[(i + 1000) % longPrompts.length] as Uint32Array;
+    t[t.length - 1] = (i + 1000) % 150_000;
+    const id = `l${i}`;
+    const s = performance.now();
+    svc.selectAndReserve({ token_ids: t, selection_id: id });
+    if (i >= 0) longCalls.add(s, performance.now());
+    longLive.push(id);
+    if (longLive.length > LONG_LIVE) svc.freeReservation(longLive.shift() as string);
+  }
+  longCalls.end();
+  for (const id of longLive) svc.freeReservation(id);
+  for (const id of live) svc.freeReservation(id);
+  await gcSettled();
+  const longGc = longCalls.gcReport();
 
   const sel = summarize(selSamples);
   const res = summarize(resSamples);
   const hash = summarize(hashSamples);
   const hashU32 = summarize(hashU32Samples);
   const hashLong = summarize(longSamples);
+  const longRes = summarize(longCalls.durations);
   const bytesPerPair = (heapAfter - heapBefore) / pairs;
   const rows = [
     ["ranks", String(WORKERS)],
@@ -156,11 +258,14 @@ function run(prompts: BenchPrompt[], WORKERS: number, BLOCKS_PER_WORKER: number)
     ["ranks scored per select p50 / p99", `${summarize(scoredSamples).p50} / ${summarize(scoredSamples).p99}`],
     ["select_and_reserve p50 / p99", `${fmtMs(res.p50)} / ${fmtMs(res.p99)}`],
     ["ranks scored per reserve p50 / p99", `${summarize(resScored).p50} / ${summarize(resScored).p99}`],
+    ["select_and_reserve GC", resGc],
     ["hash 14,000 tokens p50 / p99", `${fmtMs(hash.p50)} / ${fmtMs(hash.p99)} (number[]); ${fmtMs(hashU32.p50)} / ${fmtMs(hashU32.p99)} (Uint32Array)`],
     ["hash 128,000 tokens p50 / p99", `${fmtMs(hashLong.p50)} / ${fmtMs(hashLong.p99)} (Uint32Array)`],
+    [`hash + reserve ${args.longTokens} tokens p50 / p99`, `${fmtMs(longRes.p50)} / ${fmtMs(longRes.p99)} / max ${fmtMs(longRes.max)} (token_ids, ${LONG_LIVE} such live)`],
+    ["  its GC", longGc],
   ];
   for (const [k, v] of rows) console.log(`${(k as string).padEnd(34)} ${v}`);
   console.log("");
 }
 
-main();
+await main();

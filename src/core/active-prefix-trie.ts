@@ -42,6 +42,11 @@ const INITIAL_TABLE_SLOTS = 1024;
 const TABLE_MAX_LOAD = 0.5;
 /** The table's tag word: one kind of key. */
 const TAG = 0;
+/*
+ * Hash words go to the table and the filter as int32 (`| 0`; both take them so): a list's words
+ * are uint32, and one of 2^31 or more passed to a call not inlined is a heap number. A free of a
+ * 128,000-token prompt's new node allocated 32 KB that way (bench:core, V8 heap sampling).
+ */
 
 /** Hashes [from, to) of `list` (pairs) that the same bookings hold. */
 class TrieNode {
@@ -124,7 +129,7 @@ export class ActivePrefixTrie {
       }
       if (hit === undefined) {
         // Off the expected path (the root, a branch, or the list left the tree): any node may hold it.
-        const id = this.#filter.mayHave(hi, lo) ? this.#table.get(TAG, hi, lo) : -1;
+        const id = this.#filter.mayHave(hi | 0, lo | 0) ? this.#table.get(TAG, hi | 0, lo | 0) : -1;
         if (id < 0) {
           node = undefined;
           continue;
@@ -239,7 +244,7 @@ export class ActivePrefixTrie {
     const path = this.#path;
     path.length = 0;
     for (let i = 0; i < pairs.length; i += 2) {
-      const id = this.#table.get(TAG, pairs[i] as number, pairs[i + 1] as number);
+      const id = this.#table.get(TAG, (pairs[i] as number) | 0, (pairs[i + 1] as number) | 0);
       if (id >= 0) path.push(this.#nodes[id] as TrieNode);
     }
     this.#weighNodes(path, rank, st, weight);
@@ -294,7 +299,7 @@ export class ActivePrefixTrie {
       for (const c of node.children) if (startsWith(c, hi, lo)) return c;
       return undefined;
     }
-    const id = this.#filter.mayHave(hi, lo) ? this.#table.get(TAG, hi, lo) : -1;
+    const id = this.#filter.mayHave(hi | 0, lo | 0) ? this.#table.get(TAG, hi | 0, lo | 0) : -1;
     if (id < 0) return undefined;
     const c = this.#nodes[id] as TrieNode;
     return c.parent === node && startsWith(c, hi, lo) ? c : undefined;
@@ -307,12 +312,12 @@ export class ActivePrefixTrie {
     const list = node.list;
     if (!filter.fits(table.size + node.to - node.from)) this.#rebuildFilter(table.size + node.to - node.from, node);
     for (let j = node.from; j < node.to; j++) {
-      const hi = list[2 * j] as number;
-      const lo = list[2 * j + 1] as number;
+      const hi = (list[2 * j] as number) | 0;
+      const lo = (list[2 * j + 1] as number) | 0;
       if (table.setIfAbsent(TAG, hi, lo, node.id) >= 0) {
         for (let k = node.from; k < j; k++) {
-          table.delete(TAG, list[2 * k] as number, list[2 * k + 1] as number);
-          filter.remove(list[2 * k] as number, list[2 * k + 1] as number);
+          table.delete(TAG, (list[2 * k] as number) | 0, (list[2 * k + 1] as number) | 0);
+          filter.remove((list[2 * k] as number) | 0, (list[2 * k + 1] as number) | 0);
         }
         return false;
       }
@@ -352,7 +357,7 @@ export class ActivePrefixTrie {
 
   #repoint(node: TrieNode): void {
     const list = node.list;
-    for (let j = node.from; j < node.to; j++) this.#table.set(TAG, list[2 * j] as number, list[2 * j + 1] as number, node.id);
+    for (let j = node.from; j < node.to; j++) this.#table.set(TAG, (list[2 * j] as number) | 0, (list[2 * j + 1] as number) | 0, node.id);
   }
 
   #newNode(list: Uint32Array, from: number, to: number, parent: TrieNode | undefined): TrieNode {
@@ -371,8 +376,10 @@ export class ActivePrefixTrie {
   #deleteNode(node: TrieNode): void {
     const list = node.list;
     for (let j = node.from; j < node.to; j++) {
-      this.#table.delete(TAG, list[2 * j] as number, list[2 * j + 1] as number);
-      this.#filter.remove(list[2 * j] as number, list[2 * j + 1] as number);
+      const hi = (list[2 * j] as number) | 0;
+      const lo = (list[2 * j + 1] as number) | 0;
+      this.#table.delete(TAG, hi, lo);
+      this.#filter.remove(hi, lo);
     }
     const parent = node.parent;
     if (parent !== undefined) {
@@ -394,7 +401,7 @@ export class ActivePrefixTrie {
     filter.rebuild(keys);
     for (const node of this.#nodes) {
       if (node === undefined || node === pending) continue;
-      for (let j = node.from; j < node.to; j++) filter.add(node.list[2 * j] as number, node.list[2 * j + 1] as number);
+      for (let j = node.from; j < node.to; j++) filter.add((node.list[2 * j] as number) | 0, (node.list[2 * j + 1] as number) | 0);
     }
   }
 

@@ -150,7 +150,11 @@ export function scanChoose(
     const margin = spreader === undefined ? 0 : spreader.nearTieBlocks;
     // An upper bound of the minimum plus the margin (sparseFloors and denseFloors lower their own copy).
     const reach = upper + margin;
-    const idle = loadOnlyCost(0, promptBlocks, 0, info, config);
+    // `+`: a call's result is untyped to the optimiser, and step 4 merges `idle` with the floors
+    // it reads: merged untyped, each was boxed (a heap number per rank walked, 6 KB a
+    // select_and_reserve at 1,024 ranks). As a number it stays an unboxed double (the same value).
+    // eslint-disable-next-line @typescript-eslint/no-unnecessary-type-conversion -- typed for the optimiser (above)
+    const idle = +loadOnlyCost(0, promptBlocks, 0, info, config);
     const ledger = p.ledger;
     const mirrored = p.mirrored;
     let floors: Floors;
@@ -205,7 +209,9 @@ export function scanChoose(
       let c = sparse && scored[pos] === 0 && loaded[pos] === 0 ? idle : (cost[pos] as number);
       if (c > best) continue;
       if (scored[pos] === 0 && exactFloor[pos] === 0 && !(sparse && loaded[pos] === 0)) {
-        c = exactCost(p, s, sched[pos] as number, promptBlocks, info, config);
+        // `+`: as `idle` above.
+        // eslint-disable-next-line @typescript-eslint/no-unnecessary-type-conversion -- typed for the optimiser (above)
+        c = +exactCost(p, s, sched[pos] as number, promptBlocks, info, config);
         exact++;
       }
       if (c < best) best = c;
@@ -264,6 +270,11 @@ function denseFloors(p: Partition, sc: ScanScratch, n: number, promptBlocks: num
   let nearCount = 0;
   let lowest = -1;
   let lowestFloor = Infinity;
+  // `+`: a parameter is untyped to the optimiser, and the two stores into cost[] below are one
+  // store of a merged value: merged with an untyped one, every floor was boxed first (a heap
+  // number per rank). As a number it stays an unboxed double (the same value).
+  // eslint-disable-next-line @typescript-eslint/no-unnecessary-type-conversion -- typed for the optimiser (above)
+  const idleCost = +idle;
   for (let pos = 0; pos < n; pos++) {
     if (scored[pos] === 1) continue;
     const rank = sched[pos] as number;
@@ -272,12 +283,15 @@ function denseFloors(p: Partition, sc: ScanScratch, n: number, promptBlocks: num
     // The floor is the exact cost, computed the same way, unless the prefill decays.
     exactFloor[pos] = own && decays[rank] !== 0 ? 0 : 1;
     if (!own && !peers) {
-      c = idle;
+      c = idleCost;
     } else {
       // As LoadLedger.fillCandidateLoads then Partition.fillCandidateLoads compute the row
       // (same operations, same order), with the floor of the ledger's prefill.
       let prefill = own ? (floorPrefill[rank] as number) : 0;
-      let decode = own ? (blocks[rank] as number) + promptBlocks : promptBlocks;
+      // (0 + promptBlocks is promptBlocks.) One sum, not a choice between a sum and the untyped
+      // parameter, for the reason `idleCost` is a number (without both, 12 KB a
+      // select_and_reserve at 1,024 ranks in bench:core's heap sampling).
+      let decode = (own ? (blocks[rank] as number) : 0) + promptBlocks;
       let reqs = own ? (requests[rank] as number) : 0;
       if (peers) {
         prefill += mirrored.prefillTokens(rank);

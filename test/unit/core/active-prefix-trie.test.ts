@@ -211,6 +211,34 @@ describe("ActivePrefixTrie", () => {
     expect(st.map((s) => s.uniqueBlocks)).toEqual([0, 0]);
   });
 
+  it("keys words of 2^31 and more as the words they are (the table and filter take them as int32)", () => {
+    const trie = new ActivePrefixTrie();
+    const st = [totals(), totals()];
+    // Every word has its top bit set; a second list differs from the first only there.
+    const high = Uint32Array.from(chain([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]), (w) => (w | 0x8000_0000) >>> 0);
+    const low = Uint32Array.from(high, (w) => w & 0x7fff_ffff);
+    trie.touchAll(high, 0, st[0] as RankBlockTotals);
+    expect(count(trie, high)).toEqual([12, 0, 0, 0]);
+    expect(count(trie, low)).toEqual([0, 0, 0, 0]);
+    trie.touchAll(low, 1, st[1] as RankBlockTotals);
+    // Past the child scan: a branch of high after 2 hashes found through the table.
+    const branches = Array.from({ length: 12 }, (_, b) => {
+      const l = high.slice();
+      for (let i = 2; i < 12; i++) l[2 * i] = (0x8000_0000 + b * 7_919 + i) >>> 0;
+      return l;
+    });
+    for (const l of branches) trie.touchAll(l, 2, st[0] as RankBlockTotals);
+    expect(count(trie, branches[11] as Uint32Array)).toEqual([2, 0, 12, 0]);
+    expect(count(trie, low)).toEqual([0, 12, 0, 0]);
+    expect(trie.size).toBe(12 + 12 + 12 * 10);
+    trie.untouchAll(high, 0, st[0] as RankBlockTotals);
+    for (const l of branches) trie.untouchAll(l, 2, st[0] as RankBlockTotals);
+    expect(count(trie, high)).toEqual([0, 0, 0, 0]);
+    trie.untouchAll(low, 1, st[1] as RankBlockTotals);
+    expect(trie.size).toBe(0);
+    expect(trie.perHash).toBe(false);
+  });
+
   it("hands a list that repeats a hash, or starts inside the tree, to the per-hash index until nothing is in flight", () => {
     const trie = new ActivePrefixTrie();
     const st = totals();
