@@ -15,8 +15,16 @@
  *
  * In-process mode (`--in-process`): the same payloads decoded (kv-event-decoder.ts) and applied
  * (SelectionService.applyKvEvents) in a loop on this thread: the decode + apply floor per core.
+ *
+ * Apply-only mode (`--apply-only`): the main thread's share alone. Every one of `--ranks` ranks'
+ * batches is read into the prepared form first (as the ingest thread hands them over), then
+ * applied (decodePreparedBatch + SelectionService.applyKvEvents, what KvIngestWorker does per
+ * batch) round-robin over the ranks, every rank at its steady state (half its ring held), for
+ * `--reps` runs of `--iters` batches: ns per block op (p50 and best), ops/s per core, GC time
+ * and heap. Run under `node --cpu-prof` for where the time goes (scripts/cpuprofile-self.ts).
  */
 import { once } from "node:events";
+import { PerformanceObserver } from "node:perf_hooks";
 import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface } from "node:readline";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -52,6 +60,8 @@ const WARMUP_SECONDS = 2;
 
 const opts = scriptProgram("bench:ingest", "KV-event block operations per second one replica keeps up with, CPU per thread, select latency meanwhile")
   .option("--in-process", "decode + apply on this thread, no daemon (the floor per core)", false)
+  .option("--apply-only", "the main thread's apply of prepared batches alone, every --ranks rank publishing (ns per block op)", false)
+  .option("--reps <n>", "apply-only: runs of --iters batches (p50 and best reported)", positiveInt, 7)
   .option("--formats <list>", "vLLM encodings: map and/or array", listOf(FORMATS), ["map"])
   .option("--block-sizes <list>", "tokens per block, comma-separated", positiveIntList, [16])
   .option("--blocks-per-event <n>", "blocks per BlockStored / BlockRemoved", positiveInt, 32)
@@ -71,6 +81,8 @@ const opts = scriptProgram("bench:ingest", "KV-event block operations per second
   .parse()
   .opts<{
     inProcess: boolean;
+    applyOnly: boolean;
+    reps: number;
     formats: KvBenchFormat[];
     blockSizes: number[];
     blocksPerEvent: number;
@@ -158,6 +170,80 @@ function inProcess(shape: KvBenchShape): void {
   );
   console.log(`  ingest thread, to the prepared form: general (decode + prepare + encode) ${rate(generalMs)}, fast reader ${rate(fastMs)}`);
   console.log(`  main thread, applying prepared batches: ${rate(applyMs)}`);
+}
+
+// ---------------------------------------------------------------- apply only
+
+/** GC pauses (ms) observed since `gcMs.reset()`: V8's `gc` performance entries. */
+const gcMs = (() => {
+  let total = 0;
+  let count = 0;
+  const obs = new PerformanceObserver((list) => {
+    for (const e of list.getEntries()) {
+      total += e.duration;
+      count++;
+    }
+  });
+  obs.observe({ entryTypes: ["gc"] });
+  return {
+    reset: (): void => {
+      total = 0;
+      count = 0;
+    },
+    read: (): { ms: number; count: number } => ({ ms: total, count }),
+    stop: (): void => { obs.disconnect(); },
+  };
+})();
+
+async function applyOnly(shape: KvBenchShape): Promise<void> {
+  const ranks = opts.ranks;
+  const svc = new SelectionService({ random: seededRandom(1), replicaId: 1n });
+  for (let w = 0; w < ranks; w++) svc.upsertWorker({ worker_id: BigInt(w + 1), endpoint: `http://w${w}`, block_size: shape.blockSize });
+  // Every rank's cycle, read once into the prepared form as the ingest thread hands it over.
+  const t0 = performance.now();
+  const prepared = Array.from({ length: ranks }, (_, r) =>
+    rankBatches(shape, r).map((b) => {
+      const p = readPreparedKvBatch(b);
+      if (p === null) throw new Error("bench batch not taken by the fast reader");
+      return p;
+    }),
+  );
+  const cycleLen = (prepared[0] as PreparedKvBatch[]).length;
+  process.stderr.write(`apply-only: ${ranks} ranks x ${cycleLen} prepared batches in ${((performance.now() - t0) / 1000).toFixed(1)} s\n`);
+  let next = 0; // batches applied so far: batch i goes to rank i % ranks, the rank's stream in order
+  const run = (iters: number): number => {
+    const start = performance.now();
+    for (let k = 0; k < iters; k++, next++) {
+      const r = next % ranks;
+      const p = (prepared[r] as PreparedKvBatch[])[Math.floor(next / ranks) % cycleLen] as PreparedKvBatch;
+      svc.applyKvEvents(BigInt(r + 1), 0, decodePreparedBatch(p.ts, p.dpRank, p.words, p.strings));
+    }
+    return performance.now() - start;
+  };
+  // Warm: a whole cycle of every rank (each then holds half its ring, as in steady state), and the JIT.
+  run(ranks * cycleLen);
+  const ops = opts.iters * opsPerBatch(shape);
+  const nsPerOp: number[] = [];
+  const gcShare: number[] = [];
+  for (let rep = 0; rep < opts.reps; rep++) {
+    gcMs.reset();
+    const ms = run(opts.iters);
+    // The observer reports asynchronously: let this rep's entries arrive.
+    await sleep(0);
+    nsPerOp.push((ms * 1e6) / ops);
+    gcShare.push(gcMs.read().ms / ms);
+  }
+  gcMs.stop();
+  const sorted = [...nsPerOp].sort((a, b) => a - b);
+  const p50 = sorted[Math.floor(sorted.length / 2)] as number;
+  const best = sorted[0] as number;
+  const gcP50 = [...gcShare].sort((a, b) => a - b)[Math.floor(gcShare.length / 2)] as number;
+  const heap = process.memoryUsage();
+  console.log(
+    `${label(shape)}; ${ranks} ranks publishing, ${opts.reps} runs of ${opts.iters} batches (${ops} block ops): main thread applying prepared batches ` +
+      `p50 ${p50.toFixed(0)} ns/op (${fmtM(1e9 / p50)} ops/s per core), best ${best.toFixed(0)} ns/op (${fmtM(1e9 / best)}), runs ${nsPerOp.map((v) => v.toFixed(0)).join(" ")}; ` +
+      `GC ${(100 * gcP50).toFixed(1)}% of a run (p50); heap used ${mb(heap.heapUsed)} MB, total ${mb(heap.heapTotal)} MB, RSS ${mb(heap.rss)} MB; events applied ${svc.stats.kvEventsApplied}, dropped ${svc.stats.kvEventsDropped}`,
+  );
 }
 
 // ---------------------------------------------------------------- daemon
@@ -361,7 +447,8 @@ function report(shape: KvBenchShape, steps: readonly Step[]): void {
 for (const format of opts.formats) {
   for (const blockSize of opts.blockSizes) {
     const shape = shapeOf(format, blockSize);
-    if (opts.inProcess) inProcess(shape);
+    if (opts.applyOnly) await applyOnly(shape);
+    else if (opts.inProcess) inProcess(shape);
     else await daemonRun(shape);
   }
 }

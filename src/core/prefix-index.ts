@@ -8,8 +8,12 @@
  * Layout (sized for the core benchmark: 1,024 ranks x 4,096 blocks = 4.2 M (rank, block) pairs):
  * - Nodes are int ids over growable typed arrays (parent, key, sibling links, holder count) with ids
  *   recycled on prune; the root is node 0. No object per node.
- * - Children: ONE partition-wide U64Table (parentId, localHi, localLo) -> childId, plus an intrusive
- *   sibling list per node (needed only to walk a subtree when a rank's chain is cut or restored).
+ * - Children: an intrusive sibling list per node, plus ONE partition-wide U64Table (parentId,
+ *   localHi, localLo) -> childId that holds (at least) every child of a node with two or more
+ *   children: a lone child is found at the head of its parent's list without the table (#childOf),
+ *   so most nodes of a cached chain (one child each) never enter it, and storing or evicting them
+ *   costs no random probe into a table of millions of slots (issue 26: #newNode and #maybePrune
+ *   were 40% of the main thread's apply, most of it these probes).
  * - Per-rank lookup: one U64Table per rank keyed (tierIndex, seqHi, seqLo) -> nodeId. Per rank rather
  *   than one global table so that Cleared / removeRank / dumpRank touch only that rank's entries
  *   and growth never rehashes millions of other ranks' entries at once.
@@ -63,6 +67,8 @@ const UNVISITED = -2;
 const CUT = -3;
 /** importRankEntries sizes the rank's lookup table at this load (U64Table grows past 0.7). */
 const IMPORT_TABLE_LOAD = 0.6;
+/** Node ids are Int32Array values, so below 2^31: applyRemoved packs (depth, id) as depth * 2^31 + id. */
+const NODE_ID_RANGE = 2 ** 31;
 
 function tierIndex(tier: StorageTier): number {
   switch (tier) {
@@ -279,6 +285,8 @@ export class PrefixIndex {
   #devArr: (Int32Array | undefined)[] = [];
   #aux: (NodeAux | undefined)[] = [];
   #children = new U64Table(INITIAL_NODE_CAPACITY * 2);
+  /** 1 when the node's edge is in #children (then pruning it deletes the entry). */
+  #inChildren = new Uint8Array(0);
 
   // ---- ranks ----
   #rankCap = 0;
@@ -310,6 +318,10 @@ export class PrefixIndex {
   /** importRankEntries' scratch: each snapshot node's id here, and whether the rank holds it attached in device. */
   #importMine = new Int32Array(0);
   #importAttached = new Uint8Array(0);
+
+  /** applyRemoved's scratch: the nodes an event's entries named, and their sort keys. */
+  #removeNodes = new Int32Array(64);
+  #removeKeys = new Float64Array(0);
 
   /** exportRankEntries' node -> number map, all zero between calls. */
   #scratchMark = new Int32Array(0);
@@ -355,7 +367,10 @@ export class PrefixIndex {
 
   /** Chains parked until their parent is known: now, and counted since the index was made. */
   get detached(): DetachedChainStats & { readonly refusedChains: number } {
-    return { ...this.#detached.stats, refusedChains: this.#detachedRefused };
+    // Field by field, not a spread of stats: the KV apply reads this twice a batch, and the spread
+    // was 2.5% of the main thread's apply (bench:ingest --apply-only profile).
+    const d = this.#detached.stats;
+    return { blocks: d.blocks, chains: d.chains, parkedBlocks: d.parkedBlocks, attachedBlocks: d.attachedBlocks, shedBlocks: d.shedBlocks, refusedChains: this.#detachedRefused };
   }
 
   /** Whether `rank` holds the block with sequence hash `hash` in any tier. */
@@ -385,6 +400,7 @@ export class PrefixIndex {
     return (
       nodeBytes +
       this.#children.byteSize +
+      this.#inChildren.byteLength +
       lookupBytes +
       this.#devArrBytes +
       this.#auxCount * APPROX_AUX_BYTES +
@@ -542,20 +558,56 @@ export class PrefixIndex {
     const table = rank < this.#rankCap ? this.#lookups[rank] : undefined;
     if (table === undefined) return 0;
     const n = hashCount(blockHashes);
-    let removed = 0;
+    // First every entry out of the rank's table, in the event's order; then the claims dropped
+    // deepest first. The end state is the same in any order (a rank is attached at a node iff it
+    // holds it and every ancestor in device, whatever the order the claims went), but an engine
+    // that lists a chain root first (the bench's, and vLLM's per request) made the claim on the
+    // root go first: every block below it was detached (a NodeAux and a RankSet each) only to be
+    // removed right after, ~12% of the main thread's apply. Deepest first, each is a leaf by then.
+    if (this.#removeNodes.length < n) this.#removeNodes = new Int32Array(Math.max(n, 2 * this.#removeNodes.length));
+    const nodes = this.#removeNodes;
+    const depth = this.#depth;
+    let m = 0;
+    let ascending = true;
+    let descending = true;
     for (let i = 0; i < n; i++) {
-      const bh = blockHashes[2 * i] as number;
-      const bl = blockHashes[2 * i + 1] as number;
-      const node = table.take(t, bh, bl);
+      const node = table.take(t, blockHashes[2 * i] as number, blockHashes[2 * i + 1] as number);
       if (node < 0) continue;
-      this.#pairs--;
-      if (t !== DEVICE) this.#lowerPairs--;
-      this.#removeMembership(rank, t, node);
-      this.#holders[node] = (this.#holders[node] as number) - 1;
-      this.#maybePrune(node);
-      removed++;
+      if (m > 0) {
+        const d = depth[node] as number;
+        const prev = depth[nodes[m - 1] as number] as number;
+        if (d < prev) ascending = false;
+        else if (d > prev) descending = false;
+      }
+      nodes[m++] = node;
     }
-    return removed;
+    this.#pairs -= m;
+    if (t !== DEVICE) this.#lowerPairs -= m;
+    if (ascending && m > 1) {
+      for (let j = m - 1; j >= 0; j--) this.#dropClaim(rank, t, nodes[j] as number);
+    } else if (descending || t !== DEVICE) {
+      for (let j = 0; j < m; j++) this.#dropClaim(rank, t, nodes[j] as number);
+    } else {
+      this.#dropClaimsDeepestFirst(rank, nodes, m);
+    }
+    return m;
+  }
+
+  /** One removed entry's claim: its membership, its holder count, and the node if nothing else holds it. */
+  #dropClaim(rank: number, t: number, node: number): void {
+    this.#removeMembership(rank, t, node);
+    this.#holders[node] = (this.#holders[node] as number) - 1;
+    this.#maybePrune(node);
+  }
+
+  /** Device claims in no depth order: sorted deepest first (depth and node id packed in one double, a native sort). */
+  #dropClaimsDeepestFirst(rank: number, nodes: Int32Array, m: number): void {
+    if (this.#removeKeys.length < m) this.#removeKeys = new Float64Array(Math.max(m, 2 * this.#removeKeys.length));
+    const keys = this.#removeKeys.subarray(0, m);
+    // depth < 2^21 and node id < 2^31: exact in a double (< 2^52).
+    for (let j = 0; j < m; j++) keys[j] = (this.#depth[nodes[j] as number] as number) * NODE_ID_RANGE + (nodes[j] as number);
+    keys.sort();
+    for (let j = m - 1; j >= 0; j--) this.#dropClaim(rank, DEVICE, (keys[j] as number) % NODE_ID_RANGE);
   }
 
   /** The rank dropped everything (all tiers). */
@@ -1030,6 +1082,8 @@ export class PrefixIndex {
     // The tables were built by U64Table on the decoding thread (PrefixTreeBuilder), never read
     // from the wire: adopted without counting their slots.
     this.#children = U64Table.adopt(img.children.slots, img.children.size, false);
+    // The image's table holds every edge (prefix-tree-builder.ts): each node is in it.
+    this.#inChildren = new Uint8Array(cap).fill(1);
     let maxRank = -1;
     for (const r of img.ranks) maxRank = Math.max(maxRank, r);
     if (maxRank >= 0) checkRank(maxRank);
@@ -1068,6 +1122,7 @@ export class PrefixIndex {
     this.#devArr = o.#devArr;
     this.#aux = o.#aux;
     this.#children = o.#children;
+    this.#inChildren = o.#inChildren;
     this.#rankCap = o.#rankCap;
     this.#lookups = o.#lookups;
     this.#detachedCount = o.#detachedCount;
@@ -1203,6 +1258,8 @@ export class PrefixIndex {
 
   /** The rank lost its device chain at node: its attached descendants become detached. */
   #detachBelow(rank: number, node: number): void {
+    // A leaf has nothing to detach: most removals reach one (deepest first, applyRemoved).
+    if (this.#firstChild[node] === NONE) return;
     const stack = [node];
     while (stack.length > 0) {
       const x = stack.pop() as number;
@@ -1368,9 +1425,19 @@ export class PrefixIndex {
     const head = this.#firstChild[parent] as number;
     this.#nextSib[id] = head;
     this.#prevSib[id] = NONE;
-    if (head !== NONE) this.#prevSib[head] = id;
+    if (head !== NONE) {
+      this.#prevSib[head] = id;
+      // The parent now has two or more children: every one of them must be in the table.
+      if (this.#inChildren[head] === 0) {
+        this.#children.set(parent, this.#keyHi[head] as number, this.#keyLo[head] as number, head);
+        this.#inChildren[head] = 1;
+      }
+      this.#children.set(parent, hi, lo, id);
+      this.#inChildren[id] = 1;
+    } else {
+      this.#inChildren[id] = 0;
+    }
     this.#firstChild[parent] = id;
-    this.#children.set(parent, hi, lo, id);
     this.#liveNodes++;
     return id;
   }
@@ -1380,7 +1447,10 @@ export class PrefixIndex {
     let x = node;
     while (x !== ROOT && this.#holders[x] === 0 && this.#firstChild[x] === NONE) {
       const p = this.#parent[x] as number;
-      this.#children.delete(p, this.#keyHi[x] as number, this.#keyLo[x] as number);
+      if (this.#inChildren[x] === 1) {
+        this.#children.delete(p, this.#keyHi[x] as number, this.#keyLo[x] as number);
+        this.#inChildren[x] = 0;
+      }
       const prev = this.#prevSib[x] as number;
       const next = this.#nextSib[x] as number;
       if (prev !== NONE) this.#nextSib[prev] = next;
@@ -1414,6 +1484,7 @@ export class PrefixIndex {
     this.#depth = grownTo(this.#depth, cap);
     this.#devSize = grownTo(this.#devSize, cap);
     this.#devInline = grownTo(this.#devInline, cap);
+    this.#inChildren = grownTo(this.#inChildren, cap);
     for (let i = this.#nodeCap; i < cap; i++) {
       this.#devArr.push(undefined);
       this.#aux.push(undefined);

@@ -90,35 +90,41 @@ export function encodePreparedBatch(batch: KvEventBatch): EncodedBatch | null {
   return { words: w, strings };
 }
 
+/**
+ * The batch back as events whose hash lists are views into `w`. Runs on the main thread for every
+ * batch the ingest thread hands over, so it is written flat: no closure, no spread (the closures
+ * and the conditional spread were ~7% of the main thread's apply, bench:ingest --apply-only).
+ */
 export function decodePreparedBatch(ts: number, dpRank: number | null, w: Uint32Array, strings: readonly string[]): KvEventBatch {
-  const events: KvEvent[] = [];
   const n = w[0] as number;
+  const events: KvEvent[] = new Array<KvEvent>(n);
   let o = 1;
-  const pairs = (): Uint32Array => {
-    const count = (w[o++] as number) * 2;
-    const v = w.subarray(o, o + count);
-    o += count;
-    return v;
-  };
-  const tier = (): StorageTier => TIERS[w[o++] as number] as StorageTier;
   for (let i = 0; i < n; i++) {
     const kind = w[o++];
     if (kind === CLEARED) {
-      events.push({ type: "cleared" });
+      events[i] = { type: "cleared" };
     } else if (kind === REMOVED) {
-      const t = tier();
-      events.push({ type: "removed", blockHashes: [], tier: t, engineHashes: pairs() });
+      const t = TIERS[w[o] as number] as StorageTier;
+      const count = (w[o + 1] as number) * 2;
+      o += 2;
+      events[i] = { type: "removed", blockHashes: [], tier: t, engineHashes: w.subarray(o, o + count) };
+      o += count;
     } else {
-      const t = tier();
-      const flags = w[o++] as number;
-      const hi = w[o++] as number;
-      const lo = w[o++] as number;
-      const blockSize = w[o++] as number;
-      const lora = w[o++] as number;
-      const salt = w[o++] as number;
-      const engineHashes = pairs();
-      const localHashes = pairs();
-      events.push({
+      const t = TIERS[w[o] as number] as StorageTier;
+      const flags = w[o + 1] as number;
+      const hi = w[o + 2] as number;
+      const lo = w[o + 3] as number;
+      const blockSize = w[o + 4] as number;
+      const lora = w[o + 5] as number;
+      const salt = w[o + 6] as number;
+      const engineCount = (w[o + 7] as number) * 2;
+      o += 8;
+      const engineHashes = w.subarray(o, o + engineCount);
+      o += engineCount;
+      const localCount = (w[o++] as number) * 2;
+      const localHashes = w.subarray(o, o + localCount);
+      o += localCount;
+      const ev: KvEvent = {
         type: "stored",
         blockHashes: [],
         parentHash: (flags & HAS_PARENT) !== 0 ? (BigInt(hi) << 32n) | BigInt(lo) : null,
@@ -127,10 +133,11 @@ export function decodePreparedBatch(ts: number, dpRank: number | null, w: Uint32
         loraName: lora === NO_STRING ? null : (strings[lora] as string),
         tier: t,
         eagle: (flags & EAGLE) !== 0,
-        ...(salt === NO_STRING ? {} : { cacheSalt: strings[salt] as string }),
         engineHashes,
         localHashes,
-      });
+      };
+      if (salt !== NO_STRING) ev.cacheSalt = strings[salt] as string;
+      events[i] = ev;
     }
   }
   return { ts, events, dpRank };
