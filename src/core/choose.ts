@@ -462,8 +462,11 @@ export function effectivePrefillFor(p: Partition, rank: number, prompt: Normaliz
   return prompt.islTokens;
 }
 
-/** The /select response for a selection (`booked`: select_and_reserve adds what a booking needs). */
-export function selectResponse(sel: Selection, endpoint: string | null, selectionId: string | undefined, booked: boolean): SelectResponse {
+/**
+ * The /select response for a selection (`booked`: select_and_reserve adds what a booking needs;
+ * `sequenceHashes` false leaves out the booking's hash list, SelectReplyShape).
+ */
+export function selectResponse(sel: Selection, endpoint: string | null, selectionId: string | undefined, booked: boolean, sequenceHashes = true): SelectResponse {
   const resp: SelectResponse = {
     model_name: sel.partition.modelName,
     routing_group: sel.partition.routingGroup,
@@ -478,7 +481,7 @@ export function selectResponse(sel: Selection, endpoint: string | null, selectio
   if (selectionId !== undefined) resp.selection_id = selectionId;
   if (booked) {
     // Signed, as the reference returns them (`Vec<i64>`, types.rs SelectResponse; core/run.rs).
-    resp.sequence_hashes = hashListToSignedBigInts(sel.prompt.seqHashes);
+    if (sequenceHashes) resp.sequence_hashes = hashListToSignedBigInts(sel.prompt.seqHashes);
     resp.isl_tokens = sel.prompt.islTokens;
     resp.track_prefill_tokens = sel.config.trackPrefillTokens;
   }

@@ -50,7 +50,7 @@ export type { ReplicaSlot } from "./tie-spread.js";
 export { keepAliveTimers, ManualClock, ManualTimers, systemClock, systemTimers, systemWallClock } from "./time.js";
 export type { Clock, TimerHandle, Timers } from "./time.js";
 export { DEFAULT_MODEL_NAME, DEFAULT_ROUTING_GROUP } from "./types.js";
-export type { BlockExtraInfo, BlockMmObjectInfo, Lifecycle, MmRoutingInfo, ModelLoadResponse, PromptFields, RankLoad, ReservationRequest, RouterConfigOverrideWire, SelectAndReserveRequest, SelectionNote, SelectRequest, SessionContext, WorkerCatalogRecord, WorkerId, WorkerPatchRequest, WorkerRankRef, WorkerRequest } from "./types.js";
+export type { BlockExtraInfo, BlockMmObjectInfo, Lifecycle, MmRoutingInfo, ModelLoadResponse, PromptFields, RankLoad, ReservationRequest, RouterConfigOverrideWire, SelectAndReserveRequest, SelectionNote, SelectReplyShape, SelectRequest, SessionContext, WorkerCatalogRecord, WorkerId, WorkerPatchRequest, WorkerRankRef, WorkerRequest } from "./types.js";
 export { U64Table } from "./u64-table.js";
 export { DEFAULT_APPROX_TTL_SECS, DEFAULT_MAX_PREDICTED_BLOCKS_PER_RANK, DEFAULT_PREDICTED_TTL_SECS, PREDICTED_STRIDE_BLOCKS, predictedTtlMs, predictionOf } from "./predicted-cache.js";
 export { MAX_SNAPSHOT_PREDICTED_PAIRS, type PredictionSnapshotRow } from "./predicted-snapshot.js";

@@ -47,6 +47,7 @@ import type {
   ReservationResponse,
   SelectAndReserveRequest,
   SelectionNote,
+  SelectReplyShape,
   SelectRequest,
   SelectResponse,
   WorkerCatalogRecord,
@@ -407,7 +408,8 @@ export class SelectionService {
     }
   }
 
-  selectAndReserve(req: SelectAndReserveRequest, note?: SelectionNote): SelectResponse {
+  /** Select and book; `reply` trims the answer for in-process callers (SelectReplyShape). */
+  selectAndReserve(req: SelectAndReserveRequest, note?: SelectionNote, reply?: SelectReplyShape): SelectResponse {
     this.#replication.drainInbound();
     try {
       const selectionId = req.selection_id ?? randomUuid(this.#random);
@@ -418,7 +420,7 @@ export class SelectionService {
       this.#book.assertIdFree(selectionId);
       const sel = this.#chooser.choose(req, note);
       this.#book.bookSelection(sel, selectionId, req);
-      const resp = selectResponse(sel, this.#fleet.endpointOf(sel.workerId), selectionId, true);
+      const resp = selectResponse(sel, this.#fleet.endpointOf(sel.workerId), selectionId, true, reply?.sequenceHashes ?? true);
       addBusySignals(resp, this.#busy, this.#fleet.getWorker(sel.workerId)?.total_kv_blocks);
       return resp;
     } catch (err) {

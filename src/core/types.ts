@@ -197,6 +197,16 @@ export interface OverlapReport {
 export type SessionSteer = "none" | "new" | "followed" | "moved" | "affinity_target" | "affinity_target_moved";
 
 /**
+ * What a caller of selectAndReserve needs in its answer. `sequenceHashes: false` leaves out the
+ * response's `sequence_hashes`: one BigInt per prompt block, which an HTTP client needs to free
+ * and complete its booking by hashes but an in-process caller holding the selection id does not
+ * (the endpoint picker: 2,300 BigInts, ~100 KB of garbage, per 220 KB body at block size 16).
+ */
+export interface SelectReplyShape {
+  readonly sequenceHashes: boolean;
+}
+
+/**
  * What a selection decided beyond its answer, for a caller's trace (src/http/tracing.ts). The
  * core fills one only when the caller passes it (select / selectAndReserve), so it stays free of
  * any tracing library and pays nothing without one. Times are the service clock's milliseconds

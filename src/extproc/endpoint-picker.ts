@@ -9,7 +9,7 @@ import type { Logger } from "pino";
 
 import { KvmeshError, isKvmeshError } from "../core/index.js";
 import type { SelectionService } from "../core/index.js";
-import { DEFAULT_ROUTING_GROUP, type PromptFields, type SelectAndReserveRequest, type WorkerCatalogRecord, type WorkerId } from "../core/index.js";
+import { DEFAULT_ROUTING_GROUP, type PromptFields, type SelectAndReserveRequest, type SelectReplyShape, type WorkerCatalogRecord, type WorkerId } from "../core/index.js";
 import { rewriteModel } from "../openai/model-rewrite.js";
 import { parseOpenAIRequest } from "../openai/parse-request.js";
 import type { OpenAIKind, OpenAIRequest, PromptTokenizer } from "../tokenize/contract.js";
@@ -17,6 +17,9 @@ import { LogThrottle } from "../util/log-throttle.js";
 import type { ExtProcStats } from "./ext-proc-stats.js";
 import { DATA_PARALLEL_HEADER, MODEL_REWRITE_HEADER } from "./gateway-protocol.js";
 import { splitHostPort, type RankDestination, type WorkerEndpoints } from "./worker-endpoints.js";
+
+/** The picker books by selection id and never reads the booking's hash list. */
+const NO_SEQUENCE_HASHES: SelectReplyShape = { sequenceHashes: false };
 
 /** Parses one body; `modelOverride` (x-gateway-model-name-rewrite) replaces the body's model. Throws a registry error naming the field. */
 export type OpenAIBodyParser = (kind: OpenAIKind, body: Buffer, modelOverride: string | undefined) => OpenAIRequest;
@@ -164,7 +167,8 @@ export class EndpointPicker {
     if (ids !== undefined && ids.length === 0) throw new KvmeshError("KVMESH_NOT_READY", `no eligible worker of model ${base.model_name ?? "default"} is left to pick`);
     const rankLimited = allowed !== undefined && [...allowed.values()].some((r) => r !== undefined);
     if (!rankLimited) {
-      const r = svc.selectAndReserve(ids === undefined ? base : { ...base, allowed_worker_ids: ids });
+      // The stream frees and completes its booking by selection id: no hash list in the answer.
+      const r = svc.selectAndReserve(ids === undefined ? base : { ...base, allowed_worker_ids: ids }, undefined, NO_SEQUENCE_HASHES);
       return { selection_id: r.selection_id ?? "", worker_id: r.worker_id, dp_rank: r.dp_rank };
     }
     const rows = svc.potentialLoads({ ...base, allowed_worker_ids: ids }).filter((r) => {

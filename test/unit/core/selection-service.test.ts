@@ -120,6 +120,21 @@ describe("selection", () => {
     expect(code(() => { svc.prefillComplete("r"); })).toBe("404 KVMESH_RESERVATION_NOT_FOUND");
   });
 
+  it("select_and_reserve without sequence hashes (an in-process caller) books the same and frees by id", () => {
+    const { svc } = makeService();
+    svc.upsertWorker(worker(1));
+    const r = svc.selectAndReserve({ token_ids: tokens(4), selection_id: "r" }, undefined, { sequenceHashes: false });
+    expect(r).not.toHaveProperty("sequence_hashes");
+    expect(r.isl_tokens).toBe(4 * BLOCK);
+    expect(svc.loads()[0]?.loads[0]).toMatchObject({ potential_decode_blocks: 4, potential_prefill_tokens: 4 * BLOCK, active_requests: 1 });
+    const full = svc.selectAndReserve({ token_ids: tokens(4), selection_id: "s" }, undefined, { sequenceHashes: true });
+    expect(full.sequence_hashes).toHaveLength(4);
+    svc.prefillComplete("r");
+    svc.freeReservation("r");
+    svc.freeReservation("s");
+    expect(svc.loads()[0]?.loads[0]).toMatchObject({ potential_decode_blocks: 0, potential_prefill_tokens: 0, active_requests: 0 });
+  });
+
   it("generates a selection id when absent", () => {
     const { svc } = makeService();
     svc.upsertWorker(worker(1));
