@@ -22,7 +22,10 @@
  *    - chat-ids: the same chat prompts as the ids the engine rendered for them, so the daemon's CPU
  *      per request splits into tokenization (chat - chat-ids) and the rest (chat-ids).
  * 2. Lifecycle CPU: the HTTP API's select_and_reserve + prefill_complete + free flow on the same
- *    daemon with the same token-id prompts, against the ext_proc stream's CPU (ids row).
+ *    daemon with the same token-id prompts, against the ext_proc stream's CPU (every stream
+ *    ending normally, as every flow does), closed loop, in --rounds interleaved rounds (the
+ *    order alternating) so that a machine whose load drifts weighs on both alike: the daemon's
+ *    CPU per request, all threads and the main thread (/proc), and their ratios' median.
  * 3. No booking left: streams keep going until --min-streams have run in all, then every
  *    replica's /loads must show 0 active requests.
  * 4. Decisions: multi-turn chat sessions (text, engine tokenizer, KV events on) forwarded over
@@ -39,6 +42,7 @@ import { histogramGrowth, histogramQuantile, scrapeHistogram, summarize, type Hi
 import { checkOpenAIBody } from "../src/openai/parse-request.js";
 import { EngineTokenizer } from "../src/tokenize/engine-tokenizer.js";
 import { destinationOf, EnvoyClient, ENVOY_DEFAULT_WINDOW_BYTES, type EnvoyClientOptions } from "../test/helpers/envoy-client.js";
+import { threadCpu, threadCpuDelta, type ThreadCpu } from "./lib/thread-cpu.js";
 import { listOf, nonNegativeInt, nonNegativeNumber, oneOf, positiveInt, positiveIntList, positiveNumber, scriptProgram } from "./lib/script-args.js";
 
 const BODY_KINDS = ["ids", "chat", "chat-ids"] as const;
@@ -67,6 +71,7 @@ const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CP
   .option("--workers <n>", "worker ranks registered (latency phase)", positiveInt, 16)
   .option("--prefixes <n>", "distinct prompt prefixes (latency phase; sessions share one each)", positiveInt, 64)
   .option("--client-codec <codec>", "the Envoy-playing client's message codec: proto-loader (protobufjs, independent of the picker's) or hand (the picker's own, cheaper: the client shares the cores with the picker)", oneOf(["proto-loader", "hand"] as const), "proto-loader")
+  .option("--rounds <n>", "interleaved ext_proc / HTTP rounds of the lifecycle CPU comparison (http phase), each --seconds per side", positiveInt, 3)
   .option("--min-streams <n>", "streams run in all before /loads is checked for bookings left", positiveInt, 10_000)
   .option("--engines <n>", "mock engines (quality phase)", positiveInt, 4)
   .option("--sessions <n>", "chat sessions (quality phase)", positiveInt, 48)
@@ -85,6 +90,7 @@ const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CP
     workers: number;
     prefixes: number;
     clientCodec: "proto-loader" | "hand";
+    rounds: number;
     minStreams: number;
     engines: number;
     sessions: number;
@@ -141,6 +147,8 @@ function chatBody(kb: number, prefix: number, n: number): Buffer {
 /** How a stream's response goes: to the end, cancelled mid-response (the client left), or served by the first fallback. */
 type Ending = "end" | "cancel" | "fallback";
 const endingOf = (i: number): Ending => (i % 20 === 3 ? "fallback" : i % 10 === 7 ? "cancel" : "end");
+/** mix: endingOf's 10% cancelled and 5% fallback; end: every stream to its end (the lifecycle comparison: every HTTP flow ends so). */
+type Endings = "mix" | "end";
 
 const endings = { end: 0, cancel: 0, fallback: 0 };
 
@@ -201,6 +209,8 @@ interface Row {
   readonly flushP50: number;
   readonly flushP99: number;
   readonly cpuPerRequest: number;
+  /** The daemon's main thread (the event loop) alone. */
+  readonly mainCpuPerRequest: number;
   readonly clientCpuPerRequest: number;
   /** The picker's own share (kvmesh_extproc_pick_duration_seconds over the window): body end received -> answer, ms. */
   readonly pickP50: number;
@@ -217,7 +227,7 @@ function jitterUnit(): number {
 }
 
 /** Drives `concurrency` streams of `bodies` for a warm-up and `seconds`; `extra` more streams (in all) run after the measurement (--min-streams). */
-async function drive(extPort: number, daemon: ServeProcess, path: string, bodies: readonly Buffer[], concurrency: number, seconds: number, responseMs: number, extra = 0): Promise<Row> {
+async function drive(extPort: number, daemon: ServeProcess, path: string, bodies: readonly Buffer[], concurrency: number, seconds: number, responseMs: number, extra = 0, mix: Endings = "mix"): Promise<Row> {
   // One channel per 10 streams: Envoy multiplexes streams over a few HTTP/2 connections.
   const clients = Array.from({ length: Math.max(1, Math.ceil(concurrency / 10)) }, () => new EnvoyClient(`127.0.0.1:${extPort}`, undefined, CLIENT));
   let measuring = false;
@@ -232,7 +242,7 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
     while (!stop || after < extra) {
       if (stop) after++;
       const i = streamsRun++;
-      const ms = await oneStream(client, path, bodies[i % bodies.length] as Buffer, `s${i % args.prefixes}`, endingOf(i), responseMs);
+      const ms = await oneStream(client, path, bodies[i % bodies.length] as Buffer, `s${i % args.prefixes}`, mix === "mix" ? endingOf(i) : "end", responseMs);
       if (measuring) {
         samples.push(ms.fromWrite);
         flushSamples.push(ms.fromFlush);
@@ -240,7 +250,7 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
     }
   };
   const loops = Array.from({ length: concurrency }, (_, k) => loop(k));
-  const { wallMs, cpu, own, picks } = await measureWindow(daemon, seconds, (on) => (measuring = on));
+  const { wallMs, cpu, threads, own, picks } = await measureWindow(daemon, seconds, (on) => (measuring = on));
   const done = samples.length;
   stop = true;
   await Promise.all(loops);
@@ -254,6 +264,7 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
     flushP50: f.p50,
     flushP99: f.p99,
     cpuPerRequest: cpu / Math.max(1, done),
+    mainCpuPerRequest: threads.mainMs / Math.max(1, done),
     clientCpuPerRequest: (own.user + own.system) / 1_000 / Math.max(1, done),
     pickP50: histogramQuantile(picks.leMs, picks.cum, 0.5),
     pickP99: histogramQuantile(picks.leMs, picks.cum, 0.99),
@@ -263,12 +274,13 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /**
- * After the warm-up, `seconds` measured: wall ms, the daemon's CPU ms (all its threads), this
- * process's CPU usage, and what the daemon's pick-duration histogram gained.
+ * After the warm-up, `seconds` measured: wall ms, the daemon's CPU ms (all its threads, and the
+ * main thread's), this process's CPU usage, and what the daemon's pick-duration histogram gained.
  */
-async function measureWindow(daemon: ServeProcess, seconds: number, measuring: (on: boolean) => void): Promise<{ wallMs: number; cpu: number; own: NodeJS.CpuUsage; picks: Histogram }> {
+async function measureWindow(daemon: ServeProcess, seconds: number, measuring: (on: boolean) => void): Promise<{ wallMs: number; cpu: number; threads: ThreadCpu; own: NodeJS.CpuUsage; picks: Histogram }> {
   await sleep(WARMUP_MS);
   const picks0 = await pickHistogram(daemon);
+  const threads0 = threadCpu(daemon.pid);
   const cpu0 = cpuMs(daemon.pid);
   const own0 = process.cpuUsage();
   const t0 = performance.now();
@@ -277,8 +289,9 @@ async function measureWindow(daemon: ServeProcess, seconds: number, measuring: (
   measuring(false);
   const wallMs = performance.now() - t0;
   const cpu = cpuMs(daemon.pid) - cpu0;
+  const threads = threadCpuDelta(threads0, threadCpu(daemon.pid));
   const own = process.cpuUsage(own0);
-  return { wallMs, cpu, own, picks: histogramGrowth([picks0], [await pickHistogram(daemon)]) };
+  return { wallMs, cpu, threads, own, picks: histogramGrowth([picks0], [await pickHistogram(daemon)]) };
 }
 
 async function pickHistogram(daemon: ServeProcess): Promise<Histogram> {
@@ -295,7 +308,7 @@ async function activeRequests(port: number): Promise<number> {
 }
 
 /** The HTTP API's flow (bench:http's): select_and_reserve + prefill_complete + free, `concurrency` at once; the daemon's CPU per flow. */
-async function httpFlow(daemon: ServeProcess, prompts: readonly string[], concurrency: number, seconds: number): Promise<{ rps: number; cpuPerRequest: number }> {
+async function httpFlow(daemon: ServeProcess, prompts: readonly string[], concurrency: number, seconds: number): Promise<{ rps: number; cpuPerRequest: number; mainCpuPerRequest: number }> {
   let stop = false;
   let measuring = false;
   let done = 0;
@@ -315,10 +328,10 @@ async function httpFlow(daemon: ServeProcess, prompts: readonly string[], concur
     }
   };
   const loops = Array.from({ length: concurrency }, () => loop());
-  const { wallMs, cpu } = await measureWindow(daemon, seconds, (on) => (measuring = on));
+  const { wallMs, cpu, threads } = await measureWindow(daemon, seconds, (on) => (measuring = on));
   stop = true;
   await Promise.all(loops);
-  return { rps: done / (wallMs / 1_000), cpuPerRequest: cpu / Math.max(1, done) };
+  return { rps: done / (wallMs / 1_000), cpuPerRequest: cpu / Math.max(1, done), mainCpuPerRequest: threads.mainMs / Math.max(1, done) };
 }
 
 const fmt = (n: number, w: number, d = 2): string => n.toFixed(d).padStart(w);
@@ -387,11 +400,28 @@ async function latencyPhases(): Promise<void> {
         const prompt = (JSON.parse(b.toString()) as { prompt: number[] }).prompt;
         return JSON.stringify({ model_name: MODEL, token_ids: prompt, selection_id: "X" });
       });
-      const flow = await httpFlow(daemon, prompts, concurrency, args.seconds);
-      const epp = rows.get(`ids@max`) ?? (await drive(extPort, daemon, COMPLETIONS, ids, concurrency, args.seconds, 0));
       console.log(
-        `lifecycle CPU at ${concurrency} in flight back to back, same token-id prompts: ext_proc stream ${epp.cpuPerRequest.toFixed(2)} ms/request (${epp.rps.toFixed(0)}/s) vs HTTP select_and_reserve+prefill_complete+free ${flow.cpuPerRequest.toFixed(2)} ms/flow (${flow.rps.toFixed(0)}/s)`,
+        `lifecycle CPU at ${concurrency} in flight back to back, same token-id prompts, ${args.rounds} interleaved rounds of ${args.seconds} s a side: ext_proc streams (each to its end) vs the HTTP API's select_and_reserve + prefill_complete + free; the daemon's CPU per request, all threads / main thread`,
       );
+      console.log("round  ext_proc ms  (main)  req/s  HTTP ms  (main)  req/s  ratio  (main)");
+      const ratios: number[] = [];
+      const mainRatios: number[] = [];
+      for (let round = 0; round < args.rounds; round++) {
+        // Alternate which side goes first, so a drift in the machine's load weighs on both.
+        const eppFirst = round % 2 === 0;
+        const flowFirst = eppFirst ? undefined : await httpFlow(daemon, prompts, concurrency, args.seconds);
+        const epp = await drive(extPort, daemon, COMPLETIONS, ids, concurrency, args.seconds, 0, 0, "end");
+        const flow = flowFirst ?? (await httpFlow(daemon, prompts, concurrency, args.seconds));
+        const ratio = epp.cpuPerRequest / flow.cpuPerRequest;
+        const mainRatio = epp.mainCpuPerRequest / flow.mainCpuPerRequest;
+        ratios.push(ratio);
+        mainRatios.push(mainRatio);
+        console.log(
+          `${String(round + 1).padStart(5)}  ${fmt(epp.cpuPerRequest, 11)}  ${fmt(epp.mainCpuPerRequest, 6)}  ${fmt(epp.rps, 5, 0)}  ${fmt(flow.cpuPerRequest, 7)}  ${fmt(flow.mainCpuPerRequest, 6)}  ${fmt(flow.rps, 5, 0)}  ${fmt(ratio, 5)}  ${fmt(mainRatio, 6)}`,
+        );
+      }
+      const range = (r: number[]): string => `median ${summarize(r).p50.toFixed(2)}x (${Math.min(...r).toFixed(2)}-${Math.max(...r).toFixed(2)})`;
+      console.log(`lifecycle CPU, ext_proc / HTTP: all threads ${range(ratios)}, main thread ${range(mainRatios)}`);
     }
 
     // No booking left: top up to --min-streams at the last concurrency, then /loads.
