@@ -174,7 +174,8 @@ export class ExtProcStream {
 
   async #route(bodyEnded: boolean): Promise<ProcessingResponse[]> {
     const t0 = this.#c.clock.now();
-    const body = Buffer.concat(this.#chunks, this.#bodyBytes);
+    // One chunk (a BUFFERED body, a short streamed one) is the body as it came: no copy.
+    const body = this.#chunks.length === 1 ? (this.#chunks[0] as Buffer) : Buffer.concat(this.#chunks, this.#bodyBytes);
     this.#chunks = [];
     this.#phase = "response";
     const pick = await this.#pickNow(body);

@@ -114,6 +114,23 @@ describe("ext_proc endpoint picker: request path", () => {
     s.end();
   });
 
+  it("orders fallbacks by load: fewest requests in flight first, equals in catalogue order", async () => {
+    h = await startHarness();
+    const W4 = "http://10.0.0.4:8000";
+    for (const [i, ep] of [W1, W2, W3, W4].entries()) h.svc.upsertWorker(worker(i + 1, ep, { model_name: "m" }));
+    // In flight: two on worker 1, one on worker 2; workers 3 and 4 idle.
+    for (const [n, w] of [1n, 1n, 2n].entries()) h.svc.createReservation({ model_name: "m", selection_id: `held-${n}`, worker_id: w, dp_rank: 0, token_ids: ids(4) });
+    const s = h.client.open();
+    h.client.headers(s, {});
+    h.client.body(s, completionsBody(ids(8)));
+    const dest = destinationOf((await routed(s)).headers)?.split(",") ?? [];
+    const idle = ["10.0.0.3:8000", "10.0.0.4:8000"];
+    // The pick is one idle worker; the first fallback the other, then the one with one in flight.
+    expect(idle).toContain(dest[0]);
+    expect(dest.slice(1)).toEqual([idle.find((e) => e !== dest[0]), "10.0.0.2:8000"]);
+    s.end();
+  });
+
   it("honours the subset hint: only its endpoints, an IP alone meaning any rank port on it; none eligible is 503", async () => {
     h = await startHarness({ config: { dpRankPortStride: 2 } });
     h.svc.upsertWorker(worker(1, W1, { model_name: "m" }));
