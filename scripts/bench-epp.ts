@@ -72,6 +72,7 @@ const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CP
   .option("--prefixes <n>", "distinct prompt prefixes (latency phase; sessions share one each)", positiveInt, 64)
   .option("--client-codec <codec>", "the Envoy-playing client's message codec: proto-loader (protobufjs, independent of the picker's) or hand (the picker's own, cheaper: the client shares the cores with the picker)", oneOf(["proto-loader", "hand"] as const), "proto-loader")
   .option("--rounds <n>", "interleaved ext_proc / HTTP rounds of the lifecycle CPU comparison (http phase), each --seconds per side", positiveInt, 3)
+  .option("--lifecycle-rps <n>", "the lifecycle comparison's rate, requests/s on both sides (paced; at most the first --concurrency in flight); 0: closed loop, each side as fast as it goes", nonNegativeNumber, 0)
   .option("--min-streams <n>", "streams run in all before /loads is checked for bookings left", positiveInt, 10_000)
   .option("--engines <n>", "mock engines (quality phase)", positiveInt, 4)
   .option("--sessions <n>", "chat sessions (quality phase)", positiveInt, 48)
@@ -91,6 +92,7 @@ const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CP
     prefixes: number;
     clientCodec: "proto-loader" | "hand";
     rounds: number;
+    lifecycleRps: number;
     minStreams: number;
     engines: number;
     sessions: number;
@@ -227,7 +229,7 @@ function jitterUnit(): number {
 }
 
 /** Drives `concurrency` streams of `bodies` for a warm-up and `seconds`; `extra` more streams (in all) run after the measurement (--min-streams). */
-async function drive(extPort: number, daemon: ServeProcess, path: string, bodies: readonly Buffer[], concurrency: number, seconds: number, responseMs: number, extra = 0, mix: Endings = "mix"): Promise<Row> {
+async function drive(extPort: number, daemon: ServeProcess, path: string, bodies: readonly Buffer[], concurrency: number, seconds: number, responseMs: number, extra = 0, mix: Endings = "mix", pacer?: Pacer): Promise<Row> {
   // One channel per 10 streams: Envoy multiplexes streams over a few HTTP/2 connections.
   const clients = Array.from({ length: Math.max(1, Math.ceil(concurrency / 10)) }, () => new EnvoyClient(`127.0.0.1:${extPort}`, undefined, CLIENT));
   let measuring = false;
@@ -241,6 +243,7 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
     if (args.responseJitter > 0 && responseMs > 0) await sleep((k * responseMs) / concurrency);
     while (!stop || after < extra) {
       if (stop) after++;
+      if (pacer !== undefined) await pacer.slot();
       const i = streamsRun++;
       const ms = await oneStream(client, path, bodies[i % bodies.length] as Buffer, `s${i % args.prefixes}`, mix === "mix" ? endingOf(i) : "end", responseMs);
       if (measuring) {
@@ -272,6 +275,29 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
 }
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * Starts at a fixed rate (--lifecycle-rps): the k-th request starts k/rate s after the first, or
+ * at once when the loops are behind. Both sides of the lifecycle comparison then do the same
+ * number of requests a second, so a per-second cost (timers, idle polling, the loop's wake-ups)
+ * divides alike: closed loop, the side with fewer requests a second pays more of it per request.
+ */
+class Pacer {
+  readonly #intervalMs: number;
+  #t0: number | undefined;
+  #n = 0;
+
+  constructor(rps: number) {
+    this.#intervalMs = 1_000 / rps;
+  }
+
+  async slot(): Promise<void> {
+    this.#t0 ??= performance.now();
+    const at = this.#t0 + this.#n++ * this.#intervalMs;
+    const wait = at - performance.now();
+    if (wait > 0) await sleep(wait);
+  }
+}
 
 /**
  * After the warm-up, `seconds` measured: wall ms, the daemon's CPU ms (all its threads, and the
@@ -308,13 +334,14 @@ async function activeRequests(port: number): Promise<number> {
 }
 
 /** The HTTP API's flow (bench:http's): select_and_reserve + prefill_complete + free, `concurrency` at once; the daemon's CPU per flow. */
-async function httpFlow(daemon: ServeProcess, prompts: readonly string[], concurrency: number, seconds: number): Promise<{ rps: number; cpuPerRequest: number; mainCpuPerRequest: number }> {
+async function httpFlow(daemon: ServeProcess, prompts: readonly string[], concurrency: number, seconds: number, pacer?: Pacer): Promise<{ rps: number; cpuPerRequest: number; mainCpuPerRequest: number }> {
   let stop = false;
   let measuring = false;
   let done = 0;
   let seq = 0;
   const loop = async (): Promise<void> => {
     while (!stop) {
+      if (pacer !== undefined) await pacer.slot();
       const id = `flow-${seq++}`;
       const body = (prompts[seq % prompts.length] as string).replace('"selection_id":"X"', `"selection_id":"${id}"`);
       const r1 = await postJson(daemon.port, "/select_and_reserve", body);
@@ -401,7 +428,7 @@ async function latencyPhases(): Promise<void> {
         return JSON.stringify({ model_name: MODEL, token_ids: prompt, selection_id: "X" });
       });
       console.log(
-        `lifecycle CPU at ${concurrency} in flight back to back, same token-id prompts, ${args.rounds} interleaved rounds of ${args.seconds} s a side: ext_proc streams (each to its end) vs the HTTP API's select_and_reserve + prefill_complete + free; the daemon's CPU per request, all threads / main thread`,
+        `lifecycle CPU at ${concurrency} in flight ${args.lifecycleRps > 0 ? `at most, paced at ${args.lifecycleRps} requests/s a side` : "back to back"}, same token-id prompts, ${args.rounds} interleaved rounds of ${args.seconds} s a side: ext_proc streams (each to its end) vs the HTTP API's select_and_reserve + prefill_complete + free; the daemon's CPU per request, all threads / main thread`,
       );
       console.log("round  ext_proc ms  (main)  req/s  HTTP ms  (main)  req/s  ratio  (main)");
       const ratios: number[] = [];
@@ -409,9 +436,10 @@ async function latencyPhases(): Promise<void> {
       for (let round = 0; round < args.rounds; round++) {
         // Alternate which side goes first, so a drift in the machine's load weighs on both.
         const eppFirst = round % 2 === 0;
-        const flowFirst = eppFirst ? undefined : await httpFlow(daemon, prompts, concurrency, args.seconds);
-        const epp = await drive(extPort, daemon, COMPLETIONS, ids, concurrency, args.seconds, 0, 0, "end");
-        const flow = flowFirst ?? (await httpFlow(daemon, prompts, concurrency, args.seconds));
+        const pacer = (): Pacer | undefined => (args.lifecycleRps > 0 ? new Pacer(args.lifecycleRps) : undefined);
+        const flowFirst = eppFirst ? undefined : await httpFlow(daemon, prompts, concurrency, args.seconds, pacer());
+        const epp = await drive(extPort, daemon, COMPLETIONS, ids, concurrency, args.seconds, 0, 0, "end", pacer());
+        const flow = flowFirst ?? (await httpFlow(daemon, prompts, concurrency, args.seconds, pacer()));
         const ratio = epp.cpuPerRequest / flow.cpuPerRequest;
         const mainRatio = epp.mainCpuPerRequest / flow.mainCpuPerRequest;
         ratios.push(ratio);
