@@ -35,7 +35,7 @@
  */
 import { descriptorsToWorkerRequests } from "../src/mock/engine-fleet.js";
 import { EngineHostClient } from "../src/mock/engine-host-client.js";
-import { cpuMs } from "../src/bench/process-usage.js";
+import { cpuMs, cpuSplitMs } from "../src/bench/process-usage.js";
 import { freePortPair } from "../src/bench/ports.js";
 import { spawnServe, stopServe, type ServeProcess } from "../src/bench/serve-process.js";
 import { histogramGrowth, histogramQuantile, scrapeHistogram, summarize, type Histogram } from "../src/bench/stats.js";
@@ -68,6 +68,12 @@ const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CP
     nonNegativeNumber,
     0,
   )
+  .option(
+    "--body-mode <mode>",
+    "the ext_proc processing mode the client plays: streamed (request and response bodies FULL_DUPLEX_STREAMED, as GIE configures: the picker passes the request body back) or buffered (the request body BUFFERED in one message and answered without it, the response STREAMED: nothing passes back)",
+    oneOf(["streamed", "buffered"] as const),
+    "streamed",
+  )
   .option("--workers <n>", "worker ranks registered (latency phase)", positiveInt, 16)
   .option("--prefixes <n>", "distinct prompt prefixes (latency phase; sessions share one each)", positiveInt, 64)
   .option("--client-codec <codec>", "the Envoy-playing client's message codec: proto-loader (protobufjs, independent of the picker's) or hand (the picker's own, cheaper: the client shares the cores with the picker)", oneOf(["proto-loader", "hand"] as const), "proto-loader")
@@ -88,6 +94,7 @@ const args = scriptProgram("bench:epp", "The endpoint picker's added latency, CP
     responseMs: number;
     responseJitter: number;
     uploadMbps: number;
+    bodyMode: "streamed" | "buffered";
     workers: number;
     prefixes: number;
     clientCodec: "proto-loader" | "hand";
@@ -164,9 +171,12 @@ interface Added {
 async function oneStream(client: EnvoyClient, path: string, b: Buffer, session: string, ending: Ending, responseMs: number): Promise<Added> {
   if (responseMs > 0 && args.responseJitter > 0) responseMs *= 1 - args.responseJitter + 2 * args.responseJitter * jitterUnit();
   const s = client.open();
-  client.headers(s, { path, headers: { "x-session-id": session } });
+  const buffered = args.bodyMode === "buffered";
+  client.headers(s, { path, headers: { "x-session-id": session }, ...(buffered ? { requestBodyMode: "BUFFERED", responseBodyMode: "STREAMED" } : {}) });
+  // BUFFERED: the headers are answered at once, and the body comes whole, as the last "chunk".
+  if (buffered) await s.next(ANSWER_TIMEOUT_MS);
   // All but the last chunk, then time from the last one.
-  const last = Math.floor((b.length - 1) / CHUNK_BYTES) * CHUNK_BYTES;
+  const last = buffered ? 0 : Math.floor((b.length - 1) / CHUNK_BYTES) * CHUNK_BYTES;
   const chunkMs = args.uploadMbps > 0 ? (CHUNK_BYTES * 8) / (args.uploadMbps * 1_000) : 0;
   for (let at = 0; at < last; at += CHUNK_BYTES) {
     s.send({ request_body: { body: b.subarray(at, at + CHUNK_BYTES), end_of_stream: false } });
@@ -181,7 +191,7 @@ async function oneStream(client: EnvoyClient, path: string, b: Buffer, session: 
   const t1 = performance.now();
   const addedMs: Added = { fromWrite: t1 - t0, fromFlush: Math.max(0, t1 - (await flushed)) };
   if (answer.immediate_response !== undefined) throw new Error(`picker refused: ${Buffer.from(answer.immediate_response.body ?? Buffer.alloc(0)).toString()}`);
-  while ((await s.next(ANSWER_TIMEOUT_MS)).request_body?.response?.body_mutation?.streamed_response?.end_of_stream !== true);
+  if (!buffered) while ((await s.next(ANSWER_TIMEOUT_MS)).request_body?.response?.body_mutation?.streamed_response?.end_of_stream !== true);
   const fallback = ending === "fallback" ? destinationOf(answer)?.split(",")[1] : undefined;
   s.send({
     response_headers: { headers: { headers: [{ key: ":status", raw_value: Buffer.from("200") }] } },
@@ -213,6 +223,8 @@ interface Row {
   readonly cpuPerRequest: number;
   /** The daemon's main thread (the event loop) alone. */
   readonly mainCpuPerRequest: number;
+  /** The daemon's time in the kernel (all threads): sockets, loopback TCP, page faults. */
+  readonly systemCpuPerRequest: number;
   readonly clientCpuPerRequest: number;
   /** The picker's own share (kvmesh_extproc_pick_duration_seconds over the window): body end received -> answer, ms. */
   readonly pickP50: number;
@@ -253,7 +265,7 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
     }
   };
   const loops = Array.from({ length: concurrency }, (_, k) => loop(k));
-  const { wallMs, cpu, threads, own, picks } = await measureWindow(daemon, seconds, (on) => (measuring = on));
+  const { wallMs, cpu, systemMs, threads, own, picks } = await measureWindow(daemon, seconds, (on) => (measuring = on));
   const done = samples.length;
   stop = true;
   await Promise.all(loops);
@@ -268,6 +280,7 @@ async function drive(extPort: number, daemon: ServeProcess, path: string, bodies
     flushP99: f.p99,
     cpuPerRequest: cpu / Math.max(1, done),
     mainCpuPerRequest: threads.mainMs / Math.max(1, done),
+    systemCpuPerRequest: systemMs / Math.max(1, done),
     clientCpuPerRequest: (own.user + own.system) / 1_000 / Math.max(1, done),
     pickP50: histogramQuantile(picks.leMs, picks.cum, 0.5),
     pickP99: histogramQuantile(picks.leMs, picks.cum, 0.99),
@@ -303,10 +316,11 @@ class Pacer {
  * After the warm-up, `seconds` measured: wall ms, the daemon's CPU ms (all its threads, and the
  * main thread's), this process's CPU usage, and what the daemon's pick-duration histogram gained.
  */
-async function measureWindow(daemon: ServeProcess, seconds: number, measuring: (on: boolean) => void): Promise<{ wallMs: number; cpu: number; threads: ThreadCpu; own: NodeJS.CpuUsage; picks: Histogram }> {
+async function measureWindow(daemon: ServeProcess, seconds: number, measuring: (on: boolean) => void): Promise<{ wallMs: number; cpu: number; systemMs: number; threads: ThreadCpu; own: NodeJS.CpuUsage; picks: Histogram }> {
   await sleep(WARMUP_MS);
   const picks0 = await pickHistogram(daemon);
   const threads0 = threadCpu(daemon.pid);
+  const split0 = cpuSplitMs(daemon.pid);
   const cpu0 = cpuMs(daemon.pid);
   const own0 = process.cpuUsage();
   const t0 = performance.now();
@@ -316,8 +330,9 @@ async function measureWindow(daemon: ServeProcess, seconds: number, measuring: (
   const wallMs = performance.now() - t0;
   const cpu = cpuMs(daemon.pid) - cpu0;
   const threads = threadCpuDelta(threads0, threadCpu(daemon.pid));
+  const systemMs = cpuSplitMs(daemon.pid).systemMs - split0.systemMs;
   const own = process.cpuUsage(own0);
-  return { wallMs, cpu, threads, own, picks: histogramGrowth([picks0], [await pickHistogram(daemon)]) };
+  return { wallMs, cpu, systemMs, threads, own, picks: histogramGrowth([picks0], [await pickHistogram(daemon)]) };
 }
 
 async function pickHistogram(daemon: ServeProcess): Promise<Histogram> {
@@ -334,7 +349,7 @@ async function activeRequests(port: number): Promise<number> {
 }
 
 /** The HTTP API's flow (bench:http's): select_and_reserve + prefill_complete + free, `concurrency` at once; the daemon's CPU per flow. */
-async function httpFlow(daemon: ServeProcess, prompts: readonly string[], concurrency: number, seconds: number, pacer?: Pacer): Promise<{ rps: number; cpuPerRequest: number; mainCpuPerRequest: number }> {
+async function httpFlow(daemon: ServeProcess, prompts: readonly string[], concurrency: number, seconds: number, pacer?: Pacer): Promise<{ rps: number; cpuPerRequest: number; mainCpuPerRequest: number; systemCpuPerRequest: number }> {
   let stop = false;
   let measuring = false;
   let done = 0;
@@ -355,10 +370,10 @@ async function httpFlow(daemon: ServeProcess, prompts: readonly string[], concur
     }
   };
   const loops = Array.from({ length: concurrency }, () => loop());
-  const { wallMs, cpu, threads } = await measureWindow(daemon, seconds, (on) => (measuring = on));
+  const { wallMs, cpu, systemMs, threads } = await measureWindow(daemon, seconds, (on) => (measuring = on));
   stop = true;
   await Promise.all(loops);
-  return { rps: done / (wallMs / 1_000), cpuPerRequest: cpu / Math.max(1, done), mainCpuPerRequest: threads.mainMs / Math.max(1, done) };
+  return { rps: done / (wallMs / 1_000), cpuPerRequest: cpu / Math.max(1, done), mainCpuPerRequest: threads.mainMs / Math.max(1, done), systemCpuPerRequest: systemMs / Math.max(1, done) };
 }
 
 const fmt = (n: number, w: number, d = 2): string => n.toFixed(d).padStart(w);
@@ -428,9 +443,9 @@ async function latencyPhases(): Promise<void> {
         return JSON.stringify({ model_name: MODEL, token_ids: prompt, selection_id: "X" });
       });
       console.log(
-        `lifecycle CPU at ${concurrency} in flight ${args.lifecycleRps > 0 ? `at most, paced at ${args.lifecycleRps} requests/s a side` : "back to back"}, same token-id prompts, ${args.rounds} interleaved rounds of ${args.seconds} s a side: ext_proc streams (each to its end) vs the HTTP API's select_and_reserve + prefill_complete + free; the daemon's CPU per request, all threads / main thread`,
+        `lifecycle CPU at ${concurrency} in flight ${args.lifecycleRps > 0 ? `at most, paced at ${args.lifecycleRps} requests/s a side` : "back to back"}, same token-id prompts, ${args.rounds} interleaved rounds of ${args.seconds} s a side: ext_proc streams (each to its end) vs the HTTP API's select_and_reserve + prefill_complete + free; the daemon's CPU per request, all threads / main thread / in the kernel (all threads)`,
       );
-      console.log("round  ext_proc ms  (main)  req/s  HTTP ms  (main)  req/s  ratio  (main)");
+      console.log("round  ext_proc ms  (main)  (kernel)  req/s  HTTP ms  (main)  (kernel)  req/s  ratio  (main)");
       const ratios: number[] = [];
       const mainRatios: number[] = [];
       for (let round = 0; round < args.rounds; round++) {
@@ -445,7 +460,7 @@ async function latencyPhases(): Promise<void> {
         ratios.push(ratio);
         mainRatios.push(mainRatio);
         console.log(
-          `${String(round + 1).padStart(5)}  ${fmt(epp.cpuPerRequest, 11)}  ${fmt(epp.mainCpuPerRequest, 6)}  ${fmt(epp.rps, 5, 0)}  ${fmt(flow.cpuPerRequest, 7)}  ${fmt(flow.mainCpuPerRequest, 6)}  ${fmt(flow.rps, 5, 0)}  ${fmt(ratio, 5)}  ${fmt(mainRatio, 6)}`,
+          `${String(round + 1).padStart(5)}  ${fmt(epp.cpuPerRequest, 11)}  ${fmt(epp.mainCpuPerRequest, 6)}  ${fmt(epp.systemCpuPerRequest, 8)}  ${fmt(epp.rps, 5, 0)}  ${fmt(flow.cpuPerRequest, 7)}  ${fmt(flow.mainCpuPerRequest, 6)}  ${fmt(flow.systemCpuPerRequest, 8)}  ${fmt(flow.rps, 5, 0)}  ${fmt(ratio, 5)}  ${fmt(mainRatio, 6)}`,
         );
       }
       const range = (r: number[]): string => `median ${summarize(r).p50.toFixed(2)}x (${Math.min(...r).toFixed(2)}-${Math.max(...r).toFixed(2)})`;

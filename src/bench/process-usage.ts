@@ -11,10 +11,16 @@ export const CLK_TCK = ((): number => {
   }
 })();
 
-/** User + system CPU time of a process so far, ms (proc(5): utime, stime after "(comm)", which may hold spaces). */
-export function cpuMs(pid: number): number {
+/** User and system CPU time of a process so far, ms (proc(5): utime, stime after "(comm)", which may hold spaces). */
+export function cpuSplitMs(pid: number): { userMs: number; systemMs: number } {
   const stat = readFileSync(`/proc/${String(pid)}/stat`, "utf8");
   const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return ((Number(f[11]) + Number(f[12])) * 1000) / CLK_TCK;
+  return { userMs: (Number(f[11]) * 1000) / CLK_TCK, systemMs: (Number(f[12]) * 1000) / CLK_TCK };
+}
+
+/** User + system CPU time of a process so far, ms. */
+export function cpuMs(pid: number): number {
+  const { userMs, systemMs } = cpuSplitMs(pid);
+  return userMs + systemMs;
 }
 
