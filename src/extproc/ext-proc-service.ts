@@ -4,7 +4,7 @@
  */
 import type { ServiceDefinition } from "@grpc/grpc-js";
 
-import { decodeProcessingRequest, decodeProcessingResponse, encodeProcessingRequest, encodeProcessingResponse } from "./ext-proc-codec.js";
+import { decodeProcessingRequest, decodeProcessingResponse, encodeProcessingRequest, encodeProcessingResponseTransient } from "./ext-proc-codec.js";
 import { EXT_PROC_PROTO, EXT_PROC_SERVICE, serviceDefinition } from "./protos.js";
 
 /**
@@ -22,7 +22,7 @@ export function extProcServiceDefinition(): ServiceDefinition {
       ...process,
       requestSerialize: encodeProcessingRequest,
       requestDeserialize: decodeProcessingRequest,
-      responseSerialize: encodeProcessingResponse,
+      responseSerialize: encodeProcessingResponseTransient,
       responseDeserialize: decodeProcessingResponse,
     },
   };

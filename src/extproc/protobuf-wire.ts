@@ -231,14 +231,17 @@ export class WireWriter {
     this.length += b.length;
   }
 
-  /** The message's bytes: every part copied once into one buffer. */
-  finish(): Buffer {
+  /**
+   * The message's bytes: every part copied once into one buffer, a new one, or the one `into`
+   * hands out for this length (at least that long; the bytes are its first `length`).
+   */
+  finish(into?: (length: number) => Buffer): Buffer {
     this.#flush();
     if (this.#parts.length === 1) {
       const only = this.#parts[0] as Uint8Array;
       return Buffer.from(only.buffer, only.byteOffset, only.byteLength);
     }
-    const out = Buffer.allocUnsafe(this.length);
+    const out = into === undefined ? Buffer.allocUnsafe(this.length) : into(this.length).subarray(0, this.length);
     let at = 0;
     for (const p of this.#parts) {
       out.set(p, at);

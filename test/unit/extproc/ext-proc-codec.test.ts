@@ -6,7 +6,7 @@
  */
 import { describe, expect, it } from "vitest";
 
-import { decodeProcessingRequest, decodeProcessingResponse, encodeProcessingRequest, encodeProcessingResponse } from "../../../src/extproc/ext-proc-codec.js";
+import { decodeProcessingRequest, decodeProcessingResponse, encodeProcessingRequest, encodeProcessingResponse, encodeProcessingResponseTransient } from "../../../src/extproc/ext-proc-codec.js";
 import { routedBufferedBodyResponse, routedHeadersResponse, streamedBodyResponses, immediateErrorResponse } from "../../../src/extproc/gateway-protocol.js";
 import { packageDefinition, type ProcessingRequest, type ProcessingResponse, type Struct, type StructValue } from "../../../src/extproc/protos.js";
 import { WireError } from "../../../src/extproc/protobuf-wire.js";
@@ -180,6 +180,24 @@ describe("ext_proc Process codec", () => {
       expect(ours.equals(RES.serialize(res)), `message ${i}`).toBe(true);
       expect(decodeProcessingResponse(ours)).toEqual(statusAsNumber(RES.deserialize(ours)));
     }
+  });
+
+  it("the transient encoder (the server's serializer) writes the same bytes, into one buffer reused by the next call", () => {
+    const g = new Gen(4);
+    for (let i = 0; i < RUNS; i++) {
+      const res = g.response();
+      expect(encodeProcessingResponseTransient(res).equals(encodeProcessingResponse(res)), `message ${i}`).toBe(true);
+    }
+    const chunk = (fill: number): ProcessingResponse => ({ request_body: { response: { body_mutation: { streamed_response: { body: Buffer.alloc(62_000, fill), end_of_stream: false } } } } });
+    const first = encodeProcessingResponseTransient(chunk(1));
+    const copy = Buffer.from(first);
+    const second = encodeProcessingResponseTransient(chunk(2));
+    expect(second.buffer).toBe(first.buffer);
+    expect(first.equals(copy)).toBe(false);
+    expect(second.equals(encodeProcessingResponse(chunk(2)))).toBe(true);
+    // Past its bound, a fresh buffer each call.
+    const big = encodeProcessingResponseTransient({ request_body: { response: { body_mutation: { body: Buffer.alloc(300_000, 3) } } } });
+    expect(big.buffer).not.toBe(second.buffer);
   });
 
   it("hands a body out as a view of the received bytes, not a copy", () => {
