@@ -28,7 +28,7 @@ import { hasUnusableKvEndpoint, kvEventsEndpointRefused, replayEndpointFor } fro
 import { LogThrottle } from "../util/log-throttle.js";
 import { systemClock, systemTimers } from "../core/index.js";
 import { controlEndpointFor } from "../../mesh/endpoints.js";
-import { IndexSyncClient, IndexSyncServer } from "../../mesh/index-sync.js";
+import { IndexSyncClient, IndexSyncServer, registerIndexExportMetrics } from "../../mesh/index-sync.js";
 import { registerWarmJoinMetrics, WarmJoin } from "./warm-join.js";
 
 /** The daemon's configuration lives in src/app/config.ts; re-exported for the daemon's callers. */
@@ -256,7 +256,9 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   const indexServer = new IndexSyncServer({
     source: service.indexSnapshotSource,
     positionOf: (workerId, dpRank) => ingest.position(workerId.toString(), dpRank),
+    logger: logger.child({ subsystem: "index-export" }),
   });
+  registerIndexExportMetrics(registry, indexServer);
   if (sync !== undefined) {
     try {
       mesh = await ReplicaMesh.start({
@@ -435,7 +437,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
           // the KV ingest thread) close them and end before the process exits: one still running
           // at exit is torn down with its sockets open, which aborts the process (#29, zeromq 6.8:
           // "terminate called after throwing an instance of 'Napi::Error'").
-          await closeAll([() => mesh?.close(), () => ingest.close()]);
+          await closeAll([() => mesh?.close(), () => ingest.close(), () => indexServer.close()]);
         }
       })();
       return closing;
