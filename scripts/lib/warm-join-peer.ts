@@ -46,7 +46,18 @@ export interface LoopDelay {
   readonly mean: number;
 }
 
-export type PeerMessage = { readonly t: "ready"; readonly port: number; readonly syncPort: number; readonly blocks: number } | { readonly t: "window"; readonly eld: LoopDelay };
+/**
+ * The peer's index export so far (its kvmesh_index_export_* series, cumulative): main-thread
+ * time in the export's synchronous steps, ms, and chunks by where they were walked and encoded.
+ * NaN where the daemon serves no such series.
+ */
+export interface ExportSoFar {
+  readonly mainMs: number;
+  readonly thread: number;
+  readonly slices: number;
+}
+
+export type PeerMessage = { readonly t: "ready"; readonly port: number; readonly syncPort: number; readonly blocks: number } | { readonly t: "window"; readonly eld: LoopDelay; readonly exp: ExportSoFar };
 export type PeerCommand = { readonly t: "window" } | { readonly t: "stop" };
 
 async function main(): Promise<void> {
@@ -75,10 +86,23 @@ async function main(): Promise<void> {
       return;
     }
     const ms = (ns: number): number => ns / 1e6;
-    send({ t: "window", eld: { n: eld.count, p50: ms(eld.percentile(50)), p99: ms(eld.percentile(99)), p999: ms(eld.percentile(99.9)), max: ms(eld.max), mean: ms(eld.mean) } });
+    const window = { n: eld.count, p50: ms(eld.percentile(50)), p99: ms(eld.percentile(99)), p999: ms(eld.percentile(99.9)), max: ms(eld.max), mean: ms(eld.mean) };
     eld.reset();
+    void exportSoFar(a.port).then((exp) => {
+      send({ t: "window", eld: window, exp });
+    });
   });
   send({ t: "ready", port: a.port, syncPort, blocks: a.service.sizes().indexedBlocks });
+}
+
+async function exportSoFar(port: number): Promise<ExportSoFar> {
+  const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+  const value = (re: RegExp): number => Number(re.exec(text)?.[1] ?? Number.NaN);
+  return {
+    mainMs: 1000 * value(/^kvmesh_index_export_main_thread_seconds_total ([0-9.e+-]+)/m),
+    thread: value(/^kvmesh_index_export_chunks_total\{path="thread"\} (\d+)/m),
+    slices: value(/^kvmesh_index_export_chunks_total\{path="slices"\} (\d+)/m),
+  };
 }
 
 main().catch((err: unknown) => {
