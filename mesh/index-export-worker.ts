@@ -11,7 +11,7 @@
  */
 import type { Worker } from "node:worker_threads";
 
-import { indexChunkCopyBuffers, type IndexChunkCopy } from "../src/core/index.js";
+import { indexChunkCopyBuffers, systemTimers, type IndexChunkCopy, type TimerHandle, type Timers } from "../src/core/index.js";
 import { MeshWireError } from "./errors.js";
 import { spawnThread, threadFile } from "./spawn-thread.js";
 
@@ -32,6 +32,8 @@ export interface ExportThreadReply {
   readonly blocks?: number;
   /** The chunk's bytes (without the head). */
   readonly bytes?: number;
+  /** The copy's buffers, back for the next copy (transferred both ways). */
+  readonly returned?: ArrayBuffer[];
   readonly error?: string;
 }
 
@@ -49,7 +51,19 @@ export interface IndexExportWorkerOptions {
   readonly spawn?: () => Worker;
   /** The thread could not start or died: called once, with why. */
   readonly onFailure?: (err: Error) => void;
+  /** For the recycled buffers' idle release (systemTimers). */
+  readonly timers?: Timers;
 }
+
+/**
+ * Bound on the copies' buffers kept for the next chunk, bytes: a 1,024 x 4,096 chunk copies
+ * ~3.7 MB (2.4 MB of node arrays, 10 lookup tables of 128 KB), so this holds a few chunks'.
+ */
+const RECYCLED_MAX_BYTES = 16 * 1024 * 1024;
+/** The recycled buffers are released after this long with no chunk, ms (a join asks every few ms). */
+const RECYCLED_IDLE_MS = 5_000;
+/** A fresh buffer's room over what it is asked, so that a partition's growing node arrays still fit it next chunk. */
+const FRESH_HEADROOM = 1.125;
 
 const THREAD_FILE = threadFile("index-export-thread");
 
@@ -60,6 +74,10 @@ export class IndexExportWorker {
   #nextId = 1;
   #closing = false;
   readonly #waiting = new Map<number, { resolve: (r: EncodedChunk) => void; reject: (e: Error) => void }>();
+  /** Buffers the thread handed back, for the next copies (copyIndexChunk's alloc). */
+  #recycled: ArrayBuffer[] = [];
+  #recycledBytes = 0;
+  #idle: TimerHandle | null = null;
 
   constructor(o: IndexExportWorkerOptions = {}) {
     this.#o = o;
@@ -69,10 +87,46 @@ export class IndexExportWorker {
     return this.#state;
   }
 
+  /** Bytes of the copies' buffers kept for the next chunks (RECYCLED_MAX_BYTES at most). */
+  get recycledBytes(): number {
+    return this.#recycledBytes;
+  }
+
   /** Whether a chunk may go to the thread now; the first call starts it (lazily: most replicas never serve a join). */
   ready(): boolean {
     if (this.#state === "idle" && !this.#closing) this.#start();
     return this.#state === "ready";
+  }
+
+  /**
+   * A buffer of at least `bytes` for a chunk copy (copyIndexChunk's alloc): the smallest recycled
+   * one that fits, else a fresh one with some room to grow. Fresh buffers are zeroed by the
+   * allocator and tracked by the collector: recycling them keeps both off the main thread.
+   */
+  readonly alloc = (bytes: number): ArrayBuffer => {
+    let best = -1;
+    for (let i = 0; i < this.#recycled.length; i++) {
+      const b = this.#recycled[i] as ArrayBuffer;
+      if (b.byteLength >= bytes && (best < 0 || b.byteLength < (this.#recycled[best] as ArrayBuffer).byteLength)) best = i;
+    }
+    if (best < 0) return new ArrayBuffer(Math.ceil((bytes * FRESH_HEADROOM) / 8) * 8);
+    const [b] = this.#recycled.splice(best, 1) as [ArrayBuffer];
+    this.#recycledBytes -= b.byteLength;
+    return b;
+  };
+
+  #recycle(buffers: readonly ArrayBuffer[]): void {
+    for (const b of buffers) {
+      if (this.#recycledBytes + b.byteLength > RECYCLED_MAX_BYTES) continue;
+      this.#recycled.push(b);
+      this.#recycledBytes += b.byteLength;
+    }
+    this.#idle?.cancel();
+    this.#idle = (this.#o.timers ?? systemTimers).setTimeout(() => {
+      this.#idle = null;
+      this.#recycled = [];
+      this.#recycledBytes = 0;
+    }, RECYCLED_IDLE_MS);
   }
 
   /** Walks and encodes `copy` on the thread (its buffers are transferred: unusable here after). Rejects if the thread fails meanwhile. */
@@ -94,6 +148,9 @@ export class IndexExportWorker {
     this.#worker = null;
     if (w !== null) await w.terminate();
     this.#rejectAll(new Error("the index export thread was closed"));
+    this.#idle?.cancel();
+    this.#recycled = [];
+    this.#recycledBytes = 0;
   }
 
   #start(): void {
@@ -115,6 +172,7 @@ export class IndexExportWorker {
       const p = this.#waiting.get(m.id);
       if (p === undefined) return;
       this.#waiting.delete(m.id);
+      if (m.returned !== undefined) this.#recycle(m.returned);
       if (m.error !== undefined || m.reply === undefined) p.reject(new MeshWireError("index_export", m.error ?? "no reply"));
       else p.resolve({ reply: Buffer.from(m.reply.buffer, m.reply.byteOffset, m.reply.byteLength), ranks: m.ranks ?? 0, blocks: m.blocks ?? 0, bytes: m.bytes ?? 0 });
     });

@@ -202,6 +202,7 @@ export class IndexSyncServer {
         ? null
         : new IndexExportWorker({
             ...(o.spawnExportThread === undefined ? {} : { spawn: o.spawnExportThread }),
+            ...(o.timers === undefined ? {} : { timers: o.timers }),
             onFailure: (err) => {
               this.stats.exportThreadFailures++;
               o.logger?.warn({ err }, "index export thread failed: a joiner's chunks are exported on the main thread, in slices, from now on (kvmesh_index_export_thread_failures_total)");
@@ -271,7 +272,7 @@ export class IndexSyncServer {
     await new Promise<void>((resolve) => timers.setImmediate(resolve));
     if (!thread.ready()) return null;
     t = this.#clock.now();
-    const copy = copyIndexChunk(this.#o.source, keys, cursor, this.#chunkBytes, this.#o.positionOf);
+    const copy = copyIndexChunk(this.#o.source, keys, cursor, this.#chunkBytes, this.#o.positionOf, thread.alloc);
     const head = okHead(copy.next);
     this.stats.exportMainMs += this.#clock.now() - t;
     try {
@@ -297,6 +298,11 @@ export class IndexSyncServer {
   /** The export thread's state (null: exportThread false). */
   get exportThreadState(): ExportThreadState | null {
     return this.#thread?.state ?? null;
+  }
+
+  /** Bytes the export thread's copies keep for the next chunks (0 without it). */
+  get exportRecycledBytes(): number {
+    return this.#thread?.recycledBytes ?? 0;
   }
 
   /** Ends the export thread, if one started. */

@@ -59,6 +59,8 @@ describe("the peer's index export thread", () => {
       const offThread = await pull(s);
       expect(s.stats.chunksOffThread).toBe(offThread.length);
       expect(offThread.length).toBeGreaterThan(1);
+      // The copies' buffers came back for the next chunks (the chunks after the first reused them).
+      expect(s.exportRecycledBytes).toBeGreaterThan(0);
       // One chunk each (a bound above the whole index): the same reply, byte for byte.
       const big = new IndexSyncServer({ source: svc.indexSnapshotSource, positionOf, chunkBytes: 1 << 20 });
       await pull(big);
@@ -74,6 +76,7 @@ describe("the peer's index export thread", () => {
     } finally {
       await s.close();
     }
+    expect(s.exportRecycledBytes).toBe(0);
   });
 
   it("a thread that cannot start: counted, logged once, and every chunk exported in slices", async () => {
