@@ -34,7 +34,7 @@ import { positiveInt, positiveNumber, scriptProgram } from "./lib/script-args.js
 import { threadCpu, threadCpuDelta } from "./lib/thread-cpu.js";
 import type { ExportSoFar, LoopDelay, PeerCommand, PeerMessage, PeerOptions } from "./lib/warm-join-peer.js";
 
-const ROLES = ["peer", "joiner", "client"] as const;
+const ROLES = ["peer", "peer-threads", "joiner", "client"] as const;
 /** os.setPriority's range: -20 (highest) to 19. */
 const MIN_NICE = -20;
 const MAX_NICE = 19;
@@ -48,7 +48,7 @@ const args = scriptProgram("bench:warm-join", "A joining replica pulls its peer'
   .option("--baseline-secs <s>", "length of each run's baseline window (no joiner)", positiveNumber, 4)
   .option(
     "--pin <layout>",
-    'CPUs per process (taskset, Linux): "none", "peer-alone" (peer=0,joiner=1,client=1) or role=cpus,... over peer, joiner, client (default: none)',
+    'CPUs per process (taskset, Linux): "none", "peer-alone" (peer=0,joiner=1,client=1), "peer-split" (peer-alone with the threads the peer starts once warmed, its index export thread, on 1) or role=cpus,... over peer, peer-threads, joiner, client (default: none)',
     (v: string) => {
       try {
         const layout = parsePinLayout(v, ROLES, cpus().length);
@@ -286,7 +286,8 @@ async function main(): Promise<void> {
       throw new Error(`--client-nice ${args.clientNice}: ${err instanceof Error ? err.message : String(err)} (a nice value below 0 needs root or CAP_SYS_NICE)`);
     }
   }
-  const peer = new Peer({ workers: args.workers, blocksPerWorker: args.blocksPerWorker, groups: args.groups, variants: args.variants, seed: 42 }, pin.get("peer"));
+  const peerThreads = pin.get("peer-threads");
+  const peer = new Peer({ workers: args.workers, blocksPerWorker: args.blocksPerWorker, groups: args.groups, variants: args.variants, seed: 42, ...(peerThreads === undefined ? {} : { lateThreadCpus: peerThreads }) }, pin.get("peer"));
   const prompts = selectBodies(makeBenchPrompts(args.groups, args.variants));
   const { port, syncPort, blocks: peerBlocks } = await peer.next("ready");
   const layout = pin.size === 0 ? "unpinned" : [...pin].map(([r, c]) => `${r}=${c}`).join(",");

@@ -12,10 +12,12 @@
  *   parent -> child: { t: "window" } -> { t: "window", eld } (the delay since the previous
  *                    "window", then the histogram starts over); { t: "stop" } -> exits 0
  */
+import { readdirSync } from "node:fs";
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import { pino } from "pino";
 
 import { DEFAULT_DAEMON_CONFIG, startDaemon } from "../../src/app/daemon.js";
+import { pinThread } from "../../src/bench/cpu-pin.js";
 import { freePortPair } from "../../src/bench/ports.js";
 import { seededRandom } from "../../src/core/index.js";
 import { progress } from "./console-report.js";
@@ -34,6 +36,8 @@ export interface PeerOptions {
   readonly groups: number;
   readonly variants: number;
   readonly seed: number;
+  /** CPUs for the threads this process starts once warmed (its index export thread, on the first join): --pin's peer-threads. */
+  readonly lateThreadCpus?: string;
 }
 
 /** Event-loop delay over a window, ms. */
@@ -92,7 +96,32 @@ async function main(): Promise<void> {
       send({ t: "window", eld: window, exp });
     });
   });
+  if (o.lateThreadCpus !== undefined) pinLateThreads(o.lateThreadCpus);
   send({ t: "ready", port: a.port, syncPort, blocks: a.service.sizes().indexedBlocks });
+}
+
+/** How often the peer looks for threads started since it was warmed, ms. */
+const LATE_THREAD_POLL_MS = 50;
+
+/**
+ * Pins every thread this process starts from now on to `cpus` (found by polling /proc/self/task:
+ * Node names no thread). The index export thread starts on the first join, so it runs apart from
+ * the main thread from then on (a thread of the joins' first ~50 ms may run on the main thread's CPU).
+ */
+function pinLateThreads(cpus: string): void {
+  const tasks = (): string[] => readdirSync("/proc/self/task");
+  const known = new Set(tasks());
+  setInterval(() => {
+    for (const t of tasks()) {
+      if (known.has(t)) continue;
+      known.add(t);
+      try {
+        pinThread(Number(t), cpus);
+      } catch {
+        // the thread ended before it could be pinned
+      }
+    }
+  }, LATE_THREAD_POLL_MS).unref();
 }
 
 async function exportSoFar(port: number): Promise<ExportSoFar> {
