@@ -8,8 +8,10 @@
  *    after it up to DEFAULT_INDEX_CHUNK_BYTES (src/core/index-snapshot.ts). The peer keeps no
  *    state between requests and never encodes its whole index at once; each rank travels whole,
  *    with its KV stream position taken in the same synchronous step, as flat typed arrays
- *    (PrefixIndex.exportRankEntries), in slices of its event loop of EXPORT_SLICE_MS, so its
- *    /select keeps its latency while a joiner pulls;
+ *    (PrefixIndex.exportRankEntries). The walk and the encode run on the peer's export thread
+ *    (index-export-worker.ts: this thread only copies what they read, src/core/index-export-copy.ts),
+ *    or, while that thread loads or after it failed, here in slices of its event loop of
+ *    EXPORT_SLICE_MS, so its /select keeps its latency while a joiner pulls;
  *  - decoded off the main thread: each chunk goes to a worker thread (index-sync-thread.ts).
  *    Given this replica's ranks (IndexTreeSink.targets), the thread merges them into whole
  *    partition trees, handed over at the end for the main thread to adopt in one step per
