@@ -28,6 +28,7 @@ import { hasUnusableKvEndpoint, kvEventsEndpointRefused, replayEndpointFor } fro
 import { LogThrottle } from "../util/log-throttle.js";
 import { systemClock, systemTimers } from "../core/index.js";
 import { controlEndpointFor } from "../../mesh/endpoints.js";
+import type { ExportThreadState } from "../../mesh/index-export-worker.js";
 import { IndexSyncClient, IndexSyncServer, registerIndexExportMetrics } from "../../mesh/index-sync.js";
 import { registerWarmJoinMetrics, WarmJoin } from "./warm-join.js";
 
@@ -51,6 +52,8 @@ export interface Daemon {
   readonly mesh: ReplicaMesh | undefined;
   /** The KV ingest thread's driver (its health, its window; tests crash it), unset without the thread. */
   readonly ingestThread: KvIngestWorker | undefined;
+  /** The state of the index export thread that serves joining peers (tests wait for it to load). */
+  indexExportThread(): ExportThreadState | null;
   /** The endpoint picker's ext_proc port (and its separate health port), when --ext-proc-port is set. */
   readonly extProcPort: number | undefined;
   readonly extProcHealthPort: number | undefined;
@@ -401,6 +404,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
     extProcPort: extProc?.port,
     extProcHealthPort: extProc?.healthPort,
     ingestThread: ingest instanceof KvIngestWorker ? ingest : undefined,
+    indexExportThread: () => indexServer.exportThreadState,
     drain(): Promise<void> {
       if (closing !== undefined || service.draining) return Promise.resolve();
       service.drain();
