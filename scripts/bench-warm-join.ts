@@ -32,9 +32,9 @@ import { onLines } from "../src/util/lines.js";
 import { BENCH_PROMPT_TOKENS, makeBenchPrompts, type BenchPrompt } from "./lib/warm-prompts.js";
 import { positiveInt, positiveNumber, scriptProgram } from "./lib/script-args.js";
 import { threadCpu, threadCpuDelta } from "./lib/thread-cpu.js";
-import type { LoopDelay, PeerCommand, PeerMessage, PeerOptions } from "./lib/warm-join-peer.js";
+import type { ExportSoFar, LoopDelay, PeerCommand, PeerMessage, PeerOptions } from "./lib/warm-join-peer.js";
 
-const ROLES = ["peer", "joiner", "client"] as const;
+const ROLES = ["peer", "peer-threads", "joiner", "client"] as const;
 /** os.setPriority's range: -20 (highest) to 19. */
 const MIN_NICE = -20;
 const MAX_NICE = 19;
@@ -48,7 +48,7 @@ const args = scriptProgram("bench:warm-join", "A joining replica pulls its peer'
   .option("--baseline-secs <s>", "length of each run's baseline window (no joiner)", positiveNumber, 4)
   .option(
     "--pin <layout>",
-    'CPUs per process (taskset, Linux): "none", "peer-alone" (peer=0,joiner=1,client=1) or role=cpus,... over peer, joiner, client (default: none)',
+    'CPUs per process (taskset, Linux): "none", "peer-alone" (peer=0,joiner=1,client=1), "peer-split" (peer-alone with the threads the peer starts once warmed, its index export thread, on 1) or role=cpus,... over peer, peer-threads, joiner, client (default: none)',
     (v: string) => {
       try {
         const layout = parsePinLayout(v, ROLES, cpus().length);
@@ -178,8 +178,12 @@ class Peer {
   }
 
   async window(): Promise<LoopDelay> {
+    return (await this.windowWithExport()).eld;
+  }
+
+  async windowWithExport(): Promise<{ eld: LoopDelay; exp: ExportSoFar }> {
     this.send({ t: "window" });
-    return (await this.next("window")).eld;
+    return await this.next("window");
   }
 }
 
@@ -197,6 +201,10 @@ interface RunResult {
   /** Other processes' CPU over each window, ms/s (OthersCpu). */
   readonly baseOthers: number;
   readonly duringOthers: number;
+  /** The peer's index export while B synced: main-thread ms in its steps, chunks by path (NaN: not served). */
+  readonly exportMs: number;
+  readonly chunksThread: number;
+  readonly chunksSliced: number;
 }
 
 async function oneRun(peer: Peer, port: number, syncPort: number, prompts: readonly string[]): Promise<RunResult> {
@@ -222,7 +230,7 @@ async function oneRun(peer: Peer, port: number, syncPort: number, prompts: reado
   });
   const listeningAt = performance.now();
   const listeningWall = Date.now();
-  await peer.window();
+  const exp0 = (await peer.windowWithExport()).exp;
   cpu0 = threadCpu(peer.child.pid as number);
   t0 = performance.now();
   others = new OthersCpu([process.pid, peer.child.pid as number, b.pid]);
@@ -255,14 +263,14 @@ async function oneRun(peer: Peer, port: number, syncPort: number, prompts: reado
     }
   })();
   const during = await selectLoop(port, prompts, () => readyMs >= 0);
-  const duringEld = await peer.window();
+  const { eld: duringEld, exp: exp1 } = await peer.windowWithExport();
   cpu1 = threadCpu(peer.child.pid as number);
   const duringCpu = threadCpuDelta(cpu0, cpu1).mainMs / ((performance.now() - t0) / 1000);
   const duringOthers = others.perSecond();
   await poll;
   await stopServe(b);
   await new Promise((res) => setTimeout(res, SETTLE_MS));
-  return { readyMs, joinerBlocks, phases, base, during, baseEld, duringEld, baseCpu, duringCpu, baseOthers, duringOthers };
+  return { readyMs, joinerBlocks, phases, base, during, baseEld, duringEld, baseCpu, duringCpu, baseOthers, duringOthers, exportMs: exp1.mainMs - exp0.mainMs, chunksThread: exp1.thread - exp0.thread, chunksSliced: exp1.slices - exp0.slices };
 }
 
 const fmt = (l: { n: number; p50: number; p99: number; p999: number; max: number }): string =>
@@ -278,7 +286,8 @@ async function main(): Promise<void> {
       throw new Error(`--client-nice ${args.clientNice}: ${err instanceof Error ? err.message : String(err)} (a nice value below 0 needs root or CAP_SYS_NICE)`);
     }
   }
-  const peer = new Peer({ workers: args.workers, blocksPerWorker: args.blocksPerWorker, groups: args.groups, variants: args.variants, seed: 42 }, pin.get("peer"));
+  const peerThreads = pin.get("peer-threads");
+  const peer = new Peer({ workers: args.workers, blocksPerWorker: args.blocksPerWorker, groups: args.groups, variants: args.variants, seed: 42, ...(peerThreads === undefined ? {} : { lateThreadCpus: peerThreads }) }, pin.get("peer"));
   const prompts = selectBodies(makeBenchPrompts(args.groups, args.variants));
   const { port, syncPort, blocks: peerBlocks } = await peer.next("ready");
   const layout = pin.size === 0 ? "unpinned" : [...pin].map(([r, c]) => `${r}=${c}`).join(",");
@@ -299,6 +308,11 @@ async function main(): Promise<void> {
     console.log(`    peer /select, B syncing     ${fmt(r.during)}  -> p99 ${(r.during.p99 / r.base.p99).toFixed(2)}x (target <= 1.2x)`);
     console.log(`    peer loop delay, no joiner  ${fmt(r.baseEld)}; main thread ${r.baseCpu.toFixed(0)} ms CPU/s`);
     console.log(`    peer loop delay, B syncing  ${fmt(r.duringEld)}; main thread ${r.duringCpu.toFixed(0)} ms CPU/s -> p99 ${(r.duringEld.p99 / r.baseEld.p99).toFixed(2)}x`);
+    console.log(
+      Number.isNaN(r.exportMs)
+        ? "    peer index export           (no kvmesh_index_export_* series)"
+        : `    peer index export           main thread ${r.exportMs.toFixed(0)} ms in its steps; chunks ${r.chunksThread} on the export thread, ${Number.isNaN(r.chunksSliced) ? "?" : r.chunksSliced} in slices`,
+    );
     console.log(`    other processes' CPU        ${r.baseOthers.toFixed(0)} ms/s with no joiner, ${r.duringOthers.toFixed(0)} ms/s while B syncs (of ${cpus().length * 1000})`);
   }
   console.log(`  /select p99 ratio per run: ${ratios.map((x) => x.toFixed(2)).join(", ")}; loop-delay p99 ratio: ${eldRatios.map((x) => x.toFixed(2)).join(", ")}`);

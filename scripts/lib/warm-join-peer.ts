@@ -12,10 +12,12 @@
  *   parent -> child: { t: "window" } -> { t: "window", eld } (the delay since the previous
  *                    "window", then the histogram starts over); { t: "stop" } -> exits 0
  */
+import { readdirSync } from "node:fs";
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import { pino } from "pino";
 
 import { DEFAULT_DAEMON_CONFIG, startDaemon } from "../../src/app/daemon.js";
+import { pinThread } from "../../src/bench/cpu-pin.js";
 import { freePortPair } from "../../src/bench/ports.js";
 import { seededRandom } from "../../src/core/index.js";
 import { progress } from "./console-report.js";
@@ -34,6 +36,8 @@ export interface PeerOptions {
   readonly groups: number;
   readonly variants: number;
   readonly seed: number;
+  /** CPUs for the threads this process starts once warmed (its index export thread, on the first join): --pin's peer-threads. */
+  readonly lateThreadCpus?: string;
 }
 
 /** Event-loop delay over a window, ms. */
@@ -46,7 +50,18 @@ export interface LoopDelay {
   readonly mean: number;
 }
 
-export type PeerMessage = { readonly t: "ready"; readonly port: number; readonly syncPort: number; readonly blocks: number } | { readonly t: "window"; readonly eld: LoopDelay };
+/**
+ * The peer's index export so far (its kvmesh_index_export_* series, cumulative): main-thread
+ * time in the export's synchronous steps, ms, and chunks by where they were walked and encoded.
+ * NaN where the daemon serves no such series.
+ */
+export interface ExportSoFar {
+  readonly mainMs: number;
+  readonly thread: number;
+  readonly slices: number;
+}
+
+export type PeerMessage = { readonly t: "ready"; readonly port: number; readonly syncPort: number; readonly blocks: number } | { readonly t: "window"; readonly eld: LoopDelay; readonly exp: ExportSoFar };
 export type PeerCommand = { readonly t: "window" } | { readonly t: "stop" };
 
 async function main(): Promise<void> {
@@ -75,10 +90,48 @@ async function main(): Promise<void> {
       return;
     }
     const ms = (ns: number): number => ns / 1e6;
-    send({ t: "window", eld: { n: eld.count, p50: ms(eld.percentile(50)), p99: ms(eld.percentile(99)), p999: ms(eld.percentile(99.9)), max: ms(eld.max), mean: ms(eld.mean) } });
+    const window = { n: eld.count, p50: ms(eld.percentile(50)), p99: ms(eld.percentile(99)), p999: ms(eld.percentile(99.9)), max: ms(eld.max), mean: ms(eld.mean) };
     eld.reset();
+    void exportSoFar(a.port).then((exp) => {
+      send({ t: "window", eld: window, exp });
+    });
   });
+  if (o.lateThreadCpus !== undefined) pinLateThreads(o.lateThreadCpus);
   send({ t: "ready", port: a.port, syncPort, blocks: a.service.sizes().indexedBlocks });
+}
+
+/** How often the peer looks for threads started since it was warmed, ms. */
+const LATE_THREAD_POLL_MS = 50;
+
+/**
+ * Pins every thread this process starts from now on to `cpus` (found by polling /proc/self/task:
+ * Node names no thread). The index export thread starts on the first join, so it runs apart from
+ * the main thread from then on (a thread of the joins' first ~50 ms may run on the main thread's CPU).
+ */
+function pinLateThreads(cpus: string): void {
+  const tasks = (): string[] => readdirSync("/proc/self/task");
+  const known = new Set(tasks());
+  setInterval(() => {
+    for (const t of tasks()) {
+      if (known.has(t)) continue;
+      known.add(t);
+      try {
+        pinThread(Number(t), cpus);
+      } catch {
+        // the thread ended before it could be pinned
+      }
+    }
+  }, LATE_THREAD_POLL_MS).unref();
+}
+
+async function exportSoFar(port: number): Promise<ExportSoFar> {
+  const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+  const value = (re: RegExp): number => Number(re.exec(text)?.[1] ?? Number.NaN);
+  return {
+    mainMs: 1000 * value(/^kvmesh_index_export_main_thread_seconds_total ([0-9.e+-]+)/m),
+    thread: value(/^kvmesh_index_export_chunks_total\{path="thread"\} (\d+)/m),
+    slices: value(/^kvmesh_index_export_chunks_total\{path="slices"\} (\d+)/m),
+  };
 }
 
 main().catch((err: unknown) => {

@@ -28,7 +28,8 @@ import { hasUnusableKvEndpoint, kvEventsEndpointRefused, replayEndpointFor } fro
 import { LogThrottle } from "../util/log-throttle.js";
 import { systemClock, systemTimers } from "../core/index.js";
 import { controlEndpointFor } from "../../mesh/endpoints.js";
-import { IndexSyncClient, IndexSyncServer } from "../../mesh/index-sync.js";
+import type { ExportThreadState } from "../../mesh/index-export-worker.js";
+import { IndexSyncClient, IndexSyncServer, registerIndexExportMetrics } from "../../mesh/index-sync.js";
 import { registerWarmJoinMetrics, WarmJoin } from "./warm-join.js";
 
 /** The daemon's configuration lives in src/app/config.ts; re-exported for the daemon's callers. */
@@ -51,6 +52,8 @@ export interface Daemon {
   readonly mesh: ReplicaMesh | undefined;
   /** The KV ingest thread's driver (its health, its window; tests crash it), unset without the thread. */
   readonly ingestThread: KvIngestWorker | undefined;
+  /** The state of the index export thread that serves joining peers (tests wait for it to load). */
+  indexExportThread(): ExportThreadState | null;
   /** The endpoint picker's ext_proc port (and its separate health port), when --ext-proc-port is set. */
   readonly extProcPort: number | undefined;
   readonly extProcHealthPort: number | undefined;
@@ -256,7 +259,9 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
   const indexServer = new IndexSyncServer({
     source: service.indexSnapshotSource,
     positionOf: (workerId, dpRank) => ingest.position(workerId.toString(), dpRank),
+    logger: logger.child({ subsystem: "index-export" }),
   });
+  registerIndexExportMetrics(registry, indexServer);
   if (sync !== undefined) {
     try {
       mesh = await ReplicaMesh.start({
@@ -399,6 +404,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
     extProcPort: extProc?.port,
     extProcHealthPort: extProc?.healthPort,
     ingestThread: ingest instanceof KvIngestWorker ? ingest : undefined,
+    indexExportThread: () => indexServer.exportThreadState,
     drain(): Promise<void> {
       if (closing !== undefined || service.draining) return Promise.resolve();
       service.drain();
@@ -435,7 +441,7 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
           // the KV ingest thread) close them and end before the process exits: one still running
           // at exit is torn down with its sockets open, which aborts the process (#29, zeromq 6.8:
           // "terminate called after throwing an instance of 'Napi::Error'").
-          await closeAll([() => mesh?.close(), () => ingest.close()]);
+          await closeAll([() => mesh?.close(), () => ingest.close(), () => indexServer.close()]);
         }
       })();
       return closing;

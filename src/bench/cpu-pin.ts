@@ -19,6 +19,12 @@ export type PinLayout = ReadonlyMap<string, string>;
 export const PIN_LAYOUTS: Readonly<Record<string, Readonly<Record<string, string>>>> = {
   /** The serving peer alone on CPU 0; the joiner and the client share CPU 1. */
   "peer-alone": { peer: "0", joiner: "1", client: "1" },
+  /**
+   * The peer's main thread alone on CPU 0, the threads it starts once warmed (its index export
+   * thread, started on the first join) on CPU 1 with the joiner and the client: as deployed, where
+   * the peer has a core for its thread.
+   */
+  "peer-split": { peer: "0", "peer-threads": "1", joiner: "1", client: "1" },
 };
 
 /**
@@ -60,6 +66,12 @@ export function requireTaskset(): void {
 /** The command prefix that starts a process on `cpus` (spawnServe's `prefix`), [] when unpinned. */
 export function tasksetPrefix(cpus: string | undefined): string[] {
   return cpus === undefined ? [] : ["taskset", "-c", cpus];
+}
+
+/** Pins one thread (a task id under /proc/<pid>/task) to `cpus`. */
+export function pinThread(tid: number, cpus: string): void {
+  const r = spawnSync("taskset", ["-p", "-c", cpus, String(tid)], { encoding: "utf8" });
+  if (r.error !== undefined || r.status !== 0) throw new Error(`taskset -p -c ${cpus} ${tid} failed: ${r.error?.message ?? r.stderr}`);
 }
 
 /** Pins every thread of a running process (this one: the client) to `cpus`. */

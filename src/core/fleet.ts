@@ -13,7 +13,7 @@ import type { Clock } from "./time.js";
 import type { Random } from "./random.js";
 import { KvmeshError } from "./errors.js";
 import { hashCount, hashListFromBigInts } from "./hash64.js";
-import { rankCursorKey, type IndexRankKey, type IndexRankSnapshot, type IndexSnapshotSource } from "./index-snapshot.js";
+import { rankCursorKey, type IndexRankKey, type IndexRankSnapshot, type IndexSnapshotSource, type RankViewsOf } from "./index-snapshot.js";
 import type { IndexPartitionTree, IndexRankTarget, MergedRank } from "./index-tree-merge.js";
 import { storedContentHashes, type KvApplyResult, type KvEventBatch } from "./kv-events.js";
 import { Partition } from "./partition.js";
@@ -401,6 +401,12 @@ export class Fleet {
       if (located === undefined) return null;
       const { partition: p, rank } = located;
       return { modelName: p.modelName, routingGroup: p.routingGroup, blockSize: p.blockSize, workerId: key.workerId, dpRank: key.dpRank, entries: p.index.exportRankEntries(rank) };
+    },
+    exportViews: (key: IndexRankKey): RankViewsOf | null => {
+      const located = this.locateRank(key.workerId, key.dpRank);
+      if (located === undefined) return null;
+      const { partition: p, rank } = located;
+      return { modelName: p.modelName, routingGroup: p.routingGroup, blockSize: p.blockSize, workerId: key.workerId, dpRank: key.dpRank, partition: p.key, views: p.index.exportViews(rank) };
     },
   };
 

@@ -29,7 +29,7 @@
  * it returns can go to PrefixIndex.importRankEntries as it is.
  */
 import { badRequest } from "./errors.js";
-import { STORAGE_TIERS, type RankEntries } from "./prefix-index.js";
+import { STORAGE_TIERS, type RankEntries, type RankExportViews } from "./prefix-index.js";
 import type { WorkerId } from "./types.js";
 
 /** "KVIX" read as a little-endian u32. */
@@ -72,6 +72,18 @@ export interface IndexSnapshotSource {
   rankKeys(after?: string | null): IndexRankKey[];
   /** The rank's blocks now (PrefixIndex.exportRankEntries), or null if it left since rankKeys(). */
   exportRank(key: IndexRankKey): Omit<IndexRankSnapshot, "position"> | null;
+  /**
+   * What exporting the rank reads now (PrefixIndex.exportViews: live, read-only, valid until the
+   * index next changes) and its partition's key (ranks of one partition share its node arrays),
+   * or null if it left since rankKeys(). For copyIndexChunk (index-export-copy.ts).
+   */
+  exportViews(key: IndexRankKey): RankViewsOf | null;
+}
+
+/** A rank's names and its export views (IndexSnapshotSource.exportViews). */
+export interface RankViewsOf extends Omit<IndexRankSnapshot, "position" | "entries"> {
+  readonly partition: string;
+  readonly views: RankExportViews;
 }
 
 export interface IndexRankKey {
@@ -87,11 +99,11 @@ export function rankCursorKey(partitionKey: string, workerId: WorkerId, dpRank: 
 }
 
 /** Bytes of a rank's header: names, block size, worker id, dp rank, position, counts. */
-const rankHeaderBytes = (r: Omit<IndexRankSnapshot, "position">): number => 2 + Buffer.byteLength(r.modelName) + 2 + Buffer.byteLength(r.routingGroup) + 4 + 8 + 4 + 1 + 16 + 8;
+export const rankHeaderBytes = (r: { readonly modelName: string; readonly routingGroup: string }): number => 2 + Buffer.byteLength(r.modelName) + 2 + Buffer.byteLength(r.routingGroup) + 4 + 8 + 4 + 1 + 16 + 8;
 /** Bytes per node (parent i32, local hash) and per entry (node i32, sequence hash, tier u8). */
-const NODE_BYTES = 12;
-const ENTRY_BYTES = 13;
-const CHUNK_HEADER_BYTES = 9;
+export const NODE_BYTES = 12;
+export const ENTRY_BYTES = 13;
+export const CHUNK_HEADER_BYTES = 9;
 
 /** Bytes one rank takes in a chunk. */
 export function rankBytes(r: Omit<IndexRankSnapshot, "position">): number {
@@ -175,7 +187,7 @@ export function nextIndexChunk(
   }
 }
 
-function upperBound(keys: readonly IndexRankKey[], after: string): number {
+export function upperBound(keys: readonly IndexRankKey[], after: string): number {
   let lo = 0;
   let hi = keys.length;
   while (lo < hi) {
@@ -194,7 +206,7 @@ function chunkOf(parts: readonly Buffer[]): Buffer {
   return Buffer.concat([chunkHeader(parts.length), ...parts]);
 }
 
-function chunkHeader(ranks: number): Buffer {
+export function chunkHeader(ranks: number): Buffer {
   const head = Buffer.allocUnsafe(CHUNK_HEADER_BYTES);
   head.writeUInt32LE(INDEX_CHUNK_MAGIC, 0);
   head.writeUInt8(INDEX_CHUNK_VERSION, 4);
@@ -202,7 +214,7 @@ function chunkHeader(ranks: number): Buffer {
   return head;
 }
 
-function encodeRank(r: IndexRankSnapshot): Buffer {
+export function encodeRank(r: IndexRankSnapshot): Buffer {
   const buf = Buffer.allocUnsafe(rankBytes(r));
   let o = writeString(buf, 0, r.modelName);
   o = writeString(buf, o, r.routingGroup);

@@ -15,13 +15,16 @@ export { computeBlockHashes, computePromptHashes, computeSequenceHashes, saltSee
 export { IndexJoinJournal } from "./index-join-journal.js";
 export type { JoinPlan } from "./index-join-journal.js";
 export { decodeIndexChunk, DEFAULT_INDEX_CHUNK_BYTES, indexChunkSteps } from "./index-snapshot.js";
-export type { IndexChunk, IndexRankSnapshot, IndexSnapshotSource, KvStreamPosition } from "./index-snapshot.js";
+export type { IndexChunk, IndexRankKey, IndexRankSnapshot, IndexSnapshotSource, KvStreamPosition, RankViewsOf } from "./index-snapshot.js";
+export { copyIndexChunk, encodeIndexChunkCopy, indexChunkCopyBuffers } from "./index-export-copy.js";
+export type { IndexChunkCopy, NodeArraysCopy, RankCopy } from "./index-export-copy.js";
 export { storedContentHashes } from "./kv-events.js";
 export type { KvApplyResult, KvEvent, KvEventBatch, StorageTier } from "./kv-events.js";
 export { MAX_HASHES_PER_BOOKING, MAX_WORKER_FIELD_ENTRIES } from "./limits.js";
 export { LoadLedger } from "./load-ledger.js";
 export { DEFAULT_PENDING_MAX_BYTES, DEFAULT_PENDING_MAX_ENTRIES, DEFAULT_PENDING_TTL_MS } from "./pending-selections.js";
-export { withRankLookup } from "./prefix-index.js";
+export { rankEntriesFromViews, withRankLookup } from "./prefix-index.js";
+export type { RankEntries, RankExportViews } from "./prefix-index.js";
 export { PrefixTreeBuilder } from "./prefix-tree-builder.js";
 export { prefixTreeBuffers } from "./prefix-tree-image.js";
 export type { PrefixTreeImage } from "./prefix-tree-image.js";

@@ -263,6 +263,120 @@ function checkRank(rank: number): void {
   }
 }
 
+/**
+ * What exporting a rank reads (PrefixIndex.exportViews): the node arrays (parent, key words),
+ * indexed by node id, and the rank's lookup slots in U64Table's layout (null: it holds nothing).
+ * Live views or copies of them: rankEntriesFromViews only reads.
+ */
+export interface RankExportViews {
+  readonly parent: Int32Array;
+  readonly keyHi: Uint32Array;
+  readonly keyLo: Uint32Array;
+  readonly slots: Int32Array | null;
+  readonly size: number;
+}
+
+/**
+ * The rank's blocks as flat typed arrays (PrefixIndex.exportRankEntries, and the warm join's
+ * export thread over a copy of the same views): one pass over the rank's lookup slots, one over
+ * its nodes and a counting sort, no object per block. Nodes come parents first; blocks cut off
+ * from the root by a gap this rank holds in no tier are left out, as in dumpRank. `mark` is
+ * scratch of at least `v.parent.length` zeros, left all zero again.
+ */
+export function rankEntriesFromViews(v: RankExportViews, mark: Int32Array): RankEntries {
+  if (v.slots === null || v.size === 0) return emptyRankEntries();
+  // Assertion (a programming error, never input): the caller sizes the scratch to the node arrays.
+  if (mark.length < v.parent.length) throw new RangeError(`rankEntriesFromViews: scratch of ${mark.length} for ${v.parent.length} nodes`);
+  const n = v.size;
+  const tiers = new Uint8Array(n);
+  const hashes = new Uint32Array(2 * n);
+  const nodeOfEntry = new Int32Array(n);
+  // Distinct nodes, numbered in the order met; `mark` maps a node id to its number + 1.
+  const nodes = new Int32Array(n);
+  let m = 0;
+  let k = 0;
+  U64Table.forEachSlot(v.slots, (t, hi, lo, node) => {
+    tiers[k] = t;
+    hashes[2 * k] = hi;
+    hashes[2 * k + 1] = lo;
+    if (mark[node] === 0) {
+      nodes[m] = node;
+      mark[node] = ++m;
+    }
+    nodeOfEntry[k++] = (mark[node] as number) - 1;
+  });
+  // Parents first: a node is numbered once its held parent is (a walk up the rank's held
+  // ancestors, then back down). Each node is read once: the walk is memory-bound at millions
+  // of nodes, so it reads no depth and sorts nothing.
+  const newIndex = new Int32Array(m).fill(UNVISITED);
+  const nodeParent = new Int32Array(m);
+  const nodeKeys = new Uint32Array(2 * m);
+  const stack: number[] = [];
+  let kept = 0;
+  for (let j = 0; j < m; j++) {
+    if (newIndex[j] !== UNVISITED) continue;
+    // Climb while the parent is held here and not numbered yet.
+    let local = j;
+    let pr = NONE;
+    for (;;) {
+      const p = v.parent[nodes[local] as number] as number;
+      if (p === ROOT) break;
+      const pm = (mark[p] as number) - 1;
+      if (pm < 0) {
+        pr = CUT; // the parent is held in no tier here: cut off from the root
+        break;
+      }
+      const pi = newIndex[pm] as number;
+      if (pi !== UNVISITED) {
+        pr = pi;
+        break;
+      }
+      stack.push(local);
+      local = pm;
+    }
+    // Number `local` (its parent is resolved as `pr`), then the ones stacked below it.
+    for (;;) {
+      if (pr === CUT) newIndex[local] = CUT;
+      else {
+        const node = nodes[local] as number;
+        newIndex[local] = kept;
+        nodeParent[kept] = pr;
+        nodeKeys[2 * kept] = v.keyHi[node] as number;
+        nodeKeys[2 * kept + 1] = v.keyLo[node] as number;
+        pr = kept++;
+      }
+      const below = stack.pop();
+      if (below === undefined) break;
+      local = below;
+    }
+  }
+  for (let j = 0; j < m; j++) mark[nodes[j] as number] = 0;
+  // Entries in node order (the importer attaches a node's device holder after its parent's).
+  const perNode = new Int32Array(kept + 1);
+  let entries = 0;
+  for (let i = 0; i < n; i++) {
+    const ni = newIndex[nodeOfEntry[i] as number] as number;
+    if (ni === CUT) continue;
+    perNode[ni + 1] = (perNode[ni + 1] as number) + 1;
+    entries++;
+  }
+  for (let j = 1; j <= kept; j++) perNode[j] = (perNode[j] as number) + (perNode[j - 1] as number);
+  const entryTier = new Uint8Array(entries);
+  const entryNode = new Int32Array(entries);
+  const entryHashes = new Uint32Array(2 * entries);
+  for (let i = 0; i < n; i++) {
+    const ni = newIndex[nodeOfEntry[i] as number] as number;
+    if (ni === CUT) continue;
+    const at = perNode[ni] as number;
+    perNode[ni] = at + 1;
+    entryTier[at] = tiers[i] as number;
+    entryNode[at] = ni;
+    entryHashes[2 * at] = hashes[2 * i] as number;
+    entryHashes[2 * at + 1] = hashes[2 * i + 1] as number;
+  }
+  return { nodeParent: nodeParent.subarray(0, kept), nodeKeys: nodeKeys.subarray(0, 2 * kept), entryTier, entryNode, entryHashes };
+}
+
 export class PrefixIndex {
   // ---- nodes ----
   #nodeCap = 0;
@@ -823,105 +937,33 @@ export class PrefixIndex {
   }
 
   /**
-   * The rank's blocks as flat typed arrays, for the warm join's export (index-snapshot.ts), which
-   * a peer runs on its main thread between its /selects: one pass over the rank's lookup table,
-   * one over its nodes and a counting sort, no object per block. Nodes come parents first; blocks
-   * cut off from the root by a gap this rank holds in no tier are left out, as in dumpRank.
+   * The rank's blocks as flat typed arrays, for the warm join's export (index-snapshot.ts):
+   * rankEntriesFromViews over this index's arrays as they are now.
    */
   exportRankEntries(rank: number): RankEntries {
+    const v = this.exportViews(rank);
+    if (this.#scratchMark.length < v.parent.length) this.#scratchMark = new Int32Array(this.#nodeCap);
+    return rankEntriesFromViews(v, this.#scratchMark);
+  }
+
+  /**
+   * What the export of a rank reads, as read-only views into this index's live arrays, valid
+   * until the index next changes: the node arrays up to the highest node id in use (parent and
+   * key words: 12 bytes a node, ~3 MB at 1,024 x 4,096 with shared prefixes) and the rank's
+   * lookup slots (U64Table layout). The warm join's peer copies them in one synchronous step
+   * (src/core/index-export-copy.ts) and walks the copy on a thread.
+   */
+  exportViews(rank: number): RankExportViews {
     checkRank(rank);
     const table = rank < this.#rankCap ? this.#lookups[rank] : undefined;
-    if (table === undefined || table.size === 0) return emptyRankEntries();
-    const n = table.size;
-    const tiers = new Uint8Array(n);
-    const hashes = new Uint32Array(2 * n);
-    const nodeOfEntry = new Int32Array(n);
-    // Distinct nodes, numbered in the order met; #scratchMark maps a node id to its number + 1.
-    if (this.#scratchMark.length < this.#nodeCap) this.#scratchMark = new Int32Array(this.#nodeCap);
-    const mark = this.#scratchMark;
-    const nodes = new Int32Array(n);
-    let m = 0;
-    let k = 0;
-    table.forEach((t, hi, lo, node) => {
-      tiers[k] = t;
-      hashes[2 * k] = hi;
-      hashes[2 * k + 1] = lo;
-      if (mark[node] === 0) {
-        nodes[m] = node;
-        mark[node] = ++m;
-      }
-      nodeOfEntry[k++] = (mark[node] as number) - 1;
-    });
-    // Parents first: a node is numbered once its held parent is (a walk up the rank's held
-    // ancestors, then back down). Each node is read once: the walk is memory-bound at millions
-    // of nodes, so it reads no depth and sorts nothing.
-    const newIndex = new Int32Array(m).fill(UNVISITED);
-    const nodeParent = new Int32Array(m);
-    const nodeKeys = new Uint32Array(2 * m);
-    const stack: number[] = [];
-    let kept = 0;
-    for (let j = 0; j < m; j++) {
-      if (newIndex[j] !== UNVISITED) continue;
-      // Climb while the parent is held here and not numbered yet.
-      let local = j;
-      let pr = NONE;
-      for (;;) {
-        const p = this.#parent[nodes[local] as number] as number;
-        if (p === ROOT) break;
-        const pm = (mark[p] as number) - 1;
-        if (pm < 0) {
-          pr = CUT; // the parent is held in no tier here: cut off from the root
-          break;
-        }
-        const pi = newIndex[pm] as number;
-        if (pi !== UNVISITED) {
-          pr = pi;
-          break;
-        }
-        stack.push(local);
-        local = pm;
-      }
-      // Number `local` (its parent is resolved as `pr`), then the ones stacked below it.
-      for (;;) {
-        if (pr === CUT) newIndex[local] = CUT;
-        else {
-          const node = nodes[local] as number;
-          newIndex[local] = kept;
-          nodeParent[kept] = pr;
-          nodeKeys[2 * kept] = this.#keyHi[node] as number;
-          nodeKeys[2 * kept + 1] = this.#keyLo[node] as number;
-          pr = kept++;
-        }
-        const below = stack.pop();
-        if (below === undefined) break;
-        local = below;
-      }
-    }
-    for (let j = 0; j < m; j++) mark[nodes[j] as number] = 0;
-    // Entries in node order (the importer attaches a node's device holder after its parent's).
-    const perNode = new Int32Array(kept + 1);
-    let entries = 0;
-    for (let i = 0; i < n; i++) {
-      const ni = newIndex[nodeOfEntry[i] as number] as number;
-      if (ni === CUT) continue;
-      perNode[ni + 1] = (perNode[ni + 1] as number) + 1;
-      entries++;
-    }
-    for (let j = 1; j <= kept; j++) perNode[j] = (perNode[j] as number) + (perNode[j - 1] as number);
-    const entryTier = new Uint8Array(entries);
-    const entryNode = new Int32Array(entries);
-    const entryHashes = new Uint32Array(2 * entries);
-    for (let i = 0; i < n; i++) {
-      const ni = newIndex[nodeOfEntry[i] as number] as number;
-      if (ni === CUT) continue;
-      const at = perNode[ni] as number;
-      perNode[ni] = at + 1;
-      entryTier[at] = tiers[i] as number;
-      entryNode[at] = ni;
-      entryHashes[2 * at] = hashes[2 * i] as number;
-      entryHashes[2 * at + 1] = hashes[2 * i + 1] as number;
-    }
-    return { nodeParent: nodeParent.subarray(0, kept), nodeKeys: nodeKeys.subarray(0, 2 * kept), entryTier, entryNode, entryHashes };
+    const n = this.#nextNode;
+    return {
+      parent: this.#parent.subarray(0, n),
+      keyHi: this.#keyHi.subarray(0, n),
+      keyLo: this.#keyLo.subarray(0, n),
+      slots: table === undefined || table.size === 0 ? null : table.slotsView(),
+      size: table?.size ?? 0,
+    };
   }
 
   /**

@@ -217,7 +217,20 @@ export class U64Table {
    * callback: backward-shift deletion can move unvisited entries behind the cursor.
    */
   forEach(cb: (tag: number, hi: number, lo: number, value: number) => void): void {
-    const s = this.#slots;
+    U64Table.forEachSlot(this.#slots, cb);
+  }
+
+  /**
+   * The backing slots, read-only and valid until the table next changes: the warm join's export
+   * copies them in one synchronous step and walks the copy on a thread (forEachSlot there visits
+   * the entries in the order forEach does).
+   */
+  slotsView(): Int32Array {
+    return this.#slots;
+  }
+
+  /** forEach over slots in this layout (slotsView's, or a copy of them). */
+  static forEachSlot(s: Int32Array, cb: (tag: number, hi: number, lo: number, value: number) => void): void {
     for (let b = 0; b < s.length; b += SLOT_STRIDE) {
       const v = s[b + 3] as number;
       if (v !== EMPTY) cb((s[b] as number) >>> 0, (s[b + 1] as number) >>> 0, (s[b + 2] as number) >>> 0, v);

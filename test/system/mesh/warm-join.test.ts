@@ -100,6 +100,16 @@ describe("warm join", () => {
     expect(indexBlocks(c.d)).toBeLessThan(indexBlocks(a.d));
     const metrics = await (await fetch(`http://${b.d.host}:${b.d.port}/metrics`)).text();
     expect(metrics).toMatch(/kvmesh_index_sync_ranks_installed_total 1/);
+
+    // B's pull started A's export thread; once it has loaded, the next joiner's chunks are walked
+    // and encoded there, and that joiner's index is A's too when its /ready turns 200.
+    await waitFor(() => a.d.indexExportThread() === "ready", 20_000, "A's index export thread loads");
+    const d = await replica([a.sync], 30);
+    await waitFor(async () => (await ready(d.d)).status === 200, 20_000, "D ready");
+    expect(stringifyJson(d.d.service.dump())).toBe(stringifyJson(a.d.service.dump()));
+    const exported = await (await fetch(`http://${a.d.host}:${a.d.port}/metrics`)).text();
+    expect(exported).toMatch(/kvmesh_index_export_chunks_total\{path="thread"\} [1-9]/);
+    expect(exported).toMatch(/kvmesh_index_export_thread_failures_total 0/);
   });
 
   it("with no reachable peer, /ready says so (index_sync: no_peer) and is not held past it", async () => {

@@ -53,7 +53,7 @@ describe("index snapshot codec", () => {
     const svc = fleet(6, 6);
     let exported = 0;
     const src = svc.indexSnapshotSource;
-    const counting = { rankKeys: (after?: string | null) => src.rankKeys(after), exportRank: (k: Parameters<typeof src.exportRank>[0]) => (exported++, src.exportRank(k)) };
+    const counting = { rankKeys: (after?: string | null) => src.rankKeys(after), exportRank: (k: Parameters<typeof src.exportRank>[0]) => (exported++, src.exportRank(k)), exportViews: (k: Parameters<typeof src.exportViews>[0]) => src.exportViews(k) };
     const CHUNK_HEADER = 9;
     const perRank = (nextIndexChunk(src, null, 1 << 20, positionOf).bytes - CHUNK_HEADER) / 6;
     // Two ranks a chunk (ranks of one size): 6 ranks in 3 chunks, each exported once (none dropped).

@@ -11,7 +11,8 @@ function server() {
     svc.upsertWorker(worker(w));
     svc.applyKvEvents(BigInt(w), 0, storedBatch(tokens(300, w)));
   }
-  return new IndexSyncServer({ source: svc.indexSnapshotSource, positionOf: () => ({ seq: 7n, digest: 9n }), chunkBytes: 1024 });
+  // The main thread's slicer (the export thread: index-export-worker.test.ts).
+  return new IndexSyncServer({ source: svc.indexSnapshotSource, positionOf: () => ({ seq: 7n, digest: 9n }), chunkBytes: 1024, exportThread: false });
 }
 
 const allow = () => Promise.resolve(null);
