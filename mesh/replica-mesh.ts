@@ -218,6 +218,8 @@ export class ReplicaMesh {
       peering: this.#membership,
       bindingCursors: this.#bindingCursors,
       extension: o.controlExtension,
+      clock,
+      timers,
       onRefused: (kind, reason) => {
         refusalLog.hit((suppressed) => {
           logger.warn({ request: kind, suppressed }, `mesh control request refused: ${reason}`);
