@@ -17,6 +17,7 @@ import { parsePeerEndpoint } from "./endpoints.js";
 import { MeshRemoteError } from "./errors.js";
 import type { MeshPublisher } from "./publisher.js";
 import type { ReplicaPort } from "./replica-port.js";
+import type { SnapshotDecoder } from "./snapshot-decoder.js";
 import { encodeSnapshotReplyInSlices, SlicePacer } from "./snapshot-reply-encoder.js";
 import type { ControlReply, ControlRequest, Snapshot } from "./types.js";
 import { decodeControlReply, decodeControlRequest, encodeControlReply, encodeControlRequest, type SkipSink } from "./wire.js";
@@ -49,16 +50,20 @@ export class ControlClient {
   readonly #timeoutMs: number;
   readonly #advertise: string | undefined;
   readonly #skip: SkipSink | undefined;
+  readonly #decoder: Pick<SnapshotDecoder, "decode"> | undefined;
 
   /**
    * `advertise`: our PUB as peers reach it, sent with snapshot requests for the peer's check of who
    * asks. `skip`: where a snapshot's bad entries go (the rest installs; entry-skips.ts).
+   * `decoder`: where snapshot replies are decoded (off the main thread, snapshot-decoder.ts);
+   * without it, here.
    */
-  constructor(link: ControlLink, timeoutMs = DEFAULT_CONTROL_TIMEOUT_MS, advertise?: string, skip?: SkipSink) {
+  constructor(link: ControlLink, timeoutMs = DEFAULT_CONTROL_TIMEOUT_MS, advertise?: string, skip?: SkipSink, decoder?: Pick<SnapshotDecoder, "decode">) {
     this.#link = link;
     this.#timeoutMs = timeoutMs;
     this.#advertise = advertise;
     this.#skip = skip;
+    this.#decoder = decoder;
   }
 
   /** Sends `req`; rejects with MeshRemoteError on an error reply, as the transport does on failures. */
@@ -74,7 +79,9 @@ export class ControlClient {
    * earlier version ignores the offer and answers whole).
    */
   async snapshot(endpoint: string, from: bigint, timeoutMs?: number): Promise<Snapshot> {
-    const reply = await this.request(endpoint, { type: "snapshot", from, publishEndpoint: this.#advertise, pageBindings: DEFAULT_SNAPSHOT_PAGE_BINDINGS }, timeoutMs);
+    const raw = await this.#link.request(endpoint, encodeControlRequest({ type: "snapshot", from, publishEndpoint: this.#advertise, pageBindings: DEFAULT_SNAPSHOT_PAGE_BINDINGS }), timeoutMs ?? this.#timeoutMs);
+    const reply = this.#decoder === undefined ? decodeControlReply(raw, this.#skip) : await this.#decoder.decode(endpoint, raw);
+    if (reply.type === "error") throw new MeshRemoteError(endpoint, reply.message);
     if (reply.type !== "snapshot") throw new MeshRemoteError(endpoint, `unexpected control reply ${reply.type} to a snapshot request`);
     return reply.snapshot;
   }

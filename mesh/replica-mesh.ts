@@ -25,6 +25,7 @@ import { DEFAULT_PEER_DNS_INTERVAL_SECS, DnsPeerDiscovery, type DnsPeerEntry } f
 import { addSkipCounts, EntrySkips, zeroSkipCounts } from "./entry-skips.js";
 import { BindingCursors } from "./binding-cursors.js";
 import { BindingPageDecoder } from "./binding-page-decoder.js";
+import { SnapshotDecoder } from "./snapshot-decoder.js";
 import { MeshInbound, type MeshApplyTracer } from "./inbound.js";
 import { SnapshotBindingPages } from "./snapshot-binding-pages.js";
 import { registerLagMetrics, registerMeshMetrics, type MeshStats } from "./mesh-metrics.js";
@@ -107,6 +108,8 @@ export interface ReplicaMeshOptions {
   readonly startupSyncMs?: number;
   /** Requests served beside the control channel's own (the warm join's index pull, index-sync.ts). */
   readonly controlExtension?: ControlExtension | undefined;
+  /** Decode peers' snapshot replies on a thread once it is up (snapshot-decoder.ts); default true. */
+  readonly snapshotDecodeThread?: boolean;
 }
 
 export class ReplicaMesh {
@@ -130,6 +133,8 @@ export class ReplicaMesh {
   readonly #clock: Clock;
   /** A paged snapshot: pages pulled (decoded on a thread, applied in slices) and cursors served. */
   readonly #pageDecoder = new BindingPageDecoder();
+  /** Peers' snapshot replies, decoded off this thread once it is up (snapshot-decoder.ts). */
+  readonly #snapshotDecoder: SnapshotDecoder;
   readonly #pages: SnapshotBindingPages;
   readonly #bindingCursors: BindingCursors;
   /** When the receive thread's hand-overs were last applied, monotonic ms. */
@@ -148,7 +153,9 @@ export class ReplicaMesh {
     this.#advertise = o.advertiseEndpoint ?? transport.publishEndpoint;
     // eslint-disable-next-line @typescript-eslint/no-this-alias -- the publisher's source reads the attachment made after it
     const self = this;
-    const client = new ControlClient(transport, o.controlTimeoutMs ?? DEFAULT_CONTROL_TIMEOUT_MS, this.#advertise, this.#skips.sink);
+    this.#snapshotDecoder = new SnapshotDecoder(this.#skips, this.#skips.sink);
+    if (o.snapshotDecodeThread !== false) this.#snapshotDecoder.start();
+    const client = new ControlClient(transport, o.controlTimeoutMs ?? DEFAULT_CONTROL_TIMEOUT_MS, this.#advertise, this.#skips.sink, this.#snapshotDecoder);
     this.#publisher = new MeshPublisher({
       origin,
       epoch: randomU64(o.random),
@@ -441,6 +448,7 @@ export class ReplicaMesh {
     this.#membership.close();
     this.#attachment.detach();
     await this.#pageDecoder.close();
+    await this.#snapshotDecoder.close();
     await this.#transport.close();
   }
 }
