@@ -25,7 +25,7 @@ import { DEFAULT_PEER_DNS_INTERVAL_SECS, DnsPeerDiscovery, type DnsPeerEntry } f
 import { addSkipCounts, EntrySkips, zeroSkipCounts } from "./entry-skips.js";
 import { BindingCursors } from "./binding-cursors.js";
 import { BindingPageDecoder } from "./binding-page-decoder.js";
-import { SnapshotDecoder } from "./snapshot-decoder.js";
+import { SNAPSHOT_DECODE_THREAD_START_MS, SnapshotDecoder } from "./snapshot-decoder.js";
 import { MeshInbound, type MeshApplyTracer } from "./inbound.js";
 import { SnapshotBindingPages } from "./snapshot-binding-pages.js";
 import { registerLagMetrics, registerMeshMetrics, type MeshStats } from "./mesh-metrics.js";
@@ -108,7 +108,10 @@ export interface ReplicaMeshOptions {
   readonly startupSyncMs?: number;
   /** Requests served beside the control channel's own (the warm join's index pull, index-sync.ts). */
   readonly controlExtension?: ControlExtension | undefined;
-  /** Decode peers' snapshot replies on a thread once it is up (snapshot-decoder.ts); default true. */
+  /**
+   * Decode peers' snapshot replies on a thread, started SNAPSHOT_DECODE_THREAD_START_MS after the
+   * mesh and used once it is up (snapshot-decoder.ts); default true.
+   */
   readonly snapshotDecodeThread?: boolean;
 }
 
@@ -135,6 +138,7 @@ export class ReplicaMesh {
   readonly #pageDecoder = new BindingPageDecoder();
   /** Peers' snapshot replies, decoded off this thread once it is up (snapshot-decoder.ts). */
   readonly #snapshotDecoder: SnapshotDecoder;
+  #decoderStart: TimerHandle | undefined;
   readonly #pages: SnapshotBindingPages;
   readonly #bindingCursors: BindingCursors;
   /** When the receive thread's hand-overs were last applied, monotonic ms. */
@@ -154,7 +158,6 @@ export class ReplicaMesh {
     // eslint-disable-next-line @typescript-eslint/no-this-alias -- the publisher's source reads the attachment made after it
     const self = this;
     this.#snapshotDecoder = new SnapshotDecoder(this.#skips, this.#skips.sink);
-    if (o.snapshotDecodeThread !== false) this.#snapshotDecoder.start();
     const client = new ControlClient(transport, o.controlTimeoutMs ?? DEFAULT_CONTROL_TIMEOUT_MS, this.#advertise, this.#skips.sink, this.#snapshotDecoder);
     this.#publisher = new MeshPublisher({
       origin,
@@ -279,6 +282,12 @@ export class ReplicaMesh {
       },
       Math.min(MESH_HOUSEKEEPING_INTERVAL_MS, maxApplyDelayMs),
     );
+    // Not at the start: the thread's module loading would compete with this replica's own join.
+    if (o.snapshotDecodeThread !== false) {
+      this.#decoderStart = timers.setTimeout(() => {
+        if (!this.#closed) this.#snapshotDecoder.start();
+      }, SNAPSHOT_DECODE_THREAD_START_MS);
+    }
   }
 
   static async start(o: ReplicaMeshOptions): Promise<ReplicaMesh> {
@@ -444,6 +453,7 @@ export class ReplicaMesh {
     this.#publisher.enqueue({ kind: "drain", event: { draining: true } });
     await this.#publisher.close();
     this.#housekeeping.cancel();
+    this.#decoderStart?.cancel();
     this.#inbound.close();
     this.#membership.close();
     this.#attachment.detach();

@@ -9,9 +9,9 @@
  *
  * The main thread gets the decoded snapshot in parts (a head, then its lists SNAPSHOT_ITEMS_PER_PART
  * items at a time, each asked for once the last is taken) and installs it whole, as before: the
- * snapshot's meaning is unchanged, only where it is decoded. The thread is started with the mesh,
- * and is used once it has loaded: until then (a replica's first snapshots, while it starts) the
- * reply is decoded here as before. One thread for the mesh's life, not holding the process open.
+ * snapshot's meaning is unchanged, only where it is decoded. The thread is started a while after
+ * the mesh (SNAPSHOT_DECODE_THREAD_START_MS) and is used once it has loaded: until then (a
+ * replica's first snapshots, while it joins) the reply is decoded here as before. One thread for the mesh's life, not holding the process open.
  */
 import type { Worker } from "node:worker_threads";
 
@@ -26,6 +26,15 @@ import { decodeControlReply, type SkippedEntry, type SkipSink } from "./wire.js"
  * fields) takes ~5-10 us on the main thread, so a part of 256 costs it ~1-3 ms.
  */
 export const SNAPSHOT_ITEMS_PER_PART = 256;
+
+/**
+ * The mesh starts the thread this long after its own start, ms: a replica's own join (startup
+ * sync, then the warm join's index pull: ~5 s at 1,024 x 4,096) is over by then, and the thread's
+ * module loading (~1.5 s of CPU from source in bench:warm-join's profile, on the joiner's core:
+ * its startup sync ended 0.5-0.7 s later with the thread started at once) does not compete with
+ * it. Peers' snapshots before that are decoded on the main thread, as before.
+ */
+export const SNAPSHOT_DECODE_THREAD_START_MS = 30_000;
 
 export type SnapshotDecodeRequest = { readonly t: "decode"; readonly id: number; readonly raw: Uint8Array } | { readonly t: "next"; readonly id: number } | { readonly t: "drop"; readonly id: number };
 
