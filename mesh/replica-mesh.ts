@@ -25,7 +25,7 @@ import { DEFAULT_PEER_DNS_INTERVAL_SECS, DnsPeerDiscovery, type DnsPeerEntry } f
 import { addSkipCounts, EntrySkips, zeroSkipCounts } from "./entry-skips.js";
 import { BindingCursors } from "./binding-cursors.js";
 import { BindingPageDecoder } from "./binding-page-decoder.js";
-import { SNAPSHOT_DECODE_THREAD_START_MS, SnapshotDecoder } from "./snapshot-decoder.js";
+import { SNAPSHOT_DECODE_THREAD_START_MS, SnapshotDecoder, type SnapshotDecoderStats } from "./snapshot-decoder.js";
 import { MeshInbound, type MeshApplyTracer } from "./inbound.js";
 import { SnapshotBindingPages } from "./snapshot-binding-pages.js";
 import { registerLagMetrics, registerMeshMetrics, type MeshStats } from "./mesh-metrics.js";
@@ -109,10 +109,11 @@ export interface ReplicaMeshOptions {
   /** Requests served beside the control channel's own (the warm join's index pull, index-sync.ts). */
   readonly controlExtension?: ControlExtension | undefined;
   /**
-   * Decode peers' snapshot replies on a thread, started SNAPSHOT_DECODE_THREAD_START_MS after the
-   * mesh and used once it is up (snapshot-decoder.ts); default true.
+   * Peers' snapshot replies are decoded on a thread started this long after the mesh, ms, and
+   * used once it is up (snapshot-decoder.ts); null: never (on the main thread). Default
+   * SNAPSHOT_DECODE_THREAD_START_MS.
    */
-  readonly snapshotDecodeThread?: boolean;
+  readonly snapshotDecodeThreadStartMs?: number | null;
 }
 
 export class ReplicaMesh {
@@ -283,10 +284,11 @@ export class ReplicaMesh {
       Math.min(MESH_HOUSEKEEPING_INTERVAL_MS, maxApplyDelayMs),
     );
     // Not at the start: the thread's module loading would compete with this replica's own join.
-    if (o.snapshotDecodeThread !== false) {
+    const decoderStartMs = o.snapshotDecodeThreadStartMs === undefined ? SNAPSHOT_DECODE_THREAD_START_MS : o.snapshotDecodeThreadStartMs;
+    if (decoderStartMs !== null) {
       this.#decoderStart = timers.setTimeout(() => {
         if (!this.#closed) this.#snapshotDecoder.start();
-      }, SNAPSHOT_DECODE_THREAD_START_MS);
+      }, decoderStartMs);
     }
   }
 
@@ -324,6 +326,11 @@ export class ReplicaMesh {
 
   get publishEndpoint(): string {
     return this.#advertise;
+  }
+
+  /** Peers' snapshot replies decoded on the thread and here, and whether the thread is up (snapshot-decoder.ts). */
+  get snapshotDecoding(): SnapshotDecoderStats & { readonly threadReady: boolean } {
+    return { ...this.#snapshotDecoder.stats, threadReady: this.#snapshotDecoder.ready };
   }
 
   get shed(): number {
