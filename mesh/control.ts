@@ -10,12 +10,15 @@
  * stop blind and forged requests (an unpeer naming a live peer, a snapshot from a process that
  * is no replica); they cannot stop a reachable rogue replica, which only CURVE keeps out.
  */
-import type { BindingEvent } from "../src/core/index.js";
+import type { BindingEvent, Clock, Timers } from "../src/core/index.js";
+import { systemClock, systemTimers } from "../src/core/index.js";
 import type { BindingCursors } from "./binding-cursors.js";
 import { parsePeerEndpoint } from "./endpoints.js";
 import { MeshRemoteError } from "./errors.js";
 import type { MeshPublisher } from "./publisher.js";
 import type { ReplicaPort } from "./replica-port.js";
+import type { SnapshotDecoder } from "./snapshot-decoder.js";
+import { encodeSnapshotReplyInSlices, SlicePacer } from "./snapshot-reply-encoder.js";
 import type { ControlReply, ControlRequest, Snapshot } from "./types.js";
 import { decodeControlReply, decodeControlRequest, encodeControlReply, encodeControlRequest, type SkipSink } from "./wire.js";
 
@@ -47,16 +50,20 @@ export class ControlClient {
   readonly #timeoutMs: number;
   readonly #advertise: string | undefined;
   readonly #skip: SkipSink | undefined;
+  readonly #decoder: Pick<SnapshotDecoder, "decode"> | undefined;
 
   /**
    * `advertise`: our PUB as peers reach it, sent with snapshot requests for the peer's check of who
    * asks. `skip`: where a snapshot's bad entries go (the rest installs; entry-skips.ts).
+   * `decoder`: where snapshot replies are decoded (off the main thread, snapshot-decoder.ts);
+   * without it, here.
    */
-  constructor(link: ControlLink, timeoutMs = DEFAULT_CONTROL_TIMEOUT_MS, advertise?: string, skip?: SkipSink) {
+  constructor(link: ControlLink, timeoutMs = DEFAULT_CONTROL_TIMEOUT_MS, advertise?: string, skip?: SkipSink, decoder?: Pick<SnapshotDecoder, "decode">) {
     this.#link = link;
     this.#timeoutMs = timeoutMs;
     this.#advertise = advertise;
     this.#skip = skip;
+    this.#decoder = decoder;
   }
 
   /** Sends `req`; rejects with MeshRemoteError on an error reply, as the transport does on failures. */
@@ -72,7 +79,9 @@ export class ControlClient {
    * earlier version ignores the offer and answers whole).
    */
   async snapshot(endpoint: string, from: bigint, timeoutMs?: number): Promise<Snapshot> {
-    const reply = await this.request(endpoint, { type: "snapshot", from, publishEndpoint: this.#advertise, pageBindings: DEFAULT_SNAPSHOT_PAGE_BINDINGS }, timeoutMs);
+    const raw = await this.#link.request(endpoint, encodeControlRequest({ type: "snapshot", from, publishEndpoint: this.#advertise, pageBindings: DEFAULT_SNAPSHOT_PAGE_BINDINGS }), timeoutMs ?? this.#timeoutMs);
+    const reply = this.#decoder === undefined ? decodeControlReply(raw, this.#skip) : await this.#decoder.decode(endpoint, raw);
+    if (reply.type === "error") throw new MeshRemoteError(endpoint, reply.message);
     if (reply.type !== "snapshot") throw new MeshRemoteError(endpoint, `unexpected control reply ${reply.type} to a snapshot request`);
     return reply.snapshot;
   }
@@ -124,6 +133,9 @@ export interface ControlServerOptions {
   /** Told of each refusal (the mesh logs them, throttled). */
   readonly onRefused?: (kind: keyof ControlRefusals, reason: string) => void;
   readonly extension?: ControlExtension | undefined;
+  /** Paces a snapshot reply's encode (snapshot-reply-encoder.ts); default the process's. */
+  readonly clock?: Clock;
+  readonly timers?: Timers;
 }
 
 export interface ControlServerStats {
@@ -132,6 +144,8 @@ export interface ControlServerStats {
   malformed: number;
   /** Lifecycle calls for our bookings that another replica sent directly (applied; repeats are no-ops). */
   lifecycleReceived: number;
+  /** Turns of the event loop given back while encoding snapshot replies (snapshot-reply-encoder.ts). */
+  snapshotEncodeYields: number;
   readonly refused: ControlRefusals;
 }
 
@@ -142,7 +156,7 @@ function* prepend<T>(head: T, walk: Iterator<T, void, void>): Generator<T, void,
 }
 
 export class ControlServer {
-  readonly stats: ControlServerStats = { snapshotsServed: 0, malformed: 0, lifecycleReceived: 0, refused: { snapshot: 0, peer: 0, unpeer: 0, lifecycle: 0 } };
+  readonly stats: ControlServerStats = { snapshotsServed: 0, malformed: 0, lifecycleReceived: 0, snapshotEncodeYields: 0, refused: { snapshot: 0, peer: 0, unpeer: 0, lifecycle: 0 } };
   readonly #o: ControlServerOptions;
 
   constructor(o: ControlServerOptions) {
@@ -174,7 +188,7 @@ export class ControlServer {
         // requester that takes pages gets the bindings through a cursor (binding-cursors.ts).
         const cursors = req.pageBindings === undefined ? undefined : this.#o.bindingCursors;
         const snapshot: Snapshot = { ...this.#o.port.snapshot({ pagedBindings: cursors !== undefined }), v: 1, origin: p.origin, epoch: p.epoch, seq: p.seq };
-        if (cursors === undefined || req.pageBindings === undefined) return encodeControlReply({ type: "snapshot", snapshot });
+        if (cursors === undefined || req.pageBindings === undefined) return this.#encodeSnapshot(snapshot);
         // The first page rides in the reply: a snapshot of up to a page of bindings (most) needs
         // no cursor, no further request and no decoding thread on the puller.
         const walk = this.#o.port.bindingCursor();
@@ -184,9 +198,9 @@ export class ControlServer {
           first.push(next.value);
           next = walk.next();
         }
-        if (next.done === true) return encodeControlReply({ type: "snapshot", snapshot: { ...snapshot, bindings: first } });
+        if (next.done === true) return this.#encodeSnapshot({ ...snapshot, bindings: first });
         const rest = prepend(next.value, walk);
-        return encodeControlReply({ type: "snapshot", snapshot: { ...snapshot, bindings: first, bindingCursor: cursors.open(req.from, rest) } });
+        return this.#encodeSnapshot({ ...snapshot, bindings: first, bindingCursor: cursors.open(req.from, rest) });
       }
       case "bindings": {
         const cursors = this.#o.bindingCursors;
@@ -214,6 +228,19 @@ export class ControlServer {
         const refused = await peering.onUnpeerRequest(parsePeerEndpoint(req.publishEndpoint), req.from);
         return refused === null ? encodeControlReply({ type: "ok" }) : this.#refuse("unpeer", refused);
       }
+    }
+  }
+
+  /**
+   * The reply to a snapshot request, encoded in slices (snapshot-reply-encoder.ts): the snapshot
+   * was taken whole in one step; its encode lets this replica's requests run between slices.
+   */
+  async #encodeSnapshot(snapshot: Snapshot): Promise<Buffer> {
+    const pacer = new SlicePacer(this.#o.clock ?? systemClock, this.#o.timers ?? systemTimers);
+    try {
+      return await encodeSnapshotReplyInSlices(snapshot, pacer);
+    } finally {
+      this.stats.snapshotEncodeYields += pacer.yields;
     }
   }
 

@@ -25,6 +25,7 @@ import { DEFAULT_PEER_DNS_INTERVAL_SECS, DnsPeerDiscovery, type DnsPeerEntry } f
 import { addSkipCounts, EntrySkips, zeroSkipCounts } from "./entry-skips.js";
 import { BindingCursors } from "./binding-cursors.js";
 import { BindingPageDecoder } from "./binding-page-decoder.js";
+import { SNAPSHOT_DECODE_THREAD_START_MS, SnapshotDecoder, type SnapshotDecoderStats } from "./snapshot-decoder.js";
 import { MeshInbound, type MeshApplyTracer } from "./inbound.js";
 import { SnapshotBindingPages } from "./snapshot-binding-pages.js";
 import { registerLagMetrics, registerMeshMetrics, type MeshStats } from "./mesh-metrics.js";
@@ -107,6 +108,12 @@ export interface ReplicaMeshOptions {
   readonly startupSyncMs?: number;
   /** Requests served beside the control channel's own (the warm join's index pull, index-sync.ts). */
   readonly controlExtension?: ControlExtension | undefined;
+  /**
+   * Peers' snapshot replies are decoded on a thread started this long after the mesh, ms, and
+   * used once it is up (snapshot-decoder.ts); null: never (on the main thread). Default
+   * SNAPSHOT_DECODE_THREAD_START_MS.
+   */
+  readonly snapshotDecodeThreadStartMs?: number | null;
 }
 
 export class ReplicaMesh {
@@ -130,6 +137,9 @@ export class ReplicaMesh {
   readonly #clock: Clock;
   /** A paged snapshot: pages pulled (decoded on a thread, applied in slices) and cursors served. */
   readonly #pageDecoder = new BindingPageDecoder();
+  /** Peers' snapshot replies, decoded off this thread once it is up (snapshot-decoder.ts). */
+  readonly #snapshotDecoder: SnapshotDecoder;
+  #decoderStart: TimerHandle | undefined;
   readonly #pages: SnapshotBindingPages;
   readonly #bindingCursors: BindingCursors;
   /** When the receive thread's hand-overs were last applied, monotonic ms. */
@@ -148,7 +158,8 @@ export class ReplicaMesh {
     this.#advertise = o.advertiseEndpoint ?? transport.publishEndpoint;
     // eslint-disable-next-line @typescript-eslint/no-this-alias -- the publisher's source reads the attachment made after it
     const self = this;
-    const client = new ControlClient(transport, o.controlTimeoutMs ?? DEFAULT_CONTROL_TIMEOUT_MS, this.#advertise, this.#skips.sink);
+    this.#snapshotDecoder = new SnapshotDecoder(this.#skips, this.#skips.sink);
+    const client = new ControlClient(transport, o.controlTimeoutMs ?? DEFAULT_CONTROL_TIMEOUT_MS, this.#advertise, this.#skips.sink, this.#snapshotDecoder);
     this.#publisher = new MeshPublisher({
       origin,
       epoch: randomU64(o.random),
@@ -218,6 +229,8 @@ export class ReplicaMesh {
       peering: this.#membership,
       bindingCursors: this.#bindingCursors,
       extension: o.controlExtension,
+      clock,
+      timers,
       onRefused: (kind, reason) => {
         refusalLog.hit((suppressed) => {
           logger.warn({ request: kind, suppressed }, `mesh control request refused: ${reason}`);
@@ -270,6 +283,13 @@ export class ReplicaMesh {
       },
       Math.min(MESH_HOUSEKEEPING_INTERVAL_MS, maxApplyDelayMs),
     );
+    // Not at the start: the thread's module loading would compete with this replica's own join.
+    const decoderStartMs = o.snapshotDecodeThreadStartMs === undefined ? SNAPSHOT_DECODE_THREAD_START_MS : o.snapshotDecodeThreadStartMs;
+    if (decoderStartMs !== null) {
+      this.#decoderStart = timers.setTimeout(() => {
+        if (!this.#closed) this.#snapshotDecoder.start();
+      }, decoderStartMs);
+    }
   }
 
   static async start(o: ReplicaMeshOptions): Promise<ReplicaMesh> {
@@ -306,6 +326,11 @@ export class ReplicaMesh {
 
   get publishEndpoint(): string {
     return this.#advertise;
+  }
+
+  /** Peers' snapshot replies decoded on the thread and here, and whether the thread is up (snapshot-decoder.ts). */
+  get snapshotDecoding(): SnapshotDecoderStats & { readonly threadReady: boolean } {
+    return { ...this.#snapshotDecoder.stats, threadReady: this.#snapshotDecoder.ready };
   }
 
   get shed(): number {
@@ -435,10 +460,12 @@ export class ReplicaMesh {
     this.#publisher.enqueue({ kind: "drain", event: { draining: true } });
     await this.#publisher.close();
     this.#housekeeping.cancel();
+    this.#decoderStart?.cancel();
     this.#inbound.close();
     this.#membership.close();
     this.#attachment.detach();
     await this.#pageDecoder.close();
+    await this.#snapshotDecoder.close();
     await this.#transport.close();
   }
 }

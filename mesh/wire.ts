@@ -242,22 +242,72 @@ function eventToWire(me: MeshEvent): WireMap {
   }
 }
 
-function snapshotToWire(s: Snapshot): WireMap {
-  const bk = new Array<WireMap>(s.bookings.length);
-  for (let i = 0; i < s.bookings.length; i++) {
-    const b = s.bookings[i] as SnapshotBooking;
-    bk[i] = { a: addToWire(b.add), c: b.prefillDone };
-  }
-  const out: WireMap = { v: s.v, o: s.origin, e: s.epoch, s: s.seq, bk, bn: s.bindings.map(bindingToWire) };
-  if (s.aggregates !== undefined && s.aggregates.length > 0) out.ag = s.aggregates.map(loadsToWire);
-  if (s.mirrored !== undefined && s.mirrored.length > 0) out.mg = s.mirrored.map((m) => ({ o: m.origin, ag: m.aggregates.map(loadsToWire) }));
-  if (s.catalog !== undefined && s.catalog.length > 0) out.ct = s.catalog.map(catalogToWire);
-  if (s.statuses !== undefined && s.statuses.length > 0) out.ws = s.statuses.map(statusToWire);
-  if (s.draining === true) out.dn = true;
-  if (s.drainingOrigins !== undefined && s.drainingOrigins.length > 0) out.dg = s.drainingOrigins;
-  if (s.bindingCursor !== undefined) out.bc = s.bindingCursor;
-  if (s.predictions !== undefined && s.predictions.length > 0) out.pr = s.predictions.map((r) => ({ wk: r.worker_id, dp: r.dp_rank, tt: r.ttl_ms, h: hashBytes(r.hashes) }));
+function bookingToWire(b: SnapshotBooking): WireMap {
+  return { a: addToWire(b.add), c: b.prefillDone };
+}
+
+function mirroredToWire(m: { readonly origin: bigint; readonly aggregates: readonly LoadAggregates[] }): WireMap {
+  return { o: m.origin, ag: m.aggregates.map(loadsToWire) };
+}
+
+function predictionToWire(r: PredictionSnapshotRow): WireMap {
+  return { wk: r.worker_id, dp: r.dp_rank, tt: r.ttl_ms, h: hashBytes(r.hashes) };
+}
+
+/**
+ * One key of a snapshot's wire map: a value packed whole, or a list whose items are made wire
+ * maps and packed one by one (what encodeSnapshotReplyInSlices paces, snapshot-reply-encoder.ts).
+ */
+export type SnapshotWireField =
+  | { readonly key: string; readonly value: unknown }
+  | { readonly key: string; readonly list: readonly unknown[]; readonly toWire: (item: never) => unknown };
+
+function listField<T>(key: string, list: readonly T[], toWire: (item: T) => unknown): SnapshotWireField {
+  return { key, list, toWire };
+}
+
+/** A snapshot's wire map, key by key in wire order: the one layout both encoders write. */
+export function snapshotWireFields(s: Snapshot): SnapshotWireField[] {
+  const out: SnapshotWireField[] = [
+    { key: "v", value: s.v },
+    { key: "o", value: s.origin },
+    { key: "e", value: s.epoch },
+    { key: "s", value: s.seq },
+    listField("bk", s.bookings, bookingToWire),
+    listField("bn", s.bindings, bindingToWire),
+  ];
+  if (s.aggregates !== undefined && s.aggregates.length > 0) out.push(listField("ag", s.aggregates, loadsToWire));
+  if (s.mirrored !== undefined && s.mirrored.length > 0) out.push(listField("mg", s.mirrored, mirroredToWire));
+  if (s.catalog !== undefined && s.catalog.length > 0) out.push(listField("ct", s.catalog, catalogToWire));
+  if (s.statuses !== undefined && s.statuses.length > 0) out.push(listField("ws", s.statuses, statusToWire));
+  if (s.draining === true) out.push({ key: "dn", value: true });
+  if (s.drainingOrigins !== undefined && s.drainingOrigins.length > 0) out.push({ key: "dg", value: s.drainingOrigins });
+  if (s.bindingCursor !== undefined) out.push({ key: "bc", value: s.bindingCursor });
+  if (s.predictions !== undefined && s.predictions.length > 0) out.push(listField("pr", s.predictions, predictionToWire));
   return out;
+}
+
+function snapshotToWire(s: Snapshot): WireMap {
+  const out: WireMap = {};
+  for (const f of snapshotWireFields(s)) {
+    if ("value" in f) {
+      out[f.key] = f.value;
+      continue;
+    }
+    const list = new Array<unknown>(f.list.length);
+    for (let i = 0; i < list.length; i++) list[i] = f.toWire(f.list[i] as never);
+    out[f.key] = list;
+  }
+  return out;
+}
+
+/**
+ * One value packed alone, as it is packed inside a frame (maps always as map16, msgpackr's
+ * plain-object form). The bytes are a view of msgpackr's shared buffer, valid until the caller
+ * is done with them: later packs write after them, never over them (see packLarge).
+ */
+export function packWireValue(value: unknown): Buffer {
+  return packr.pack(value);
 }
 
 function estimateSnapshotBytes(s: Snapshot): number {
