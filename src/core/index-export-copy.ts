@@ -21,7 +21,7 @@
  * exports at most as many nodes as entries) fits `maxBytes`, at least one; the walk can only
  * come out smaller (blocks cut off from the root are left out), so no exported rank is dropped.
  */
-import { CHUNK_HEADER_BYTES, chunkHeader, encodeRank, ENTRY_BYTES, NODE_BYTES, rankHeaderBytes, upperBound, type IndexChunk, type IndexRankKey, type IndexSnapshotSource, type KvStreamPosition } from "./index-snapshot.js";
+import { CHUNK_HEADER_BYTES, chunkHeader, encodeRank, ENTRY_BYTES, NODE_BYTES, rankHeaderBytes, upperBound, type IndexChunk, type IndexRankKey, type IndexRankSnapshot, type IndexSnapshotSource, type KvStreamPosition } from "./index-snapshot.js";
 import { rankEntriesFromViews } from "./prefix-index.js";
 import type { WorkerId } from "./types.js";
 
@@ -32,14 +32,8 @@ export interface NodeArraysCopy {
   readonly keyLo: Uint32Array;
 }
 
-/** One rank of a chunk copy: its names, position, lookup slots, and which node arrays it reads. */
-export interface RankCopy {
-  readonly modelName: string;
-  readonly routingGroup: string;
-  readonly blockSize: number;
-  readonly workerId: WorkerId;
-  readonly dpRank: number;
-  readonly position: KvStreamPosition | null;
+/** One rank of a chunk copy: its names and position (as IndexRankSnapshot's), lookup slots, and which node arrays it reads. */
+export interface RankCopy extends Omit<IndexRankSnapshot, "entries"> {
   /** Index into IndexChunkCopy.nodes. */
   readonly nodes: number;
   /** The rank's lookup slots (U64Table layout), null: it holds nothing. */
