@@ -94,8 +94,13 @@ export class IndexExportWorker {
 
   /** Whether a chunk may go to the thread now; the first call starts it (lazily: most replicas never serve a join). */
   ready(): boolean {
-    if (this.#state === "idle" && !this.#closing) this.#start();
+    this.start();
     return this.#state === "ready";
+  }
+
+  /** Starts the thread unless it is started, failed or closing. */
+  start(): void {
+    if (this.#state === "idle" && !this.#closing) this.#start();
   }
 
   /**

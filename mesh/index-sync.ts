@@ -297,6 +297,14 @@ export class IndexSyncServer {
     this.stats.bytesServed += bytes;
   }
 
+  /**
+   * Starts the export thread now rather than on the first index request (the daemon calls it once
+   * its own join is over), so a joiner's first chunks are not exported in slices while it loads.
+   */
+  startExportThread(): void {
+    this.#thread?.start();
+  }
+
   /** The export thread's state (null: exportThread false). */
   get exportThreadState(): ExportThreadState | null {
     return this.#thread?.state ?? null;

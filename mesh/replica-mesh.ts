@@ -328,6 +328,15 @@ export class ReplicaMesh {
     return this.#advertise;
   }
 
+  /**
+   * Starts the snapshot decoding thread now rather than at snapshotDecodeThreadStartMs (the
+   * daemon calls it once this replica's own join is over: in a rolling restart the next replica
+   * may join from this one seconds later).
+   */
+  startSnapshotDecoding(): void {
+    if (!this.#closed) this.#snapshotDecoder.start();
+  }
+
   /** Peers' snapshot replies decoded on the thread and here, and whether the thread is up (snapshot-decoder.ts). */
   get snapshotDecoding(): SnapshotDecoderStats & { readonly threadReady: boolean } {
     return { ...this.#snapshotDecoder.stats, threadReady: this.#snapshotDecoder.ready };

@@ -28,7 +28,8 @@ import { decodeControlReply, type SkippedEntry, type SkipSink } from "./wire.js"
 export const SNAPSHOT_ITEMS_PER_PART = 256;
 
 /**
- * The mesh starts the thread this long after its own start, ms: a replica's own join (startup
+ * The mesh starts the thread this long after its own start at the latest, ms (the daemon starts
+ * it earlier, once the replica's own warm join is over: ReplicaMesh.startSnapshotDecoding): a replica's own join (startup
  * sync, then the warm join's index pull: ~5 s at 1,024 x 4,096) is over by then, and the thread's
  * module loading (~1.5 s of CPU from source in bench:warm-join's profile, on the joiner's core:
  * its startup sync ended 0.5-0.7 s later with the thread started at once) does not compete with

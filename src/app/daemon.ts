@@ -305,6 +305,14 @@ export async function startDaemon(input: DaemonConfig, logger: Logger, hooks: Da
             .sort((a, b) => Number(b.sync === "live") - Number(a.sync === "live"))
             .map((p) => controlEndpointFor(p.endpoint)),
         pull: (endpoint, install, trees) => client.pull(endpoint, install, trees),
+      }).then(() => {
+        // This replica's own join is over: start the threads that serve the next joiner (in a
+        // rolling restart it may join from this one seconds later), rather than at the first
+        // request (the export) or 30 s after the mesh (the snapshot decode). Not before: their
+        // module loading would compete with this replica's own sync.
+        if (m.startupSyncPending() !== null) return; // no warm join (--index-sync-secs 0): the mesh's own timer, and lazily
+        m.startSnapshotDecoding();
+        indexServer.startExportThread();
       });
     } catch (err) {
       await tracer?.shutdown();

@@ -88,6 +88,10 @@ describe("warm join", () => {
     // At the moment /ready turned 200, B's index is its peer's.
     expect(stringifyJson(b.d.service.dump())).toBe(stringifyJson(a.d.service.dump()));
     expect(answer.json).not.toHaveProperty("index_sync");
+    // B's own join is over: the threads that would serve the next joiner from B start now, not
+    // 30 s after its mesh (the snapshot decode) or at the first index request (the export).
+    expect(b.d.indexExportThread()).not.toBe("idle");
+    await waitFor(() => b.d.mesh?.snapshotDecoding.threadReady === true, 15_000, "B's snapshot decoding thread is up once B's join is over");
 
     // Later conversations, each below the prompt neither B nor C could replay: B follows live.
     await engine.waitForSubscribers(3);
