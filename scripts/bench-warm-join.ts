@@ -48,7 +48,7 @@ const args = scriptProgram("bench:warm-join", "A joining replica pulls its peer'
   .option("--baseline-secs <s>", "length of each run's baseline window (no joiner)", positiveNumber, 4)
   .option(
     "--pin <layout>",
-    'CPUs per process (taskset, Linux): "none", "peer-alone" (peer=0,joiner=1,client=1), "peer-split" (peer-alone with the threads the peer starts once warmed, its index export thread, on 1) or role=cpus,... over peer, peer-threads, joiner, client (default: none)',
+    'CPUs per process (taskset, Linux): "none", "peer-alone" (peer=0,joiner=1,client=1), "peer-split" (peer-alone with every thread of the peer but its main one on 1: its index export and snapshot decoding threads, V8\'s, ZeroMQ\'s) or role=cpus,... over peer, peer-threads, joiner, client (default: none)',
     (v: string) => {
       try {
         const layout = parsePinLayout(v, ROLES, cpus().length);

@@ -36,7 +36,7 @@ export interface PeerOptions {
   readonly groups: number;
   readonly variants: number;
   readonly seed: number;
-  /** CPUs for the threads this process starts once warmed (its index export thread, on the first join): --pin's peer-threads. */
+  /** CPUs for every thread of this process but the main one (its export and decoding threads, V8's, ZeroMQ's): --pin's peer-threads. */
   readonly lateThreadCpus?: string;
 }
 
@@ -104,14 +104,15 @@ async function main(): Promise<void> {
 const LATE_THREAD_POLL_MS = 50;
 
 /**
- * Pins every thread this process starts from now on to `cpus` (found by polling /proc/self/task:
- * Node names no thread). The index export thread starts on the first join, so it runs apart from
- * the main thread from then on (a thread of the joins' first ~50 ms may run on the main thread's CPU).
+ * Pins every thread of this process but the main one to `cpus`, now and as they start (found by
+ * polling /proc/self/task: Node names no thread): the index export and snapshot decoding threads
+ * (started once the daemon's own join is over), V8's helpers, ZeroMQ's. The main thread then has
+ * its CPU to itself (a thread's first ~50 ms may run on it).
  */
 function pinLateThreads(cpus: string): void {
   const tasks = (): string[] => readdirSync("/proc/self/task");
-  const known = new Set(tasks());
-  setInterval(() => {
+  const known = new Set([String(process.pid)]);
+  const pinNew = (): void => {
     for (const t of tasks()) {
       if (known.has(t)) continue;
       known.add(t);
@@ -121,7 +122,9 @@ function pinLateThreads(cpus: string): void {
         // the thread ended before it could be pinned
       }
     }
-  }, LATE_THREAD_POLL_MS).unref();
+  };
+  pinNew();
+  setInterval(pinNew, LATE_THREAD_POLL_MS).unref();
 }
 
 async function exportSoFar(port: number): Promise<ExportSoFar> {
