@@ -13,7 +13,7 @@ import type { Worker } from "node:worker_threads";
 
 import { indexChunkCopyBuffers, systemTimers, type IndexChunkCopy, type TimerHandle, type Timers } from "../src/core/index.js";
 import { MeshWireError } from "./errors.js";
-import { spawnThread, threadFile } from "./spawn-thread.js";
+import { siblingFile, startWorkerThread } from "../src/util/worker-thread.js";
 
 export interface ExportThreadRequest {
   readonly id: number;
@@ -47,7 +47,7 @@ export interface EncodedChunk {
 export type ExportThreadState = "idle" | "starting" | "ready" | "failed";
 
 export interface IndexExportWorkerOptions {
-  /** Starts the thread (spawnThread on index-export-thread.ts); tests inject one that fails. */
+  /** Starts the thread (startWorkerThread on index-export-thread.ts); tests inject one that fails. */
   readonly spawn?: () => Worker;
   /** The thread could not start or died: called once, with why. */
   readonly onFailure?: (err: Error) => void;
@@ -65,7 +65,7 @@ const RECYCLED_IDLE_MS = 5_000;
 /** A fresh buffer's room over what it is asked, so that a partition's growing node arrays still fit it next chunk. */
 const FRESH_HEADROOM = 1.125;
 
-const THREAD_FILE = threadFile("index-export-thread");
+const THREAD_FILE = siblingFile(import.meta.url, "index-export-thread");
 
 export class IndexExportWorker {
   readonly #o: IndexExportWorkerOptions;
@@ -162,7 +162,7 @@ export class IndexExportWorker {
     this.#state = "starting";
     let w: Worker;
     try {
-      w = (this.#o.spawn ?? (() => spawnThread(THREAD_FILE)))();
+      w = (this.#o.spawn ?? (() => startWorkerThread(THREAD_FILE, undefined)))();
     } catch (err) {
       this.#fail(err instanceof Error ? err : new Error(String(err)));
       return;

@@ -37,7 +37,7 @@ import { collectedCounter, collectedLabelledCounter } from "../src/metrics/colle
 import { ExportSlicer } from "./export-slicer.js";
 import { IndexExportWorker, type ExportThreadState } from "./index-export-worker.js";
 import { MeshOptionError, MeshRemoteError, MeshWireError } from "./errors.js";
-import { spawnThread, threadFile } from "./spawn-thread.js";
+import { siblingFile, startWorkerThread } from "../src/util/worker-thread.js";
 
 /** "KVIQ" read as a little-endian u32. */
 export const INDEX_SYNC_REQUEST_MAGIC = 0x5149564b;
@@ -470,7 +470,7 @@ export class IndexSyncClient {
 
 // ------------------------------------------------------------------ the decoding thread
 
-const THREAD_FILE = threadFile("index-sync-thread");
+const THREAD_FILE = siblingFile(import.meta.url, "index-sync-thread");
 
 export type ThreadRequest = { readonly t: "targets"; readonly targets: readonly IndexRankTarget[] } | { readonly t: "chunk"; readonly id: number; readonly chunk: Uint8Array } | { readonly t: "finish"; readonly id: number };
 
@@ -537,7 +537,7 @@ class ChunkDecoder {
 
   #start(): Worker {
     if (this.#worker !== null) return this.#worker;
-    const w = spawnThread(THREAD_FILE);
+    const w = startWorkerThread(THREAD_FILE, undefined);
     w.unref();
     w.on("message", (m: ThreadReply) => {
       const p = this.#waiting.get(m.id);

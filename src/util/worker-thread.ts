@@ -2,7 +2,8 @@
  * Starting a worker_threads worker on one of our own files, from source or compiled: compiled
  * (dist, .js) it is loaded directly; from source (tsx or vitest, .ts) the thread has no
  * TypeScript loader, so it imports tsx's API and loads the file through it. Used by the mesh's
- * receive thread, the KV ingest thread and the workers file's parser thread.
+ * receive thread, the KV ingest thread, the workers file's parser thread, and the mesh's
+ * decoding threads (index sync, snapshots, binding pages) and index export thread.
  */
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
